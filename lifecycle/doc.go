@@ -1,0 +1,102 @@
+// Package lifecycle turns libvirt domain events into trustworthy lifecycle
+// transitions for hvguard. Its core problem: libvirt emits STOPPED while a
+// guest is being rebooted (Nova soft reboot: STOPPED/SHUTDOWN, RESUMED,
+// STARTED; hard reboot: SHUTDOWN(HOST), STOPPED/DESTROYED, RESUMED,
+// STARTED). Nova holds STOPPED a fixed 15 s and cancels it on the next
+// event; when the start events are dispatched late (measured up to 33 s)
+// Nova reports the rebooted guest stopped and shuts it down.
+//
+// The Debouncer holds each stop for a window (Config.Window, default 15 s)
+// and, when no start or reboot event has cancelled it, returns an
+// OpCheckState decision: the caller reads the domain's real state from
+// libvirt off the hot path and answers with Resolve. Only a domain found off
+// is reported stopped.
+//
+// # Shape (etcd-raft style)
+//
+// The Debouncer is a pure state machine. It never reads the clock (now is
+// passed into every method), performs no I/O, starts no goroutines and is
+// driven by one goroutine. Every method appends its decisions to a
+// caller-supplied slice and returns it; reusing that slice (dst[:0]) makes
+// the hot path allocation-free. One timer structure (an indexed min-heap,
+// one entry per domain with a pending stop) serves all domains; the caller
+// arms one timer from NextDeadline and calls Tick when it fires.
+//
+// # Invariants (what must always hold)
+//
+//  1. Stop-once: a stop is reported (TransitionStopped) at most once until
+//     the domain is reported alive again (started, rebooted, resumed,
+//     suspended, pmsuspended) or forgotten. STOPPED/CRASHED for a domain
+//     already reported off are redundant and ignored.
+//  2. No false stop from a check: a Resolve answering an alive state
+//     (running, blocked, paused, pmsuspended) with no error never yields a
+//     stop; it yields rebooted/running-at-window-end.
+//  3. Never lost, never held forever: a pending stop ends in exactly one of
+//     rebooted (an alive event or an alive check), stopped (off at the
+//     check, undefined, or ReasonStateCheckFailed after Config.MaxChecks
+//     failed, inconclusive or unanswered checks). Driven only by Tick, it is
+//     reported no later than Window + MaxChecks*(CheckTimeout +
+//     RecheckInterval) after it began.
+//  4. One pending stop per domain; later stop-like events merge their detail
+//     into the Cause ("PANICKED+CRASHED") and do not move the deadline.
+//  5. Order: the reports of one domain are returned in the order of the
+//     events that caused them (Decision.Cause.At is non-decreasing per
+//     domain). Hence a DEFINED arriving while a stop is pending is held (one
+//     slot, the last one wins) and reported right after the stop's outcome.
+//  6. Bounded memory: one fixed-size record per tracked domain, the heap
+//     holds at most one entry per domain (Pending() <= Len()), and a domain
+//     is forgotten on UNDEFINED, when a check answers StateGone, or when a
+//     Resync listing lacks it. Nothing grows with the number of events.
+//  7. Tokens: each OpCheckState carries a fresh token (strictly increasing);
+//     Resolve with any other token than the domain's outstanding one is
+//     ignored (counted in Counters.ChecksStale), so an answer about an
+//     older incarnation of the stop can never settle a newer one.
+//
+// # Semantics and edge cases
+//
+//   - STOPPED and CRASHED are stop-like and open a pending stop. SHUTDOWN
+//     means "going down, still alive": it only annotates the next stop
+//     (Decision.Shutdown: "GUEST" = ACPI/guest, "HOST" = destroy).
+//   - While a stop is pending: STARTED cancels it (rebooted,
+//     started-within-window); RESUMED cancels it (resumed-within-window) and
+//     the STARTED real QEMU sends right after is folded into that reboot;
+//     REBOOT cancels it (reboot-event: on_crash=restart sends SUSPENDED,
+//     CRASHED, REBOOT, RESUMED, REBOOT); SUSPENDED/PMSUSPENDED prove a live
+//     QEMU process too, so they cancel it (suspended-within-window) and are
+//     then reported themselves; UNDEFINED reports it at once
+//     (undefined-within-window) then undefined.
+//   - A check answering StateShutdown (still has a live process, but is
+//     going down), an unclassified state or an error is inconclusive: the
+//     domain is checked again after RecheckInterval. An unanswered check
+//     times out after CheckTimeout and counts as a failed attempt.
+//   - After a check finds the domain alive, its start events are late and
+//     still to come: the RESUMED (redundant while running) and the STARTED
+//     that follow are absorbed, not reported as a new start. Any other
+//     lifecycle event ends this absorption.
+//   - From off (stop reported), RESUMED+STARTED is one started, reported on
+//     the RESUMED (QEMU sends RESUMED first) so a lost or late STARTED does
+//     not delay it. For a domain never placed (first seen by an event, no
+//     resync yet) RESUMED is reported as resumed, and a following STARTED as
+//     started: without history hvguard does not guess.
+//   - REBOOT is always reported (rebooted, reboot-event), one report per
+//     event: a guest reboot sends 2–3.
+//   - DEFINED is reported as defined; DEFINED/ADDED of an unknown domain
+//     places it off (defined, not running). UNDEFINED of a domain never
+//     tracked is reported but not learnt.
+//   - Window 0 is pass-through: stops are reported at once, unchecked
+//     (reason pass-through, state shutoff or crashed), still once.
+//   - Resync (after events may have been lost) reports an unknown domain as
+//     defined (reason resync, State = listed state) so consumers learn each
+//     domain once; sends a domain listed off but believed alive through the
+//     normal window/check path; reports started/suspended/resumed/
+//     pmsuspended for other listed changes; leaves pending stops alone (their
+//     check reads the state anyway); reports a missing domain undefined
+//     (after its pending stop, if any) and forgets it.
+//   - The window is measured from when the event is observed (now), not from
+//     Event.At: a STOPPED delivered late still gets its full window to be
+//     cancelled by start events that are equally late.
+//
+// A domain really off at window end is a correct stop for this core even
+// if Nova is in the middle of rebooting it (a reboot with a long off time):
+// telling those apart needs Nova's task state and belongs to a later layer.
+package lifecycle
