@@ -136,8 +136,10 @@ func (d *Debouncer) report(dst []Decision, dom *domain, t Transition, r Reason, 
 	return append(dst, Decision{Op: OpReport, UUID: dom.uuid, Name: dom.name, Transition: t, Reason: r, State: st, Cause: cause})
 }
 
-// Observe feeds one event delivered by libvirt (ev.At is informational;
-// windows are measured from now).
+// Observe feeds one event delivered by libvirt (ev.At is carried in
+// Decision.Cause; windows are measured from now). Events with an empty
+// UUID or a Kind this package does not know are ignored
+// (Counters.Ignored). See doc.go for what each event does.
 func (d *Debouncer) Observe(dst []Decision, ev Event, now time.Time) []Decision {
 	d.c.Events++
 	if ev.UUID == "" || ev.Kind == KindUnknown || ev.Kind > KindReboot {

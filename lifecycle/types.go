@@ -38,6 +38,7 @@ var kindNames = [...]string{
 	KindReboot:      "reboot",
 }
 
+// String returns the kind's lower-case name, "unknown" if out of range.
 func (k Kind) String() string {
 	if int(k) < len(kindNames) {
 		return kindNames[k]
@@ -86,6 +87,7 @@ var stateNames = [...]string{
 	StateGone:        "gone",
 }
 
+// String returns the state's lower-case name, "unknown" if out of range.
 func (s State) String() string {
 	if int(s) < len(stateNames) {
 		return stateNames[s]
