@@ -1,0 +1,50 @@
+// Package proto defines the messages hvguard agents and the hvguard
+// controller exchange over NATS, and the subjects and JetStream stream they
+// use. It depends on the standard library only, so both sides (and tools)
+// can import it without pulling in NATS or libvirt.
+//
+// # Encoding
+//
+// Messages are JSON objects with snake_case field names:
+//   - JSON is human-debuggable on the wire (`nats sub 'hvguard.v1.>'` shows
+//     readable events during an incident), which matters more here than
+//     the few hundred bytes per event a binary encoding would save;
+//   - schema evolution is by optional fields: a v1 reader ignores fields it
+//     does not know, and a v1 writer omits fields it does not set. A field
+//     that may be absent must have a zero value that means "not set" (a
+//     later optional "classification" field is planned this way).
+//
+// Every message carries "schema". SchemaVersion changes only for an
+// incompatible change (a field removed, or its meaning changed); such a
+// change also gets new subjects (hvguard.v2...) so old and new readers never
+// see each other's messages.
+//
+// # Unknown fields
+//
+// DecodeLifecycle tolerates unknown JSON fields: within schema 1 a newer
+// agent may add optional fields, and an older controller must keep working
+// (forward compatibility). Everything it does know is checked strictly by
+// Validate, so tolerance never lets a malformed known field through.
+//
+// # Invariants
+//
+//   - Anything DecodeLifecycle accepts passes Validate, and re-encodes (Encode)
+//     to bytes that decode to the same value (times normalised to UTC).
+//   - Encode never produces a message DecodeLifecycle would reject.
+//   - HostToken and TokenToHost are inverse bijections between valid RFC 1123
+//     host names and subject tokens; anything else is rejected, never passed
+//     through into a subject.
+//   - Per host, seq is strictly increasing across agent restarts; a hole in
+//     the sequence means events were lost (see TransitionGap) and the
+//     consumer must resync that host.
+//
+// # Consumer rules
+//
+// A consumer keeps, per host, the last seq it processed and, for each
+// message: seq <= last: a duplicate (or a late re-send): drop it;
+// seq == last+1: process it; seq > last+1: events are missing (lost, or a
+// rare out-of-order re-send, see agent/delivery): resync the host from a
+// full listing, then process it. A gap marker is processed like any event
+// and also triggers a resync. JetStream's duplicate window (Nats-Msg-Id =
+// MsgID) removes most duplicates before they reach a consumer, but not all.
+package proto

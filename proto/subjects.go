@@ -1,0 +1,164 @@
+package proto
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Subjects. Every subject is hvguard.v1.<host-token>.<kind>, where
+// <host-token> is HostToken(host). One token per host lets a consumer
+// subscribe to one host (hvguard.v1.<token>.>) or one kind on all hosts
+// (hvguard.v1.*.lifecycle), and lets JetStream filter per host.
+const (
+	// SubjectPrefix is the first two tokens of every hvguard v1 subject.
+	SubjectPrefix = "hvguard.v1"
+
+	// KindLifecycle: agent -> controller lifecycle events (LifecycleEvent),
+	// stored in the StreamName stream.
+	KindLifecycle = "lifecycle"
+	// KindFence is reserved for fencing messages (a later issue).
+	KindFence = "fence"
+	// KindReconcile is reserved for reconcile/resync messages (a later issue).
+	KindReconcile = "reconcile"
+
+	// LifecycleWildcard matches the lifecycle subjects of every host.
+	LifecycleWildcard = SubjectPrefix + ".*." + KindLifecycle
+	// FenceWildcard matches the (reserved) fence subjects of every host.
+	FenceWildcard = SubjectPrefix + ".*." + KindFence
+	// ReconcileWildcard matches the (reserved) reconcile subjects of every host.
+	ReconcileWildcard = SubjectPrefix + ".*." + KindReconcile
+)
+
+// MaxHostLen is the longest RFC 1123 host name (in its textual form).
+const MaxHostLen = 253
+
+// maxLabelLen is the longest label (dot-separated part) of a host name.
+const maxLabelLen = 63
+
+// HostToken encodes an RFC 1123 host name as one NATS subject token: dots
+// (which separate subject tokens) become '_', which cannot occur in a host
+// name, so the encoding is reversible (TokenToHost). Case is preserved.
+//
+// Anything that is not a valid host name (empty, longer than 253 bytes, an
+// empty or over-long label, a label starting or ending with '-', any byte
+// other than letters, digits, '-' and '.', notably ' ', '*' and '>') is
+// rejected with an error and never passed through into a subject.
+func HostToken(host string) (string, error) {
+	if err := checkHost(host); err != nil {
+		return "", err
+	}
+	return strings.ReplaceAll(host, ".", "_"), nil
+}
+
+// TokenToHost is the inverse of HostToken. It rejects any token HostToken
+// could not have produced.
+func TokenToHost(token string) (string, error) {
+	if strings.Contains(token, ".") {
+		return "", fmt.Errorf("host token %s contains '.'", quote(token))
+	}
+	host := strings.ReplaceAll(token, "_", ".")
+	if err := checkHost(host); err != nil {
+		return "", fmt.Errorf("host token %s: %w", quote(token), err)
+	}
+	return host, nil
+}
+
+func checkHost(host string) error {
+	if host == "" {
+		return errors.New("host name is empty")
+	}
+	if len(host) > MaxHostLen {
+		return fmt.Errorf("host name %s is longer than %d bytes", quote(host), MaxHostLen)
+	}
+	for label := range strings.SplitSeq(host, ".") {
+		if label == "" {
+			return fmt.Errorf("host name %s has an empty label", quote(host))
+		}
+		if len(label) > maxLabelLen {
+			return fmt.Errorf("host name %s has a label longer than %d bytes", quote(host), maxLabelLen)
+		}
+		if label[0] == '-' || label[len(label)-1] == '-' {
+			return fmt.Errorf("host name %s has a label starting or ending with '-'", quote(host))
+		}
+		for i := 0; i < len(label); i++ {
+			c := label[i]
+			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-') {
+				return fmt.Errorf("host name %s contains %q (allowed: letters, digits, '-', '.')", quote(host), c)
+			}
+		}
+	}
+	return nil
+}
+
+// LifecycleSubject returns hvguard.v1.<HostToken(host)>.lifecycle.
+func LifecycleSubject(host string) (string, error) {
+	return hostSubject(host, KindLifecycle)
+}
+
+// FenceSubject returns hvguard.v1.<HostToken(host)>.fence (reserved).
+func FenceSubject(host string) (string, error) {
+	return hostSubject(host, KindFence)
+}
+
+// ReconcileSubject returns hvguard.v1.<HostToken(host)>.reconcile (reserved).
+func ReconcileSubject(host string) (string, error) {
+	return hostSubject(host, KindReconcile)
+}
+
+func hostSubject(host, kind string) (string, error) {
+	tok, err := HostToken(host)
+	if err != nil {
+		return "", fmt.Errorf("%s subject: %w", kind, err)
+	}
+	return SubjectPrefix + "." + tok + "." + kind, nil
+}
+
+// MsgID returns the JetStream Nats-Msg-Id of a host's event seq:
+// "<host>:<seq>". It is unique per (host, seq), so a re-sent event is
+// dropped by the stream's duplicate window, and consumers can dedupe on it.
+// (':' cannot occur in a host name, so the ID is unambiguous.)
+func MsgID(host string, seq uint64) string {
+	return host + ":" + strconv.FormatUint(seq, 10)
+}
+
+// The JetStream stream holding lifecycle events, and its recommended
+// configuration. The agent creates it (if allowed) or checks it exists; see
+// agent/delivery.EnsureStream. Recommended config, as `nats` CLI flags:
+//
+//	nats stream add HVGUARD_EVENTS --subjects 'hvguard.v1.*.lifecycle' \
+//	  --storage file --retention limits --discard old \
+//	  --max-age 168h --max-bytes 1GiB --dupe-window 5m --replicas 3
+//
+// File storage: events must survive a NATS restart. Limits retention with
+// discard-old: the stream is a bounded log the controller reads with its own
+// durable consumer; if the controller is away longer than MaxAge, the oldest
+// events go and the controller sees a seq hole and resyncs. Replicas 3 on a
+// 3-node cluster (1 for a single server).
+//
+// The fence and reconcile subjects are deliberately NOT in the stream: they
+// are expected to be request/reply, and a stream capturing a subject answers
+// requests on it with its own publish ack.
+const (
+	StreamName = "HVGUARD_EVENTS"
+	// StreamDuplicatesWindow is how long JetStream remembers Nats-Msg-Ids.
+	// It must cover the agent's re-sends after a publish timeout or a NATS
+	// restart (seconds: measured cluster recovery is 4-7 s), with a wide
+	// margin; longer windows cost server memory per message. Re-sends after
+	// a longer outage can still be duplicates (a "late write" stored just
+	// before the cut), so consumers must also drop seq <= last seen per host.
+	StreamDuplicatesWindow = 5 * time.Minute
+	// StreamMaxAge bounds how long events are kept: a week covers a
+	// controller outage over a long weekend.
+	StreamMaxAge = 7 * 24 * time.Hour
+	// StreamMaxBytes bounds the stream's storage: ~3 million events of ~350
+	// bytes, far more than a fleet produces in StreamMaxAge.
+	StreamMaxBytes = 1 << 30
+)
+
+// StreamSubjects returns the subjects the StreamName stream must capture.
+func StreamSubjects() []string {
+	return []string{LifecycleWildcard}
+}
