@@ -75,7 +75,7 @@ func BenchmarkObserve(b *testing.B) {
 	now := t0
 	out := make([]Decision, 0, 64)
 	tick := make([]Decision, 0, 1024)
-	d.Resync(out[:0], snap, now)
+	d.AppendResync(out[:0], snap, now)
 	var reports, checks int
 	var ms0, ms1 runtime.MemStats
 	runtime.ReadMemStats(&ms0)
@@ -85,10 +85,10 @@ func BenchmarkObserve(b *testing.B) {
 		now = now.Add(time.Millisecond)
 		ev := evs[i&(len(evs)-1)]
 		ev.At = now
-		out = d.Observe(out[:0], ev, now)
+		out = d.AppendObserve(out[:0], ev, now)
 		reports += len(out)
 		if i&127 == 0 {
-			tick = d.Tick(tick[:0], now)
+			tick = d.AppendTick(tick[:0], now)
 			for _, dc := range tick {
 				if dc.Op == OpCheckState {
 					checks++
@@ -96,7 +96,7 @@ func BenchmarkObserve(b *testing.B) {
 					if dc.Check&1 == 0 {
 						st = StateShutoff
 					}
-					out = d.Resolve(out[:0], dc.UUID, dc.Check, st, nil, now)
+					out = d.AppendResolve(out[:0], dc.UUID, dc.Check, st, nil, now)
 					reports += len(out)
 				}
 			}
@@ -223,7 +223,7 @@ func runStorm(sc stormConfig) (stormResult, error) {
 	}
 	out := make([]Decision, 0, 64)
 	out2 := make([]Decision, 0, 64)
-	d.Resync(out[:0], snap, now)
+	d.AppendResync(out[:0], snap, now)
 	handle := func(ds []Decision) {
 		for _, dc := range ds {
 			i := idx[dc.UUID]
@@ -234,7 +234,7 @@ func runStorm(sc stormConfig) (stormResult, error) {
 				if running[i] {
 					st = StateRunning
 				}
-				for _, dc2 := range d.Resolve(out2[:0], dc.UUID, dc.Check, st, nil, now) {
+				for _, dc2 := range d.AppendResolve(out2[:0], dc.UUID, dc.Check, st, nil, now) {
 					if dc2.Transition == TransitionStopped {
 						res.hvStops++
 						if running[i] {
@@ -256,7 +256,7 @@ func runStorm(sc stormConfig) (stormResult, error) {
 	for len(q) > 0 {
 		if dl, ok := d.NextDeadline(); ok && dl.Before(q[0].at) {
 			now = dl
-			handle(d.Tick(out[:0], now))
+			handle(d.AppendTick(out[:0], now))
 			continue
 		}
 		it := heap.Pop(&q).(stormItem)
@@ -298,7 +298,7 @@ func runStorm(sc stormConfig) (stormResult, error) {
 		case skDeliver:
 			res.events++
 			it.ev.At = now
-			handle(d.Observe(out[:0], it.ev, now))
+			handle(d.AppendObserve(out[:0], it.ev, now))
 			if dl, gen, armed := nova.observe(it.ev, now); armed {
 				push(stormItem{at: dl, kind: skNovaFire, dom: it.dom, gen: gen})
 			}

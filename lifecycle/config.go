@@ -58,7 +58,7 @@ type Config struct {
 	// inconclusive one (>= MinRecheckInterval).
 	RecheckInterval time.Duration
 	// CheckTimeout is how long an issued check may stay unanswered before
-	// it counts as failed (> 0).
+	// it counts as failed; 0 selects DefaultCheckTimeout.
 	CheckTimeout time.Duration
 	// MaxChecks is the number of checks per stop before the stop is
 	// reported with ReasonStateCheckFailed (1..MaxMaxChecks).
@@ -92,8 +92,8 @@ func (c Config) Validate() error {
 		if c.RecheckInterval < MinRecheckInterval {
 			bad("RecheckInterval %v is below MinRecheckInterval %v", c.RecheckInterval, MinRecheckInterval)
 		}
-		if c.CheckTimeout <= 0 {
-			bad("CheckTimeout %v must be positive", c.CheckTimeout)
+		if c.CheckTimeout < 0 {
+			bad("CheckTimeout %v is negative (0 selects DefaultCheckTimeout)", c.CheckTimeout)
 		}
 		if c.MaxChecks < 1 || c.MaxChecks > MaxMaxChecks {
 			bad("MaxChecks %d is outside 1..%d", c.MaxChecks, MaxMaxChecks)

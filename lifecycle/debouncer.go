@@ -82,9 +82,12 @@ type domain struct {
 // performs the returned decisions. It is not safe for concurrent use: one
 // goroutine drives it.
 //
-// Every method appends its decisions to dst and returns the extended
-// slice (like append), so a caller that reuses dst[:0] allocates nothing
-// on the hot path.
+// Decisions come in two forms. Observe, Tick, Resolve and Resync return a
+// slice owned by the Debouncer, reused by the next call of any of these
+// methods: use or copy it (append(ds, d.Observe(ev, now)...)) before
+// calling again. AppendObserve, AppendTick, AppendResolve and AppendResync
+// append to a caller-owned dst instead and return the extended slice (like
+// append). Neither form allocates on the hot path once slices have grown.
 type Debouncer struct {
 	cfg       Config
 	doms      map[string]*domain
@@ -93,12 +96,16 @@ type Debouncer struct {
 	gen       uint64
 	c         Counters
 	scratch   []*domain
+	out       []Decision // returned by Observe, Tick, Resolve, Resync
 }
 
 // New returns a Debouncer for cfg, or an error wrapping ErrInvalidConfig.
 func New(cfg Config) (*Debouncer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("lifecycle.New: %w", err)
+	}
+	if cfg.CheckTimeout == 0 {
+		cfg.CheckTimeout = DefaultCheckTimeout
 	}
 	return &Debouncer{cfg: cfg, doms: make(map[string]*domain)}, nil
 }
@@ -136,11 +143,39 @@ func (d *Debouncer) report(dst []Decision, dom *domain, t Transition, r Reason, 
 	return append(dst, Decision{Op: OpReport, UUID: dom.uuid, Name: dom.name, Transition: t, Reason: r, State: st, Cause: cause})
 }
 
-// Observe feeds one event delivered by libvirt (ev.At is carried in
+// Observe is AppendObserve into the Debouncer's reused slice (valid until
+// the next Observe, Tick, Resolve or Resync).
+func (d *Debouncer) Observe(ev Event, now time.Time) []Decision {
+	d.out = d.AppendObserve(d.out[:0], ev, now)
+	return d.out
+}
+
+// Tick is AppendTick into the Debouncer's reused slice (valid until the
+// next Observe, Tick, Resolve or Resync).
+func (d *Debouncer) Tick(now time.Time) []Decision {
+	d.out = d.AppendTick(d.out[:0], now)
+	return d.out
+}
+
+// Resolve is AppendResolve into the Debouncer's reused slice (valid until
+// the next Observe, Tick, Resolve or Resync).
+func (d *Debouncer) Resolve(uuid string, check uint64, st State, err error, now time.Time) []Decision {
+	d.out = d.AppendResolve(d.out[:0], uuid, check, st, err, now)
+	return d.out
+}
+
+// Resync is AppendResync into the Debouncer's reused slice (valid until
+// the next Observe, Tick, Resolve or Resync).
+func (d *Debouncer) Resync(snap []DomainSnapshot, now time.Time) []Decision {
+	d.out = d.AppendResync(d.out[:0], snap, now)
+	return d.out
+}
+
+// AppendObserve feeds one event delivered by libvirt (ev.At is carried in
 // Decision.Cause; windows are measured from now). Events with an empty
 // UUID or a Kind this package does not know are ignored
 // (Counters.Ignored). See doc.go for what each event does.
-func (d *Debouncer) Observe(dst []Decision, ev Event, now time.Time) []Decision {
+func (d *Debouncer) AppendObserve(dst []Decision, ev Event, now time.Time) []Decision {
 	d.c.Events++
 	if ev.UUID == "" || ev.Kind == KindUnknown || ev.Kind > KindReboot {
 		d.c.Ignored++
@@ -363,11 +398,11 @@ func (d *Debouncer) issueCheck(dst []Decision, dom *domain, now time.Time) []Dec
 	return append(dst, Decision{Op: OpCheckState, UUID: dom.uuid, Name: dom.name, Reason: ReasonWindowEnd, Cause: dom.cause, Shutdown: dom.shutdown, Check: dom.check})
 }
 
-// Tick processes every deadline at or before now: an ended window or
+// AppendTick processes every deadline at or before now: an ended window or
 // recheck interval yields an OpCheckState; a check unanswered for
 // CheckTimeout counts as failed (a new check, or after MaxChecks a stop
 // with ReasonStateCheckFailed).
-func (d *Debouncer) Tick(dst []Decision, now time.Time) []Decision {
+func (d *Debouncer) AppendTick(dst []Decision, now time.Time) []Decision {
 	for d.timers.len() > 0 {
 		dom := d.timers.top()
 		if dom.deadline.After(now) {
@@ -388,7 +423,7 @@ func (d *Debouncer) Tick(dst []Decision, now time.Time) []Decision {
 	return dst
 }
 
-// Resolve answers the OpCheckState with token check: st is the state read
+// AppendResolve answers the OpCheckState with token check: st is the state read
 // from libvirt, err the error of that read. An answer whose token is not
 // the domain's outstanding check (the stop was settled or re-checked
 // meanwhile, or the domain is forgotten) is ignored.
@@ -399,7 +434,7 @@ func (d *Debouncer) Tick(dst []Decision, now time.Time) []Decision {
 // the domain). An error, StateShutdown (still going down) or an
 // unclassified state schedules a recheck after RecheckInterval; after
 // MaxChecks checks the stop is reported with ReasonStateCheckFailed.
-func (d *Debouncer) Resolve(dst []Decision, uuid string, check uint64, st State, err error, now time.Time) []Decision {
+func (d *Debouncer) AppendResolve(dst []Decision, uuid string, check uint64, st State, err error, now time.Time) []Decision {
 	dom := d.doms[uuid]
 	if dom == nil || !dom.pending || check == 0 || dom.check != check {
 		d.c.ChecksStale++
@@ -440,7 +475,7 @@ func (d *Debouncer) Resolve(dst []Decision, uuid string, check uint64, st State,
 	return dst
 }
 
-// Resync reconciles the Debouncer with a full domain listing taken after
+// AppendResync reconciles the Debouncer with a full domain listing taken after
 // events may have been lost (reconnect, hand-off overflow). Pending stops
 // survive untouched (their check reads the real state anyway). For other
 // domains:
@@ -457,7 +492,7 @@ func (d *Debouncer) Resolve(dst []Decision, uuid string, check uint64, st State,
 //
 // Listed states that place nothing (unknown, nostate, shutdown) change
 // nothing.
-func (d *Debouncer) Resync(dst []Decision, snap []DomainSnapshot, now time.Time) []Decision {
+func (d *Debouncer) AppendResync(dst []Decision, snap []DomainSnapshot, now time.Time) []Decision {
 	d.c.Resyncs++
 	d.gen++
 	for _, s := range snap {

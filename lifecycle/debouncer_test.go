@@ -18,7 +18,8 @@ func TestConfigValidate(t *testing.T) {
 		{"negative window", func(c *Config) { c.Window = -time.Second }, []string{"Window", "-1s"}},
 		{"window too long", func(c *Config) { c.Window = time.Hour }, []string{"Window", "1h0m0s", "MaxWindow"}},
 		{"recheck too small", func(c *Config) { c.RecheckInterval = time.Millisecond }, []string{"RecheckInterval", "1ms"}},
-		{"zero check timeout", func(c *Config) { c.CheckTimeout = 0 }, []string{"CheckTimeout", "0s"}},
+		{"zero check timeout selects default", func(c *Config) { c.CheckTimeout = 0 }, nil},
+		{"negative check timeout", func(c *Config) { c.CheckTimeout = -time.Millisecond }, []string{"CheckTimeout", "-1ms"}},
 		{"zero max checks", func(c *Config) { c.MaxChecks = 0 }, []string{"MaxChecks", "0"}},
 		{"too many checks", func(c *Config) { c.MaxChecks = 1000 }, []string{"MaxChecks", "1000"}},
 		{"several fields at once", func(c *Config) { c.MaxChecks, c.CheckTimeout = -1, -time.Second }, []string{"MaxChecks -1", "CheckTimeout -1s"}},
@@ -76,7 +77,7 @@ func TestFirstEvent(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.kind.String()+"/"+tc.detail, func(t *testing.T) {
 			d, _ := New(DefaultConfig())
-			out := d.Observe(nil, Event{UUID: "u", Kind: tc.kind, Event: "X", Detail: tc.detail, At: t0}, t0)
+			out := d.AppendObserve(nil, Event{UUID: "u", Kind: tc.kind, Event: "X", Detail: tc.detail, At: t0}, t0)
 			var got string
 			if len(out) > 1 {
 				t.Fatalf("more than one decision: %v", out)
@@ -93,7 +94,7 @@ func TestFirstEvent(t *testing.T) {
 
 func TestEmptyUUIDIgnored(t *testing.T) {
 	d, _ := New(DefaultConfig())
-	if out := d.Observe(nil, Event{Kind: KindStopped}, t0); len(out) != 0 || d.Len() != 0 {
+	if out := d.AppendObserve(nil, Event{Kind: KindStopped}, t0); len(out) != 0 || d.Len() != 0 {
 		t.Fatalf("got %v len %d", out, d.Len())
 	}
 	if c := d.Counters(); c.Ignored != 1 || c.Events != 1 {
@@ -106,12 +107,12 @@ func TestNextDeadline(t *testing.T) {
 	if _, ok := d.NextDeadline(); ok {
 		t.Fatal("deadline with nothing pending")
 	}
-	d.Observe(nil, Event{UUID: "b", Kind: KindStopped}, t0.Add(2*time.Second))
-	d.Observe(nil, Event{UUID: "a", Kind: KindStopped}, t0)
+	d.AppendObserve(nil, Event{UUID: "b", Kind: KindStopped}, t0.Add(2*time.Second))
+	d.AppendObserve(nil, Event{UUID: "a", Kind: KindStopped}, t0)
 	if dl, ok := d.NextDeadline(); !ok || !dl.Equal(t0.Add(DefaultWindow)) {
 		t.Fatalf("deadline %v %v", dl, ok)
 	}
-	out := d.Tick(nil, t0.Add(DefaultWindow))
+	out := d.AppendTick(nil, t0.Add(DefaultWindow))
 	if len(out) != 1 || out[0].UUID != "a" || out[0].Op != OpCheckState {
 		t.Fatalf("tick: %v", out)
 	}
@@ -119,7 +120,7 @@ func TestNextDeadline(t *testing.T) {
 	if dl, _ := d.NextDeadline(); !dl.Equal(t0.Add(2*time.Second + DefaultWindow)) {
 		t.Fatalf("deadline %v", dl)
 	}
-	d.Observe(nil, Event{UUID: "b", Kind: KindStarted}, t0.Add(3*time.Second))
+	d.AppendObserve(nil, Event{UUID: "b", Kind: KindStarted}, t0.Add(3*time.Second))
 	if dl, _ := d.NextDeadline(); !dl.Equal(t0.Add(DefaultWindow + DefaultCheckTimeout)) {
 		t.Fatalf("deadline after cancel %v", dl)
 	}
@@ -128,25 +129,25 @@ func TestNextDeadline(t *testing.T) {
 func TestCounters(t *testing.T) {
 	d, _ := New(DefaultConfig())
 	now := t0
-	d.Observe(nil, Event{UUID: "a", Kind: KindStopped}, now)
-	d.Observe(nil, Event{UUID: "a", Kind: KindResumed}, now) // suppressed by resumed
-	d.Observe(nil, Event{UUID: "a", Kind: KindStarted}, now) // folded
-	d.Observe(nil, Event{UUID: "b", Kind: KindStopped}, now) // will be off
-	d.Observe(nil, Event{UUID: "c", Kind: KindStopped}, now) // will be running
-	d.Observe(nil, Event{UUID: "c", Kind: KindCrashed}, now) // merged
+	d.AppendObserve(nil, Event{UUID: "a", Kind: KindStopped}, now)
+	d.AppendObserve(nil, Event{UUID: "a", Kind: KindResumed}, now) // suppressed by resumed
+	d.AppendObserve(nil, Event{UUID: "a", Kind: KindStarted}, now) // folded
+	d.AppendObserve(nil, Event{UUID: "b", Kind: KindStopped}, now) // will be off
+	d.AppendObserve(nil, Event{UUID: "c", Kind: KindStopped}, now) // will be running
+	d.AppendObserve(nil, Event{UUID: "c", Kind: KindCrashed}, now) // merged
 	if c := d.Counters(); c.StopsPending != 2 || c.StopsBegun != 3 || c.StopsMerged != 1 {
 		t.Fatalf("%+v", c)
 	}
 	now = now.Add(DefaultWindow)
-	out := d.Tick(nil, now)
+	out := d.AppendTick(nil, now)
 	for _, dc := range out {
 		st := StateShutoff
 		if dc.UUID == "c" {
 			st = StateRunning
 		}
-		d.Resolve(nil, dc.UUID, dc.Check, st, nil, now)
+		d.AppendResolve(nil, dc.UUID, dc.Check, st, nil, now)
 	}
-	d.Resolve(nil, "c", 999, StateRunning, nil, now)
+	d.AppendResolve(nil, "c", 999, StateRunning, nil, now)
 	c := d.Counters()
 	want := Counters{Events: 6, Folded: 1, StopsBegun: 3, StopsMerged: 1, StopsReported: 1, StopsOffAtWindowEnd: 1,
 		SuppressedResumed: 1, SuppressedRunning: 1, ChecksIssued: 2, ChecksStale: 1}
@@ -180,10 +181,10 @@ func TestResolveStates(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.st.String()+"/"+errString(tc.err), func(t *testing.T) {
 			d, _ := New(DefaultConfig())
-			d.Observe(nil, Event{UUID: "u", Kind: KindStopped, Event: "STOPPED"}, t0)
+			d.AppendObserve(nil, Event{UUID: "u", Kind: KindStopped, Event: "STOPPED"}, t0)
 			now := t0.Add(DefaultWindow)
-			chk := d.Tick(nil, now)
-			out := d.Resolve(nil, "u", chk[0].Check, tc.st, tc.err, now)
+			chk := d.AppendTick(nil, now)
+			out := d.AppendResolve(nil, "u", chk[0].Check, tc.st, tc.err, now)
 			if tc.want == "" {
 				if len(out) != 0 || d.Pending() != 1 {
 					t.Fatalf("want recheck, got %v pending=%d", out, d.Pending())
@@ -214,9 +215,48 @@ func errString(err error) string {
 func TestAppendAPI(t *testing.T) {
 	d, _ := New(DefaultConfig())
 	dst := []Decision{{Op: OpReport, UUID: "keep"}}
-	dst = d.Observe(dst, Event{UUID: "a", Kind: KindStarted}, t0)
+	dst = d.AppendObserve(dst, Event{UUID: "a", Kind: KindStarted}, t0)
 	if len(dst) != 2 || dst[0].UUID != "keep" || dst[1].UUID != "a" {
 		t.Fatalf("%v", dst)
+	}
+}
+
+// TestReusedSliceAPI: the non-append methods return a slice reused by the
+// next call; copying it (as the agent loop does) keeps the decisions.
+func TestReusedSliceAPI(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.CheckTimeout = 0
+	d, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Config().CheckTimeout != DefaultCheckTimeout {
+		t.Fatalf("CheckTimeout 0 not defaulted: %v", d.Config().CheckTimeout)
+	}
+	var ds []Decision
+	ds = append(ds, d.Observe(Event{UUID: "a", Kind: KindStarted}, t0)...)
+	ds = append(ds, d.Observe(Event{UUID: "b", Kind: KindStopped}, t0)...)
+	ds = append(ds, d.Resync([]DomainSnapshot{{UUID: "a", State: StateRunning}, {UUID: "b", State: StateRunning}, {UUID: "c", State: StateShutoff}}, t0)...)
+	now := t0.Add(DefaultWindow)
+	chk := d.Tick(now)
+	if len(chk) != 1 || chk[0].Op != OpCheckState || chk[0].UUID != "b" {
+		t.Fatalf("tick %v", chk)
+	}
+	ds = append(ds, d.Resolve("b", chk[0].Check, StateRunning, nil, now)...)
+	var got []string
+	for _, dc := range ds {
+		s, _, _ := strings.Cut(dc.String(), " cause=")
+		got = append(got, dc.UUID+" "+s)
+	}
+	want := []string{"a report started event state=running", "c report defined resync state=shutoff", "b report rebooted running-at-window-end state=running"}
+	if strings.Join(got, "|") != strings.Join(want, "|") {
+		t.Fatalf("got %q\nwant %q", got, want)
+	}
+	// Observe after Observe reuses the same backing array.
+	a := d.Observe(Event{UUID: "a", Kind: KindReboot}, now)
+	b := d.Observe(Event{UUID: "a", Kind: KindReboot}, now)
+	if &a[0] != &b[0] {
+		t.Fatal("slice not reused")
 	}
 }
 

@@ -16,9 +16,10 @@
 //
 // The Debouncer is a pure state machine. It never reads the clock (now is
 // passed into every method), performs no I/O, starts no goroutines and is
-// driven by one goroutine. Every method appends its decisions to a
-// caller-supplied slice and returns it; reusing that slice (dst[:0]) makes
-// the hot path allocation-free. One timer structure (an indexed min-heap,
+// driven by one goroutine. Observe, Tick, Resolve and Resync return the
+// decisions in a slice the Debouncer reuses on its next call (copy it to
+// keep it); their Append* twins append to a caller-owned slice. Either way
+// the hot path does not allocate. One timer structure (an indexed min-heap,
 // one entry per domain with a pending stop) serves all domains; the caller
 // arms one timer from NextDeadline and calls Tick when it fires.
 //

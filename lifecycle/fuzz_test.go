@@ -75,10 +75,10 @@ func FuzzDebouncer(f *testing.F) {
 			case 0, 1:
 				k := Kind(c.intn("kind", int(KindReboot)+2))
 				ev := Event{UUID: u, Kind: k, Event: k.String(), Detail: []string{"", "ADDED", "X", "Y"}[c.intn("detail", 4)], At: now}
-				handle(d.Observe(out[:0], ev, now))
+				handle(d.AppendObserve(out[:0], ev, now))
 			case 2:
 				now = now.Add(time.Duration(c.intn("dt", 64)) * 500 * time.Millisecond)
-				handle(d.Tick(out[:0], now))
+				handle(d.AppendTick(out[:0], now))
 			case 3:
 				switch c.intn("what", 3) {
 				case 0, 1:
@@ -90,7 +90,7 @@ func FuzzDebouncer(f *testing.F) {
 					if c.intn("err", 4) == 0 {
 						err = errors.New("fuzz")
 					}
-					handle(d.Resolve(out[:0], u, tok, State(c.intn("state", 11)), err, now))
+					handle(d.AppendResolve(out[:0], u, tok, State(c.intn("state", 11)), err, now))
 				case 2:
 					var snap []DomainSnapshot
 					for _, v := range fuzzUUIDs {
@@ -98,7 +98,7 @@ func FuzzDebouncer(f *testing.F) {
 							snap = append(snap, DomainSnapshot{UUID: v, State: State(c.intn("state", 11))})
 						}
 					}
-					handle(d.Resync(out[:0], snap, now))
+					handle(d.AppendResync(out[:0], snap, now))
 				}
 			}
 		}
@@ -117,7 +117,7 @@ func FuzzDebouncer(f *testing.F) {
 			if dl.After(now) {
 				now = dl
 			}
-			handle(d.Tick(out[:0], now))
+			handle(d.AppendTick(out[:0], now))
 		}
 	})
 }

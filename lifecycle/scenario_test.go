@@ -86,14 +86,14 @@ func (h *harness) step(line string) {
 		}
 		u := dom(2)
 		ev := Event{UUID: u, Name: "instance-" + u, Kind: k, Event: name, Detail: detail, At: h.now}
-		h.take(h.d.Observe(h.buf[:0], ev, h.now))
+		h.take(h.d.AppendObserve(h.buf[:0], ev, h.now))
 	case "advance":
 		dur, err := time.ParseDuration(f[1])
 		if err != nil {
 			h.t.Fatalf("%q: %v", line, err)
 		}
 		h.now = h.now.Add(dur)
-		h.take(h.d.Tick(h.buf[:0], h.now))
+		h.take(h.d.AppendTick(h.buf[:0], h.now))
 	case "resolve", "resolve-stale":
 		u := dom(2)
 		tok := h.checks[u]
@@ -108,7 +108,7 @@ func (h *harness) step(line string) {
 		if !ok {
 			h.t.Fatalf("%q: unknown state", line)
 		}
-		h.take(h.d.Resolve(h.buf[:0], u, tok, st, err, h.now))
+		h.take(h.d.AppendResolve(h.buf[:0], u, tok, st, err, h.now))
 	case "resync":
 		var snap []DomainSnapshot
 		if f[1] != "-" {
@@ -121,7 +121,7 @@ func (h *harness) step(line string) {
 				snap = append(snap, DomainSnapshot{UUID: u, Name: "instance-" + u, State: st})
 			}
 		}
-		h.take(h.d.Resync(h.buf[:0], snap, h.now))
+		h.take(h.d.AppendResync(h.buf[:0], snap, h.now))
 	case "expect":
 		want := strings.TrimSpace(strings.TrimPrefix(line, "expect"))
 		if len(h.out) == 0 {

@@ -72,7 +72,7 @@ func newSim(c chooser, cfg Config, ndom int, lossy bool) (*sim, error) {
 		s.doms = append(s.doms, sd)
 		snap = append(snap, DomainSnapshot{UUID: sd.uuid, State: StateRunning})
 	}
-	s.handle(s.d.Resync(s.buf[:0], snap, s.now))
+	s.handle(s.d.AppendResync(s.buf[:0], snap, s.now))
 	return s, nil
 }
 
@@ -237,7 +237,7 @@ func (s *sim) resync() {
 			snap = append(snap, DomainSnapshot{UUID: sd.uuid, State: sd.real})
 		}
 	}
-	s.handle(s.d.Resync(s.buf[:0], snap, s.now))
+	s.handle(s.d.AppendResync(s.buf[:0], snap, s.now))
 }
 
 // advance moves the clock by dt, delivering events, firing the timer and
@@ -258,7 +258,7 @@ func (s *sim) advance(dt time.Duration) {
 			s.now = next
 		}
 		if hasTimer {
-			s.handle(s.d.Tick(s.buf[:0], s.now))
+			s.handle(s.d.AppendTick(s.buf[:0], s.now))
 			continue
 		}
 		it := s.agenda[0]
@@ -266,12 +266,12 @@ func (s *sim) advance(dt time.Duration) {
 		switch it.kind {
 		case agDeliver:
 			it.ev.At = s.now
-			s.handle(s.d.Observe(s.buf[:0], it.ev, s.now))
+			s.handle(s.d.AppendObserve(s.buf[:0], it.ev, s.now))
 		case agSetReal:
 			it.dom.real = it.st
 		case agAnswer:
 			st := it.dom.real
-			out := s.d.Resolve(s.buf[:0], it.dom.uuid, it.check, st, it.err, s.now)
+			out := s.d.AppendResolve(s.buf[:0], it.dom.uuid, it.check, st, it.err, s.now)
 			if it.err == nil && st.Alive() {
 				for _, dc := range out {
 					if dc.UUID == it.dom.uuid && dc.Transition == TransitionStopped {
