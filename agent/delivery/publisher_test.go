@@ -1,0 +1,360 @@
+package delivery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/agent/delivery/deliverytest"
+	"hvguard/proto"
+)
+
+// testTimeout bounds waits for delivery in tests: generous, since the
+// 2-core machine is shared.
+const testTimeout = 60 * time.Second
+
+func connectTest(t testing.TB, s *server.Server) *nats.Conn {
+	t.Helper()
+	nc, err := Connect(s.ClientURL(), "hvguard-test", testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func ensureStream(t testing.TB, nc *nats.Conn) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := EnsureStream(ctx, js, true); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// runPublisher runs a publisher until the test ends.
+func runPublisher(t testing.TB, nc *nats.Conn, o *Outbox, cfg PublisherConfig) *Publisher {
+	t.Helper()
+	p, err := NewPublisher(nc, o, cfg, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) && !errors.Is(err, ErrClosed) {
+			t.Errorf("Run = %v", err)
+		}
+	})
+	return p
+}
+
+func flush(t testing.TB, p *Publisher) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func checkInOrder(t testing.TB, c deliverytest.Collected, first, last uint64) {
+	t.Helper()
+	seqs := c.Seqs()
+	if uint64(len(seqs)) != last-first+1 {
+		t.Fatalf("got %d events, want %d (seqs %d..%d)", len(seqs), last-first+1, first, last)
+	}
+	for i, s := range seqs {
+		if s != first+uint64(i) {
+			t.Fatalf("event %d has seq %d, want %d (order or loss)", i, s, first+uint64(i))
+		}
+	}
+}
+
+func TestPublishEndToEnd(t *testing.T) {
+	s := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	nc := connectTest(t, s)
+	ensureStream(t, nc)
+	o := openTest(t, t.TempDir(), OutboxConfig{})
+	t.Cleanup(func() { o.Close() })
+	p := runPublisher(t, nc, o, PublisherConfig{})
+
+	const n = 2000
+	appendN(t, o, 0, n)
+	flush(t, p)
+	c := deliverytest.Collect(t, nc, testHost, n, testTimeout)
+	checkInOrder(t, c, 1, n)
+	if c.Duplicates != 0 {
+		t.Errorf("%d duplicates in the stream", c.Duplicates)
+	}
+	if c.Events[41] != *withSeq(testEvent(41), 42, c.Events[41].ObservedAt) {
+		t.Errorf("event 42 = %+v", c.Events[41])
+	}
+	st := p.Stats()
+	if st.Published != n || st.Acked != n || st.Depth != 0 || st.Appended != n {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
+func withSeq(ev *proto.LifecycleEvent, seq uint64, observed time.Time) *proto.LifecycleEvent {
+	ev.Schema, ev.Host, ev.Seq, ev.ObservedAt = 1, testHost, seq, observed
+	return ev
+}
+
+func TestPublishSurvivesServerRestart(t *testing.T) {
+	storeDir, port := t.TempDir(), deliverytest.FreePort(t)
+	s := deliverytest.StartJetStream(t, storeDir, port)
+	nc := connectTest(t, s)
+	ensureStream(t, nc)
+	o := openTest(t, t.TempDir(), OutboxConfig{})
+	t.Cleanup(func() { o.Close() })
+	p := runPublisher(t, nc, o, PublisherConfig{})
+
+	// Appends run flat out, so the server stops with publishes in flight.
+	const n, stopAt, restartAt = 20000, 5000, 15000
+	var wg sync.WaitGroup
+	stopped, restart := make(chan struct{}), make(chan struct{})
+	wg.Go(func() {
+		for i := 0; i < n; i++ {
+			switch i {
+			case stopAt:
+				close(stopped)
+			case restartAt:
+				<-restart
+			}
+			if err := o.Append(testEvent(i)); err != nil {
+				t.Errorf("Append %d: %v", i, err)
+				return
+			}
+			if i > stopAt && i < restartAt && i%1000 == 0 {
+				time.Sleep(20 * time.Millisecond) // spread appends over the outage
+			}
+		}
+	})
+	<-stopped
+	deliverytest.StopServer(s)
+	time.Sleep(500 * time.Millisecond)
+	if st := p.Stats(); st.Depth == 0 {
+		t.Logf("outbox empty during the outage: %+v", st)
+	}
+	close(restart)
+	s = deliverytest.StartJetStream(t, storeDir, port)
+	wg.Wait()
+	flush(t, p)
+
+	c := deliverytest.Collect(t, nc, testHost, n, testTimeout)
+	checkInOrder(t, c, 1, n)
+	if c.Duplicates != 0 || c.StreamMsgs != n {
+		t.Errorf("stream holds %d messages with %d duplicates; JetStream dedup should keep it at %d", c.StreamMsgs, c.Duplicates, n)
+	}
+	st := p.Stats()
+	t.Logf("stats after restart: %+v", st)
+	if st.Acked != n || st.Depth != 0 || st.LastError == "" {
+		t.Errorf("stats = %+v", st)
+	}
+}
+
+func TestPublishAfterOutboxReopen(t *testing.T) {
+	s := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	nc := connectTest(t, s)
+	ensureStream(t, nc)
+	dir := t.TempDir()
+
+	// First agent run: NATS "unreachable" (no publisher), then killed.
+	o := openTest(t, dir, OutboxConfig{})
+	appendN(t, o, 0, 100)
+	o.crash()
+
+	// Second run: the unacked events go out first, and seq continues.
+	o = openTest(t, dir, OutboxConfig{})
+	t.Cleanup(func() { o.Close() })
+	if st := o.Stats(); st.Depth != 100 {
+		t.Fatalf("replayed depth = %d, want 100", st.Depth)
+	}
+	p := runPublisher(t, nc, o, PublisherConfig{})
+	if got := appendN(t, o, 100, 50); got[0] != 101 {
+		t.Fatalf("seq after restart = %d, want 101", got[0])
+	}
+	flush(t, p)
+	checkInOrder(t, deliverytest.Collect(t, nc, testHost, 150, testTimeout), 1, 150)
+}
+
+func TestPublishResendIsDeduplicated(t *testing.T) {
+	// A restart after publishing but before the ack cursor was persisted
+	// re-sends; the stream must not hold the events twice.
+	s := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	nc := connectTest(t, s)
+	ensureStream(t, nc)
+	dir := t.TempDir()
+	o := openTest(t, dir, OutboxConfig{})
+	p, err := NewPublisher(nc, o, PublisherConfig{}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	appendN(t, o, 0, 20)
+	flush(t, p)
+	cancel()
+	<-done
+	o.mu.Lock()
+	o.acked = 5 // as if the cursor had been persisted long ago
+	o.mu.Unlock()
+	o.crash()
+
+	o = openTest(t, dir, OutboxConfig{})
+	t.Cleanup(func() { o.Close() })
+	p = runPublisher(t, nc, o, PublisherConfig{})
+	flush(t, p)
+	c := deliverytest.Collect(t, nc, testHost, 20, testTimeout)
+	checkInOrder(t, c, 1, 20)
+	if c.StreamMsgs != 20 {
+		t.Errorf("stream holds %d messages, want 20", c.StreamMsgs)
+	}
+	if st := p.Stats(); st.DupAcks == 0 {
+		t.Errorf("no duplicate acks after re-send: %+v", st)
+	}
+}
+
+func TestFlushTimeoutReportsRemaining(t *testing.T) {
+	o := openTest(t, t.TempDir(), OutboxConfig{})
+	defer o.Close()
+	appendN(t, o, 0, 7)
+	// A publisher whose connection never reaches a server.
+	nc, err := nats.Connect("nats://127.0.0.1:1", ConnOptions(testLogger(t))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	p := runPublisher(t, nc, o, PublisherConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err = p.Flush(ctx)
+	if err == nil || !strings.Contains(err.Error(), "7 events not yet acked") || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Flush = %v", err)
+	}
+}
+
+func TestEnsureStream(t *testing.T) {
+	s := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	nc := connectTest(t, s)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	err = EnsureStream(ctx, js, false)
+	if err == nil || !strings.Contains(err.Error(), "nats stream add HVGUARD_EVENTS --subjects 'hvguard.v1.*.lifecycle'") {
+		t.Fatalf("EnsureStream(no stream, create=false) = %v", err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: proto.StreamName, Subjects: []string{"other.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	err = EnsureStream(ctx, js, false)
+	if err == nil || !strings.Contains(err.Error(), "do not capture") {
+		t.Fatalf("EnsureStream(wrong subjects) = %v", err)
+	}
+	if err := EnsureStream(ctx, js, true); err != nil {
+		t.Fatalf("EnsureStream(create) = %v", err)
+	}
+	if err := EnsureStream(ctx, js, false); err != nil {
+		t.Fatalf("EnsureStream(after create) = %v", err)
+	}
+	info, err := js.Stream(ctx, proto.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.CachedInfo().Config
+	if cfg.Storage != jetstream.FileStorage || cfg.Duplicates != proto.StreamDuplicatesWindow {
+		t.Fatalf("stream config = %+v", cfg)
+	}
+}
+
+func TestSubjectCovers(t *testing.T) {
+	tests := []struct {
+		pattern, want string
+		ok            bool
+	}{
+		{"hvguard.v1.*.lifecycle", "hvguard.v1.*.lifecycle", true},
+		{"hvguard.>", "hvguard.v1.*.lifecycle", true},
+		{"hvguard.v1.>", "hvguard.v1.*.lifecycle", true},
+		{">", "hvguard.v1.*.lifecycle", true},
+		{"hvguard.*.*.lifecycle", "hvguard.v1.*.lifecycle", true},
+		{"hvguard.v1.h1.lifecycle", "hvguard.v1.*.lifecycle", false},
+		{"hvguard.v1.*", "hvguard.v1.*.lifecycle", false},
+		{"hvguard.v1.*.lifecycle.x", "hvguard.v1.*.lifecycle", false},
+		{"hvguard.v1.*.*", "hvguard.v1.>", false},
+	}
+	for _, tt := range tests {
+		if got := subjectCovers(tt.pattern, tt.want); got != tt.ok {
+			t.Errorf("subjectCovers(%q, %q) = %v, want %v", tt.pattern, tt.want, got, tt.ok)
+		}
+	}
+}
+
+func TestReconnectDelay(t *testing.T) {
+	for a, want := range map[int]time.Duration{1: ReconnectWaitMin, 2: 2 * ReconnectWaitMin, 100: ReconnectWaitMax} {
+		d := ReconnectDelay(a)
+		if d < want*8/10 || d > want*12/10 {
+			t.Errorf("ReconnectDelay(%d) = %s, want %s +-20%%", a, d, want)
+		}
+	}
+}
+
+func BenchmarkPublish(b *testing.B) {
+	s := deliverytest.StartJetStream(b, b.TempDir(), -1)
+	nc := connectTest(b, s)
+	ensureStream(b, nc)
+	o, err := OpenOutbox(filepath.Join(b.TempDir(), "outbox"), OutboxConfig{Host: testHost, MaxEvents: 1 << 30, MaxBytes: 1 << 40}, slogDiscard())
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer o.Close()
+	p, err := NewPublisher(nc, o, PublisherConfig{}, slogDiscard())
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	ev := testEvent(1)
+	b.ResetTimer()
+	start := time.Now()
+	n := 0
+	for b.Loop() {
+		e := *ev
+		if err := o.Append(&e); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+	fctx, fcancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer fcancel()
+	if err := p.Flush(fctx); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(n)/time.Since(start).Seconds(), "events/s")
+	if st := p.Stats(); st.Acked != uint64(n) {
+		b.Fatalf("acked %d of %d: %+v", st.Acked, n, st)
+	}
+	_ = fmt.Sprint()
+}
