@@ -287,3 +287,26 @@ func FuzzHostToken(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkEncode(b *testing.B) {
+	e := validEvent()
+	for b.Loop() {
+		if _, err := e.Encode(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecodeLifecycle(b *testing.B) {
+	e := validEvent()
+	data, err := e.Encode()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		if _, err := DecodeLifecycle(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

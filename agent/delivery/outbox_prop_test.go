@@ -25,10 +25,10 @@ func TestOutboxProperties(t *testing.T) {
 		defer func() { o.Close() }()
 
 		var (
-			records  []uint64 // seqs of every record written (events and gap markers), in order
+			records   []uint64 // seqs of every record written (events and gap markers), in order
 			accounted = map[uint64]bool{}
-			acked    uint64
-			lastSeq  uint64
+			acked     uint64
+			lastSeq   uint64
 		)
 		check := func(afterCrash bool) {
 			evs := readAll(rt, o)
