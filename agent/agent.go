@@ -1,0 +1,319 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"hvguard/lifecycle"
+	"hvguard/proto"
+)
+
+// Hypervisor is what the agent's loop needs from libvirt. *libvirtx.Conn
+// implements it; the `make run` demo wraps it to delay some events the way a
+// loaded libvirt delays them.
+type Hypervisor interface {
+	Events() <-chan lifecycle.Event
+	ResyncNeeded() <-chan struct{}
+	ListDomains(ctx context.Context) ([]lifecycle.DomainSnapshot, error)
+	State(ctx context.Context, uuid string) (lifecycle.State, error)
+}
+
+// Sink durably accepts reported events (the outbox). Append assigns Seq.
+type Sink interface {
+	Append(ev *proto.LifecycleEvent) error
+}
+
+// Loop is the agent's event loop: it owns the debouncer, feeds it libvirt's
+// events and timer ticks, runs the real-state checks it asks for on a bounded
+// set of goroutines, and hands every report to the sink in decision order.
+//
+// Loop is the only goroutine that touches the debouncer, so per-domain order
+// is the order of the decisions.
+type Loop struct {
+	host   string
+	log    *slog.Logger
+	hv     Hypervisor
+	deb    *lifecycle.Debouncer
+	sink   Sink
+	now    func() time.Time
+	stats  *LoopStats
+	checks chan struct{} // semaphore for state checks in flight
+
+	checkResults chan checkResult
+	listResults  chan listResult
+	listing      bool // a ListDomains for a resync is in flight
+	resyncAgain  bool // another resync was asked for while listing
+
+	// Heartbeat is called from the loop on every watchdog tick, proving
+	// that the loop makes progress (see Run). May be nil.
+	Heartbeat func()
+	// HeartbeatEvery is the heartbeat period (default 1 s).
+	HeartbeatEvery time.Duration
+	// OnReport, if set, is called after each event is appended (demo, tests).
+	OnReport func(proto.LifecycleEvent)
+
+	wg sync.WaitGroup
+}
+
+// LoopStats are the loop's counters, read by the metrics collector.
+type LoopStats struct {
+	EventsIn     atomic.Uint64
+	Reports      [16]atomic.Uint64 // indexed by transitionIndex
+	Suppressed   sync.Map          // reason -> *atomic.Uint64
+	Checks       atomic.Uint64
+	CheckErrors  atomic.Uint64
+	Resyncs      atomic.Uint64
+	ResyncErrors atomic.Uint64
+	SinkErrors   atomic.Uint64
+	Tracked      atomic.Int64
+	LastLoop     atomic.Int64 // unix nanos of the last loop iteration
+}
+
+func (s *LoopStats) suppressed(reason string) {
+	v, _ := s.Suppressed.LoadOrStore(reason, new(atomic.Uint64))
+	v.(*atomic.Uint64).Add(1)
+}
+
+type checkResult struct {
+	uuid  string
+	check uint64
+	state lifecycle.State
+	err   error
+}
+
+type listResult struct {
+	snap []lifecycle.DomainSnapshot
+	err  error
+}
+
+// LoopConfig configures a Loop.
+type LoopConfig struct {
+	Host             string
+	Lifecycle        lifecycle.Config
+	CheckConcurrency int
+	CallTimeout      time.Duration
+}
+
+// NewLoop builds the loop. now is the clock (time.Now in production).
+func NewLoop(cfg LoopConfig, hv Hypervisor, sink Sink, log *slog.Logger, now func() time.Time) (*Loop, error) {
+	deb, err := lifecycle.New(cfg.Lifecycle)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.CheckConcurrency < 1 {
+		cfg.CheckConcurrency = DefaultCheckConcurrency
+	}
+	if now == nil {
+		now = time.Now
+	}
+	return &Loop{
+		host:         cfg.Host,
+		log:          log,
+		hv:           hv,
+		deb:          deb,
+		sink:         sink,
+		now:          now,
+		stats:        &LoopStats{},
+		checks:       make(chan struct{}, cfg.CheckConcurrency),
+		checkResults: make(chan checkResult, cfg.CheckConcurrency),
+		listResults:  make(chan listResult, 1),
+	}, nil
+}
+
+// Stats returns the loop's live counters.
+func (l *Loop) Stats() *LoopStats { return l.stats }
+
+// Run drives the loop until ctx is cancelled. It starts with a full resync
+// (the debouncer learns every domain) and returns nil on cancellation after
+// every in-flight check has finished.
+func (l *Loop) Run(ctx context.Context) error {
+	hb := l.HeartbeatEvery
+	if hb <= 0 {
+		hb = time.Second
+	}
+	ticker := time.NewTicker(hb)
+	defer ticker.Stop()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+
+	l.startResync(ctx)
+	events := l.hv.Events()
+	resync := l.hv.ResyncNeeded()
+	var ds []lifecycle.Decision
+	for {
+		ds = ds[:0]
+		select {
+		case <-ctx.Done():
+			l.wg.Wait()
+			return nil
+		case ev, ok := <-events:
+			if !ok {
+				l.wg.Wait()
+				return errors.New("libvirt event channel closed")
+			}
+			l.stats.EventsIn.Add(1)
+			ds = append(ds, l.deb.Observe(ev, l.now())...)
+		case <-resync:
+			l.startResync(ctx)
+		case r := <-l.listResults:
+			l.listing = false
+			if r.err != nil {
+				l.stats.ResyncErrors.Add(1)
+				l.log.Warn("resync: listing domains failed; retrying", "err", r.err)
+				l.resyncAgain = true
+			} else {
+				l.stats.Resyncs.Add(1)
+				ds = append(ds, l.deb.Resync(r.snap, l.now())...)
+				l.log.Info("resync done", "domains", len(r.snap))
+			}
+			if l.resyncAgain {
+				l.resyncAgain = false
+				l.startResync(ctx)
+			}
+		case r := <-l.checkResults:
+			ds = append(ds, l.deb.Resolve(r.uuid, r.check, r.state, r.err, l.now())...)
+		case <-timer.C:
+			ds = append(ds, l.deb.Tick(l.now())...)
+		case <-ticker.C:
+			// The heartbeat is sent from here, the loop whose progress
+			// it proves: a wedged loop stops feeding systemd's watchdog.
+			if l.Heartbeat != nil {
+				l.Heartbeat()
+			}
+		}
+		l.handle(ctx, ds)
+		l.stats.LastLoop.Store(l.now().UnixNano())
+		l.stats.Tracked.Store(int64(l.deb.Len()))
+		if next, ok := l.deb.NextDeadline(); ok {
+			resetTimer(timer, next.Sub(l.now()))
+		}
+	}
+}
+
+func resetTimer(t *time.Timer, d time.Duration) {
+	if d < 0 {
+		d = 0
+	}
+	t.Reset(d)
+}
+
+func (l *Loop) startResync(ctx context.Context) {
+	if l.listing {
+		l.resyncAgain = true
+		return
+	}
+	l.listing = true
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		snap, err := l.hv.ListDomains(ctx)
+		select {
+		case l.listResults <- listResult{snap, err}:
+		case <-ctx.Done():
+		}
+	}()
+}
+
+func (l *Loop) handle(ctx context.Context, ds []lifecycle.Decision) {
+	for i := range ds {
+		d := &ds[i]
+		switch d.Op {
+		case lifecycle.OpCheckState:
+			l.check(ctx, d.UUID, d.Check)
+		case lifecycle.OpReport:
+			l.report(d)
+		}
+	}
+}
+
+// check asks libvirt for the domain's real state off the loop goroutine; the
+// answer comes back through checkResults.
+func (l *Loop) check(ctx context.Context, uuid string, token uint64) {
+	l.stats.Checks.Add(1)
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		select {
+		case l.checks <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		st, err := l.hv.State(ctx, uuid)
+		<-l.checks
+		if err != nil {
+			l.stats.CheckErrors.Add(1)
+		}
+		select {
+		case l.checkResults <- checkResult{uuid, token, st, err}:
+		case <-ctx.Done():
+		}
+	}()
+}
+
+func (l *Loop) report(d *lifecycle.Decision) {
+	now := l.now()
+	ev := proto.LifecycleEvent{
+		Schema:        proto.SchemaVersion,
+		Host:          l.host,
+		DomainUUID:    d.UUID,
+		DomainName:    d.Name,
+		Transition:    proto.Transition(d.Transition),
+		Reason:        string(d.Reason),
+		State:         d.State.String(),
+		LibvirtEvent:  d.Cause.Event,
+		LibvirtDetail: d.Cause.Detail,
+		OccurredAt:    d.Cause.At,
+		ObservedAt:    now,
+	}
+	if ev.OccurredAt.IsZero() {
+		ev.OccurredAt = now
+	}
+	if d.Transition == lifecycle.TransitionRebooted && d.Reason != lifecycle.ReasonRebootEvent {
+		l.stats.suppressed(string(d.Reason))
+	}
+	l.stats.Reports[transitionIndex(ev.Transition)].Add(1)
+	if err := l.sink.Append(&ev); err != nil {
+		// The outbox counts and announces what it could not keep and
+		// writes a gap marker; the loop must not stop for it.
+		l.stats.SinkErrors.Add(1)
+		l.log.Error("outbox refused an event", "domain_uuid", d.UUID, "transition", d.Transition, "err", err)
+		return
+	}
+	lvl := slog.LevelInfo
+	l.log.Log(context.Background(), lvl, "reported",
+		"domain_uuid", d.UUID, "domain", d.Name, "transition", string(d.Transition),
+		"reason", string(d.Reason), "state", d.State.String(), "seq", ev.Seq,
+		"libvirt_event", d.Cause.Event, "libvirt_detail", d.Cause.Detail)
+	if l.OnReport != nil {
+		l.OnReport(ev)
+	}
+}
+
+// transitions lists the reported transitions in metric order.
+var transitions = []proto.Transition{
+	proto.TransitionStarted, proto.TransitionStopped, proto.TransitionRebooted,
+	proto.TransitionSuspended, proto.TransitionResumed, proto.TransitionPMSuspended,
+	proto.TransitionDefined, proto.TransitionUndefined,
+}
+
+func transitionIndex(t proto.Transition) int {
+	for i, x := range transitions {
+		if x == t {
+			return i
+		}
+	}
+	return len(transitions) // "other"
+}
+
+// String summarises the loop for systemd's STATUS= line.
+func (s *LoopStats) String() string {
+	return fmt.Sprintf("domains=%d events=%d stops=%d reboots=%d",
+		s.Tracked.Load(), s.EventsIn.Load(),
+		s.Reports[transitionIndex(proto.TransitionStopped)].Load(),
+		s.Reports[transitionIndex(proto.TransitionRebooted)].Load())
+}

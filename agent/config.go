@@ -1,0 +1,351 @@
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"hvguard/lifecycle"
+	"hvguard/proto"
+)
+
+// Duration is a time.Duration that reads and writes YAML as a Go duration
+// string ("15s", "500ms").
+type Duration time.Duration
+
+// UnmarshalYAML accepts a Go duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return fmt.Errorf("line %d: want a duration such as \"15s\", got %q", n.Line, n.Value)
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("line %d: want a duration such as \"15s\", got %q", n.Line, s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration as a string.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// D returns the value as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+// Config is the agent's configuration file (/etc/hvguard/agent.yaml).
+// Every field is documented in packaging/agent.yaml and in the README; the
+// two must change together.
+type Config struct {
+	// Host is this compute node's name as Nova knows it (nova.conf [DEFAULT]
+	// host). Empty means os.Hostname(). It must be an RFC 1123 host name:
+	// it becomes a NATS subject token.
+	Host string `yaml:"host"`
+	// StateDir holds the outbox, the per-host sequence number and the last
+	// known domain states. It must be on persistent storage.
+	StateDir string        `yaml:"state_dir"`
+	Log      LogConfig     `yaml:"log"`
+	Libvirt  LibvirtConfig `yaml:"libvirt"`
+	// Lifecycle configures the stop debouncer.
+	Lifecycle LifecycleConfig `yaml:"lifecycle"`
+	NATS      NATSConfig      `yaml:"nats"`
+	Outbox    OutboxConfig    `yaml:"outbox"`
+	Metrics   MetricsConfig   `yaml:"metrics"`
+	// ShutdownTimeout bounds the graceful shutdown: how long SIGTERM waits
+	// for the outbox to drain to NATS. What is not sent stays on disk.
+	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
+}
+
+// LogConfig selects the log level and format.
+type LogConfig struct {
+	Level  string `yaml:"level"`  // debug, info, warn, error
+	Format string `yaml:"format"` // json or text
+}
+
+// LibvirtConfig is the libvirt connection.
+type LibvirtConfig struct {
+	URI               string   `yaml:"uri"`
+	KeepAliveInterval Duration `yaml:"keepalive_interval"`
+	KeepAliveCount    uint     `yaml:"keepalive_count"`
+	ConnectTimeout    Duration `yaml:"connect_timeout"`
+	ReconnectMin      Duration `yaml:"reconnect_min"`
+	ReconnectMax      Duration `yaml:"reconnect_max"`
+	EventBuffer       int      `yaml:"event_buffer"`
+	CallTimeout       Duration `yaml:"call_timeout"`
+}
+
+// LifecycleConfig is the debouncer.
+type LifecycleConfig struct {
+	// Window is how long a stop is held before the real state is checked.
+	// 0 reports stops immediately (no debouncing).
+	Window Duration `yaml:"window"`
+	// RecheckInterval is the pause before a failed or inconclusive state
+	// check is repeated.
+	RecheckInterval Duration `yaml:"recheck_interval"`
+	// CheckTimeout: a state check not answered within this time counts as
+	// a failed check.
+	CheckTimeout Duration `yaml:"check_timeout"`
+	// MaxChecks bounds the state checks of one stop; after that the stop is
+	// reported with reason state-check-failed.
+	MaxChecks int `yaml:"max_checks"`
+	// CheckConcurrency bounds the libvirt state queries in flight at once.
+	CheckConcurrency int `yaml:"check_concurrency"`
+}
+
+// NATSConfig is the connection to the NATS cluster the controller reads.
+type NATSConfig struct {
+	URLs         []string `yaml:"urls"`
+	CredsFile    string   `yaml:"creds_file"`
+	CAFile       string   `yaml:"ca_file"`
+	CertFile     string   `yaml:"cert_file"`
+	KeyFile      string   `yaml:"key_file"`
+	CreateStream bool     `yaml:"create_stream"`
+	// ReadyTimeout is how long start-up waits for NATS before the agent
+	// declares itself ready in degraded mode (events buffered on disk).
+	ReadyTimeout Duration `yaml:"ready_timeout"`
+}
+
+// OutboxConfig bounds the on-disk outbox.
+type OutboxConfig struct {
+	MaxBytes  int64 `yaml:"max_bytes"`
+	MaxEvents int   `yaml:"max_events"`
+}
+
+// MetricsConfig is the Prometheus endpoint.
+type MetricsConfig struct {
+	// Listen is host:port for /metrics and /healthz; empty disables it.
+	Listen string `yaml:"listen"`
+}
+
+// Defaults. Values that matter for safety carry the reason.
+const (
+	// DefaultCheckConcurrency bounds libvirt calls in flight for state
+	// checks, so a reboot storm cannot open hundreds of RPCs at once.
+	DefaultCheckConcurrency = 8
+	// DefaultNATSReadyTimeout: after 10 s without NATS the agent reports
+	// READY in degraded mode; events go to the outbox meanwhile.
+	DefaultNATSReadyTimeout = 10 * time.Second
+	// DefaultShutdownTimeout bounds the outbox drain on SIGTERM; it is below
+	// systemd's default TimeoutStopSec (90 s) with margin.
+	DefaultShutdownTimeout = 10 * time.Second
+	// DefaultOutboxMaxBytes / MaxEvents bound the disk the outbox may use
+	// during a NATS outage: 64 MiB holds ~200 000 events, hours of a busy
+	// host's traffic.
+	DefaultOutboxMaxBytes  = 64 << 20
+	DefaultOutboxMaxEvents = 100000
+	// DefaultMetricsListen is loopback only: the endpoint has no auth.
+	DefaultMetricsListen = "127.0.0.1:9475"
+	// DefaultStateDir is where packages create the state directory (0700).
+	DefaultStateDir = "/var/lib/hvguard"
+)
+
+// DefaultConfig returns the configuration used when a field is absent.
+func DefaultConfig() Config {
+	return Config{
+		StateDir: DefaultStateDir,
+		Log:      LogConfig{Level: "info", Format: "json"},
+		Libvirt: LibvirtConfig{
+			URI:               "qemu:///system",
+			KeepAliveInterval: Duration(5 * time.Second),
+			KeepAliveCount:    3,
+			ConnectTimeout:    Duration(10 * time.Second),
+			ReconnectMin:      Duration(500 * time.Millisecond),
+			ReconnectMax:      Duration(30 * time.Second),
+			EventBuffer:       4096,
+			CallTimeout:       Duration(10 * time.Second),
+		},
+		Lifecycle: LifecycleConfig{
+			Window:           Duration(lifecycle.DefaultWindow),
+			RecheckInterval:  Duration(lifecycle.DefaultRecheckInterval),
+			CheckTimeout:     Duration(lifecycle.DefaultCheckTimeout),
+			MaxChecks:        lifecycle.DefaultMaxChecks,
+			CheckConcurrency: DefaultCheckConcurrency,
+		},
+		NATS: NATSConfig{
+			URLs:         []string{"nats://127.0.0.1:4222"},
+			CreateStream: true,
+			ReadyTimeout: Duration(DefaultNATSReadyTimeout),
+		},
+		Outbox:          OutboxConfig{MaxBytes: DefaultOutboxMaxBytes, MaxEvents: DefaultOutboxMaxEvents},
+		Metrics:         MetricsConfig{Listen: DefaultMetricsListen},
+		ShutdownTimeout: Duration(DefaultShutdownTimeout),
+	}
+}
+
+// LoadConfig reads a YAML file over the defaults. Unknown fields are
+// rejected; the result is validated.
+func LoadConfig(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	cfg, err := ParseConfig(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig parses YAML over the defaults and validates the result.
+func ParseConfig(data []byte) (Config, error) {
+	cfg := DefaultConfig()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+		return Config{}, err
+	}
+	if err := cfg.Complete(); err != nil {
+		return Config{}, err
+	}
+	return cfg, cfg.Validate()
+}
+
+// Complete fills fields derived from the environment (the host name).
+func (c *Config) Complete() error {
+	if c.Host == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("host: empty and os.Hostname failed: %w", err)
+		}
+		c.Host = h
+	}
+	return nil
+}
+
+// Validate checks every field and returns all problems at once, each naming
+// the field and the bad value.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(field string, val any, why string) {
+		errs = append(errs, fmt.Errorf("%s: %v: %s", field, val, why))
+	}
+	if _, err := proto.HostToken(c.Host); err != nil {
+		bad("host", fmt.Sprintf("%q", c.Host), err.Error())
+	}
+	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
+		bad("state_dir", fmt.Sprintf("%q", c.StateDir), "must be an absolute path")
+	}
+	if _, err := ParseLevel(c.Log.Level); err != nil {
+		bad("log.level", fmt.Sprintf("%q", c.Log.Level), "must be debug, info, warn or error")
+	}
+	if c.Log.Format != "json" && c.Log.Format != "text" {
+		bad("log.format", fmt.Sprintf("%q", c.Log.Format), "must be json or text")
+	}
+	if u, err := url.Parse(c.Libvirt.URI); err != nil || u.Scheme == "" {
+		bad("libvirt.uri", fmt.Sprintf("%q", c.Libvirt.URI), "must be a libvirt URI such as qemu:///system")
+	}
+	positive := func(field string, d Duration) {
+		if d <= 0 {
+			bad(field, d.D(), "must be positive")
+		}
+	}
+	positive("libvirt.connect_timeout", c.Libvirt.ConnectTimeout)
+	positive("libvirt.reconnect_min", c.Libvirt.ReconnectMin)
+	positive("libvirt.reconnect_max", c.Libvirt.ReconnectMax)
+	positive("libvirt.call_timeout", c.Libvirt.CallTimeout)
+	if c.Libvirt.KeepAliveInterval < 0 {
+		bad("libvirt.keepalive_interval", c.Libvirt.KeepAliveInterval.D(), "must not be negative (0 disables)")
+	}
+	if c.Libvirt.ReconnectMax < c.Libvirt.ReconnectMin {
+		bad("libvirt.reconnect_max", c.Libvirt.ReconnectMax.D(), "must not be below libvirt.reconnect_min")
+	}
+	if c.Libvirt.EventBuffer < 16 {
+		bad("libvirt.event_buffer", c.Libvirt.EventBuffer, "must be at least 16")
+	}
+	if c.Lifecycle.Window < 0 || c.Lifecycle.Window.D() > lifecycle.MaxWindow {
+		bad("lifecycle.window", c.Lifecycle.Window.D(), fmt.Sprintf("must be between 0 (no debouncing) and %s", lifecycle.MaxWindow))
+	}
+	if c.Lifecycle.RecheckInterval.D() < lifecycle.MinRecheckInterval {
+		bad("lifecycle.recheck_interval", c.Lifecycle.RecheckInterval.D(), fmt.Sprintf("must be at least %s", lifecycle.MinRecheckInterval))
+	}
+	positive("lifecycle.check_timeout", c.Lifecycle.CheckTimeout)
+	if c.Lifecycle.MaxChecks < 1 || c.Lifecycle.MaxChecks > lifecycle.MaxMaxChecks {
+		bad("lifecycle.max_checks", c.Lifecycle.MaxChecks, fmt.Sprintf("must be between 1 and %d", lifecycle.MaxMaxChecks))
+	}
+	if c.Lifecycle.CheckConcurrency < 1 {
+		bad("lifecycle.check_concurrency", c.Lifecycle.CheckConcurrency, "must be at least 1")
+	}
+	if len(c.NATS.URLs) == 0 {
+		bad("nats.urls", "[]", "at least one URL is required")
+	}
+	for i, s := range c.NATS.URLs {
+		if u, err := url.Parse(s); err != nil || (u.Scheme != "nats" && u.Scheme != "tls" && u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
+			bad(fmt.Sprintf("nats.urls[%d]", i), fmt.Sprintf("%q", s), "must be nats://host:port (or tls://, ws://, wss://)")
+		}
+	}
+	for field, p := range map[string]string{"nats.creds_file": c.NATS.CredsFile, "nats.ca_file": c.NATS.CAFile, "nats.cert_file": c.NATS.CertFile, "nats.key_file": c.NATS.KeyFile} {
+		if p == "" {
+			continue
+		}
+		if _, err := os.Stat(p); err != nil {
+			bad(field, fmt.Sprintf("%q", p), "cannot be read: "+errors.Unwrap(err).Error())
+		}
+	}
+	if (c.NATS.CertFile == "") != (c.NATS.KeyFile == "") {
+		bad("nats.cert_file", fmt.Sprintf("%q", c.NATS.CertFile), "cert_file and key_file go together")
+	}
+	if c.NATS.ReadyTimeout < 0 {
+		bad("nats.ready_timeout", c.NATS.ReadyTimeout.D(), "must not be negative")
+	}
+	if c.Outbox.MaxBytes < 1<<20 {
+		bad("outbox.max_bytes", c.Outbox.MaxBytes, "must be at least 1048576 (1 MiB)")
+	}
+	if c.Outbox.MaxEvents < 100 {
+		bad("outbox.max_events", c.Outbox.MaxEvents, "must be at least 100")
+	}
+	if c.Metrics.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Metrics.Listen); err != nil {
+			bad("metrics.listen", fmt.Sprintf("%q", c.Metrics.Listen), "must be host:port or empty to disable")
+		}
+	}
+	positive("shutdown_timeout", c.ShutdownTimeout)
+	return errors.Join(errs...)
+}
+
+// core is the debouncer configuration this section describes.
+func (l LifecycleConfig) core() lifecycle.Config {
+	return lifecycle.Config{
+		Window:          l.Window.D(),
+		RecheckInterval: l.RecheckInterval.D(),
+		CheckTimeout:    l.CheckTimeout.D(),
+		MaxChecks:       l.MaxChecks,
+	}
+}
+
+// ParseLevel maps a level name to slog's level.
+func ParseLevel(s string) (slog.Level, error) {
+	switch strings.ToLower(s) {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "info", "":
+		return slog.LevelInfo, nil
+	case "warn", "warning":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("unknown log level %q", s)
+}
+
+// NewLogger builds the agent's structured logger.
+func NewLogger(w io.Writer, lc LogConfig) (*slog.Logger, error) {
+	lvl, err := ParseLevel(lc.Level)
+	if err != nil {
+		return nil, err
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	if lc.Format == "text" {
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewJSONHandler(w, opts)), nil
+}

@@ -1,0 +1,300 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/hashicorp/go-multierror"
+	"github.com/nats-io/nats.go"
+
+	"hvguard/agent/delivery"
+	"hvguard/libvirtx"
+	"hvguard/proto"
+)
+
+// Version is set at build time (-ldflags -X hvguard/agent.Version=...).
+var Version = "dev"
+
+// EventLoopStale is how old the libvirt event loop's heartbeat may be before
+// the agent stops feeding systemd's watchdog: the loop ticks every second, so
+// 10 s without a tick means it is wedged (a callback blocked) and no event
+// can arrive — a restart is the right remedy.
+const EventLoopStale = 10 * time.Second
+
+// Options are the parts of a daemon that are not configuration: the demo and
+// the tests use them to plug in their own pieces.
+type Options struct {
+	// WrapHypervisor, if set, wraps the libvirt connection (the demo uses
+	// it to delay events like a loaded libvirt does).
+	WrapHypervisor func(Hypervisor) Hypervisor
+	// OnReport is called after each event is durably appended.
+	OnReport func(ev proto.LifecycleEvent)
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+	// Ready is closed once the daemon is ready (libvirt connected, NATS
+	// connected or degraded).
+	Ready chan<- struct{}
+}
+
+// Daemon is a running agent.
+type Daemon struct {
+	cfg    Config
+	log    *slog.Logger
+	opts   Options
+	notify *Notifier
+	lv     *libvirtx.Conn
+	nc     *nats.Conn
+	outbox *delivery.Outbox
+	pub    *delivery.Publisher
+	loop   *Loop
+}
+
+// Run starts the agent and blocks until ctx is cancelled (SIGTERM), then
+// shuts down gracefully: the loop stops, the outbox is flushed to NATS within
+// shutdown_timeout, and connections are closed. What could not be sent stays
+// in the outbox and is sent at the next start.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
+	d := &Daemon{cfg: cfg, log: log, opts: opts, notify: NewNotifier(log)}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("state_dir: %w", err)
+	}
+	d.notify.Status("opening outbox")
+	ob, err := delivery.OpenOutbox(filepath.Join(cfg.StateDir, "outbox"), delivery.OutboxConfig{
+		Host:      cfg.Host,
+		MaxBytes:  cfg.Outbox.MaxBytes,
+		MaxEvents: cfg.Outbox.MaxEvents,
+	}, log)
+	if err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
+	d.outbox = ob
+	defer func() {
+		if cerr := ob.Close(); cerr != nil {
+			err = multierror.Append(err, fmt.Errorf("close outbox: %w", cerr)).ErrorOrNil()
+		}
+	}()
+
+	d.notify.Status("connecting to libvirt " + cfg.Libvirt.URI)
+	if err := d.dialLibvirt(ctx); err != nil {
+		return err
+	}
+	defer d.lv.Close()
+
+	d.notify.Status("connecting to NATS")
+	if err := d.connectNATS(); err != nil {
+		return err
+	}
+	defer d.nc.Close()
+
+	var hv Hypervisor = d.lv
+	if opts.WrapHypervisor != nil {
+		hv = opts.WrapHypervisor(hv)
+	}
+	d.loop, err = NewLoop(LoopConfig{
+		Host:             cfg.Host,
+		Lifecycle:        cfg.Lifecycle.core(),
+		CheckConcurrency: cfg.Lifecycle.CheckConcurrency,
+	}, hv, ob, log, opts.Now)
+	if err != nil {
+		return fmt.Errorf("lifecycle: %w", err)
+	}
+	d.loop.HeartbeatEvery = d.notify.WatchdogPeriod()
+	d.loop.Heartbeat = d.heartbeat
+	if opts.OnReport != nil {
+		d.loop.OnReport = opts.OnReport
+	}
+
+	if cfg.Metrics.Listen != "" {
+		stop, err := d.serveMetrics()
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+
+	pubCtx, stopPub := context.WithCancel(context.Background())
+	pubDone := make(chan error, 1)
+	go func() { pubDone <- d.pub.Run(pubCtx) }()
+
+	loopCtx, stopLoop := context.WithCancel(ctx)
+	defer stopLoop()
+	loopDone := make(chan error, 1)
+	go func() { loopDone <- d.loop.Run(loopCtx) }()
+
+	d.waitReady(ctx)
+
+	var result *multierror.Error
+	select {
+	case <-ctx.Done():
+	case lerr := <-loopDone:
+		result = multierror.Append(result, fmt.Errorf("event loop: %w", lerr))
+		loopDone = nil
+	}
+	d.notify.Stopping()
+	log.Info("shutting down: flushing outbox", "timeout", cfg.ShutdownTimeout.D())
+	stopLoop()
+	if loopDone != nil {
+		if lerr := <-loopDone; lerr != nil {
+			result = multierror.Append(result, lerr)
+		}
+	}
+	if serr := ob.Sync(); serr != nil {
+		result = multierror.Append(result, fmt.Errorf("outbox sync: %w", serr))
+	}
+	fctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout.D())
+	if ferr := d.pub.Flush(fctx); ferr != nil {
+		log.Warn("outbox not fully flushed; the rest is sent at next start", "err", ferr)
+	}
+	cancel()
+	stopPub()
+	<-pubDone
+	log.Info("stopped")
+	return result.ErrorOrNil()
+}
+
+// dialLibvirt connects, retrying with backoff until ctx ends: at boot
+// libvirtd may start after the agent.
+func (d *Daemon) dialLibvirt(ctx context.Context) error {
+	lc := libvirtx.DefaultConfig(d.cfg.Libvirt.URI)
+	lc.KeepAliveInterval = d.cfg.Libvirt.KeepAliveInterval.D()
+	lc.KeepAliveCount = d.cfg.Libvirt.KeepAliveCount
+	lc.ConnectTimeout = d.cfg.Libvirt.ConnectTimeout.D()
+	lc.ReconnectMin = d.cfg.Libvirt.ReconnectMin.D()
+	lc.ReconnectMax = d.cfg.Libvirt.ReconnectMax.D()
+	lc.EventBuffer = d.cfg.Libvirt.EventBuffer
+	lc.CallTimeout = d.cfg.Libvirt.CallTimeout.D()
+	backoff := lc.ReconnectMin
+	for {
+		conn, err := libvirtx.Dial(ctx, lc, d.log)
+		if err == nil {
+			d.lv = conn
+			return nil
+		}
+		d.log.Warn("libvirt not reachable yet; retrying", "uri", lc.URI, "err", err, "retry_in", backoff)
+		d.notify.Status(fmt.Sprintf("waiting for libvirt %s: %v", lc.URI, err))
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("libvirt %s: %w (gave up: %v)", lc.URI, err, ctx.Err())
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, lc.ReconnectMax)
+	}
+}
+
+func (d *Daemon) connectNATS() error {
+	opts := delivery.ConnOptions(d.log)
+	if d.cfg.NATS.CredsFile != "" {
+		opts = append(opts, nats.UserCredentials(d.cfg.NATS.CredsFile))
+	}
+	if d.cfg.NATS.CAFile != "" {
+		opts = append(opts, nats.RootCAs(d.cfg.NATS.CAFile))
+	}
+	if d.cfg.NATS.CertFile != "" {
+		opts = append(opts, nats.ClientCert(d.cfg.NATS.CertFile, d.cfg.NATS.KeyFile))
+	}
+	opts = append(opts, nats.Name("hvguard-agent "+d.cfg.Host))
+	nc, err := nats.Connect(joinURLs(d.cfg.NATS.URLs), opts...)
+	if err != nil {
+		return fmt.Errorf("nats: %w", err)
+	}
+	d.nc = nc
+	d.pub, err = delivery.NewPublisher(nc, d.outbox, delivery.PublisherConfig{
+		CreateStream: d.cfg.NATS.CreateStream,
+	}, d.log)
+	return err
+}
+
+func joinURLs(u []string) string {
+	s := ""
+	for i, x := range u {
+		if i > 0 {
+			s += ","
+		}
+		s += x
+	}
+	return s
+}
+
+// waitReady sends READY=1 once NATS is connected, or after
+// nats.ready_timeout in degraded mode (events are kept in the outbox).
+func (d *Daemon) waitReady(ctx context.Context) {
+	deadline := time.NewTimer(d.cfg.NATS.ReadyTimeout.D())
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !d.nc.IsConnected() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-deadline.C:
+			msg := "degraded: libvirt connected, NATS unreachable; events kept in the outbox"
+			d.log.Warn("ready in degraded mode", "reason", msg)
+			d.notify.Ready(msg)
+			d.markReady()
+			return
+		case <-tick.C:
+		}
+	}
+	d.log.Info("ready", "host", d.cfg.Host, "libvirt", d.cfg.Libvirt.URI, "nats", d.nc.ConnectedUrlRedacted())
+	d.notify.Ready("ready: " + d.summary())
+	d.markReady()
+}
+
+func (d *Daemon) markReady() {
+	if d.opts.Ready != nil {
+		close(d.opts.Ready)
+		d.opts.Ready = nil
+	}
+}
+
+// heartbeat runs on the event loop goroutine. It feeds systemd's watchdog
+// only when the libvirt event loop is ticking too: both must make progress
+// for the agent to see and report events.
+func (d *Daemon) heartbeat() {
+	st := d.lv.Status()
+	if age := time.Since(st.EventLoopTick); age > EventLoopStale {
+		d.log.Error("libvirt event loop is stuck; withholding the watchdog ping", "age", age)
+		d.notify.Status(fmt.Sprintf("libvirt event loop stuck for %s", age.Round(time.Second)))
+		return
+	}
+	d.notify.WatchdogPing()
+	d.notify.Status(d.summary())
+}
+
+func (d *Daemon) summary() string {
+	lvs := "libvirt up"
+	if !d.lv.Status().Connected {
+		lvs = "libvirt DOWN"
+	}
+	ns := "nats up"
+	if !d.nc.IsConnected() {
+		ns = "nats DOWN"
+	}
+	return fmt.Sprintf("%s, %s, outbox=%d, %s", lvs, ns, d.outbox.Stats().Depth, d.loop.stats)
+}
+
+func (d *Daemon) serveMetrics() (func(), error) {
+	ln, err := net.Listen("tcp", d.cfg.Metrics.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("metrics.listen %q: %w", d.cfg.Metrics.Listen, err)
+	}
+	srv := &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Error("metrics server failed", "err", err)
+		}
+	}()
+	d.log.Info("metrics listening", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}

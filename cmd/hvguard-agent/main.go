@@ -1,0 +1,114 @@
+// Command hvguard-agent is the hvguard daemon for an OpenStack/libvirt
+// compute node. See `hvguard-agent --help` and the README.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"gopkg.in/yaml.v3"
+
+	"hvguard/agent"
+)
+
+// DefaultConfigPath is where the packages install the configuration.
+const DefaultConfigPath = "/etc/hvguard/agent.yaml"
+
+const usage = `hvguard-agent — reports libvirt domain lifecycle events to NATS JetStream,
+debounced per domain and checked against the domain's real state, so that a
+rebooting guest is never reported as stopped and a real stop is reported once.
+
+Usage:
+  hvguard-agent [flags]
+
+Flags:
+  --config PATH        configuration file (default %s)
+  --check-config       validate the configuration file and exit (0 = valid)
+  --print-defaults     print the built-in default configuration as YAML and exit
+  --log-level LEVEL    override log.level (debug, info, warn, error)
+  --log-format FORMAT  override log.format (json, text)
+  --version            print the version and exit
+  -h, --help           this help
+
+Signals: SIGTERM/SIGINT stop gracefully (the outbox is flushed to NATS within
+shutdown_timeout; what is not sent stays on disk and is sent at next start).
+
+Under systemd (Type=notify) the agent sends READY=1 once libvirt is connected
+and NATS is connected (or, after nats.ready_timeout, in a degraded mode that
+keeps events in the outbox), and WATCHDOG=1 from its event loop.
+
+Metrics: http://<metrics.listen>/metrics, health: /healthz.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("hvguard-agent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprintf(stderr, usage, DefaultConfigPath) }
+	cfgPath := fs.String("config", DefaultConfigPath, "")
+	check := fs.Bool("check-config", false, "")
+	defaults := fs.Bool("print-defaults", false, "")
+	level := fs.String("log-level", "", "")
+	format := fs.String("log-format", "", "")
+	version := fs.Bool("version", false, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "hvguard-agent: unexpected argument %q (see --help)\n", fs.Arg(0))
+		return 2
+	}
+	switch {
+	case *version:
+		fmt.Fprintf(stdout, "hvguard-agent %s\n", agent.Version)
+		return 0
+	case *defaults:
+		out, _ := yaml.Marshal(agent.DefaultConfig())
+		_, _ = stdout.Write(out)
+		return 0
+	}
+	cfg, err := agent.LoadConfig(*cfgPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
+		return 1
+	}
+	if *level != "" {
+		cfg.Log.Level = *level
+	}
+	if *format != "" {
+		cfg.Log.Format = *format
+	}
+	if err := cfg.Validate(); err != nil {
+		fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
+		return 1
+	}
+	if *check {
+		fmt.Fprintf(stdout, "%s: configuration is valid (host %s, libvirt %s)\n", *cfgPath, cfg.Host, cfg.Libvirt.URI)
+		return 0
+	}
+	log, err := agent.NewLogger(stderr, cfg.Log)
+	if err != nil {
+		fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log.Info("starting", "version", agent.Version, "config", *cfgPath, "host", cfg.Host)
+	if err := agent.Run(ctx, cfg, log, agent.Options{}); err != nil {
+		log.Error("agent failed", "err", err)
+		return 1
+	}
+	return 0
+}
