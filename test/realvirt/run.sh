@@ -2,6 +2,7 @@
 # run.sh — the "real daemon" test tier of hvguard (called by `make
 # test-realvirt` and CI). Idempotent; run as root on Debian 12.
 #
+#   0. libvirt-dev, pkg-config, gcc for the cgo build (apt-get if missing)
 #   1. test/libvirtd/start.sh   install (if missing) and start libvirtd
 #   2. test/guest/build.sh      build (or reuse) the tiny QEMU/TCG guest
 #   3. go test -tags realvirt ./test/realvirt/   (bounded by a timeout)
@@ -40,6 +41,17 @@ stop_daemon() {
 	fi
 }
 trap stop_daemon EXIT
+
+# The tests link libvirtx, a cgo package: it needs libvirt's headers.
+if ! pkg-config --exists libvirt 2>/dev/null || ! command -v gcc >/dev/null; then
+	log "installing the cgo build dependencies (libvirt-dev pkg-config gcc)"
+	DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+		libvirt-dev pkg-config gcc >/dev/null ||
+		{ apt-get -o DPkg::Lock::Timeout=600 update -qq &&
+			DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
+				libvirt-dev pkg-config gcc >/dev/null; }
+fi
+command -v "$GO" >/dev/null || { log "ERROR: $GO not found (Go 1.26 is required)"; exit 1; }
 
 log "step 1/3: libvirtd"
 "$ROOT/test/libvirtd/start.sh"
