@@ -49,6 +49,10 @@ type Loop struct {
 	listing      bool // a ListDomains for a resync is in flight
 	resyncAgain  bool // another resync was asked for while listing
 
+	knownPath string    // where the debouncer's beliefs are persisted ("" = not)
+	dirty     bool      // reports since the last save
+	savedAt   time.Time // last save
+
 	// Heartbeat is called from the loop on every watchdog tick, proving
 	// that the loop makes progress (see Run). May be nil.
 	Heartbeat func()
@@ -96,7 +100,9 @@ type LoopConfig struct {
 	Host             string
 	Lifecycle        lifecycle.Config
 	CheckConcurrency int
-	CallTimeout      time.Duration
+	// KnownPath is the file that keeps what the agent last reported about
+	// each domain across restarts (state_dir/domains.json); "" disables.
+	KnownPath string
 }
 
 // NewLoop builds the loop. now is the clock (time.Now in production).
@@ -111,7 +117,20 @@ func NewLoop(cfg LoopConfig, hv Hypervisor, sink Sink, log *slog.Logger, now fun
 	if now == nil {
 		now = time.Now
 	}
+	if cfg.KnownPath != "" {
+		known, err := loadKnown(cfg.KnownPath)
+		if err != nil {
+			log.Error("known domain states lost; every domain will be announced again", "err", err)
+		}
+		if err := deb.Seed(known); err != nil {
+			return nil, err
+		}
+		if len(known) > 0 {
+			log.Info("restored known domain states", "domains", len(known), "path", cfg.KnownPath)
+		}
+	}
 	return &Loop{
+		knownPath:    cfg.KnownPath,
 		host:         cfg.Host,
 		log:          log,
 		hv:           hv,
@@ -150,10 +169,12 @@ func (l *Loop) Run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			l.wg.Wait()
+			l.saveKnown(true)
 			return nil
 		case ev, ok := <-events:
 			if !ok {
 				l.wg.Wait()
+				l.saveKnown(true)
 				return errors.New("libvirt event channel closed")
 			}
 			l.stats.EventsIn.Add(1)
@@ -185,6 +206,7 @@ func (l *Loop) Run(ctx context.Context) error {
 			if l.Heartbeat != nil {
 				l.Heartbeat()
 			}
+			l.saveKnown(false)
 		}
 		l.handle(ctx, ds)
 		l.stats.LastLoop.Store(l.now().UnixNano())
@@ -277,6 +299,7 @@ func (l *Loop) report(d *lifecycle.Decision) {
 		l.stats.suppressed(string(d.Reason))
 	}
 	l.stats.Reports[transitionIndex(ev.Transition)].Add(1)
+	l.dirty = true
 	if err := l.sink.Append(&ev); err != nil {
 		// The outbox counts and announces what it could not keep and
 		// writes a gap marker; the loop must not stop for it.
@@ -292,6 +315,23 @@ func (l *Loop) report(d *lifecycle.Decision) {
 	if l.OnReport != nil {
 		l.OnReport(ev)
 	}
+}
+
+// saveKnown persists the debouncer's beliefs when they changed, at most
+// every KnownSaveInterval unless forced (shutdown).
+func (l *Loop) saveKnown(force bool) {
+	if l.knownPath == "" || !l.dirty {
+		return
+	}
+	now := l.now()
+	if !force && now.Sub(l.savedAt) < KnownSaveInterval {
+		return
+	}
+	if err := saveKnown(l.knownPath, l.deb.Known(), now); err != nil {
+		l.log.Error("saving known domain states failed", "path", l.knownPath, "err", err)
+		return
+	}
+	l.dirty, l.savedAt = false, now
 }
 
 // transitions lists the reported transitions in metric order.

@@ -101,6 +101,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		Host:             cfg.Host,
 		Lifecycle:        cfg.Lifecycle.core(),
 		CheckConcurrency: cfg.Lifecycle.CheckConcurrency,
+		KnownPath:        filepath.Join(cfg.StateDir, "domains.json"),
 	}, hv, ob, log, opts.Now)
 	if err != nil {
 		return fmt.Errorf("lifecycle: %w", err)
