@@ -177,7 +177,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 				fut, err := p.js.PublishMsgAsync(msg, jetstream.WithRetryAttempts(0),
 					jetstream.WithExpectStream(proto.StreamName))
 				if err != nil {
-					sendErr = fmt.Errorf("publish seq %d: %w", r.Seq, err)
+					sendErr = fmt.Errorf("publish seq %d: %w", r.Seq, notConnected(err))
 					break
 				}
 				inflight = append(inflight, flight{seq: r.Seq, fut: fut, sentAt: time.Now()})
@@ -241,7 +241,7 @@ func (p *Publisher) ensureStream(ctx context.Context) error {
 	backoff, lastMsg := retryBackoffMin, ""
 	for {
 		cctx, cancel := context.WithTimeout(ctx, streamCheckTimeout)
-		err := EnsureStream(cctx, p.js, p.cfg.CreateStream)
+		err := notConnected(EnsureStream(cctx, p.js, p.cfg.CreateStream))
 		cancel()
 		if err == nil {
 			p.log.Info("stream ready", "stream", proto.StreamName, "created_if_missing", p.cfg.CreateStream)
@@ -262,6 +262,15 @@ func (p *Publisher) ensureStream(ctx context.Context) error {
 		}
 		backoff = min(2*backoff, streamRetryMax)
 	}
+}
+
+// notConnected makes the client's error for a publish while disconnected
+// (no reconnect buffer: "outbound buffer limit exceeded") say what it means.
+func notConnected(err error) error {
+	if errors.Is(err, nats.ErrReconnectBufExceeded) || errors.Is(err, nats.ErrConnectionClosed) {
+		return fmt.Errorf("not connected to NATS: %w", err)
+	}
+	return err
 }
 
 func (p *Publisher) setErr(err error) {

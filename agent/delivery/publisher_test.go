@@ -358,3 +358,42 @@ func BenchmarkPublish(b *testing.B) {
 	}
 	_ = fmt.Sprint()
 }
+
+func TestPublishWhenNATSStartsLate(t *testing.T) {
+	// The agent starts while NATS is down: Connect still returns a
+	// connection (RetryOnFailedConnect), events wait in the outbox, and go
+	// out once the server is up.
+	port := deliverytest.FreePort(t)
+	nc, err := Connect(fmt.Sprintf("nats://127.0.0.1:%d", port), "hvguard-test", testLogger(t))
+	if err != nil {
+		t.Fatalf("Connect with NATS down: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	o := openTest(t, t.TempDir(), OutboxConfig{})
+	t.Cleanup(func() { o.Close() })
+	p := runPublisher(t, nc, o, PublisherConfig{CreateStream: true})
+	appendN(t, o, 0, 100)
+	time.Sleep(300 * time.Millisecond)
+	if st := p.Stats(); st.Depth != 100 || st.LastError == "" {
+		t.Fatalf("with NATS down: %+v, want depth 100 and an error", st)
+	}
+	deliverytest.StartJetStream(t, t.TempDir(), port)
+	flush(t, p)
+	checkInOrder(t, deliverytest.Collect(t, nc, testHost, 100, testTimeout), 1, 100)
+}
+
+func TestPublishWaitsForProvisionedStream(t *testing.T) {
+	s := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	nc := connectTest(t, s)
+	o := openTest(t, t.TempDir(), OutboxConfig{})
+	t.Cleanup(func() { o.Close() })
+	p := runPublisher(t, nc, o, PublisherConfig{CreateStream: false})
+	appendN(t, o, 0, 10)
+	time.Sleep(300 * time.Millisecond)
+	if st := p.Stats(); st.Depth != 10 || !strings.Contains(st.LastError, "nats stream add") {
+		t.Fatalf("without stream: %+v, want depth 10 and provisioning advice", st)
+	}
+	ensureStream(t, nc) // the operator provisions it
+	flush(t, p)
+	checkInOrder(t, deliverytest.Collect(t, nc, testHost, 10, testTimeout), 1, 10)
+}
