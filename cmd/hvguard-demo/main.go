@@ -353,26 +353,13 @@ func (l *laggedDomains) lagged(name string) bool {
 	return l.names[name]
 }
 
-type laggedHV struct {
-	agent.Hypervisor
-	out chan lifecycle.Event
-}
-
-func (h laggedHV) Events() <-chan lifecycle.Event { return h.out }
-
+// wrap delays the start events of the chosen domains: their stop was
+// delivered promptly, their start late, as in the Nova incident.
 func (l *laggedDomains) wrap(hv agent.Hypervisor) agent.Hypervisor {
-	out := make(chan lifecycle.Event, 4096)
-	go func() {
-		for ev := range hv.Events() {
-			// Only the domain's start events are late: its stop was
-			// delivered promptly, as in the Nova incident.
-			if l.lagged(ev.Name) && (ev.Kind == lifecycle.KindStarted || ev.Kind == lifecycle.KindResumed) {
-				ev := ev
-				time.AfterFunc(l.lag, func() { out <- ev })
-				continue
-			}
-			out <- ev
+	return agent.DelayEvents(hv, func(ev lifecycle.Event) time.Duration {
+		if l.lagged(ev.Name) && (ev.Kind == lifecycle.KindStarted || ev.Kind == lifecycle.KindResumed) {
+			return l.lag
 		}
-	}()
-	return laggedHV{Hypervisor: hv, out: out}
+		return 0
+	})
 }
