@@ -50,9 +50,14 @@ func ModePoweroffAfter(n int) string { return fmt.Sprintf("poweroff-after=%d", n
 // ModePanicAfter makes the guest kernel panic after n seconds.
 func ModePanicAfter(n int) string { return fmt.Sprintf("panic-after=%d", n) }
 
-// OutDir is the directory build.sh writes the kernel and initramfs to
-// (test/guest/out next to this file's source).
+// OutDir is the directory build.sh writes the kernel and initramfs to:
+// $HVG_GUEST_OUT if set, else test/guest/out next to this file's source
+// (found through runtime.Caller, which -trimpath defeats: set the variable
+// then).
 func OutDir() string {
+	if d := os.Getenv("HVG_GUEST_OUT"); d != "" {
+		return d
+	}
 	_, file, _, ok := runtime.Caller(0)
 	if !ok {
 		return "test/guest/out"
