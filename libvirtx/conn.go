@@ -148,6 +148,11 @@ func (c *Conn) Status() Status {
 		LastConnectError: c.lastConnErr,
 		LastLossReason:   c.lastLoss,
 	}
+	if c.sess != nil {
+		if r := c.sess.dead.Load(); r != nil {
+			st.LastLossReason = *r // lost, supervisor not yet reacting
+		}
+	}
 	c.mu.Unlock()
 	st.Reconnects = c.reconnects.Load()
 	st.Overflows = c.overflows.Load()

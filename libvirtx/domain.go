@@ -64,12 +64,15 @@ func boundedCall[T any](c *Conn, ctx context.Context, s *session, fn func(*libvi
 	go func() {
 		defer c.release(s)
 		v, err := fn(s.virt)
+		if err != nil && isConnLoss(err) {
+			// Also when the caller has given up on this call.
+			c.lost(s, "call failed: "+err.Error())
+		}
 		ch <- result{v, err}
 	}()
 	select {
 	case r := <-ch:
 		if r.err != nil && isConnLoss(r.err) {
-			c.lost(s, "call failed: "+r.err.Error())
 			return zero, fmt.Errorf("%w: %w", ErrNotConnected, r.err)
 		}
 		return r.v, r.err

@@ -7,24 +7,26 @@ import (
 	"libvirt.org/go/libvirt"
 )
 
+// Sentinel errors. They are always returned wrapped, with a "libvirtx: <op>
+// <uuid>:" prefix; test with errors.Is.
 var (
 	// ErrNotConnected is wrapped by every error of a call made while there is
 	// no libvirt connection (before a reconnect has succeeded, or after
 	// Close), and by errors that libvirt reports as a lost connection.
-	ErrNotConnected = errors.New("libvirtx: not connected to libvirt")
+	ErrNotConnected = errors.New("not connected to libvirt")
 
 	// ErrNoMetadata is returned (wrapped) by Metadata when the domain has no
 	// metadata element in the requested namespace.
-	ErrNoMetadata = errors.New("libvirtx: no metadata in this namespace")
+	ErrNoMetadata = errors.New("no metadata in this namespace")
 
 	// ErrNoDomain is wrapped by errors of operations on a UUID that names no
 	// domain. (State does not return it: it reports lifecycle.StateGone.)
-	ErrNoDomain = errors.New("libvirtx: no such domain")
+	ErrNoDomain = errors.New("no such domain")
 
 	// ErrInvalidState is wrapped when libvirt refuses an operation because of
 	// the domain's current state (VIR_ERR_OPERATION_INVALID), e.g. Destroy
 	// or Suspend of a domain that is not running, Resume of one not paused.
-	ErrInvalidState = errors.New("libvirtx: operation invalid in the domain's current state")
+	ErrInvalidState = errors.New("operation invalid in the domain's current state")
 )
 
 // virError extracts the libvirt error from err, if any.
