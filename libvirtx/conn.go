@@ -118,6 +118,9 @@ func Dial(ctx context.Context, cfg Config, log *slog.Logger) (*Conn, error) {
 			c.abandoned.Add(1)
 		}
 		c.pending = nil
+		c.sendMu.Lock()
+		c.sendClosed = true // a late connect of the orphan must not deliver
+		c.sendMu.Unlock()
 		return nil, fmt.Errorf("libvirtx: dial %s: %w", cfg.URI, err)
 	}
 	c.mu.Lock()

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"libvirt.org/go/libvirt"
+
 	"hvguard/lifecycle"
 )
 
@@ -437,11 +439,32 @@ func TestEventLoopHeartbeat(t *testing.T) {
 	}
 }
 
-// TestConnLossClassification checks isConnLoss on the error libvirt gives
-// for calls on a closed connection.
+// TestConnLossClassification checks isConnLoss on the errors measured on
+// a lost connection and on ordinary domain errors.
 func TestConnLossClassification(t *testing.T) {
-	if isConnLoss(errors.New("plain")) || isConnLoss(nil) {
-		t.Error("non-libvirt errors classified as connection loss")
+	tests := []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"client socket is closed (measured after daemon death)", libvirt.Error{Code: libvirt.ERR_INTERNAL_ERROR, Domain: libvirt.FROM_RPC, Message: "internal error: client socket is closed"}, true},
+		{"connect refused while daemon down (measured)", libvirt.Error{Code: libvirt.ERR_NO_CONNECT, Domain: libvirt.FROM_RPC, Message: "Failed to connect socket"}, true},
+		{"invalid connection", libvirt.Error{Code: libvirt.ERR_INVALID_CONN, Domain: libvirt.FROM_NONE}, true},
+		{"rpc", libvirt.Error{Code: libvirt.ERR_RPC, Domain: libvirt.FROM_REMOTE}, true},
+		{"system error in rpc", libvirt.Error{Code: libvirt.ERR_SYSTEM_ERROR, Domain: libvirt.FROM_RPC, Message: "Cannot write data: Broken pipe"}, true},
+		{"system error elsewhere", libvirt.Error{Code: libvirt.ERR_SYSTEM_ERROR, Domain: libvirt.FROM_QEMU, Message: "cannot open file"}, false},
+		{"wrapped", fmt.Errorf("x: %w", libvirt.Error{Code: libvirt.ERR_INTERNAL_ERROR, Domain: libvirt.FROM_RPC, Message: "client socket is closed"}), true},
+		{"no domain", libvirt.Error{Code: libvirt.ERR_NO_DOMAIN, Domain: libvirt.FROM_TEST}, false},
+		{"operation invalid", libvirt.Error{Code: libvirt.ERR_OPERATION_INVALID, Domain: libvirt.FROM_QEMU, Message: "domain is not running"}, false},
+		{"internal error in qemu", libvirt.Error{Code: libvirt.ERR_INTERNAL_ERROR, Domain: libvirt.FROM_QEMU, Message: "qemu unexpectedly closed the monitor"}, false},
+		{"plain", errors.New("plain"), false},
+		{"nil", nil, false},
+		{"deadline", context.DeadlineExceeded, false},
+	}
+	for _, tt := range tests {
+		if got := isConnLoss(tt.err); got != tt.want {
+			t.Errorf("%s: isConnLoss(%v) = %v, want %v", tt.name, tt.err, got, tt.want)
+		}
 	}
 }
 

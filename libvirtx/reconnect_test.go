@@ -210,6 +210,10 @@ func TestReconnectHungDaemon(t *testing.T) {
 	defer c.Close()
 	eventsWork(t, c)
 	drainResync(c)
+	c2, err := Dial(context.Background(), daemonConfig(uri), testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -228,6 +232,22 @@ func TestReconnectHungDaemon(t *testing.T) {
 	_, err = c.State(context.Background(), newUUID())
 	if !errors.Is(err, context.DeadlineExceeded) || time.Since(t0) > 2*time.Second {
 		t.Fatalf("State on hung daemon = %v after %v, want DeadlineExceeded after ~1s", err, time.Since(t0))
+	}
+	// Close on a hung daemon returns after about CallTimeout.
+	t0 = time.Now()
+	c2.Close()
+	if d := time.Since(t0); d > 2*time.Second {
+		t.Errorf("Close on hung daemon took %v", d)
+	}
+	// Dial on a hung daemon gives up after ConnectTimeout.
+	t0 = time.Now()
+	cfg := daemonConfig(uri)
+	cfg.ConnectTimeout = 500 * time.Millisecond
+	if c3, err := Dial(context.Background(), cfg, testLogger(t)); err == nil {
+		c3.Close()
+		t.Errorf("Dial on hung daemon succeeded")
+	} else if d := time.Since(t0); d > time.Second {
+		t.Errorf("Dial on hung daemon failed after %v (%v), want ~500ms", d, err)
 	}
 	// Keepalive (1s x 2) declares the connection dead.
 	took := waitFor(t, "keepalive loss", 15*time.Second, func() bool { return !c.Status().Connected })
