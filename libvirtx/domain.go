@@ -269,7 +269,7 @@ func (c *Conn) SetMetadata(ctx context.Context, uuid, namespaceURI, key, xml str
 
 // DefineXML defines (but does not start) a persistent domain and returns
 // its UUID in canonical lower-case form. Used by tests and the demo.
-func (c *Conn) DefineXML(ctx context.Context, xml string) (string, error) {
+func (c *Conn) DefineXML(ctx context.Context, xml string) (uuid string, err error) {
 	return call(c, ctx, "define", "", func(v *libvirt.Connect) (string, error) {
 		d, err := v.DomainDefineXML(xml)
 		if err != nil {
