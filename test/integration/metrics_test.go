@@ -1,0 +1,90 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"hvguard/agent"
+	"hvguard/agent/delivery/deliverytest"
+)
+
+func scrape(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s: %s: %s", url, resp.Status, b)
+	}
+	return string(b)
+}
+
+func metric(t *testing.T, body, series string) float64 {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(series) + ` (\S+)$`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("series %s not in /metrics", series)
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
+}
+
+// /metrics reports what the agent did: events in, reports by transition,
+// suppressed stops by reason, connection state; /healthz answers.
+func TestMetricsEndpoint(t *testing.T) {
+	ns := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	wl := workloadConn(t)
+	uuid, _ := newDomain(t, wl, "metrics")
+	cfg := agentConfig(t, "it-metrics", ns.ClientURL(), t.TempDir())
+	addr := fmt.Sprintf("127.0.0.1:%d", deliverytest.FreePort(t))
+	cfg.Metrics.Listen = addr
+	startAgent(t, cfg, agent.Options{})
+	ctx := context.Background()
+	for i := 0; i < 5; i++ {
+		_ = wl.Suspend(ctx, uuid)
+		_ = wl.Resume(ctx, uuid)
+	}
+	_ = wl.Destroy(ctx, uuid)
+	_ = wl.Start(ctx, uuid) // a hard reboot: one suppressed stop
+
+	url := "http://" + addr
+	deadline := time.Now().Add(10 * time.Second)
+	var body string
+	for {
+		body = scrape(t, url+"/metrics")
+		if metric(t, body, `hvguard_suppressed_stops_total{reason="started-within-window"}`) >= 1 ||
+			time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for series, min := range map[string]float64{
+		`hvguard_reports_total{transition="suspended"}`:                  5,
+		`hvguard_reports_total{transition="resumed"}`:                    5,
+		`hvguard_reports_total{transition="rebooted"}`:                   1,
+		`hvguard_suppressed_stops_total{reason="started-within-window"}`: 1,
+		`hvguard_libvirt_events_total`:                                   12,
+		`hvguard_libvirt_connected`:                                      1,
+		`hvguard_nats_connected`:                                         1,
+		`hvguard_domains_tracked`:                                        1,
+	} {
+		if v := metric(t, body, series); v < min {
+			t.Errorf("%s = %v, want ≥ %v", series, v, min)
+		}
+	}
+	if v := metric(t, body, `hvguard_reports_total{transition="stopped"}`); v != 0 {
+		t.Errorf("a hard reboot counted as %v stops", v)
+	}
+	if h := scrape(t, url+"/healthz"); len(h) < 3 || h[:2] != "ok" {
+		t.Errorf("/healthz = %q", h)
+	}
+}
