@@ -48,6 +48,10 @@ type Loop struct {
 	listResults  chan listResult
 	listing      bool // a ListDomains for a resync is in flight
 	resyncAgain  bool // another resync was asked for while listing
+	// touched holds the domains that had events while a listing was in
+	// flight: the listing may predate those events, so it must not judge
+	// them (see fresh).
+	touched map[string]struct{}
 
 	knownPath string    // where the debouncer's beliefs are persisted ("" = not)
 	dirty     bool      // reports since the last save
@@ -141,6 +145,7 @@ func NewLoop(cfg LoopConfig, hv Hypervisor, sink Sink, log *slog.Logger, now fun
 		checks:       make(chan struct{}, cfg.CheckConcurrency),
 		checkResults: make(chan checkResult, cfg.CheckConcurrency),
 		listResults:  make(chan listResult, 1),
+		touched:      map[string]struct{}{},
 	}, nil
 }
 
@@ -178,6 +183,9 @@ func (l *Loop) Run(ctx context.Context) error {
 				return errors.New("libvirt event channel closed")
 			}
 			l.stats.EventsIn.Add(1)
+			if l.listing {
+				l.touched[ev.UUID] = struct{}{}
+			}
 			ds = append(ds, l.deb.Observe(ev, l.now())...)
 		case <-resync:
 			l.startResync(ctx)
@@ -189,7 +197,7 @@ func (l *Loop) Run(ctx context.Context) error {
 				l.resyncAgain = true
 			} else {
 				l.stats.Resyncs.Add(1)
-				ds = append(ds, l.deb.Resync(r.snap, l.now())...)
+				ds = append(ds, l.deb.Resync(l.fresh(r.snap), l.now())...)
 				l.log.Info("resync done", "domains", len(r.snap))
 			}
 			if l.resyncAgain {
@@ -230,6 +238,7 @@ func (l *Loop) startResync(ctx context.Context) {
 		return
 	}
 	l.listing = true
+	clear(l.touched)
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
@@ -239,6 +248,29 @@ func (l *Loop) startResync(ctx context.Context) {
 		case <-ctx.Done():
 		}
 	}()
+}
+
+// fresh removes from a listing what events have overtaken: a domain that had
+// an event while the listing was in flight is kept but not judged (state
+// unknown) when the debouncer still tracks it, and dropped when an event made
+// the debouncer forget it (undefined) — so a stale row can neither invent a
+// transition nor resurrect an undefined domain.
+func (l *Loop) fresh(snap []lifecycle.DomainSnapshot) []lifecycle.DomainSnapshot {
+	if len(l.touched) == 0 {
+		return snap
+	}
+	out := snap[:0]
+	for _, s := range snap {
+		if _, ok := l.touched[s.UUID]; ok {
+			if !l.deb.Tracks(s.UUID) {
+				continue
+			}
+			s.State = lifecycle.StateUnknown
+		}
+		out = append(out, s)
+	}
+	clear(l.touched)
+	return out
 }
 
 func (l *Loop) handle(ctx context.Context, ds []lifecycle.Decision) {

@@ -48,3 +48,9 @@ func (d *Debouncer) Seed(known []DomainSnapshot) error {
 	}
 	return nil
 }
+
+// Tracks reports whether the Debouncer currently tracks the domain.
+func (d *Debouncer) Tracks(uuid string) bool {
+	_, ok := d.doms[uuid]
+	return ok
+}
