@@ -134,7 +134,7 @@ func run(ctx context.Context, window, lag time.Duration, verbose bool) error {
 	}
 	defer wl.Close()
 
-	lagged := &laggedDomains{names: map[string]bool{}, lag: lag}
+	lagged := &laggedDomains{names: map[string]bool{}, lag: lag, window: window}
 	ready := make(chan struct{})
 	agentCtx, stopAgent := context.WithCancel(context.Background())
 	defer stopAgent()
@@ -164,9 +164,9 @@ func run(ctx context.Context, window, lag time.Duration, verbose bool) error {
 		}
 		t.seen[msgID] = true
 		t.byDomain[ev.DomainName] = append(t.byDomain[ev.DomainName], ev)
-		fmt.Printf("%s  CONTROLLER <- seq=%-3d %-8s %-10s reason=%s state=%s (libvirt %s/%s)\n",
+		fmt.Printf("%s  CONTROLLER <- seq=%-3d %-8s %-10s reason=%s state=%s (libvirt %s/%s)%s\n",
 			time.Now().Format("15:04:05.0"), ev.Seq, ev.DomainName, strings.ToUpper(string(ev.Transition)),
-			ev.Reason, ev.State, ev.LibvirtEvent, ev.LibvirtDetail)
+			ev.Reason, ev.State, ev.LibvirtEvent, ev.LibvirtDetail, explain(ev))
 	})
 	if err != nil {
 		return err
@@ -226,6 +226,19 @@ func run(ctx context.Context, window, lag time.Duration, verbose bool) error {
 	}
 	pause(ctx, 500*time.Millisecond)
 	return t.verdict(uuids)
+}
+
+// explain annotates the reports a newcomer should notice.
+func explain(ev proto.LifecycleEvent) string {
+	switch {
+	case ev.Transition == proto.TransitionRebooted && ev.Reason == "running-at-window-end":
+		return "\n             ↳ SUPPRESSED STOP: libvirt said STOPPED, no start event came within the window, but the domain was running when hvguard checked"
+	case ev.Transition == proto.TransitionRebooted && ev.Reason != "reboot-event":
+		return "\n             ↳ SUPPRESSED STOP: libvirt said STOPPED, then the domain started again within the window"
+	case ev.Transition == proto.TransitionStopped:
+		return "\n             ↳ REAL STOP: still off when the window ended — reported once"
+	}
+	return ""
 }
 
 func pause(ctx context.Context, d time.Duration) {
@@ -336,9 +349,10 @@ func consume(ctx context.Context, url string, f func(proto.LifecycleEvent, strin
 // for libvirt's event-dispatch lag under load. Each domain's events keep
 // their order (all are delayed by the same amount).
 type laggedDomains struct {
-	mu    sync.Mutex
-	names map[string]bool
-	lag   time.Duration
+	mu     sync.Mutex
+	names  map[string]bool
+	lag    time.Duration
+	window time.Duration
 }
 
 func (l *laggedDomains) set(name string) {
@@ -356,9 +370,36 @@ func (l *laggedDomains) lagged(name string) bool {
 // wrap delays the start events of the chosen domains: their stop was
 // delivered promptly, their start late, as in the Nova incident.
 func (l *laggedDomains) wrap(hv agent.Hypervisor) agent.Hypervisor {
-	return agent.DelayEvents(hv, func(ev lifecycle.Event) time.Duration {
+	hv = agent.DelayEvents(hv, func(ev lifecycle.Event) time.Duration {
 		if l.lagged(ev.Name) && (ev.Kind == lifecycle.KindStarted || ev.Kind == lifecycle.KindResumed) {
 			return l.lag
+		}
+		return 0
+	})
+	return novaWatch(hv, l.window)
+}
+
+// novaWatch shows, beside hvguard's decisions, what Nova's delay-only rule
+// does with the same event stream: hold STOPPED for the window, cancel it on
+// any later event of the domain, otherwise report the stop. It only prints.
+func novaWatch(hv agent.Hypervisor, window time.Duration) agent.Hypervisor {
+	var (
+		mu   sync.Mutex
+		held = map[string]*time.Timer{}
+	)
+	return agent.DelayEvents(hv, func(ev lifecycle.Event) time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		if t := held[ev.UUID]; t != nil {
+			t.Stop()
+			delete(held, ev.UUID)
+		}
+		if ev.Kind == lifecycle.KindStopped {
+			name := ev.Name
+			held[ev.UUID] = time.AfterFunc(window, func() {
+				fmt.Printf("%s  NOVA'S RULE (hold STOPPED, cancel on the next event) reports %s STOPPED now: no event for it within %s\n",
+					time.Now().Format("15:04:05.0"), name, window)
+			})
 		}
 		return 0
 	})
