@@ -1,0 +1,850 @@
+package fencing
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"time"
+)
+
+// maxSent bounds the remembered send times of renewals whose outcome is not
+// known (a few per lease at the defaults).
+const maxSent = 64
+
+// fenceRetry is the pause before a failed domain operation is retried.
+const fenceRetry = 500 * time.Millisecond
+
+// Agent is the agent-side lease, isolation and fence state machine. It is
+// pure: it never reads the clock, performs no I/O and is driven by one
+// goroutine; every method takes now and returns a Ready to perform.
+type Agent struct {
+	cfg   Config
+	state State
+
+	epoch    uint64
+	rev      uint64    // revision of the latest record of ours we know landed
+	lease    bool      // lastAck is valid
+	lastAck  time.Time // send time of the last acknowledged renewal
+	declared bool
+	released bool
+	held     bool
+	reason   Reason
+
+	seq         uint64
+	incarnation uint64 // one per NewAgent: tells our renewals from an earlier process's
+	nextRound   time.Time
+	sent        map[uint64]time.Time // send times of renewals not yet settled
+	inflight    uint64               // seq of the outstanding own renewal (0: none)
+	inflightT   time.Time            // its deadline
+	nextRenew   time.Time
+
+	members []string
+	guard   Guard
+	rng     *rand.Rand
+
+	round      *roundState
+	roundID    uint64
+	confirmed  map[string]time.Time // peers that answered CannotRenew, and when
+	nextHeld   time.Time            // next Held round
+	heldUntil  time.Time            // Held confirmation valid until
+	fenceStart time.Time
+	fenceDL    time.Time
+	escalated  bool
+	pending    map[string]time.Time // domain -> retry-at (zero: in flight)
+	paused     map[string]bool
+	inventory  map[string]bool // uuid -> running
+
+	reconcileID uint64
+	rejoinDecl  bool // the rejoin follows a declaration (release)
+
+	r Ready
+}
+
+type roundState struct {
+	id       uint64
+	renewal  RenewRequest
+	deadline time.Time
+	asked    map[string]bool
+	answers  map[string]PeerAnswerKind
+}
+
+// NewAgent returns an agent for cfg, restoring d (nil on a first start) and
+// taking the current record of the host's key (cur nil: no key; rev its
+// revision) as read at start. The returned Ready carries the initial
+// transition (and fence operations when restarting fenced).
+func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Time) (*Agent, Ready, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, Ready{}, err
+	}
+	a := &Agent{
+		cfg: cfg, state: StateStarting, sent: map[uint64]time.Time{},
+		confirmed: map[string]time.Time{}, pending: map[string]time.Time{},
+		paused: map[string]bool{}, inventory: map[string]bool{},
+		rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+	}
+	reason := ReasonStarted
+	if d != nil && d.Host == cfg.Host {
+		a.incarnation = d.Incarnation
+		a.epoch = d.Epoch
+		a.declared, a.released = d.Declared, d.Released
+		for _, u := range d.Paused {
+			a.paused[u] = true
+		}
+		if d.BootID == cfg.BootID {
+			a.lease, a.lastAck = d.HaveLease, d.LastAck
+			a.held = d.Held
+			if d.Fenced {
+				a.state, reason = StateFenced, ReasonRestartedFenced
+			} else if d.Held {
+				a.state, reason = StateHeld, ReasonRestartedHeld
+			}
+		} else {
+			// A new boot: whatever ran before is gone.
+			clear(a.paused)
+		}
+	}
+	if cur != nil && cur.Host == cfg.Host {
+		a.rev = rev
+		switch cur.State {
+		case LeaseExpired:
+			if cur.Epoch >= a.epoch {
+				a.declared, a.released = true, false
+				a.epoch = cur.Epoch
+			}
+		case LeaseReleased:
+			if cur.Epoch >= a.epoch {
+				a.declared, a.released = false, a.declared || a.released
+				a.epoch = cur.Epoch
+			}
+		default:
+			a.epoch = max(a.epoch, cur.Epoch)
+		}
+	}
+	if !a.lease {
+		// No lease known in this boot: act as if the last acknowledged
+		// renewal was one interval ago, so that one renewal and one peer
+		// round fit before fencing.
+		a.lease, a.lastAck = true, now.Add(-cfg.Timing.RenewInterval)
+	}
+	a.incarnation++
+	a.nextRenew = now
+	a.transition(now, StateStarting, a.state, reason, "")
+	if a.state == StateHeld {
+		// Confirm the hold again at once; fence if the round does not.
+		a.heldUntil = now.Add(cfg.Timing.PeerTimeout)
+		a.nextHeld = now
+	}
+	if a.declared && a.state != StateFenced {
+		a.startFence(now, ReasonDeclaredExpired)
+	} else if a.declared {
+		a.setState(now, StateAwaitingRelease, ReasonDeclaredExpired, "")
+	}
+	a.persist()
+	a.step(now)
+	return a, a.take(), nil
+}
+
+// State returns the current state.
+func (a *Agent) State() State { return a.state }
+
+// Reason returns the reason of the last transition.
+func (a *Agent) Reason() Reason { return a.reason }
+
+// Epoch returns the lease epoch the agent writes.
+func (a *Agent) Epoch() uint64 { return a.epoch }
+
+// Declared reports whether the controller declared this host expired (and
+// did not release it yet).
+func (a *Agent) Declared() bool { return a.declared }
+
+// LeaseExpiry returns when the lease lapses: the send time of the last
+// acknowledged renewal plus LeaseTTL.
+func (a *Agent) LeaseExpiry() time.Time { return a.lastAck.Add(a.cfg.Timing.LeaseTTL) }
+
+// LeaseHeld reports whether the agent holds its lease at now.
+func (a *Agent) LeaseHeld(now time.Time) bool {
+	return a.lease && !a.declared && now.Before(a.LeaseExpiry())
+}
+
+// Paused returns the domains hvguard paused (sorted).
+func (a *Agent) Paused() []string { return sortedKeys(a.paused) }
+
+// PeerStatus is what this agent answers a peer asking whether it can renew.
+func (a *Agent) PeerStatus(now time.Time) PeerStatus {
+	return PeerStatus{
+		Declared: a.declared,
+		CanRenew: !a.declared && a.lease && now.Sub(a.lastAck) < a.cfg.Timing.SuspectAfter(),
+	}
+}
+
+// FeedWatchdog reports whether the hardware watchdog may be fed at now:
+// only while the lease is held, the fence is complete, or a mass-failure
+// hold is freshly confirmed. The caller feeds it from the loop that drives
+// this Agent, never from a separate ticker.
+func (a *Agent) FeedWatchdog(now time.Time) bool {
+	switch a.state {
+	case StateFenced, StateAwaitingRelease, StateRejoining:
+		return true
+	case StateHeld:
+		return now.Before(a.heldUntil)
+	}
+	return a.LeaseHeld(now)
+}
+
+// SetMembers sets the hosts of the lease bucket (peers are drawn from them)
+// and the guard the controller published. The caller refreshes both from
+// the bucket while it can read it; while cut off the cached values stay.
+func (a *Agent) SetMembers(members []string, g Guard) {
+	a.members = a.members[:0]
+	for _, m := range members {
+		if m != a.cfg.Host {
+			a.members = append(a.members, m)
+		}
+	}
+	sort.Strings(a.members)
+	a.guard = g
+}
+
+// Durable returns the state to persist.
+func (a *Agent) Durable() Durable {
+	return Durable{
+		Host: a.cfg.Host, BootID: a.cfg.BootID, Epoch: a.epoch, Incarnation: a.incarnation,
+		HaveLease: a.lease, LastAck: a.lastAck,
+		Fenced:   a.state == StateFencing || a.state == StateFenced || a.state == StateRejoining || (a.state == StateAwaitingRelease),
+		Held:     a.state == StateHeld,
+		Declared: a.declared, Released: a.released,
+		Paused: sortedKeys(a.paused), Reason: a.reason,
+	}
+}
+
+// NextDeadline returns when Tick must be called next at the latest.
+func (a *Agent) NextDeadline() time.Time {
+	t := a.nextRenew
+	if a.inflight != 0 {
+		t = a.inflightT
+	}
+	upd := func(x time.Time) {
+		if !x.IsZero() && x.Before(t) {
+			t = x
+		}
+	}
+	switch a.state {
+	case StateStarting, StateHealthy, StateSuspect:
+		upd(a.lastAck.Add(a.cfg.Timing.SuspectAfter()))
+	case StateAskingPeers:
+		upd(a.lastAck.Add(a.cfg.Timing.FenceBy()))
+		if a.round == nil {
+			upd(a.nextRound)
+		}
+	case StateHeld:
+		upd(a.nextHeld)
+		upd(a.heldUntil)
+	case StateFencing:
+		if !a.escalated {
+			upd(a.fenceDL)
+		}
+		for _, at := range a.pending {
+			upd(at)
+		}
+	case StateRejoining:
+		upd(a.lastAck.Add(a.cfg.Timing.SuspectAfter()))
+	}
+	if a.round != nil {
+		upd(a.round.deadline)
+	}
+	return t
+}
+
+// Tick advances timers to now.
+func (a *Agent) Tick(now time.Time) Ready {
+	a.step(now)
+	return a.take()
+}
+
+// Renewed reports the outcome of the renewal seq (own or relayed).
+func (a *Agent) Renewed(now time.Time, seq uint64, res RenewResult) Ready {
+	if seq == a.inflight {
+		a.inflight = 0
+	}
+	a.renewResult(now, seq, res)
+	a.step(now)
+	return a.take()
+}
+
+// PeerAnswered reports peer's answer to round id.
+func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnswer) Ready {
+	rd := a.round
+	if rd == nil || rd.id != id || !rd.asked[peer] {
+		if ans.Kind == PeerRelayed {
+			// A late relay is still a landed renewal of ours.
+			a.renewResult(now, a.roundSeq(id), RenewResult{Outcome: RenewAcked, Revision: ans.Revision})
+		}
+		a.step(now)
+		return a.take()
+	}
+	rd.answers[peer] = ans.Kind
+	if ans.Kind != PeerCannotRenew && ans.Kind != PeerUnreachable {
+		delete(a.confirmed, peer) // a newer answer replaces the confirmation
+	}
+	switch ans.Kind {
+	case PeerRelayed:
+		a.renewResult(now, rd.renewal.Seq, RenewResult{Outcome: RenewAcked, Revision: ans.Revision})
+	case PeerCannotRenew:
+		a.confirmed[peer] = now
+		if (a.state == StateAskingPeers || a.state == StateHeld) && a.holdConfirmed(now) {
+			a.round = nil
+			a.enterHeld(now, a.confirmedCount(now))
+		}
+	}
+	if a.round != nil && len(rd.answers) == len(rd.asked) {
+		a.endRound(now)
+	}
+	a.step(now)
+	return a.take()
+}
+
+// roundSeq returns the renewal seq of a past round, or 0.
+func (a *Agent) roundSeq(id uint64) uint64 {
+	if a.round != nil && a.round.id == id {
+		return a.round.renewal.Seq
+	}
+	return 0
+}
+
+// Domains reports the host's domains (a full list). While fencing or
+// fenced, any running domain not yet fenced is fenced.
+func (a *Agent) Domains(now time.Time, ds []Domain) Ready {
+	clear(a.inventory)
+	for _, d := range ds {
+		a.inventory[d.UUID] = d.Running
+	}
+	switch a.state {
+	case StateFencing, StateFenced, StateAwaitingRelease:
+		var run []string
+		for _, d := range ds {
+			if _, p := a.pending[d.UUID]; d.Running && !p {
+				run = append(run, d.UUID)
+			}
+		}
+		if len(run) > 0 && a.cfg.Enabled && a.cfg.Action != ActionNone {
+			if a.state != StateFencing {
+				a.setState(now, StateFencing, ReasonDomainRunningWhileFenced, fmt.Sprintf("%d running", len(run)))
+				a.fenceDL = now.Add(a.cfg.Timing.FenceDeadline)
+				a.escalated = false
+			}
+			a.fenceDomains(now, run)
+		}
+	}
+	a.step(now)
+	return a.take()
+}
+
+// FenceDone reports the outcome of a Pause or Destroy of uuid (err nil:
+// done). A failed operation is retried until the fence deadline.
+func (a *Agent) FenceDone(now time.Time, uuid string, err error) Ready {
+	if _, ok := a.pending[uuid]; ok {
+		if err == nil {
+			delete(a.pending, uuid)
+			a.inventory[uuid] = false
+		} else {
+			a.pending[uuid] = now.Add(fenceRetry)
+			a.r.Alerts = append(a.r.Alerts, Alert{Reason: ReasonFenceComplete, Detail: fmt.Sprintf("fence of %s failed (retrying): %v", uuid, err)})
+		}
+	}
+	a.step(now)
+	return a.take()
+}
+
+// Reconciled reports that the rejoin reconciliation id ran; drop lists
+// domains that must not be resumed (moved or rebuilt elsewhere).
+func (a *Agent) Reconciled(now time.Time, id uint64, drop []string) Ready {
+	if a.state != StateRejoining || id != a.reconcileID || !a.LeaseHeld(now) {
+		a.step(now)
+		return a.take()
+	}
+	for _, u := range drop {
+		delete(a.paused, u)
+	}
+	all := sortedKeys(a.paused)
+	clear(a.paused)
+	if a.rejoinDecl {
+		a.r.LeftPaused = all
+		a.setState(now, StateHealthy, ReasonReleasedReconciled, fmt.Sprintf("%d domains left paused", len(all)))
+	} else {
+		a.r.Resume = all
+		a.setState(now, StateHealthy, ReasonResumedAfterReconcile, fmt.Sprintf("%d domains resumed", len(all)))
+	}
+	a.rejoinDecl = false
+	a.persist()
+	a.step(now)
+	return a.take()
+}
+
+// take returns the accumulated Ready and starts a new one.
+func (a *Agent) take() Ready {
+	r := a.r
+	a.r = Ready{}
+	return r
+}
+
+func (a *Agent) persist() {
+	d := a.Durable()
+	a.r.Persist = &d
+}
+
+func (a *Agent) transition(now time.Time, from, to State, reason Reason, detail string) {
+	a.reason = reason
+	a.r.Transitions = append(a.r.Transitions, Transition{At: now, From: from, To: to, Reason: reason, Epoch: a.epoch, Detail: detail})
+}
+
+func (a *Agent) setState(now time.Time, to State, reason Reason, detail string) {
+	from := a.state
+	a.state = to
+	a.transition(now, from, to, reason, detail)
+	a.persist()
+}
+
+// record returns the lease record the agent writes now.
+func (a *Agent) record(seq uint64) LeaseRecord {
+	return LeaseRecord{
+		Schema: RecordSchema, Host: a.cfg.Host, BootID: a.cfg.BootID, Epoch: a.epoch,
+		State: LeaseActive, Incarnation: a.incarnation, Seq: seq, FencingEnabled: a.cfg.Enabled && a.cfg.Action != ActionNone,
+		Action: a.cfg.Action, Backstop: a.cfg.Backstop(), Timing: a.cfg.Timing, AgentState: a.state,
+	}
+}
+
+func (a *Agent) newRenewal(now time.Time) RenewRequest {
+	a.seq++
+	a.sent[a.seq] = now
+	if len(a.sent) > maxSent {
+		var oldest uint64
+		for s := range a.sent {
+			if oldest == 0 || s < oldest {
+				oldest = s
+			}
+		}
+		delete(a.sent, oldest)
+	}
+	return RenewRequest{Seq: a.seq, Revision: a.rev, Record: a.record(a.seq)}
+}
+
+// step runs every timer due at now.
+func (a *Agent) step(now time.Time) {
+	t := a.cfg.Timing
+	if a.inflight != 0 && !now.Before(a.inflightT) {
+		// Outcome unknown; the CAS makes a late landing harmless.
+		a.inflight = 0
+		a.renewFailed(now, ReasonRenewTimedOut)
+	}
+	if a.inflight == 0 && !now.Before(a.nextRenew) {
+		req := a.newRenewal(now)
+		a.r.Renew = &req
+		a.inflight, a.inflightT = req.Seq, now.Add(t.RenewTimeout)
+		a.nextRenew = now.Add(t.RenewInterval)
+	}
+	age := now.Sub(a.lastAck)
+	switch a.state {
+	case StateStarting, StateHealthy, StateSuspect:
+		if age >= t.SuspectAfter() {
+			a.setState(now, StateAskingPeers, ReasonNoRenewalForSuspectAfter, fmt.Sprintf("last acknowledged renewal %s ago", age))
+			a.startRound(now)
+		}
+	case StateAskingPeers:
+		if a.round != nil && !now.Before(a.round.deadline) {
+			a.endRound(now)
+		}
+		if a.state == StateAskingPeers && age >= t.FenceBy() {
+			if a.holdConfirmed(now) {
+				a.enterHeld(now, a.confirmedCount(now))
+			} else {
+				a.startFence(now, ReasonIsolatedAtFenceDeadline)
+			}
+		}
+		if a.state == StateAskingPeers && a.round == nil && !now.Before(a.nextRound) {
+			a.startRound(now)
+		}
+	case StateHeld:
+		if a.round != nil && !now.Before(a.round.deadline) {
+			a.endRound(now)
+		}
+		if a.state == StateHeld && a.round == nil && !now.Before(a.heldUntil) {
+			a.startFence(now, ReasonIsolatedBecauseHoldNoLongerConfirmed)
+		}
+		if a.state == StateHeld && a.round == nil && !now.Before(a.nextHeld) {
+			a.startRound(now)
+		}
+	case StateFencing:
+		a.retryFence(now)
+		if len(a.pending) == 0 {
+			a.fenceComplete(now)
+		} else if !a.escalated && !now.Before(a.fenceDL) {
+			a.escalate(now)
+		}
+	case StateRejoining:
+		if age >= t.SuspectAfter() {
+			a.setState(now, StateFenced, ReasonLeaseLostWhileRejoining, "")
+		}
+	}
+}
+
+func (a *Agent) renewFailed(now time.Time, reason Reason) {
+	if a.state == StateHealthy || a.state == StateStarting {
+		a.setState(now, StateSuspect, reason, "")
+	}
+}
+
+func (a *Agent) renewResult(now time.Time, seq uint64, res RenewResult) {
+	switch res.Outcome {
+	case RenewAcked:
+		a.landed(now, seq, res.Revision, ReasonRenewed)
+	case RenewTimedOut:
+		a.renewFailed(now, ReasonRenewTimedOut)
+	case RenewFailed:
+		a.renewFailed(now, ReasonRenewFailed)
+	case RenewConflict:
+		a.conflict(now, seq, res)
+	}
+}
+
+// landed: the record with seq landed at revision rev.
+func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
+	if rev > a.rev {
+		a.rev = rev
+	}
+	sentAt, ok := a.sent[seq]
+	if !ok {
+		return
+	}
+	for s := range a.sent {
+		if s <= seq {
+			delete(a.sent, s)
+		}
+	}
+	if a.declared {
+		// A landed renewal after a declaration can only be one written on
+		// the released record.
+		if !a.released {
+			return
+		}
+		a.declared, a.released = false, false
+		a.lease, a.lastAck = true, sentAt
+		a.rejoinDecl = true
+		a.startRejoin(now, ReasonReleased)
+		return
+	}
+	if sentAt.After(a.lastAck) || !a.lease {
+		a.lease, a.lastAck = true, sentAt
+		a.persist()
+	}
+	if a.round != nil && a.round.renewal.Seq == seq {
+		reason = ReasonRelayedByPeer
+	}
+	switch a.state {
+	case StateStarting, StateSuspect, StateAskingPeers, StateHeld:
+		a.round = nil
+		clear(a.confirmed)
+		a.setState(now, StateHealthy, reason, "")
+	case StateFenced:
+		a.startRejoin(now, ReasonRenewedAfterFence)
+	}
+}
+
+func (a *Agent) startRejoin(now time.Time, reason Reason) {
+	a.round = nil
+	a.reconcileID++
+	a.r.Reconcile, a.r.ReconcileID = true, a.reconcileID
+	a.setState(now, StateRejoining, reason, fmt.Sprintf("%d paused by hvguard", len(a.paused)))
+}
+
+func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
+	cur := res.Current
+	if cur == nil {
+		// The key was deleted (operator): create it again.
+		a.rev = 0
+		a.renewFailed(now, ReasonRenewFailed)
+		return
+	}
+	if cur.Host != a.cfg.Host {
+		a.renewFailed(now, ReasonRenewFailed)
+		return
+	}
+	switch cur.State {
+	case LeaseActive:
+		if cur.BootID == a.cfg.BootID && cur.Epoch == a.epoch && cur.Incarnation == a.incarnation {
+			if _, ok := a.sent[cur.Seq]; ok {
+				// One of our earlier renewals (late, or relayed) landed.
+				a.landed(now, cur.Seq, res.Revision, ReasonRenewed)
+				return
+			}
+		}
+		if res.Revision > a.rev {
+			a.rev = res.Revision
+		}
+		a.renewFailed(now, ReasonRenewFailed)
+	case LeaseExpired:
+		if cur.Epoch < a.epoch {
+			a.renewFailed(now, ReasonRenewFailed)
+			return
+		}
+		a.rev, a.epoch = res.Revision, cur.Epoch
+		if a.declared {
+			return
+		}
+		a.declared, a.released = true, false
+		a.lease = false
+		reason := ReasonDeclaredExpired
+		if a.LeaseHeldIgnoringDeclaration(now) {
+			reason = ReasonDeclaredWhileHoldingLease
+			a.r.Alerts = append(a.r.Alerts, Alert{Reason: reason, Detail: fmt.Sprintf("controller declared epoch %d while the lease was held until %s", cur.Epoch, a.LeaseExpiry())})
+		}
+		switch a.state {
+		case StateFenced:
+			a.setState(now, StateAwaitingRelease, reason, cur.Reason)
+		case StateFencing:
+			a.persist()
+		case StateRejoining:
+			a.setState(now, StateAwaitingRelease, reason, cur.Reason)
+		case StateAwaitingRelease:
+		default:
+			a.startFence(now, reason)
+		}
+	case LeaseReleased:
+		if cur.Epoch < a.epoch {
+			a.renewFailed(now, ReasonRenewFailed)
+			return
+		}
+		a.rev, a.epoch = res.Revision, cur.Epoch
+		if a.declared {
+			a.released = true
+			a.persist()
+		}
+	}
+}
+
+// LeaseHeldIgnoringDeclaration reports whether the lease timing alone says
+// the lease is held.
+func (a *Agent) LeaseHeldIgnoringDeclaration(now time.Time) bool {
+	return now.Before(a.LeaseExpiry())
+}
+
+func (a *Agent) threshold() (int, bool) {
+	if !a.guard.Valid() {
+		return 0, false
+	}
+	return a.guard.Threshold(a.guard.Members), true
+}
+
+func (a *Agent) startRound(now time.Time) {
+	th, ok := a.threshold()
+	n := min(len(a.members), th+a.cfg.PeerBatch)
+	if !ok {
+		n = min(len(a.members), a.cfg.PeerBatch)
+	}
+	a.roundID++
+	req := a.newRenewal(now)
+	rd := &roundState{id: a.roundID, renewal: req, deadline: now.Add(a.cfg.Timing.PeerTimeout),
+		asked: map[string]bool{}, answers: map[string]PeerAnswerKind{}}
+	// A random sample of the whole membership, preferring peers that have
+	// not confirmed yet (a confirmation stays fresh for a while).
+	cand := slices.Clone(a.members)
+	a.rng.Shuffle(len(cand), func(i, j int) { cand[i], cand[j] = cand[j], cand[i] })
+	sort.SliceStable(cand, func(i, j int) bool {
+		_, ci := a.confirmed[cand[i]]
+		_, cj := a.confirmed[cand[j]]
+		return !ci && cj
+	})
+	peers := cand[:n]
+	for _, p := range peers {
+		rd.asked[p] = true
+	}
+	a.round = rd
+	a.nextRound = rd.deadline
+	if a.state == StateHeld {
+		a.nextHeld = now.Add(a.cfg.HeldRecheck)
+	}
+	if len(peers) == 0 {
+		a.endRound(now)
+		return
+	}
+	a.r.AskPeers = &PeerRound{ID: rd.id, Peers: slices.Clone(peers), Renewal: req, Deadline: rd.deadline}
+}
+
+// confirmFresh is how long a CannotRenew answer counts.
+func (a *Agent) confirmFresh() time.Duration { return a.cfg.HeldRecheck + a.cfg.Timing.PeerTimeout }
+
+func (a *Agent) confirmedCount(now time.Time) int {
+	n := 0
+	for p, at := range a.confirmed {
+		if now.Sub(at) <= a.confirmFresh() {
+			n++
+		} else {
+			delete(a.confirmed, p)
+		}
+	}
+	return n
+}
+
+// holdConfirmed: this host plus the peers that confirmed they cannot renew
+// are more than the controller's guard threshold.
+func (a *Agent) holdConfirmed(now time.Time) bool {
+	th, ok := a.threshold()
+	return ok && 1+a.confirmedCount(now) > th
+}
+
+func (a *Agent) enterHeld(now time.Time, n int) {
+	a.heldUntil = now.Add(a.cfg.HeldRecheck + a.cfg.Timing.PeerTimeout)
+	a.nextHeld = now.Add(a.cfg.HeldRecheck)
+	if a.state != StateHeld {
+		th, _ := a.threshold()
+		a.setState(now, StateHeld, ReasonHeldBecauseMostPeersCantRenew, fmt.Sprintf("%d peers + self cannot renew > guard threshold %d", n, th))
+	}
+}
+
+// endRound evaluates the current round.
+func (a *Agent) endRound(now time.Time) {
+	rd := a.round
+	a.round = nil
+	if rd == nil {
+		return
+	}
+	if a.holdConfirmed(now) {
+		a.enterHeld(now, a.confirmedCount(now))
+		return
+	}
+	var can, cannot, none int
+	for p := range rd.asked {
+		switch k, ok := rd.answers[p]; {
+		case !ok || k == PeerUnreachable || k == PeerDeclared:
+			none++
+		case k == PeerCannotRenew:
+			cannot++
+		default:
+			can++
+		}
+	}
+	reason := ReasonIsolatedBecauseNoPeerAnswered
+	switch _, ok := a.threshold(); {
+	case !ok || len(a.members) == 0:
+		reason = ReasonIsolatedBecauseNoGuardKnown
+	case can > 0 && can >= cannot:
+		reason = ReasonIsolatedBecauseMostPeersCanRenew
+	case cannot > 0:
+		reason = ReasonIsolatedBecauseTooFewPeersCantRenew
+	}
+	switch a.state {
+	case StateHeld:
+		a.startFence(now, ReasonIsolatedBecauseHoldNoLongerConfirmed)
+	case StateAskingPeers:
+		// Another round if it fits before the fence must start.
+		if now.Add(a.cfg.Timing.PeerTimeout).After(a.lastAck.Add(a.cfg.Timing.FenceBy())) {
+			a.startFence(now, reason)
+		}
+	}
+}
+
+// startFence enters Fencing and plans the fence action.
+func (a *Agent) startFence(now time.Time, reason Reason) {
+	a.round = nil
+	a.held = false
+	a.fenceStart = now
+	a.fenceDL = now.Add(a.cfg.Timing.FenceDeadline)
+	if exp := a.LeaseExpiry(); a.lease && exp.After(a.fenceDL) {
+		a.fenceDL = exp
+	}
+	a.escalated = false
+	clear(a.pending)
+	var run []string
+	for u, r := range a.inventory {
+		if r {
+			run = append(run, u)
+		}
+	}
+	sort.Strings(run)
+	a.setState(now, StateFencing, reason, fmt.Sprintf("%d running domains, action %s", len(run), a.action()))
+	a.fenceDomains(now, run)
+	if len(a.pending) == 0 {
+		a.fenceComplete(now)
+	}
+}
+
+func (a *Agent) action() Action {
+	if !a.cfg.Enabled {
+		return ActionNone
+	}
+	return a.cfg.Action
+}
+
+func (a *Agent) fenceDomains(now time.Time, run []string) {
+	switch a.action() {
+	case ActionNone:
+		a.r.WouldFence = append(a.r.WouldFence, run...)
+	case ActionPause:
+		for _, u := range run {
+			a.paused[u] = true
+			a.pending[u] = time.Time{}
+		}
+		a.r.Pause = append(a.r.Pause, run...)
+		a.persist()
+	case ActionDestroy:
+		for _, u := range run {
+			a.pending[u] = time.Time{}
+		}
+		a.r.Destroy = append(a.r.Destroy, run...)
+	case ActionResetHost:
+		if len(run) > 0 {
+			for _, u := range run {
+				a.pending[u] = time.Time{}
+			}
+			a.r.ResetHost = true
+		}
+	}
+}
+
+func (a *Agent) retryFence(now time.Time) {
+	for u, at := range a.pending {
+		if !at.IsZero() && !now.Before(at) {
+			a.pending[u] = time.Time{}
+			switch a.action() {
+			case ActionPause:
+				a.r.Pause = append(a.r.Pause, u)
+			case ActionDestroy:
+				a.r.Destroy = append(a.r.Destroy, u)
+			}
+		}
+	}
+}
+
+func (a *Agent) fenceComplete(now time.Time) {
+	switch {
+	case a.declared:
+		a.setState(now, StateAwaitingRelease, ReasonFenceComplete, fmt.Sprintf("fenced in %s; declared expired", now.Sub(a.fenceStart)))
+	default:
+		a.setState(now, StateFenced, ReasonFenceComplete, fmt.Sprintf("fenced in %s", now.Sub(a.fenceStart)))
+		if a.LeaseHeld(now) && now.Sub(a.lastAck) < a.cfg.Timing.SuspectAfter() && a.lastAck.After(a.fenceStart) {
+			a.startRejoin(now, ReasonRenewedAfterFence)
+		}
+	}
+}
+
+func (a *Agent) escalate(now time.Time) {
+	a.escalated = true
+	detail := fmt.Sprintf("%d domains not fenced by %s", len(a.pending), a.fenceDL)
+	if a.cfg.AllowReset || a.cfg.Action == ActionResetHost {
+		a.r.ResetHost = true
+		a.r.Alerts = append(a.r.Alerts, Alert{Reason: ReasonFenceDeadlineMissedResettingHost, Detail: detail})
+		a.transition(now, a.state, a.state, ReasonFenceDeadlineMissedResettingHost, detail)
+		return
+	}
+	a.r.Alerts = append(a.r.Alerts, Alert{Reason: ReasonFenceDeadlineMissedNoReset, Detail: detail + "; hardware watchdog no longer fed"})
+	a.transition(now, a.state, a.state, ReasonFenceDeadlineMissedNoReset, detail)
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

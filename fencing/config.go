@@ -1,0 +1,293 @@
+package fencing
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Timing defaults. Every number is chosen against the measured NATS
+// behaviour in nats-partitions.md; docs/fencing.md draws them on one
+// timeline.
+const (
+	// DefaultRenewInterval is how often the agent renews its lease. 2 s gives
+	// six attempts inside one DefaultLeaseTTL and costs a 10 000-host fleet
+	// 5 000 CAS updates/s, measured without failures on a 3-node cluster.
+	DefaultRenewInterval = 2 * time.Second
+
+	// DefaultRenewTimeout bounds one renewal (KV update) before its outcome
+	// becomes UNKNOWN. 30 % packet loss made renewals take up to 1.8 s, so
+	// less would turn loss into false suspicion; more would delay it.
+	DefaultRenewTimeout = 2 * time.Second
+
+	// DefaultPeerTimeout bounds one round of peer questions. A peer that can
+	// renew relays our renewal with its own KV update (up to
+	// DefaultRenewTimeout) and answers over HTTP: 2 s + 1 s.
+	DefaultPeerTimeout = 3 * time.Second
+
+	// DefaultFenceDeadline is the time reserved at the end of the lease for
+	// the fence action to complete (pausing 1000 domains takes well under
+	// it, see the benchmark). Fencing starts at the latest at
+	// LeaseTTL-FenceDeadline after the send time of the last acknowledged
+	// renewal.
+	DefaultFenceDeadline = 5 * time.Second
+
+	// DefaultLeaseTTL is how long an acknowledged renewal holds the lease,
+	// counted from its SEND time. It must hold the whole detection path:
+	// one renew interval, a timed-out renewal, one peer round and the fence
+	// deadline (2+2+3+5 = 12 s), plus 3 s for a second peer round so a
+	// control-plane blip does not fence: 15 s.
+	DefaultLeaseTTL = 15 * time.Second
+
+	// DefaultHeldRecheck is how often a Held agent asks its peers again, so
+	// it notices that the mass failure ended for the others (and fences
+	// if it alone is still cut off) well inside the controller's guard
+	// memory (DefaultGuardWindow).
+	DefaultHeldRecheck = 5 * time.Second
+
+	// DefaultResetBudget is the time a host reset (sysrq 'b') needs to stop
+	// every domain once it is issued: the kernel reboots at once, no
+	// userspace is involved.
+	DefaultResetBudget = time.Second
+
+	// DefaultWatchdogTimeout is the hardware watchdog timeout set when the
+	// watchdog is armed: a wedged fencing loop resets the host after it.
+	DefaultWatchdogTimeout = 10 * time.Second
+
+	// MaxClockDrift is the default bound on the relative clock-RATE error
+	// between an agent and the controller (each against real time). NTP
+	// disciplined or not, crystal oscillators are within 200 ppm and the
+	// kernel slews monotonic clocks by at most 500 ppm; 1 % is a 20x
+	// margin that costs 0.3 s of grace at the defaults.
+	MaxClockDrift = 0.01
+
+	// MaxSupportedDrift is the largest drift bound a Config may declare.
+	MaxSupportedDrift = 0.1
+
+	// DefaultGuardCount and DefaultGuardShare are the controller's
+	// mass-failure guard: it holds when MORE than min(Count, Share*N) of
+	// the N hosts in the lease bucket are silent within one
+	// DefaultGuardWindow. 10 hosts is more than a rack; 20 % of a small
+	// cloud is more than any single failure domain should be.
+	DefaultGuardCount = 10
+	DefaultGuardShare = 0.2
+
+	// DefaultGuardWindow is the controller's guard memory: a host silent at
+	// any time in the last window still counts. It must cover a Held
+	// agent noticing that the others recovered (DefaultHeldRecheck +
+	// DefaultPeerTimeout) and completing its fence (DefaultFenceDeadline),
+	// and writes that land late (measured 16 s): 60 s.
+	DefaultGuardWindow = 60 * time.Second
+
+	// DefaultPeerBatch is how many peers one round asks at most beyond the
+	// guard threshold: a round asks min(N-1, Threshold+DefaultPeerBatch)
+	// peers drawn at random from the whole membership.
+	DefaultPeerBatch = 6
+)
+
+// ErrInvalidConfig is wrapped by every Config validation error.
+var ErrInvalidConfig = errors.New("fencing: invalid config")
+
+// Action is what fencing does to the host's domains.
+type Action string
+
+// Fence actions (config fence.action).
+const (
+	// ActionPause suspends every running domain and remembers durably which
+	// ones hvguard paused, so that only those are resumed on rejoin.
+	ActionPause Action = "pause"
+	// ActionDestroy destroys (hard stops) every running domain.
+	ActionDestroy Action = "destroy"
+	// ActionResetHost resets the host (sysrq 'b').
+	ActionResetHost Action = "reset-host"
+	// ActionNone only monitors: the agent runs the whole state machine and
+	// publishes what it would have done. The controller never declares such
+	// a host expired (its domains keep running).
+	ActionNone Action = "none"
+)
+
+// Backstop is what makes a host's domains stop when the fence action did not
+// complete in time or the agent itself is wedged.
+type Backstop string
+
+// Backstops, as advertised in the lease record.
+const (
+	// BackstopReset: the agent escalates to a host reset at the fence
+	// deadline (Config.AllowReset).
+	BackstopReset Backstop = "reset"
+	// BackstopWatchdog: the hardware watchdog is armed and stops being fed;
+	// the host resets within WatchdogTimeout.
+	BackstopWatchdog Backstop = "watchdog"
+	// BackstopNone: nothing stops a fence that did not complete. The
+	// controller declares such a host only if it is configured to accept it.
+	BackstopNone Backstop = "none"
+)
+
+// Timing is the set of timing constants an agent advertises in its lease
+// record; the controller computes its grace from them.
+type Timing struct {
+	RenewInterval   time.Duration `json:"renew_interval"`
+	RenewTimeout    time.Duration `json:"renew_timeout"`
+	LeaseTTL        time.Duration `json:"lease_ttl"`
+	FenceDeadline   time.Duration `json:"fence_deadline"`
+	PeerTimeout     time.Duration `json:"peer_timeout"`
+	WatchdogTimeout time.Duration `json:"watchdog_timeout,omitempty"`
+	ResetBudget     time.Duration `json:"reset_budget,omitempty"`
+	MaxClockDrift   float64       `json:"max_clock_drift"`
+}
+
+// DefaultTiming returns the default timing constants.
+func DefaultTiming() Timing {
+	return Timing{
+		RenewInterval: DefaultRenewInterval, RenewTimeout: DefaultRenewTimeout,
+		LeaseTTL: DefaultLeaseTTL, FenceDeadline: DefaultFenceDeadline,
+		PeerTimeout: DefaultPeerTimeout, WatchdogTimeout: DefaultWatchdogTimeout,
+		ResetBudget: DefaultResetBudget, MaxClockDrift: MaxClockDrift,
+	}
+}
+
+// SuspectAfter is the age (since the send time of the last acknowledged
+// renewal) at which an agent suspects it can no longer renew, and answers
+// its peers that it cannot renew: one interval for the next renewal, one
+// timeout for its outcome.
+func (t Timing) SuspectAfter() time.Duration { return t.RenewInterval + t.RenewTimeout }
+
+// FenceBy is the age at which the agent starts fencing at the latest.
+func (t Timing) FenceBy() time.Duration { return t.LeaseTTL - t.FenceDeadline }
+
+// Validate checks that the constants make a lease the agent can defend: the
+// detection path (SuspectAfter + one peer round) fits before FenceBy.
+func (t Timing) Validate() error {
+	var errs []error
+	pos := func(name string, d time.Duration) {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%w: %s must be > 0, got %s", ErrInvalidConfig, name, d))
+		}
+	}
+	pos("renew_interval", t.RenewInterval)
+	pos("renew_timeout", t.RenewTimeout)
+	pos("lease_ttl", t.LeaseTTL)
+	pos("fence_deadline", t.FenceDeadline)
+	pos("peer_timeout", t.PeerTimeout)
+	if t.MaxClockDrift < 0 || t.MaxClockDrift > MaxSupportedDrift {
+		errs = append(errs, fmt.Errorf("%w: max_clock_drift must be in [0, %g], got %g", ErrInvalidConfig, MaxSupportedDrift, t.MaxClockDrift))
+	}
+	if len(errs) == 0 && t.SuspectAfter()+t.PeerTimeout > t.FenceBy() {
+		errs = append(errs, fmt.Errorf("%w: lease_ttl %s too short: renew_interval+renew_timeout+peer_timeout (%s) must fit before lease_ttl-fence_deadline (%s)",
+			ErrInvalidConfig, t.LeaseTTL, t.SuspectAfter()+t.PeerTimeout, t.FenceBy()))
+	}
+	return errors.Join(errs...)
+}
+
+// Guard is the controller's mass-failure guard as the agents know it: the
+// controller publishes it in the lease bucket (key GuardKey) with the
+// membership size it computed it for, and agents cache it while healthy.
+type Guard struct {
+	// Count and Share: the controller holds when more than
+	// min(Count, floor(Share*Members)) hosts are silent in one Window.
+	Count  int           `json:"count"`
+	Share  float64       `json:"share"`
+	Window time.Duration `json:"window"`
+	// Members is the number of hosts in the lease bucket when the guard was
+	// published. The controller uses min(this, current) so that it never
+	// holds later than an agent expects.
+	Members int `json:"members"`
+}
+
+// DefaultGuard returns the default guard for members hosts.
+func DefaultGuard(members int) Guard {
+	return Guard{Count: DefaultGuardCount, Share: DefaultGuardShare, Window: DefaultGuardWindow, Members: members}
+}
+
+// Threshold is the largest number of silent hosts that does NOT make the
+// controller hold, for members hosts: min(Count, floor(Share*members)).
+// Holding needs strictly more.
+func (g Guard) Threshold(members int) int {
+	t := int(g.Share * float64(members))
+	if g.Count < t {
+		t = g.Count
+	}
+	if t < 0 {
+		t = 0
+	}
+	return t
+}
+
+// Valid reports whether the guard can be used by an agent to hold.
+func (g Guard) Valid() bool {
+	return g.Members > 0 && g.Count >= 0 && g.Share >= 0 && g.Window > 0
+}
+
+// Config configures an Agent. Start from DefaultConfig.
+type Config struct {
+	// Host is this node's name; BootID identifies this boot of the host
+	// (/proc/sys/kernel/random/boot_id).
+	Host   string
+	BootID string
+	// Enabled turns fencing on. Off, the agent still renews its lease
+	// (advertising fencing off, which the controller refuses to declare),
+	// never fences and never arms the hardware watchdog.
+	Enabled bool
+	// Action is the fence action (default ActionPause).
+	Action Action
+	// AllowReset allows escalation to a host reset when the fence action
+	// did not complete by its deadline.
+	AllowReset bool
+	// HardwareWatchdog says the hardware watchdog is armed (the caller arms
+	// it when Enabled and the action is not ActionNone).
+	HardwareWatchdog bool
+	// Timing holds the timing constants (advertised in the lease).
+	Timing Timing
+	// HeldRecheck is how often a Held agent asks its peers again.
+	HeldRecheck time.Duration
+	// PeerBatch: a round asks min(N-1, threshold+PeerBatch) peers.
+	PeerBatch int
+	// Seed seeds the random choice of peers.
+	Seed uint64
+}
+
+// DefaultConfig returns the defaults for host (fencing off).
+func DefaultConfig(host, bootID string) Config {
+	return Config{
+		Host: host, BootID: bootID, Action: ActionPause, Timing: DefaultTiming(),
+		HeldRecheck: DefaultHeldRecheck, PeerBatch: DefaultPeerBatch,
+	}
+}
+
+// Backstop returns what stops this host's domains when a fence did not
+// complete: a reset if allowed, else the hardware watchdog if armed.
+func (c Config) Backstop() Backstop {
+	switch {
+	case c.Action == ActionResetHost || c.AllowReset:
+		return BackstopReset
+	case c.HardwareWatchdog:
+		return BackstopWatchdog
+	}
+	return BackstopNone
+}
+
+// Validate checks the configuration, reporting every problem at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Host == "" {
+		errs = append(errs, fmt.Errorf("%w: host is empty", ErrInvalidConfig))
+	}
+	switch c.Action {
+	case ActionPause, ActionDestroy, ActionResetHost, ActionNone:
+	default:
+		errs = append(errs, fmt.Errorf("%w: fence action %q (want pause, destroy, reset-host or none)", ErrInvalidConfig, c.Action))
+	}
+	if c.HeldRecheck <= 0 {
+		errs = append(errs, fmt.Errorf("%w: held_recheck must be > 0, got %s", ErrInvalidConfig, c.HeldRecheck))
+	}
+	if c.PeerBatch < 0 {
+		errs = append(errs, fmt.Errorf("%w: peer_batch must be >= 0, got %d", ErrInvalidConfig, c.PeerBatch))
+	}
+	if c.HardwareWatchdog && c.Timing.WatchdogTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("%w: watchdog_timeout must be > 0 when the hardware watchdog is armed", ErrInvalidConfig))
+	}
+	if err := c.Timing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,107 @@
+package fencing
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+)
+
+// Lease bucket layout.
+const (
+	// Bucket is the JetStream KV bucket holding one lease per host (key:
+	// the host token, proto.HostToken) and the guard (GuardKey).
+	Bucket = "hvguard-leases"
+	// GuardKey holds the controller's published Guard. It cannot collide
+	// with a host token, which never starts with '_'.
+	GuardKey = "_guard"
+	// RecordSchema is the version of LeaseRecord.
+	RecordSchema = 1
+)
+
+// LeaseState is the state field of a lease record.
+type LeaseState string
+
+// Lease states.
+const (
+	// LeaseActive: written by the agent (or a peer relaying for it).
+	LeaseActive LeaseState = "active"
+	// LeaseExpired: written by the controller (CAS, new epoch): the host
+	// was declared dead; its renewals fail from now on.
+	LeaseExpired LeaseState = "expired"
+	// LeaseReleased: written by the controller or `hvguard unfence` (CAS,
+	// same epoch as the declaration): the agent may take the lease again.
+	LeaseReleased LeaseState = "released"
+)
+
+// LeaseRecord is the value of a host's key in the lease bucket.
+type LeaseRecord struct {
+	Schema int        `json:"schema"`
+	Host   string     `json:"host"`
+	BootID string     `json:"boot_id"`
+	Epoch  uint64     `json:"epoch"`
+	State  LeaseState `json:"state"`
+	// Incarnation is the agent process's Durable.Incarnation.
+	Incarnation uint64 `json:"incarnation"`
+	// Seq is the agent's renewal sequence number: it identifies which
+	// renewal (own or relayed) a record is, so a late write can be
+	// recognised as ours.
+	Seq uint64 `json:"seq"`
+	// FencingEnabled, Action and Backstop say what the host does when it
+	// loses its lease; Timing carries its constants.
+	FencingEnabled bool     `json:"fencing_enabled"`
+	Action         Action   `json:"action"`
+	Backstop       Backstop `json:"backstop"`
+	Timing         Timing   `json:"timing"`
+	// AgentState is the agent's fencing state when it wrote the record.
+	AgentState State `json:"agent_state,omitempty"`
+	// Reason says why the controller wrote an expired or released record.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Encode returns the JSON encoding of r.
+func (r LeaseRecord) Encode() ([]byte, error) {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("encode lease record: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeRecord decodes a lease record, rejecting unknown schemas and records
+// without a host.
+func DecodeRecord(b []byte) (LeaseRecord, error) {
+	var r LeaseRecord
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("decode lease record: %w", err)
+	}
+	if r.Schema != RecordSchema {
+		return r, fmt.Errorf("decode lease record: schema %d (want %d)", r.Schema, RecordSchema)
+	}
+	if r.Host == "" {
+		return r, errors.New("decode lease record: no host")
+	}
+	switch r.State {
+	case LeaseActive, LeaseExpired, LeaseReleased:
+	default:
+		return r, fmt.Errorf("decode lease record: state %q", r.State)
+	}
+	return r, nil
+}
+
+// EncodeGuard and DecodeGuard (de)serialise the published Guard.
+func EncodeGuard(g Guard) ([]byte, error) {
+	b, err := json.Marshal(g)
+	if err != nil {
+		return nil, fmt.Errorf("encode guard: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeGuard decodes a Guard published under GuardKey.
+func DecodeGuard(b []byte) (Guard, error) {
+	var g Guard
+	if err := json.Unmarshal(b, &g); err != nil {
+		return g, fmt.Errorf("decode guard: %w", err)
+	}
+	return g, nil
+}

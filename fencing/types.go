@@ -1,0 +1,270 @@
+package fencing
+
+import (
+	"fmt"
+	"time"
+)
+
+// State is the agent's fencing state.
+type State string
+
+// Agent states. Healthy/Starting/Suspect hold (or may hold) the lease;
+// AskingPeers decides; Held and Fencing/Fenced are the two outcomes of
+// isolation; Rejoining and AwaitingRelease are the two ways back.
+const (
+	// StateStarting: the agent (re)started and has no acknowledged renewal
+	// in this process yet; the lease age is taken from the durable state.
+	StateStarting State = "starting"
+	// StateHealthy: the last renewal was acknowledged.
+	StateHealthy State = "healthy"
+	// StateSuspect: a renewal timed out or failed; the lease is still held.
+	StateSuspect State = "suspect"
+	// StateAskingPeers: no acknowledged renewal for SuspectAfter; peers are
+	// asked whether they can renew (and relay ours).
+	StateAskingPeers State = "asking-peers"
+	// StateHeld: more hosts than the controller's guard threshold confirmed
+	// they cannot renew: the controller must hold, so the agent does not
+	// fence (and asks again every HeldRecheck).
+	StateHeld State = "held"
+	// StateFencing: the fence action is in progress.
+	StateFencing State = "fencing"
+	// StateFenced: the fence action completed (or, monitor-only, would
+	// have).
+	StateFenced State = "fenced"
+	// StateRejoining: renewals succeed again and the host was not declared
+	// expired: waiting for the rejoin reconciliation before resuming.
+	StateRejoining State = "rejoining"
+	// StateAwaitingRelease: the controller declared the host expired; it
+	// stays fenced until an explicit release (controller or `hvguard
+	// unfence`).
+	StateAwaitingRelease State = "awaiting-release"
+)
+
+// Reason says why a transition happened (published with it).
+type Reason string
+
+// Reasons.
+const (
+	ReasonStarted                              Reason = "Started"
+	ReasonRestartedFenced                      Reason = "RestartedFenced"
+	ReasonRestartedHeld                        Reason = "RestartedHeld"
+	ReasonRenewed                              Reason = "Renewed"
+	ReasonRenewTimedOut                        Reason = "RenewTimedOutOutcomeUnknown"
+	ReasonRenewFailed                          Reason = "RenewFailed"
+	ReasonNoRenewalForSuspectAfter             Reason = "NoAcknowledgedRenewalForSuspectAfter"
+	ReasonRelayedByPeer                        Reason = "RelayedByPeer"
+	ReasonHeldBecauseMostPeersCantRenew        Reason = "HeldBecauseMostPeersCantRenew"
+	ReasonIsolatedBecauseMostPeersCanRenew     Reason = "IsolatedBecauseMostPeersCanRenew"
+	ReasonIsolatedBecauseTooFewPeersCantRenew  Reason = "IsolatedBecauseTooFewPeersCantRenew"
+	ReasonIsolatedBecauseNoPeerAnswered        Reason = "IsolatedBecauseNoPeerAnswered"
+	ReasonIsolatedBecauseNoGuardKnown          Reason = "IsolatedBecauseNoGuardOrMembershipKnown"
+	ReasonIsolatedAtFenceDeadline              Reason = "IsolatedBecauseFenceStartDeadlineReached"
+	ReasonIsolatedBecauseHoldNoLongerConfirmed Reason = "IsolatedBecauseHoldNoLongerConfirmed"
+	ReasonDeclaredExpired                      Reason = "DeclaredExpiredByController"
+	ReasonDeclaredWhileHoldingLease            Reason = "DeclaredExpiredWhileHoldingLease"
+	ReasonDomainRunningWhileFenced             Reason = "DomainRunningWhileFenced"
+	ReasonFenceComplete                        Reason = "FenceComplete"
+	ReasonFenceDeadlineMissedResettingHost     Reason = "FenceDeadlineMissedResettingHost"
+	ReasonFenceDeadlineMissedNoReset           Reason = "FenceDeadlineMissedNoResetAllowed"
+	ReasonRenewedAfterFence                    Reason = "RenewedAfterFenceNotDeclared"
+	ReasonLeaseLostWhileRejoining              Reason = "LeaseLostWhileRejoining"
+	ReasonResumedAfterReconcile                Reason = "ResumedAfterReconcile"
+	ReasonReleased                             Reason = "ReleasedAfterDeclaration"
+	ReasonReleasedReconciled                   Reason = "ReleasedAndReconciled"
+)
+
+// Transition is one fence-state transition, to be published.
+type Transition struct {
+	At       time.Time
+	From, To State
+	Reason   Reason
+	Epoch    uint64
+	// Detail is a short human-readable elaboration (counts, domains).
+	Detail string
+}
+
+func (t Transition) String() string {
+	s := fmt.Sprintf("%s -> %s (%s)", t.From, t.To, t.Reason)
+	if t.Detail != "" {
+		s += ": " + t.Detail
+	}
+	return s
+}
+
+// RenewRequest asks the caller to write Record to the host's key by
+// compare-and-set on Revision (0: create the key). The caller reports the
+// outcome with Agent.Renewed(Seq, ...). The lease is counted from the time
+// the core emitted the request, which is no later than the real send.
+type RenewRequest struct {
+	Seq      uint64
+	Revision uint64
+	Record   LeaseRecord
+}
+
+// PeerRound asks the caller to ask each of Peers whether it can renew,
+// and to relay Renewal (a CAS of Renewal.Record on Renewal.Revision) if it
+// can. Answers go to Agent.PeerAnswered(ID, peer, ...). A peer not
+// answering by Deadline counts as unreachable.
+type PeerRound struct {
+	ID       uint64
+	Peers    []string
+	Renewal  RenewRequest
+	Deadline time.Time
+}
+
+// Alert is a condition to log at the highest level (and count).
+type Alert struct {
+	Reason Reason
+	Detail string
+}
+
+// Ready is what one call into the Agent asks the caller to do, in this
+// order: Persist (durably, before anything else), then the domain
+// operations and ResetHost, then Renew, AskPeers, Reconcile, and publish
+// Transitions and Alerts. Empty fields mean nothing to do.
+type Ready struct {
+	// Persist is the new durable state; write it (atomically) before
+	// performing Pause: it records which domains hvguard is pausing.
+	Persist *Durable
+	// Pause, Destroy and Resume list domain UUIDs to act on; report each
+	// Pause/Destroy with Agent.FenceDone.
+	Pause, Destroy, Resume []string
+	// WouldFence lists what a monitor-only agent would have fenced (and
+	// how, in Transitions): publish it, touch nothing.
+	WouldFence []string
+	// ResetHost asks for an immediate host reset (sysrq 'b').
+	ResetHost bool
+	// Renew is a renewal to send.
+	Renew *RenewRequest
+	// AskPeers is a peer round to run.
+	AskPeers *PeerRound
+	// Reconcile asks the caller to run the rejoin reconciliation hook and
+	// answer with Agent.Reconciled(ReconcileID, ...).
+	Reconcile   bool
+	ReconcileID uint64
+	// LeftPaused lists domains hvguard paused before a declaration and
+	// does not resume after the release (they were evacuated elsewhere);
+	// the operator or the reconciliation decides about them.
+	LeftPaused []string
+	// Transitions are the state changes, in order.
+	Transitions []Transition
+	// Alerts are to be logged at the highest level.
+	Alerts []Alert
+}
+
+// Empty reports whether r asks for nothing.
+func (r Ready) Empty() bool {
+	return r.Persist == nil && len(r.Pause) == 0 && len(r.Destroy) == 0 && len(r.Resume) == 0 &&
+		len(r.WouldFence) == 0 && !r.ResetHost && r.Renew == nil && r.AskPeers == nil &&
+		!r.Reconcile && len(r.LeftPaused) == 0 && len(r.Transitions) == 0 && len(r.Alerts) == 0
+}
+
+// RenewOutcome classifies the result of a renewal.
+type RenewOutcome int
+
+// Renewal outcomes.
+const (
+	// RenewAcked: the server acknowledged the CAS; Revision is the new
+	// revision.
+	RenewAcked RenewOutcome = iota
+	// RenewTimedOut: no answer in time. The outcome is UNKNOWN: the write
+	// may still land (measured: 16 s later).
+	RenewTimedOut
+	// RenewFailed: definitely not applied (e.g. not connected, with the
+	// reconnect buffer disabled).
+	RenewFailed
+	// RenewConflict: the CAS was rejected (wrong last sequence, err 10071);
+	// Current and Revision are what the key holds now (Current nil: the
+	// key does not exist).
+	RenewConflict
+)
+
+// RenewResult is the outcome of a renewal (own or, via PeerAnswer, relayed).
+type RenewResult struct {
+	Outcome  RenewOutcome
+	Revision uint64
+	Current  *LeaseRecord
+}
+
+// PeerAnswerKind is what a peer answered.
+type PeerAnswerKind int
+
+// Peer answers.
+const (
+	// PeerUnreachable: no answer (timeout, connection refused, bad auth).
+	PeerUnreachable PeerAnswerKind = iota
+	// PeerCannotRenew: the peer itself has had no acknowledged renewal for
+	// SuspectAfter and was not declared expired.
+	PeerCannotRenew
+	// PeerRelayFailed: the peer can renew but its relay of our renewal did
+	// not succeed.
+	PeerRelayFailed
+	// PeerRelayed: the peer wrote our renewal; Revision is its revision.
+	PeerRelayed
+	// PeerDeclared: the peer was itself declared expired (it proves
+	// nothing about a mass failure).
+	PeerDeclared
+)
+
+// PeerAnswer is one peer's answer.
+type PeerAnswer struct {
+	Kind     PeerAnswerKind
+	Revision uint64
+}
+
+// PeerStatus is what this agent answers a peer that asks.
+type PeerStatus struct {
+	// CanRenew: this agent holds a fresh lease; it should relay.
+	CanRenew bool
+	// Declared: this host was declared expired.
+	Declared bool
+}
+
+// Answer maps the status to the answer kind for a peer (before relaying).
+func (s PeerStatus) Answer() PeerAnswerKind {
+	switch {
+	case s.Declared:
+		return PeerDeclared
+	case s.CanRenew:
+		return PeerRelayFailed // upgraded to PeerRelayed if the relay succeeds
+	}
+	return PeerCannotRenew
+}
+
+// Domain is one domain of the host inventory.
+type Domain struct {
+	UUID string
+	// Running: the domain can run guest code (running, blocked); false for
+	// paused, shut off, crashed.
+	Running bool
+}
+
+// Durable is the fence state that must survive an agent restart. Time
+// values are on the caller's clock, which must be monotonic across agent
+// restarts within one boot (CLOCK_BOOTTIME); BootID tells boots apart.
+type Durable struct {
+	Host   string `json:"host"`
+	BootID string `json:"boot_id"`
+	Epoch  uint64 `json:"epoch"`
+	// Incarnation counts agent starts; records carry it so that a
+	// restarted agent never mistakes an earlier process's renewal for one
+	// of its own.
+	Incarnation uint64 `json:"incarnation"`
+	// HaveLease and LastAck: the send time of the last acknowledged
+	// renewal. Only an agent crash (not a host crash) leaves domains
+	// running, so this needs no fsync, only an atomic rename.
+	HaveLease bool      `json:"have_lease"`
+	LastAck   time.Time `json:"last_ack"`
+	// Fenced: a fence was started (and not ended by a rejoin).
+	Fenced bool `json:"fenced"`
+	// Held: the agent was Held.
+	Held bool `json:"held"`
+	// Declared: the controller declared this host expired (not released).
+	Declared bool `json:"declared"`
+	// Released: the declaration was released; waiting to renew.
+	Released bool `json:"released"`
+	// Paused: domains hvguard paused (recorded before pausing); only these
+	// are ever resumed.
+	Paused []string `json:"paused"`
+	Reason Reason   `json:"reason"`
+}
