@@ -645,13 +645,18 @@ func (a *Agent) startRound(now time.Time) {
 	req := a.newRenewal(now)
 	rd := &roundState{id: a.roundID, renewal: req, deadline: now.Add(a.cfg.Timing.PeerTimeout),
 		asked: map[string]bool{}, answers: map[string]PeerAnswerKind{}}
-	// A random sample of the whole membership, preferring peers that have
-	// not confirmed yet (a confirmation stays fresh for a while).
+	// A random sample of the whole membership. While asking, peers that
+	// have not confirmed yet come first (to accumulate confirmations);
+	// while Held, the confirmed ones come first (to re-confirm them).
 	cand := slices.Clone(a.members)
 	a.rng.Shuffle(len(cand), func(i, j int) { cand[i], cand[j] = cand[j], cand[i] })
+	heldFirst := a.state == StateHeld
 	sort.SliceStable(cand, func(i, j int) bool {
 		_, ci := a.confirmed[cand[i]]
 		_, cj := a.confirmed[cand[j]]
+		if heldFirst {
+			return ci && !cj
+		}
 		return !ci && cj
 	})
 	peers := cand[:n]
