@@ -1,0 +1,411 @@
+package controller
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"hvguard/fencing"
+)
+
+// Defaults of the tracker.
+const (
+	// DefaultMaxGrace bounds the grace the controller grants a host: a host
+	// advertising constants that need more (e.g. a 10-minute watchdog) is
+	// refused, loudly, instead of keeping its domains undeclared for
+	// longer than an operator expects.
+	DefaultMaxGrace = 2 * time.Minute
+	// DefaultMaxHostDrift is the largest clock-drift bound the controller
+	// honours in a host's advertised constants.
+	DefaultMaxHostDrift = 0.05
+	// DeclareRetry is how long a declaration may stay unconfirmed (its
+	// expired record not seen by the watch) before it is issued again.
+	DeclareRetry = 5 * time.Second
+)
+
+// ErrInvalidConfig is wrapped by every Config validation error.
+var ErrInvalidConfig = errors.New("controller: invalid config")
+
+// Config configures a Tracker. Start from DefaultConfig.
+type Config struct {
+	// GuardCount, GuardShare, GuardWindow: the mass-failure guard. The
+	// controller holds (declares nothing) while MORE than
+	// min(GuardCount, floor(GuardShare*N)) hosts were silent within the
+	// last GuardWindow (N: hosts in the bucket, and never more than the N
+	// last published with Guard).
+	GuardCount  int
+	GuardShare  float64
+	GuardWindow time.Duration
+	// Drift bounds the controller's own clock-rate error.
+	Drift float64
+	// MaxHostDrift is the largest advertised drift bound honoured.
+	MaxHostDrift float64
+	// MaxGrace is the largest grace granted; hosts needing more are refused.
+	MaxGrace time.Duration
+	// AcceptNoBackstop: declare hosts whose fence has no backstop (no reset,
+	// no hardware watchdog). Off by default: a wedged agent on such a host
+	// could leave its domains running forever.
+	AcceptNoBackstop bool
+}
+
+// DefaultConfig returns the defaults.
+func DefaultConfig() Config {
+	return Config{
+		GuardCount: fencing.DefaultGuardCount, GuardShare: fencing.DefaultGuardShare,
+		GuardWindow: fencing.DefaultGuardWindow, Drift: fencing.MaxClockDrift,
+		MaxHostDrift: DefaultMaxHostDrift, MaxGrace: DefaultMaxGrace,
+	}
+}
+
+// Validate checks c.
+func (c Config) Validate() error {
+	var errs []error
+	if c.GuardCount < 0 || c.GuardShare < 0 || c.GuardShare > 1 {
+		errs = append(errs, fmt.Errorf("%w: guard count %d / share %g", ErrInvalidConfig, c.GuardCount, c.GuardShare))
+	}
+	if c.GuardWindow <= 0 {
+		errs = append(errs, fmt.Errorf("%w: guard window must be > 0", ErrInvalidConfig))
+	}
+	if c.Drift < 0 || c.Drift > fencing.MaxSupportedDrift || c.MaxHostDrift < 0 || c.MaxHostDrift > fencing.MaxSupportedDrift {
+		errs = append(errs, fmt.Errorf("%w: drift bounds %g/%g outside [0, %g]", ErrInvalidConfig, c.Drift, c.MaxHostDrift, fencing.MaxSupportedDrift))
+	}
+	if c.MaxGrace <= 0 {
+		errs = append(errs, fmt.Errorf("%w: max grace must be > 0", ErrInvalidConfig))
+	}
+	return errors.Join(errs...)
+}
+
+// Op is the kind of a Decision.
+type Op int
+
+// Decision kinds.
+const (
+	// OpDeclare: write Record (state expired, epoch+1) to Host's key by CAS
+	// on Revision. A CAS failure needs no answer: the host renewed.
+	OpDeclare Op = iota
+	// OpRelease: write Record (state released) by CAS on Revision.
+	OpRelease
+	// OpHoldStarted and OpHoldEnded: the mass-failure guard; log loudly.
+	OpHoldStarted
+	OpHoldEnded
+	// OpRefuse: a host advertises constants the controller cannot honour;
+	// it will never be declared. Log loudly (once per change).
+	OpRefuse
+	// OpHeldBack: Host is due but not declared because of the hold (once
+	// per host and hold).
+	OpHeldBack
+	// OpRefusedDue: Host is due but refused (once per silence).
+	OpRefusedDue
+)
+
+var opNames = [...]string{"declare", "release", "hold-started", "hold-ended", "refuse", "held-back", "refused-due"}
+
+func (o Op) String() string {
+	if int(o) < len(opNames) {
+		return opNames[o]
+	}
+	return fmt.Sprintf("op(%d)", int(o))
+}
+
+// Decision is one thing the controller must do or say.
+type Decision struct {
+	Op       Op
+	Host     string
+	Revision uint64
+	Record   fencing.LeaseRecord
+	// Silent and Threshold: the guard count and threshold at the decision.
+	Silent, Threshold int
+	// Grace granted to Host; Reason explains refusals and declarations.
+	Grace  time.Duration
+	Reason string
+}
+
+func (d Decision) String() string {
+	switch d.Op {
+	case OpHoldStarted, OpHoldEnded:
+		return fmt.Sprintf("%s silent=%d threshold=%d", d.Op, d.Silent, d.Threshold)
+	}
+	return fmt.Sprintf("%s %s %s", d.Op, d.Host, d.Reason)
+}
+
+type hostState struct {
+	rev        uint64
+	rec        fencing.LeaseRecord
+	lastSeen   time.Time // last observed renewal (or release, or watch start)
+	silentEnd  time.Time // when the last silence ended (zero: none)
+	declaredAt time.Time // when the expired record was observed
+	declaring  time.Time // declaration issued at (zero: none outstanding)
+	grace      time.Duration
+	silentAft  time.Duration
+	refused    string
+	heldBack   bool
+	saidDue    bool
+}
+
+// Tracker is the controller's lease tracker: pure, time passed in,
+// decisions returned as values, driven by one goroutine.
+type Tracker struct {
+	cfg       Config
+	hosts     map[string]*hostState
+	holding   bool
+	published int // members in the last published Guard (0: never)
+	out       []Decision
+}
+
+// NewTracker returns a tracker.
+func NewTracker(cfg Config) (*Tracker, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Tracker{cfg: cfg, hosts: map[string]*hostState{}}, nil
+}
+
+// Grace computes the grace the controller grants beyond a host's LeaseTTL,
+// or an error saying why the host's constants cannot be honoured. grace =
+// FenceDeadline + backstop + drift margin, where the backstop is the reset
+// budget (reset) or the watchdog timeout (watchdog), and the drift margin
+// makes (TTL+grace)/(1+δc) exceed (TTL+backstop)/(1-δa), δc and δa being the
+// controller's and the host's drift bounds: the controller's earliest
+// declaration (real time) is after the host's latest possible stop.
+func (c Config) Grace(r fencing.LeaseRecord) (time.Duration, error) {
+	t := r.Timing
+	switch {
+	case !r.FencingEnabled:
+		return 0, errors.New("fencing is disabled on the host")
+	case r.Action == fencing.ActionNone:
+		return 0, errors.New("host is monitor-only (fence action none)")
+	}
+	if err := t.Validate(); err != nil {
+		return 0, fmt.Errorf("host timing: %w", err)
+	}
+	if t.MaxClockDrift > c.MaxHostDrift {
+		return 0, fmt.Errorf("host drift bound %g exceeds the %g honoured", t.MaxClockDrift, c.MaxHostDrift)
+	}
+	var back time.Duration
+	switch r.Backstop {
+	case fencing.BackstopReset:
+		back = max(t.ResetBudget, fencing.DefaultResetBudget)
+	case fencing.BackstopWatchdog:
+		if t.WatchdogTimeout <= 0 {
+			return 0, errors.New("watchdog backstop without a watchdog timeout")
+		}
+		back = t.WatchdogTimeout
+	default:
+		if !c.AcceptNoBackstop {
+			return 0, errors.New("no backstop (neither host reset nor hardware watchdog): a wedged agent could keep domains running")
+		}
+	}
+	base := t.LeaseTTL + back
+	margin := time.Duration(math.Ceil(float64(base) * ((1+c.Drift)/(1-t.MaxClockDrift) - 1)))
+	g := t.FenceDeadline + back + margin
+	if g > c.MaxGrace {
+		return 0, fmt.Errorf("grace %s needed exceeds max grace %s", g, c.MaxGrace)
+	}
+	return g, nil
+}
+
+// WatchStarted tells the tracker its watch was (re)established at now:
+// silence is only measured while watching, so every host's clock restarts.
+func (t *Tracker) WatchStarted(now time.Time) {
+	for _, h := range t.hosts {
+		if h.lastSeen.Before(now) {
+			h.lastSeen = now
+		}
+		h.declaring = time.Time{}
+	}
+}
+
+// Observe reports the current value of host's key (rec nil: deleted) at
+// revision rev, as seen by the watch at now.
+func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord) []Decision {
+	t.out = t.out[:0]
+	if rec == nil {
+		delete(t.hosts, host)
+		return t.out
+	}
+	h := t.hosts[host]
+	if h == nil {
+		h = &hostState{lastSeen: now}
+		t.hosts[host] = h
+	} else if rev <= h.rev {
+		return t.out // stale delivery
+	}
+	prev := h.rec
+	h.rev, h.rec = rev, *rec
+	switch rec.State {
+	case fencing.LeaseActive:
+		if !h.lastSeen.IsZero() && now.Sub(h.lastSeen) > h.silentAft && h.silentAft > 0 {
+			h.silentEnd = now
+		}
+		h.lastSeen = now
+		h.declaredAt, h.declaring = time.Time{}, time.Time{}
+		h.saidDue, h.heldBack = false, false
+		g, err := t.cfg.Grace(*rec)
+		refused := ""
+		if err != nil {
+			refused = err.Error()
+		}
+		if refused != h.refused || prev.Host == "" && refused != "" {
+			if refused != "" {
+				t.out = append(t.out, Decision{Op: OpRefuse, Host: host, Reason: refused})
+			}
+			h.refused = refused
+		}
+		h.grace = g
+		// Count a host silent a little before its agent suspects itself.
+		sa := rec.Timing.SuspectAfter()
+		h.silentAft = time.Duration(float64(sa) * (1 - 2*t.cfg.Drift))
+	case fencing.LeaseExpired:
+		if h.declaredAt.IsZero() {
+			h.declaredAt = now
+		}
+		h.declaring = time.Time{}
+	case fencing.LeaseReleased:
+		h.lastSeen = now
+		h.declaredAt, h.declaring = time.Time{}, time.Time{}
+	}
+	return t.out
+}
+
+// Members returns the number of hosts tracked.
+func (t *Tracker) Members() int { return len(t.hosts) }
+
+// Hosts returns the tracked hosts, sorted.
+func (t *Tracker) Hosts() []string {
+	out := make([]string, 0, len(t.hosts))
+	for h := range t.hosts {
+		out = append(out, h)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Guard returns the guard to publish under fencing.GuardKey. From now on
+// the tracker's threshold never uses more members than published here, so
+// an agent relying on it never expects a hold the controller does not do.
+func (t *Tracker) Guard() fencing.Guard {
+	t.published = len(t.hosts)
+	return fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare, Window: t.cfg.GuardWindow, Members: t.published}
+}
+
+// Threshold returns the current guard threshold.
+func (t *Tracker) Threshold() int {
+	n := len(t.hosts)
+	if t.published > 0 {
+		n = min(n, t.published)
+	}
+	return fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(n)
+}
+
+// Holding reports whether the mass-failure guard holds.
+func (t *Tracker) Holding() bool { return t.holding }
+
+// counted reports whether h counts toward the guard at now.
+func (t *Tracker) counted(h *hostState, now time.Time) bool {
+	w := t.cfg.GuardWindow
+	switch h.rec.State {
+	case fencing.LeaseExpired:
+		return !h.declaredAt.IsZero() && now.Sub(h.declaredAt) <= w
+	default:
+		if h.silentAft > 0 && now.Sub(h.lastSeen) > h.silentAft {
+			return true
+		}
+		return !h.silentEnd.IsZero() && now.Sub(h.silentEnd) <= w
+	}
+}
+
+// Silent returns the guard count at now.
+func (t *Tracker) Silent(now time.Time) int {
+	n := 0
+	for _, h := range t.hosts {
+		if t.counted(h, now) {
+			n++
+		}
+	}
+	return n
+}
+
+// Tick evaluates the guard and every host's expiry at now.
+func (t *Tracker) Tick(now time.Time) []Decision {
+	t.out = t.out[:0]
+	silent, th := t.Silent(now), t.Threshold()
+	switch hold := silent > th; {
+	case hold && !t.holding:
+		t.holding = true
+		t.out = append(t.out, Decision{Op: OpHoldStarted, Silent: silent, Threshold: th,
+			Reason: fmt.Sprintf("%d hosts silent within %s > threshold %d: declaring nothing", silent, t.cfg.GuardWindow, th)})
+	case !hold && t.holding:
+		t.holding = false
+		t.out = append(t.out, Decision{Op: OpHoldEnded, Silent: silent, Threshold: th})
+		for _, h := range t.hosts {
+			h.heldBack = false
+		}
+	}
+	for _, name := range t.Hosts() {
+		h := t.hosts[name]
+		if h.rec.State != fencing.LeaseActive && h.rec.State != fencing.LeaseReleased {
+			continue
+		}
+		if h.rec.State == fencing.LeaseReleased {
+			continue // the agent takes the lease again; nothing to declare
+		}
+		ttl := h.rec.Timing.LeaseTTL
+		if now.Sub(h.lastSeen) < ttl+h.grace {
+			continue
+		}
+		switch {
+		case h.refused != "":
+			if !h.saidDue {
+				h.saidDue = true
+				t.out = append(t.out, Decision{Op: OpRefusedDue, Host: name, Reason: "silent for " + now.Sub(h.lastSeen).String() + " but never declared: " + h.refused})
+			}
+		case t.holding:
+			if !h.heldBack {
+				h.heldBack = true
+				t.out = append(t.out, Decision{Op: OpHeldBack, Host: name, Silent: silent, Threshold: th, Reason: "due but held by the mass-failure guard"})
+			}
+		case !h.declaring.IsZero() && now.Sub(h.declaring) < DeclareRetry:
+		default:
+			h.declaring = now
+			rec := h.rec
+			rec.Epoch++
+			rec.State = fencing.LeaseExpired
+			rec.Reason = fmt.Sprintf("no renewal for %s (lease_ttl %s + grace %s)", now.Sub(h.lastSeen), ttl, h.grace)
+			t.out = append(t.out, Decision{Op: OpDeclare, Host: name, Revision: h.rev, Record: rec, Grace: h.grace, Silent: silent, Threshold: th, Reason: rec.Reason})
+		}
+	}
+	return t.out
+}
+
+// Release returns the decision releasing a declared host (operator or
+// automation after evacuation): a released record of the same epoch,
+// written by CAS on the expired record's revision.
+func (t *Tracker) Release(host, reason string) (Decision, error) {
+	h := t.hosts[host]
+	if h == nil {
+		return Decision{}, fmt.Errorf("release %s: unknown host", host)
+	}
+	if h.rec.State != fencing.LeaseExpired {
+		return Decision{}, fmt.Errorf("release %s: lease is %s, not expired", host, h.rec.State)
+	}
+	rec := h.rec
+	rec.State = fencing.LeaseReleased
+	rec.Reason = reason
+	return Decision{Op: OpRelease, Host: host, Revision: h.rev, Record: rec, Reason: reason}, nil
+}
+
+// NextDeadline returns when Tick should run next at the latest (the
+// caller may simply tick every second).
+func (t *Tracker) NextDeadline(now time.Time) time.Time {
+	next := now.Add(time.Second)
+	for _, h := range t.hosts {
+		if h.rec.State == fencing.LeaseActive {
+			if d := h.lastSeen.Add(h.rec.Timing.LeaseTTL + h.grace); d.After(now) && d.Before(next) {
+				next = d
+			}
+		}
+	}
+	return next
+}

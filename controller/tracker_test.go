@@ -1,0 +1,170 @@
+package controller
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"hvguard/fencing"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func rec(host string, backstop fencing.Backstop) *fencing.LeaseRecord {
+	return &fencing.LeaseRecord{Schema: 1, Host: host, State: fencing.LeaseActive, FencingEnabled: true,
+		Action: fencing.ActionPause, Backstop: backstop, Timing: fencing.DefaultTiming()}
+}
+
+func TestGraceAtDefaults(t *testing.T) {
+	c := DefaultConfig()
+	for _, tc := range []struct {
+		b    fencing.Backstop
+		want time.Duration
+	}{
+		// 5 s fence deadline + 1 s reset + ceil(16 s * (1.01/0.99 - 1)).
+		{fencing.BackstopReset, 6*time.Second + 323232324},
+		// 5 s + 10 s watchdog + ceil(25 s * 0.0202...).
+		{fencing.BackstopWatchdog, 15*time.Second + 505050506},
+	} {
+		g, err := c.Grace(*rec("h", tc.b))
+		if err != nil || g != tc.want {
+			t.Errorf("%s: grace %v %v, want %v", tc.b, g, err, tc.want)
+		}
+	}
+}
+
+func TestGraceRefusals(t *testing.T) {
+	c := DefaultConfig()
+	for name, mut := range map[string]func(r *fencing.LeaseRecord){
+		"disabled":    func(r *fencing.LeaseRecord) { r.FencingEnabled = false },
+		"monitor":     func(r *fencing.LeaseRecord) { r.Action = fencing.ActionNone },
+		"no backstop": func(r *fencing.LeaseRecord) { r.Backstop = fencing.BackstopNone },
+		"drift":       func(r *fencing.LeaseRecord) { r.Timing.MaxClockDrift = 0.08 },
+		"ttl":         func(r *fencing.LeaseRecord) { r.Timing.LeaseTTL = 9 * time.Second },
+		"grace":       func(r *fencing.LeaseRecord) { r.Timing.WatchdogTimeout = 10 * time.Minute },
+	} {
+		r := rec("h", fencing.BackstopWatchdog)
+		mut(r)
+		if _, err := c.Grace(*r); err == nil {
+			t.Errorf("%s: honoured", name)
+		}
+	}
+}
+
+func newTracker(t *testing.T, n int) *Tracker {
+	tr, err := NewTracker(DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		tr.Observe(t0, fmt.Sprintf("h%d", i), 1, rec(fmt.Sprintf("h%d", i), fencing.BackstopReset))
+	}
+	tr.Guard()
+	return tr
+}
+
+func ops(ds []Decision) string {
+	var s []string
+	for _, d := range ds {
+		s = append(s, d.String())
+	}
+	return strings.Join(s, "; ")
+}
+
+// TestDeclareAfterTTLPlusGrace: one host of 50 goes silent; it is declared
+// exactly at lease_ttl + grace after its last observed renewal, by CAS on
+// that revision with the next epoch.
+func TestDeclareAfterTTLPlusGrace(t *testing.T) {
+	tr := newTracker(t, 50)
+	grace, _ := DefaultConfig().Grace(*rec("h", fencing.BackstopReset))
+	var rev uint64 = 1
+	var declared time.Time
+	for now := t0; now.Before(t0.Add(time.Minute)); now = now.Add(100 * time.Millisecond) {
+		rev++
+		for i := 1; i < 50; i++ {
+			tr.Observe(now, fmt.Sprintf("h%d", i), rev, rec(fmt.Sprintf("h%d", i), fencing.BackstopReset))
+		}
+		for _, d := range tr.Tick(now) {
+			if d.Op == OpDeclare {
+				if d.Host != "h0" || d.Revision != 1 || d.Record.Epoch != 1 || d.Record.State != fencing.LeaseExpired {
+					t.Fatalf("bad declaration %+v", d)
+				}
+				if declared.IsZero() {
+					declared = now
+				}
+			}
+		}
+	}
+	if want := t0.Add(fencing.DefaultLeaseTTL + grace); declared.Before(want) || declared.Sub(want) > 100*time.Millisecond {
+		t.Fatalf("declared at %s, want %s", declared.Sub(t0), want.Sub(t0))
+	}
+}
+
+// TestMassFailureHolds: 11 of 50 hosts go silent together (threshold 10):
+// nothing is declared, the hold is said once, and it ends only a guard
+// window after they come back.
+func TestMassFailureHolds(t *testing.T) {
+	tr := newTracker(t, 50)
+	var got []string
+	var rev uint64 = 1
+	for now := t0; now.Before(t0.Add(3 * time.Minute)); now = now.Add(500 * time.Millisecond) {
+		rev++
+		for i := 0; i < 50; i++ {
+			if i > 10 || now.After(t0.Add(90*time.Second)) {
+				tr.Observe(now, fmt.Sprintf("h%d", i), rev, rec(fmt.Sprintf("h%d", i), fencing.BackstopReset))
+			}
+		}
+		for _, d := range tr.Tick(now) {
+			if d.Op == OpDeclare {
+				t.Fatalf("declared during a mass failure: %v", d)
+			}
+			if d.Op == OpHoldStarted || d.Op == OpHoldEnded {
+				got = append(got, fmt.Sprintf("%s@%s", d.Op, now.Sub(t0)))
+			}
+		}
+	}
+	want := "hold-started@4s hold-ended@2m31s"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("got %v, want %s", got, want)
+	}
+}
+
+func TestRefusedHostNeverDeclared(t *testing.T) {
+	tr := newTracker(t, 50)
+	r := rec("h0", fencing.BackstopNone)
+	if ds := tr.Observe(t0, "h0", 2, r); len(ds) != 1 || ds[0].Op != OpRefuse {
+		t.Fatalf("no loud refusal: %s", ops(ds))
+	}
+	var due int
+	for now := t0; now.Before(t0.Add(time.Minute)); now = now.Add(time.Second) {
+		for i := 1; i < 50; i++ {
+			tr.Observe(now, fmt.Sprintf("h%d", i), uint64(now.Sub(t0)/time.Second)+3, rec(fmt.Sprintf("h%d", i), fencing.BackstopReset))
+		}
+		for _, d := range tr.Tick(now) {
+			switch d.Op {
+			case OpDeclare:
+				t.Fatalf("declared a refused host")
+			case OpRefusedDue:
+				due++
+			}
+		}
+	}
+	if due != 1 {
+		t.Fatalf("refused-due said %d times", due)
+	}
+}
+
+func TestRelease(t *testing.T) {
+	tr := newTracker(t, 3)
+	if _, err := tr.Release("h0", "x"); err == nil {
+		t.Fatal("released an active host")
+	}
+	ex := *rec("h0", fencing.BackstopReset)
+	ex.State, ex.Epoch = fencing.LeaseExpired, 1
+	tr.Observe(t0, "h0", 5, &ex)
+	d, err := tr.Release("h0", "evacuated")
+	if err != nil || d.Revision != 5 || d.Record.State != fencing.LeaseReleased || d.Record.Epoch != 1 {
+		t.Fatalf("%+v %v", d, err)
+	}
+}
