@@ -1,0 +1,41 @@
+# Packaging targets (included by the top-level Makefile). See docs/packaging.md
+# and packaging/README.md.
+
+# Commands packaged as .deb and .rpm; hvguard-controller joins when it exists
+# (plus packaging/nfpm/hvguard-controller.yaml).
+PKG_NAMES := hvguard-agent
+# nfpm is a build tool, not a dependency of the module: pinned here and
+# installed into a project-local GOBIN, never added to go.mod.
+NFPM_VERSION := v2.45.2
+PKG_CACHE := .cache
+NFPM := $(PKG_CACHE)/bin/nfpm-$(NFPM_VERSION)
+# Debian 12 packages the targets need: build (help2man, dpkg-buildflags,
+# objcopy/objdump) and test (lint, rpm inspection, debootstrap root).
+PKG_APT_DEPS := help2man dpkg-dev binutils lintian rpmlint rpm cpio debootstrap shellcheck systemd
+
+.PHONY: package package-deps package-test package-lint package-install-test package-clean-cache
+
+package-deps: ## install packaging tools: nfpm v2.45.2 into .cache/bin; lintian, rpmlint, rpm, debootstrap, help2man from apt
+	@missing=$$(for p in $(PKG_APT_DEPS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then echo "installing: $$missing"; \
+	  apt-get -o DPkg::Lock::Timeout=600 update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends $$missing; fi
+	@if [ ! -x $(NFPM) ]; then echo "installing nfpm $(NFPM_VERSION) into $(PKG_CACHE)/bin"; \
+	  mkdir -p $(PKG_CACHE)/bin/nfpm-tmp && \
+	  GOBIN=$(CURDIR)/$(PKG_CACHE)/bin/nfpm-tmp $(GO) install github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION) && \
+	  mv $(PKG_CACHE)/bin/nfpm-tmp/nfpm $(NFPM) && rmdir $(PKG_CACHE)/bin/nfpm-tmp; fi
+
+package: deps package-deps ## build dist/*.deb and dist/*.rpm (hvguard-agent; version from git describe)
+	GO=$(GO) NFPM=$(NFPM) bash packaging/build.sh $(PKG_NAMES)
+
+package-lint: ## lintian, rpmlint, shellcheck, systemd-analyze verify, config/man/rpm checks on dist/ (after make package)
+	bash packaging/test/lint.sh $(PKG_NAMES)
+
+package-install-test: ## .deb install/upgrade/remove/purge test in a debootstrap Debian 12 root (after make package; root)
+	GO=$(GO) NFPM=$(NFPM) bash packaging/test/install.sh $(PKG_NAMES)
+
+package-test: package ## build the packages, then package-lint and package-install-test (what CI runs)
+	@$(MAKE) --no-print-directory package-lint package-install-test
+
+package-clean-cache: ## forget the cached debootstrap root and nfpm (next package-test re-downloads them)
+	rm -rf $(PKG_CACHE)/debootstrap $(NFPM) $(PKG_CACHE)/bin/nfpm

@@ -1,0 +1,147 @@
+#!/bin/bash
+# Install test of the .deb in a clean Debian 12 root (debootstrap, chroot):
+# first install without and with systemd "running", config and state
+# directory, --version/--check-config, upgrade to a newer build keeps an
+# edited config and restarts, remove keeps config and state, purge removes
+# them. Usage: packaging/test/install.sh NAME... (make package-test)
+#
+# systemctl and deb-systemd-invoke are replaced in the root by shims that log
+# their arguments, so the test sees exactly what the maintainer scripts ask
+# of systemd; "systemd running" is simulated by creating /run/systemd/system.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+readonly DIST=${DIST:-dist}
+readonly CACHE=.cache/debootstrap
+readonly SUITE=bookworm
+# The mirror this machine's apt uses (deb822 URIs: or one-line deb form).
+MIRROR=$(sed -nE 's/^URIs: *(http[^ ]*debian)\/?$/\1/p; s/^deb +(\[[^]]*\] +)?(http[^ ]*debian)\/? +bookworm +.*/\2/p' \
+	/etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null | head -n1 || true)
+readonly MIRROR=${MIRROR:-http://deb.debian.org/debian}
+# Runtime dependencies the package declares, preinstalled in the cached root
+# so that `dpkg -i` alone suffices (no apt, no network in the test itself).
+readonly INCLUDE=libvirt0
+# Cached: the debootstrap tarball (the .debs, reusable offline) and the
+# finished root (extracting it takes seconds; bootstrapping takes a minute).
+readonly DEBS_TGZ=$CACHE/$SUITE-minbase-$INCLUDE.tgz
+readonly ROOT_TAR=$CACHE/$SUITE-minbase-$INCLUDE.root.tar
+readonly ROOT=$DIST/test/root
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+step() { echo "== $*"; }
+
+mkdir -p "$CACHE" "$DIST/test"
+if [[ ! -f "$ROOT_TAR" ]]; then
+	if [[ ! -f "$DEBS_TGZ" ]]; then
+		step "debootstrap: downloading $SUITE minbase + $INCLUDE from $MIRROR (cold cache)"
+		rm -rf "$CACHE/mk"
+		debootstrap --variant=minbase --include="$INCLUDE" --make-tarball="$DEBS_TGZ.tmp" \
+			"$SUITE" "$CACHE/mk" "$MIRROR"
+		mv "$DEBS_TGZ.tmp" "$DEBS_TGZ"
+		rm -rf "$CACHE/mk"
+	fi
+	step "debootstrap: building the root from $DEBS_TGZ"
+	rm -rf "$CACHE/root"
+	debootstrap --variant=minbase --include="$INCLUDE" --unpack-tarball="$PWD/$DEBS_TGZ" \
+		"$SUITE" "$CACHE/root" "$MIRROR"
+	tar -C "$CACHE/root" --numeric-owner -cf "$ROOT_TAR.tmp" .
+	mv "$ROOT_TAR.tmp" "$ROOT_TAR"
+	rm -rf "$CACHE/root"
+fi
+
+version=$(cat "$DIST/VERSION") # written by build.sh
+arch=$(dpkg --print-architecture)
+upversion=$version+up1 # sorts after $version for dpkg and rpm
+
+in_root() { chroot "$ROOT" env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C "$@"; }
+# pkg_field FIELD: dpkg's FIELD of package $name in the root.
+pkg_field() { in_root dpkg-query -W -f="\${$1}\n" "$name"; }
+calls() { cat "$ROOT/tmp/systemd-calls"; }
+reset_calls() { : >"$ROOT/tmp/systemd-calls"; }
+systemd_running() {
+	if [[ "$1" == yes ]]; then mkdir -p "$ROOT/run/systemd/system"; else rm -rf "$ROOT/run/systemd"; fi
+}
+
+for name in "$@"; do
+	deb=$DIST/${name}_${version}_${arch}.deb
+	[[ -f "$deb" ]] || fail "$deb missing: run make package"
+
+	step "$name: building the upgrade package ($upversion)"
+	env PKG_VERSION="$upversion" DIST="$DIST/test/upgrade" packaging/build.sh "$name" >/dev/null
+	updeb=$DIST/test/upgrade/${name}_${upversion}_${arch}.deb
+
+	step "$name: fresh root from $ROOT_TAR"
+	rm -rf "$ROOT"
+	mkdir -p "$ROOT"
+	tar -C "$ROOT" -xf "$ROOT_TAR"
+	cp "$deb" "$ROOT/tmp/v1.deb"
+	cp "$updeb" "$ROOT/tmp/v2.deb"
+	for shim in systemctl deb-systemd-invoke; do
+		printf '#!/bin/sh\necho "%s $*" >>/tmp/systemd-calls\n' "$shim" >"$ROOT/usr/local/sbin/$shim"
+		chmod +x "$ROOT/usr/local/sbin/$shim"
+	done
+	conf=/etc/hvguard/agent.yaml
+	state=/var/lib/hvguard
+	wants=/etc/systemd/system/multi-user.target.wants/$name.service
+
+	step "$name: install (no systemd running: a container or chroot)"
+	systemd_running no
+	reset_calls
+	in_root dpkg -i /tmp/v1.deb
+	[[ -z "$(calls)" ]] || fail "maintainer scripts called systemd without systemd: $(calls)"
+	[[ -f "$ROOT$conf" ]] || fail "$conf missing"
+	pkg_field Conffiles | grep -q " $conf " || fail "$conf is not a conffile"
+	[[ "$(stat -c %a "$ROOT$state")" == 700 ]] || fail "$state is not 0700"
+	[[ -L "$ROOT$wants" ]] || fail "unit not enabled ($wants missing)"
+	got=$(in_root "$name" --version)
+	echo "$got"
+	[[ "$got" == "$name $version" ]] || fail "--version: want '$name $version'"
+	in_root "$name" --config "$conf" --check-config
+	in_root "$name" --help 2>&1 | grep -q -- --check-config || fail "--help"
+	echo "installed: config, state 0700, enabled, --version, --check-config ok"
+
+	step "$name: purge, then install with systemd running: enabled, not started"
+	in_root dpkg --purge "$name"
+	systemd_running yes
+	reset_calls
+	in_root dpkg -i /tmp/v1.deb
+	calls
+	calls | grep -qx 'systemctl --system daemon-reload' || fail "no daemon-reload on install"
+	calls | grep -qE 'start|restart' && fail "first install must not start the agent"
+	[[ -L "$ROOT$wants" ]] || fail "unit not enabled"
+
+	step "$name: edit config and state, upgrade to $upversion"
+	sed -i 's/^#log:$/log:/; s/^#  level: info$/  level: debug/' "$ROOT$conf"
+	grep -q '^  level: debug$' "$ROOT$conf" || fail "could not edit $conf"
+	in_root "$name" --config "$conf" --check-config
+	echo marker >"$ROOT$state/marker"
+	cp "$ROOT$conf" "$DIST/test/edited.yaml"
+	reset_calls
+	in_root dpkg -i /tmp/v2.deb
+	calls
+	in_root "$name" --version | grep -qx "$name $upversion" || fail "upgrade did not replace the binary"
+	cmp "$ROOT$conf" "$DIST/test/edited.yaml" || fail "upgrade changed the edited $conf"
+	[[ -f "$ROOT$state/marker" ]] || fail "upgrade lost the state"
+	calls | grep -qx "deb-systemd-invoke try-restart $name.service" || fail "no restart on upgrade"
+	calls | grep -qx 'systemctl --system daemon-reload' || fail "no daemon-reload on upgrade"
+
+	step "$name: remove keeps config and state"
+	reset_calls
+	in_root dpkg --remove "$name"
+	calls
+	calls | grep -qx "deb-systemd-invoke stop $name.service" || fail "remove did not stop the agent"
+	[[ ! -e "$ROOT/usr/bin/$name" ]] || fail "binary left after remove"
+	cmp "$ROOT$conf" "$DIST/test/edited.yaml" || fail "remove changed/deleted $conf"
+	[[ -f "$ROOT$state/marker" ]] || fail "remove deleted the state"
+	pkg_field Status | grep -qx 'deinstall ok config-files' || fail "status after remove"
+
+	step "$name: purge removes config, state and the enable link"
+	in_root dpkg --purge "$name"
+	[[ ! -e "$ROOT$conf" && ! -e "$ROOT/etc/hvguard" ]] || fail "purge left /etc/hvguard"
+	[[ ! -e "$ROOT$state" ]] || fail "purge left $state"
+	[[ ! -e "$ROOT$wants" ]] || fail "purge left $wants"
+	if pkg_field Status 2>/dev/null | grep -q installed; then fail "still known to dpkg"; fi
+	echo "purged: nothing left"
+done
+rm -rf "$ROOT"
+echo "install: OK"

@@ -1,0 +1,107 @@
+#!/bin/bash
+# Static checks of the built packages (dist/): shellcheck, lintian, rpmlint,
+# systemd-analyze verify/security, the shipped config, the man page and an
+# inspection of the rpm. Usage: packaging/test/lint.sh NAME... (make package-test)
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+readonly DIST=${DIST:-dist}
+readonly WORK=$DIST/test/lint
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+step() { echo "== $*"; }
+
+step "shellcheck"
+shellcheck packaging/*.sh packaging/test/*.sh
+# Maintainer scripts run under /bin/sh (dash): POSIX sh, so `set -eu`
+# (dash in Debian 12 has no pipefail; the scripts use no pipes).
+shellcheck -s sh packaging/scripts/deb/* packaging/scripts/rpm/*
+
+version=$(cat "$DIST/VERSION") # written by build.sh
+arch=$(dpkg --print-architecture)
+rpmarch=$(uname -m)
+
+for name in "$@"; do
+	deb=$DIST/${name}_${version}_${arch}.deb
+	rpm=$DIST/${name}-${version}-1.${rpmarch}.rpm
+	[[ -f "$deb" && -f "$rpm" ]] || fail "$deb or $rpm missing: run make package"
+	root=$WORK/$name-root
+	rm -rf "$root"
+	mkdir -p "$root"
+	dpkg-deb -x "$deb" "$root"
+	bin=$root/usr/bin/$name
+
+	step "$name: lintian (errors and warnings fail; overrides in packaging/lintian/)"
+	# Lintian refuses nothing as root but says so; the message is noise here.
+	lintian --fail-on error,warning --pedantic --info "$deb" 2>&1 | grep -v 'running with root privileges' || true
+	lintian --fail-on error,warning --pedantic "$deb" >/dev/null 2>&1 || fail "lintian: see above"
+
+	step "$name: rpmlint (errors and warnings fail; filters in packaging/rpmlint.toml)"
+	# nfpm writes the rpm payload with absolute names (/usr/bin/...) and
+	# rpmlint unpacks it with a plain `cpio -id`, which would write into /
+	# of this machine. The shim forces relative extraction.
+	shim=$WORK/cpio-shim
+	mkdir -p "$shim"
+	printf '#!/bin/sh\nexec %s --no-absolute-filenames "$@"\n' "$(command -v cpio)" >"$shim/cpio"
+	chmod +x "$shim/cpio"
+	before=$(stat -c %Y "/usr/bin/$name" 2>/dev/null || echo absent)
+	out=$(PATH=$PWD/$shim:$PATH rpmlint -c packaging/rpmlint.toml "$rpm" 2>&1) || true
+	echo "$out"
+	[[ "$(stat -c %Y "/usr/bin/$name" 2>/dev/null || echo absent)" == "$before" ]] ||
+		fail "rpmlint extracted the rpm into / (check /usr/bin/$name, /etc/hvguard)"
+	grep -qE ' 0 errors, 0 warnings' <<<"$out" || fail "rpmlint reported errors or warnings"
+
+	step "$name: systemd-analyze verify (offline, --root on the unpacked .deb)"
+	# Without a running systemd, verify works on a root directory: the
+	# unpacked package plus the host's targets (for WantedBy=/After=).
+	mkdir -p "$root/usr/lib/systemd/system"
+	cp -n /usr/lib/systemd/system/*.target "$root/usr/lib/systemd/system/" 2>/dev/null || true
+	for unit in "$root"/lib/systemd/system/*.service; do
+		systemd-analyze --root="$root" verify --man=no "$unit"
+		echo "verify ok: ${unit#"$root"}"
+		# Exposure score (informational; 0 = fully sandboxed, 10 = none).
+		systemd-analyze --root="$root" security --offline=yes --no-pager "$unit" | tail -n1
+	done
+	unit=$root/lib/systemd/system/$name.service
+	for want in 'Type=notify' 'NotifyAccess=main' 'WatchdogSec=30s' 'Restart=on-failure' \
+		'ProtectSystem=strict' 'ProtectHome=yes' 'NoNewPrivileges=yes' \
+		'ReadWritePaths=/var/lib/hvguard' 'PrivateTmp=yes' 'Wants=network-online.target'; do
+		grep -qx "$want" "$unit" || fail "$unit: missing $want"
+	done
+	grep -qE '^After=.*libvirtd\.service.*network-online\.target' "$unit" || fail "$unit: After="
+	stop=$(sed -n 's/^TimeoutStopSec=\([0-9]*\)s$/\1/p' "$unit")
+	shutdown=$("$bin" --print-defaults | sed -n 's/^shutdown_timeout: \([0-9]*\)s$/\1/p')
+	((stop > shutdown)) || fail "TimeoutStopSec=${stop}s must exceed shutdown_timeout ${shutdown}s"
+
+	step "$name: binary, config, man page"
+	"$bin" --version | grep -qx "$name $version" || fail "--version is not '$name $version'"
+	conf=$root/etc/hvguard/agent.yaml
+	"$bin" --config "$conf" --check-config
+	# Every default is documented (as a commented-out line) in the conffile...
+	while read -r key; do
+		grep -qE "^# *${key}:" "$conf" || fail "agent.yaml does not document '$key'"
+	done < <("$bin" --print-defaults | sed -nE 's/^ *([a-z_]+):.*/\1/p')
+	# ...and uncommenting every setting still gives a valid configuration.
+	sed -E 's/^#( *[a-z_]+:)/\1/' "$conf" >"$WORK/uncommented.yaml"
+	"$bin" --config "$WORK/uncommented.yaml" --check-config
+	man=$root/usr/share/man/man8/$name.8.gz
+	for flag in $("$bin" --help 2>&1 | grep -oE -- '--[a-z-]+' | sort -u); do
+		zcat "$man" | grep -qF -- "${flag//-/\\-}" || fail "man page lacks $flag"
+	done
+	echo "man page documents every --help flag"
+
+	step "$name: rpm inspection"
+	rpm -qp --info "$rpm" | grep -E '^(Name|Version|Release|Architecture|License)'
+	rpm -qpl -v "$rpm"
+	rpm -qp --scripts "$rpm"
+	rpm -qpR "$rpm"
+	rpm -qpR "$rpm" | grep -q '^libvirt-libs >= ' || fail "rpm does not require libvirt-libs"
+	rpm -qp --configfiles "$rpm" | grep -qx /etc/hvguard/agent.yaml || fail "agent.yaml is not %config"
+	rpm -qp --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$rpm" | grep -qx 'cn /etc/hvguard/agent.yaml' ||
+		fail "agent.yaml is not %config(noreplace)"
+	rpm -qpl -v "$rpm" | grep -qE '^drwx------ .* /var/lib/hvguard$' || fail "/var/lib/hvguard is not 0700 in the rpm"
+	rpm -qpl "$rpm" | grep -q '/libvirt' && fail "libvirt is bundled in the rpm"
+	dpkg-deb -c "$deb" | grep -q 'libvirt\.so' && fail "libvirt is bundled in the deb"
+	dpkg-deb -f "$deb" Depends | grep -q 'libvirt0 (>= ' || fail "deb does not depend on libvirt0"
+done
+echo "lint: OK"
