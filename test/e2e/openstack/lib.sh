@@ -1,0 +1,374 @@
+#!/usr/bin/env bash
+# lib.sh — shared by up.sh, down.sh and ctl.sh (sourced, not run).
+# Work dir layout ($HVG_OS_WORKDIR, default /var/tmp/hvguard-e2e, outside the
+# repo so nothing generated can be committed):
+#   etc/   configs          log/   one log per service     run/  pid files
+#   data/  mysql, rabbitmq, glance images, keystone keys, nova state
+#   clouds.yaml             admin credentials for gophercloud (cloud hvguard-e2e)
+# shellcheck disable=SC2034  # variables used by the scripts that source this
+
+W="${HVG_OS_WORKDIR:-/var/tmp/hvguard-e2e}"
+# /usr/bin/python3 explicitly: a python3 earlier on PATH (pyenv) lacks the Debian modules
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+ETC="$W/etc" LOGD="$W/log" RUND="$W/run" DATA="$W/data" BIND="$W/bin"
+MYSQL_RUN=/run/mysqld # mariadbd (user mysql) cannot write its pid under $W
+MYSQL_SOCK="$MYSQL_RUN/hvg-e2e.sock"
+MYSQL_PID="$MYSQL_RUN/hvg-e2e.pid"
+ADMIN_PASS="${HVG_OS_ADMIN_PASS:-hvg-admin}"
+SVC_PASS="${HVG_OS_SERVICE_PASS:-hvg-service}"
+REGION=RegionOne
+KS_URL=http://127.0.0.1:5000/v3
+RABBIT_URL="rabbit://guest:guest@127.0.0.1:5672/"
+# The minimal package set: python3-* libraries only (no service packages,
+# so no dbconfig-common/debconf prompts and no init scripts).
+PKGS=(python3-keystone python3-nova python3-placement python3-glance
+	python3-pymysql mariadb-server rabbitmq-server uwsgi-core uwsgi-plugin-python3 curl)
+# every service this harness runs, in start order
+SERVICES=(mariadb rabbitmq keystone placement glance neutron-standin
+	nova-conductor nova-scheduler nova-api nova-compute-node1 nova-compute-node2)
+
+T0="${T0:-$(date +%s%N)}"
+elapsed() { local now; now="$(date +%s%N)"; printf '%d.%d' $(((now - T0) / 1000000000)) $((((now - T0) / 100000000) % 10)); }
+log() { printf '[%s +%ss] %s\n' "${SCRIPT:-os}" "$(elapsed)" "$*"; }
+# tails prints the last lines of the logs named (or of all logs).
+tails() {
+	local f
+	for f in "${@:-$LOGD/*.log}"; do
+		# shellcheck disable=SC2086
+		for g in $f; do [[ -f "$g" ]] && { echo "===== tail $g"; tail -n 25 "$g"; }; done
+	done >&2
+}
+die() { printf '[%s +%ss] ERROR: %s\n' "${SCRIPT:-os}" "$(elapsed)" "$*" >&2; tails "${FAIL_LOGS[@]}"; exit 1; }
+FAIL_LOGS=()
+
+# phase NAME: prints the duration of the previous phase, starts timing NAME.
+PHASE="" PHASE_T=0 PHASES=()
+phase() {
+	local now; now="$(date +%s%N)"
+	if [[ -n "$PHASE" ]]; then
+		PHASES+=("$(printf '%-22s %6.1f s' "$PHASE" "$(((now - PHASE_T) / 1000000))e-3")")
+	fi
+	PHASE="$1" PHASE_T="$now"
+	[[ -n "$PHASE" ]] && log "phase: $PHASE"
+	return 0
+}
+phase_report() { phase ""; log "phase durations:"; printf '    %s\n' "${PHASES[@]}"; log "total $(elapsed) s"; }
+
+# wait_for SECS DESC CMD...: polls CMD every second until it succeeds.
+wait_for() {
+	local secs="$1" desc="$2" i
+	shift 2
+	for ((i = 0; i < secs * 2; i++)); do
+		"$@" >/dev/null 2>&1 && return 0
+		sleep 0.5
+	done
+	die "timed out after ${secs}s waiting for $desc"
+}
+
+# pid_of NAME: prints the pid in run/NAME.pid if that process is alive.
+pid_of() {
+	local f="$RUND/$1.pid" pid
+	[[ "$1" == mariadb ]] && f="$MYSQL_PID"
+	[[ -r "$f" ]] || return 1
+	pid="$(tr -dc '0-9' <"$f")"
+	[[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
+	echo "$pid"
+}
+
+pkgs_missing() {
+	local p
+	for p in "${PKGS[@]}"; do
+		dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null | grep -q 'install ok installed' || echo "$p"
+	done
+}
+
+# install_packages: apt-get update once, then install what is missing.
+install_packages() {
+	local missing apt_log="$LOGD/apt.log" made_policy=0
+	mapfile -t missing < <(pkgs_missing)
+	if ((${#missing[@]})); then
+		log "installing: ${missing[*]}"
+		export DEBIAN_FRONTEND=noninteractive
+		# postinsts must not start mariadb/rabbitmq from init scripts
+		if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+			printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+			chmod 755 /usr/sbin/policy-rc.d
+			made_policy=1
+		fi
+		FAIL_LOGS=("$apt_log")
+		apt-get -o DPkg::Lock::Timeout=600 update -q >"$apt_log" 2>&1 || die "apt-get update failed"
+		apt-get -o DPkg::Lock::Timeout=600 install -y -q --no-install-recommends "${missing[@]}" >>"$apt_log" 2>&1 ||
+			die "apt-get install failed"
+		((made_policy)) && rm -f /usr/sbin/policy-rc.d
+	fi
+	# api-paste.ini files live in the service packages: extract, never install them
+	local deb
+	for deb in nova-common glance-common; do
+		[[ -d "$DATA/debs/$deb" ]] && continue
+		mkdir -p "$DATA/debs"
+		(cd "$DATA/debs" && apt-get download -q "$deb" >>"$apt_log" 2>&1) || die "apt-get download $deb failed"
+		dpkg-deb -x "$DATA/debs/${deb}"_*.deb "$DATA/debs/$deb"
+	done
+	# entry points python3-nova/-glance do not ship
+	mkdir -p "$BIND"
+	local m
+	for m in nova.cmd.api nova.cmd.conductor nova.cmd.scheduler nova.cmd.compute nova.cmd.manage \
+		glance.cmd.api glance.cmd.manage placement.cmd.manage keystone.cmd.manage; do
+		cat >"$BIND/${m%%.*}-${m##*.}" <<PY
+#!/usr/bin/python3
+import sys
+from ${m} import main
+sys.exit(main())
+PY
+		chmod 755 "$BIND/${m%%.*}-${m##*.}"
+	done
+}
+
+db_url() { echo "mysql+pymysql://hvg:hvg-db@localhost/$1?unix_socket=$MYSQL_SOCK&charset=utf8"; }
+
+# ks_auth SECTION-less block of keystone password auth for service user $1.
+ks_auth() {
+	cat <<INI
+auth_url = $KS_URL
+auth_type = password
+project_domain_name = Default
+user_domain_name = Default
+project_name = service
+username = $1
+password = $SVC_PASS
+region_name = $REGION
+INI
+}
+
+# write_configs: (re)writes every config under etc/ (cheap; always done).
+write_configs() {
+	mkdir -p "$ETC"/{keystone,placement,glance,nova,rabbitmq} "$LOGD" "$RUND" \
+		"$DATA"/{keystone,glance/images,glance/staging,glance/tasks,nova-node1,nova-node2,nova,locks}
+	cat >"$ETC/keystone/keystone.conf" <<INI
+[DEFAULT]
+log_file = $LOGD/keystone.log
+[database]
+connection = $(db_url keystone)
+[token]
+provider = fernet
+[fernet_tokens]
+key_repository = $DATA/keystone/fernet-keys
+[credential]
+key_repository = $DATA/keystone/credential-keys
+INI
+	cat >"$ETC/placement/placement.conf" <<INI
+[DEFAULT]
+log_file = $LOGD/placement.log
+[placement_database]
+connection = $(db_url placement)
+[api]
+auth_strategy = keystone
+[keystone_authtoken]
+www_authenticate_uri = http://127.0.0.1:5000
+$(ks_auth placement)
+INI
+	cat >"$ETC/glance/glance-api.conf" <<INI
+[DEFAULT]
+bind_host = 127.0.0.1
+bind_port = 9292
+workers = 1
+log_file = $LOGD/glance.log
+enabled_backends = file:file
+[glance_store]
+default_backend = file
+[file]
+filesystem_store_datadir = $DATA/glance/images
+[os_glance_staging_store]
+filesystem_store_datadir = $DATA/glance/staging
+[os_glance_tasks_store]
+filesystem_store_datadir = $DATA/glance/tasks
+[database]
+connection = $(db_url glance)
+[keystone_authtoken]
+www_authenticate_uri = http://127.0.0.1:5000
+$(ks_auth glance)
+[paste_deploy]
+flavor = keystone
+config_file = $DATA/debs/glance-common/usr/share/glance-common/glance-api-paste.ini
+INI
+	local common
+	common="$(
+		cat <<INI
+[DEFAULT]
+transport_url = $RABBIT_URL
+my_ip = 127.0.0.1
+[api]
+auth_strategy = keystone
+[placement]
+$(ks_auth placement)
+[neutron]
+$(ks_auth nova)
+[glance]
+region_name = $REGION
+[vnc]
+enabled = false
+[oslo_concurrency]
+lock_path = $DATA/locks
+[oslo_messaging_rabbit]
+heartbeat_timeout_threshold = 0
+INI
+	)"
+	# control services: api, conductor, scheduler
+	cat >"$ETC/nova/nova.conf" <<INI
+$common
+[DEFAULT]
+state_path = $DATA/nova
+enabled_apis = osapi_compute
+osapi_compute_listen = 127.0.0.1
+osapi_compute_listen_port = 8774
+osapi_compute_workers = 1
+[conductor]
+workers = 1
+[scheduler]
+workers = 1
+discover_hosts_in_cells_interval = -1
+[api_database]
+connection = $(db_url nova_api)
+[database]
+connection = $(db_url nova)
+[keystone_authtoken]
+www_authenticate_uri = http://127.0.0.1:5000
+$(ks_auth nova)
+[wsgi]
+api_paste_config = $DATA/debs/nova-common/usr/share/nova-common/api-paste.ini
+INI
+	# compute services: NO [api_database]/[database] (nova-compute refuses DB access)
+	local n
+	for n in node1 node2; do
+		cat >"$ETC/nova/nova-compute-$n.conf" <<INI
+$common
+[DEFAULT]
+host = $n
+compute_driver = fake.FakeDriver
+state_path = $DATA/nova-$n
+instances_path = $DATA/nova-$n/instances
+INI
+	done
+	cat >"$W/clouds.yaml" <<YAML
+clouds:
+  hvguard-e2e:
+    auth:
+      auth_url: $KS_URL
+      username: admin
+      password: $ADMIN_PASS
+      project_name: admin
+      user_domain_name: Default
+      project_domain_name: Default
+    region_name: $REGION
+    interface: public
+    identity_api_version: 3
+YAML
+}
+
+# spawn NAME CMD...: runs CMD in its own session (pgid = pid), log/NAME.log, run/NAME.pid.
+spawn() {
+	local name="$1"
+	shift
+	if pid_of "$name" >/dev/null; then
+		log "$name already running (pid $(pid_of "$name"))"
+		return 0
+	fi
+	setsid "$@" </dev/null >>"$LOGD/$name.log" 2>&1 &
+	echo $! >"$RUND/$name.pid"
+	log "started $name (pid $!)"
+}
+
+rabbit_env() {
+	export HOME="$DATA/rabbitmq" RABBITMQ_NODENAME=rabbit@localhost RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+		ERL_EPMD_ADDRESS=127.0.0.1 RABBITMQ_MNESIA_BASE="$DATA/rabbitmq/mnesia" \
+		RABBITMQ_LOG_BASE="$LOGD/rabbitmq" RABBITMQ_ENABLED_PLUGINS_FILE="$ETC/rabbitmq/enabled_plugins" \
+		RABBITMQ_PID_FILE="$RUND/rabbitmq-erl.pid"
+}
+# the /usr/sbin wrappers su to user rabbitmq (other cookie): call the real scripts as root
+rabbitctl() { (rabbit_env && /usr/lib/rabbitmq/bin/rabbitmqctl -n rabbit@localhost "$@"); }
+
+# spawn_uwsgi NAME PORT WSGI-FILE ENV=VAL
+spawn_uwsgi() {
+	spawn "$1" uwsgi --plugin python3 --http-socket "127.0.0.1:$2" --wsgi-file "$3" --env "$4" \
+		--master --processes 1 --threads 4 --add-header "Connection: close" --die-on-term \
+		--lazy-apps --buffer-size 65535
+}
+
+# start_service NAME: starts one service (does not wait).
+start_service() {
+	case "$1" in
+	mariadb)
+		pid_of mariadb >/dev/null && return 0
+		mkdir -p "$MYSQL_RUN" && chown mysql:mysql "$MYSQL_RUN"
+		setsid mariadbd --no-defaults --user=mysql --datadir="$DATA/mysql" --socket="$MYSQL_SOCK" \
+			--pid-file="$MYSQL_PID" --skip-networking \
+			--innodb-buffer-pool-size=128M --max-connections=500 </dev/null >>"$LOGD/mariadb.log" 2>&1 &
+		log "started mariadb (pid $!)"
+		;;
+	rabbitmq)
+		if ! pid_of epmd >/dev/null && ! (exec 3<>/dev/tcp/127.0.0.1/4369) 2>/dev/null; then
+			spawn epmd epmd -address 127.0.0.1
+		fi
+		mkdir -p "$DATA/rabbitmq" "$LOGD/rabbitmq"
+		echo '[].' >"$ETC/rabbitmq/enabled_plugins"
+		(rabbit_env && spawn rabbitmq /usr/lib/rabbitmq/bin/rabbitmq-server)
+		;;
+	keystone)
+		spawn_uwsgi keystone 5000 /usr/bin/keystone-wsgi-public "OS_KEYSTONE_CONFIG_DIR=$ETC/keystone"
+		;;
+	placement)
+		spawn_uwsgi placement 8778 /usr/bin/placement-api "OS_PLACEMENT_CONFIG_DIR=$ETC/placement"
+		;;
+	glance) spawn glance "$BIND/glance-api" --config-file "$ETC/glance/glance-api.conf" ;;
+	neutron-standin) spawn neutron-standin /usr/bin/python3 "$HERE/neutron_standin.py" 127.0.0.1 9696 ;;
+	nova-api | nova-conductor | nova-scheduler)
+		spawn "$1" "$BIND/nova-${1#nova-}" --config-file "$ETC/nova/nova.conf" --log-file "$LOGD/$1.log"
+		;;
+	nova-compute-node1 | nova-compute-node2)
+		spawn "$1" "$BIND/nova-compute" --config-file "$ETC/nova/$1.conf" --log-file "$LOGD/$1.log"
+		;;
+	*) die "unknown service $1" ;;
+	esac
+}
+
+# stop_service NAME [TIMEOUT]: SIGTERM to its process group, SIGKILL after TIMEOUT s.
+stop_service() {
+	local name="$1" t="${2:-20}" pid i
+	if [[ "$name" == rabbitmq ]]; then
+		pid_of rabbitmq >/dev/null && rabbitctl stop >/dev/null 2>&1 || true
+	fi
+	pid="$(pid_of "$name")" || { rm -f "$RUND/$name.pid"; return 0; }
+	if [[ "$name" == mariadb ]]; then kill -TERM "$pid" 2>/dev/null || true; else kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; fi
+	for ((i = 0; i < t * 5; i++)); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.2
+	done
+	if kill -0 "$pid" 2>/dev/null; then
+		log "$name (pid $pid) ignored SIGTERM for ${t}s: SIGKILL"
+		kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+	fi
+	[[ "$name" == mariadb ]] || rm -f "$RUND/$name.pid"
+	log "stopped $name"
+}
+
+http_up() { curl -s -o /dev/null -m 5 -w '%{http_code}' "$1" | grep -qE '^[2-4][0-9][0-9]$'; }
+
+# wait_service NAME [SECS]: bounded wait until the service answers.
+wait_service() {
+	local s="${2:-120}"
+	FAIL_LOGS=("$LOGD/$1.log")
+	case "$1" in
+	mariadb) wait_for "$s" mariadb mariadb-admin --socket="$MYSQL_SOCK" ping ;;
+	rabbitmq) FAIL_LOGS=("$LOGD/rabbitmq.log" "$LOGD/rabbitmq/*.log"); wait_for "$s" rabbitmq rabbitctl await_startup ;;
+	keystone) wait_for "$s" keystone http_up http://127.0.0.1:5000/v3 ;;
+	placement) wait_for "$s" placement http_up http://127.0.0.1:8778/ ;;
+	glance) wait_for "$s" glance http_up http://127.0.0.1:9292/ ;;
+	neutron-standin) wait_for "$s" neutron-standin http_up http://127.0.0.1:9696/ ;;
+	nova-api) wait_for "$s" nova-api http_up http://127.0.0.1:8774/ ;;
+	nova-conductor) wait_for "$s" "conductor queue" rabbit_has_queue conductor ;;
+	nova-scheduler) wait_for "$s" "scheduler queue" rabbit_has_queue scheduler ;;
+	nova-compute-node1 | nova-compute-node2) wait_for "$s" "$1 up in nova" osctl compute-up "${1#nova-compute-}" ;;
+	esac
+}
+rabbit_has_queue() { rabbitctl list_queues -q name 2>/dev/null | grep -qx "$1"; }
+osctl() { /usr/bin/python3 "$HERE/osctl.py" --clouds "$W/clouds.yaml" "$@"; }

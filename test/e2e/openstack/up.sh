@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# up.sh — bring up a real OpenStack Zed control plane (Debian 12 packages) for
+# hvguard's e2e tests, on a fresh Debian 12 machine, as root. Idempotent: a
+# second run starts only what is not running and skips finished setup steps.
+#
+# Real: MariaDB, RabbitMQ, keystone, placement, glance (file store), nova-api,
+# nova-conductor, nova-scheduler, two nova-compute (compute_driver=fake.FakeDriver,
+# hosts node1 and node2). NOT real: a Neutron stand-in on :9696
+# (neutron_standin.py) answering lists with empty collections.
+#
+# Work dir: $HVG_OS_WORKDIR (default /var/tmp/hvguard-e2e): etc/ log/ run/
+# data/ and clouds.yaml (cloud "hvguard-e2e", admin). All logs go to log/;
+# on failure the tails of the relevant logs are printed.
+#
+# Environment: HVG_OS_WORKDIR, HVG_OS_WAIT (per-step wait bound, default 180 s).
+set -euo pipefail
+SCRIPT=up.sh
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+WAIT="${HVG_OS_WAIT:-180}"
+
+[[ "$(id -u)" == 0 ]] || die "must run as root"
+mkdir -p "$LOGD" "$RUND" "$DATA"
+
+phase install
+install_packages
+
+phase configs
+write_configs
+
+phase "mariadb+rabbitmq"
+if [[ ! -d "$DATA/mysql/mysql" ]]; then
+	mkdir -p "$DATA/mysql" && chown mysql:mysql "$DATA/mysql"
+	mariadb-install-db --no-defaults --user=mysql --datadir="$DATA/mysql" --skip-test-db \
+		--auth-root-authentication-method=socket >"$LOGD/mariadb-install.log" 2>&1 ||
+		{ FAIL_LOGS=("$LOGD/mariadb-install.log"); die "mariadb-install-db failed"; }
+fi
+start_service mariadb
+start_service rabbitmq
+wait_service mariadb "$WAIT"
+wait_service rabbitmq "$WAIT"
+
+phase "databases"
+sql() { mariadb --socket="$MYSQL_SOCK" -uroot -e "$1"; }
+for db in keystone placement glance nova_api nova nova_cell0; do
+	sql "CREATE DATABASE IF NOT EXISTS $db"
+done
+sql "CREATE USER IF NOT EXISTS 'hvg'@'localhost' IDENTIFIED BY 'hvg-db'; GRANT ALL ON *.* TO 'hvg'@'localhost'"
+# each sync once (marker file); independent ones in parallel
+sync_once() { # NAME CMD...
+	local name="$1"
+	shift
+	[[ -e "$DATA/.synced-$name" ]] && return 0
+	"$@" >>"$LOGD/dbsync-$name.log" 2>&1 && touch "$DATA/.synced-$name"
+}
+nova_sync() {
+	local nm=("$BIND/nova-manage" --config-file "$ETC/nova/nova.conf")
+	"${nm[@]}" api_db sync && "${nm[@]}" cell_v2 map_cell0 &&
+		{ "${nm[@]}" cell_v2 list_cells | grep -q ' cell1 ' || "${nm[@]}" cell_v2 create_cell --name cell1; } &&
+		"${nm[@]}" db sync
+}
+pids=()
+sync_once keystone "$BIND/keystone-manage" --config-file "$ETC/keystone/keystone.conf" db_sync & pids+=($!)
+sync_once placement "$BIND/placement-manage" --config-file "$ETC/placement/placement.conf" db sync & pids+=($!)
+sync_once glance "$BIND/glance-manage" --config-file "$ETC/glance/glance-api.conf" db_sync & pids+=($!)
+sync_once nova nova_sync & pids+=($!)
+for p in "${pids[@]}"; do
+	wait "$p" || { FAIL_LOGS=("$LOGD/dbsync-*.log"); die "a database sync failed"; }
+done
+
+phase keystone
+km=("$BIND/keystone-manage" --config-file "$ETC/keystone/keystone.conf")
+[[ -d "$DATA/keystone/fernet-keys" ]] || "${km[@]}" fernet_setup --keystone-user root --keystone-group root >>"$LOGD/keystone-bootstrap.log" 2>&1
+[[ -d "$DATA/keystone/credential-keys" ]] || "${km[@]}" credential_setup --keystone-user root --keystone-group root >>"$LOGD/keystone-bootstrap.log" 2>&1
+if [[ ! -e "$DATA/.bootstrapped-keystone" ]]; then
+	"${km[@]}" bootstrap --bootstrap-password "$ADMIN_PASS" --bootstrap-region-id "$REGION" \
+		--bootstrap-admin-url "$KS_URL" --bootstrap-internal-url "$KS_URL" --bootstrap-public-url "$KS_URL" \
+		>>"$LOGD/keystone-bootstrap.log" 2>&1 || { FAIL_LOGS=("$LOGD/keystone-bootstrap.log"); die "keystone bootstrap failed"; }
+	touch "$DATA/.bootstrapped-keystone"
+fi
+start_service keystone
+wait_service keystone "$WAIT"
+if [[ ! -e "$DATA/.identity-done" ]]; then
+	osctl identity "$SVC_PASS" >>"$LOGD/osctl.log" 2>&1 || { FAIL_LOGS=("$LOGD/osctl.log" "$LOGD/keystone.log"); die "identity setup failed"; }
+	touch "$DATA/.identity-done"
+fi
+
+phase "control services"
+for s in placement glance neutron-standin nova-conductor; do start_service "$s"; done
+# conductor first: computes started before its queue exists stall 60 s
+wait_service nova-conductor "$WAIT"
+start_service nova-scheduler
+start_service nova-api
+for s in placement glance neutron-standin nova-scheduler nova-api; do wait_service "$s" "$WAIT"; done
+
+phase computes
+start_service nova-compute-node1
+start_service nova-compute-node2
+wait_service nova-compute-node1 "$WAIT"
+wait_service nova-compute-node2 "$WAIT"
+FAIL_LOGS=("$LOGD/nova-compute-node*.log" "$LOGD/placement.log")
+wait_for "$WAIT" "node1 in placement" osctl rp-exists node1
+wait_for "$WAIT" "node2 in placement" osctl rp-exists node2
+"$BIND/nova-manage" --config-file "$ETC/nova/nova.conf" cell_v2 discover_hosts >>"$LOGD/discover-hosts.log" 2>&1 ||
+	{ FAIL_LOGS=("$LOGD/discover-hosts.log"); die "discover_hosts failed"; }
+wait_for "$WAIT" "2 hypervisors in nova" osctl hypervisors 2
+
+phase seed
+[[ -e "$DATA/fake-image.raw" ]] || head -c 1048576 /dev/zero >"$DATA/fake-image.raw"
+FAIL_LOGS=("$LOGD/osctl.log" "$LOGD/glance.log" "$LOGD/nova-api.log")
+osctl seed "$DATA/fake-image.raw" >>"$LOGD/osctl.log" 2>&1 || die "seeding flavor/image failed"
+
+phase_report
+log "ready: clouds.yaml at $W/clouds.yaml (cloud hvguard-e2e); logs in $LOGD"
