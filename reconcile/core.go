@@ -1,0 +1,291 @@
+package reconcile
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// MaxClockSkew is how far in the future (relative to Input.Now) a Nova
+// timestamp may lie before the core distrusts the clocks. Nova writes
+// created_at/updated_at with the controller's clock; NTP keeps hosts within
+// well under a second, so five minutes only catches real clock faults.
+const MaxClockSkew = 5 * time.Minute
+
+// EvacuatedStatuses are the migration statuses Nova itself treats as "this
+// instance was evacuated from the source host": accepted, pre-migrating and
+// done are what nova-compute's _destroy_evacuated_instances looks for at
+// start; completed is what it turns them into once it has destroyed the
+// local copy (a copy that exists again, or was never destroyed, is stale
+// all the same).
+var EvacuatedStatuses = []string{"accepted", "pre-migrating", "done", "completed"}
+
+// MigrationTypeEvacuation is Nova's migration_type of an evacuation.
+const MigrationTypeEvacuation = "evacuation"
+
+func evacuatedStatus(s string) bool {
+	for _, e := range EvacuatedStatuses {
+		if strings.EqualFold(s, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// hostSet holds this node's Nova host names. Comparisons are
+// case-insensitive (strings.EqualFold): see doc.go for why this can only
+// make a destroy less likely.
+type hostSet []string
+
+func newHostSet(names []string) hostSet {
+	var hs hostSet
+	for _, n := range names {
+		if ValidHostName(n) && !hs.has(n) {
+			hs = append(hs, n)
+		}
+	}
+	return hs
+}
+
+func (hs hostSet) has(name string) bool {
+	for _, h := range hs {
+		if strings.EqualFold(h, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// ValidHostName reports whether name can be a Nova host name for this
+// node: non-empty, at most 255 bytes, printable ASCII without spaces.
+func ValidHostName(name string) bool {
+	if name == "" || len(name) > 255 {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// ValidUUID reports whether s is a UUID in canonical lower-case 8-4-4-4-12
+// form, the form libvirtx and Nova use.
+func ValidUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// globalCheck returns the reason (and detail) why nothing at all may be
+// destroyed, or ReasonNone. The order is the order of the checks'
+// severity: configuration, clock, Nova, then the shape of Nova's data.
+func globalCheck(in Input, hosts hostSet) (Reason, string) {
+	if len(hosts) == 0 {
+		return ReasonNoHostName, fmt.Sprintf("no valid host name in %q", in.Hosts)
+	}
+	if in.Now.IsZero() {
+		return ReasonClockOddity, "now is not set"
+	}
+	if !in.LastRun.IsZero() && in.Now.Before(in.LastRun) {
+		return ReasonClockOddity, fmt.Sprintf("clock went backwards: now %s is before the previous reconciliation at %s",
+			in.Now.UTC().Format(time.RFC3339Nano), in.LastRun.UTC().Format(time.RFC3339Nano))
+	}
+	if in.NovaFailure != ReasonNone {
+		r := in.NovaFailure
+		if !r.Global() {
+			r = ReasonNovaUnavailable
+		}
+		return r, in.NovaDetail
+	}
+	if !in.EvacuationsComplete {
+		return ReasonPartialData, "the evacuation listing is not complete"
+	}
+	seenID := make(map[int64]bool, len(in.Evacuations))
+	seenUUID := make(map[string]bool, len(in.Evacuations))
+	horizon := in.Now.Add(MaxClockSkew)
+	for _, m := range in.Evacuations {
+		switch {
+		case !hosts.has(m.SourceCompute):
+			return ReasonUnexpectedMigration, fmt.Sprintf("migration %d has source_compute %q, not this host: the source filter was not applied", m.ID, m.SourceCompute)
+		case !strings.EqualFold(m.Type, MigrationTypeEvacuation):
+			return ReasonUnexpectedMigration, fmt.Sprintf("migration %d has type %q, not %s: the type filter was not applied", m.ID, m.Type, MigrationTypeEvacuation)
+		case !ValidUUID(strings.ToLower(m.InstanceUUID)):
+			return ReasonMalformedData, fmt.Sprintf("migration %d has instance_uuid %q", m.ID, m.InstanceUUID)
+		case m.Status == "":
+			return ReasonMalformedData, fmt.Sprintf("migration %d has no status", m.ID)
+		case m.CreatedAt.IsZero():
+			return ReasonMalformedData, fmt.Sprintf("migration %d has no created_at", m.ID)
+		case seenID[m.ID] || (m.UUID != "" && seenUUID[strings.ToLower(m.UUID)]):
+			return ReasonUnexpectedMigration, fmt.Sprintf("migration %d (%s) listed twice: paging is inconsistent", m.ID, m.UUID)
+		case m.CreatedAt.After(horizon) || m.UpdatedAt.After(horizon):
+			return ReasonClockOddity, fmt.Sprintf("migration %d was created/updated at %s/%s, more than %s after now (%s)",
+				m.ID, m.CreatedAt.UTC().Format(time.RFC3339), m.UpdatedAt.UTC().Format(time.RFC3339), MaxClockSkew, in.Now.UTC().Format(time.RFC3339))
+		}
+		seenID[m.ID] = true
+		if m.UUID != "" {
+			seenUUID[strings.ToLower(m.UUID)] = true
+		}
+	}
+	return ReasonNone, ""
+}
+
+// byInstance groups the evacuations by lower-case instance UUID, newest
+// first (created_at, then id).
+func byInstance(ms []Migration) map[string][]Migration {
+	out := make(map[string][]Migration)
+	for _, m := range ms {
+		k := strings.ToLower(m.InstanceUUID)
+		out[k] = append(out[k], m)
+	}
+	for _, l := range out {
+		slices.SortFunc(l, func(a, b Migration) int {
+			if c := b.CreatedAt.Compare(a.CreatedAt); c != 0 {
+				return c
+			}
+			return cmp.Compare(b.ID, a.ID)
+		})
+	}
+	return out
+}
+
+// Candidates returns the UUIDs (sorted) of the servers whose current host
+// the caller must look up before calling Decide: the local Nova instances
+// that have at least one evacuation record from this host. It returns nil
+// when a global problem already forbids any destroy (Decide will say why),
+// so a failing Nova is not asked more questions.
+func Candidates(in Input) []string {
+	hosts := newHostSet(in.Hosts)
+	if r, _ := globalCheck(in, hosts); r != ReasonNone {
+		return nil
+	}
+	evac := byInstance(in.Evacuations)
+	var out []string
+	for _, d := range in.Domains {
+		if d.Nova != NovaInstance || !ValidUUID(d.UUID) {
+			continue
+		}
+		if len(evac[d.UUID]) > 0 {
+			out = append(out, d.UUID)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// Decide returns one decision per domain. It is pure: the same Input gives
+// the same Result. See doc.go for the rules and invariants.
+func Decide(in Input) Result {
+	hosts := newHostSet(in.Hosts)
+	global, detail := globalCheck(in, hosts)
+	res := Result{Global: global, GlobalDetail: detail, Decisions: make([]DomainDecision, 0, len(in.Domains))}
+
+	count := make(map[string]int, len(in.Domains))
+	for _, d := range in.Domains {
+		count[d.UUID]++
+	}
+	var evac map[string][]Migration
+	if global == ReasonNone {
+		evac = byInstance(in.Evacuations)
+	}
+	for _, d := range in.Domains {
+		dd := DomainDecision{UUID: d.UUID, Name: d.Name, Active: d.Active}
+		switch {
+		case !ValidUUID(d.UUID):
+			dd.Decision, dd.Reason, dd.Detail = DecisionSkip, ReasonInvalidDomain, fmt.Sprintf("domain UUID %q is not a canonical lower-case UUID", d.UUID)
+		case count[d.UUID] > 1:
+			dd.Decision, dd.Reason, dd.Detail = DecisionSkip, ReasonInvalidDomain, "two listed domains have this UUID"
+		case d.Nova == NotNova:
+			dd.Decision, dd.Reason = DecisionKeep, ReasonNotANovaInstance
+		case d.Nova != NovaInstance:
+			dd.Decision, dd.Reason = DecisionSkip, ReasonMetadataUnreadable
+		case global != ReasonNone:
+			dd.Decision, dd.Reason, dd.Detail = DecisionSkip, global, detail
+		default:
+			decideInstance(&dd, evac[d.UUID], in.Servers, hosts)
+		}
+		res.Decisions = append(res.Decisions, dd)
+	}
+	slices.SortStableFunc(res.Decisions, func(a, b DomainDecision) int { return strings.Compare(a.UUID, b.UUID) })
+	return res
+}
+
+// decideInstance decides for a Nova instance with no global problem; ms
+// are its evacuations from this host, newest first.
+func decideInstance(dd *DomainDecision, ms []Migration, servers map[string]ServerLookup, hosts hostSet) {
+	if len(ms) == 0 {
+		dd.Decision, dd.Reason = DecisionKeep, ReasonNoEvacuation
+		return
+	}
+	newest := ms[0]
+	ev := &Evidence{
+		MigrationID:     newest.ID,
+		MigrationUUID:   newest.UUID,
+		MigrationStatus: newest.Status,
+		SourceCompute:   newest.SourceCompute,
+		DestCompute:     newest.DestCompute,
+		DestHost:        newest.DestHost,
+		MigratedAt:      newest.CreatedAt,
+		Evacuations:     len(ms),
+	}
+	dd.Evidence = ev
+
+	s, ok := servers[dd.UUID]
+	if !ok {
+		dd.Decision, dd.Reason = DecisionSkip, ReasonServerLookupMissing
+		return
+	}
+	ev.ServerFound, ev.ServerHost, ev.ServerStatus, ev.ServerTaskState = s.Found, s.Host, s.Status, s.TaskState
+	switch {
+	case !s.Found:
+		dd.Decision, dd.Reason = DecisionSkip, ReasonServerNotFound
+		return
+	case s.Host == "":
+		dd.Decision, dd.Reason = DecisionSkip, ReasonServerHostUnknown
+		return
+	case hosts.has(s.Host):
+		// Evacuated and migrated back (the old record stays), or an
+		// evacuation that failed before the server left.
+		dd.Decision, dd.Reason = DecisionKeep, ReasonServerOnThisHost
+		return
+	case s.TaskState != "":
+		dd.Decision, dd.Reason = DecisionSkip, ReasonServerInTransition
+		dd.Detail = "task state " + s.TaskState
+		return
+	}
+	// The server is on another host.
+	for _, m := range ms {
+		if m.DestCompute != "" && hosts.has(m.DestCompute) {
+			dd.Decision, dd.Reason = DecisionSkip, ReasonMigrationDestIsThisHost
+			dd.Detail = fmt.Sprintf("migration %d names this host as destination", m.ID)
+			return
+		}
+	}
+	if !evacuatedStatus(newest.Status) {
+		dd.Decision, dd.Reason = DecisionSkip, ReasonMigrationStatusNotEvacuated
+		dd.Detail = fmt.Sprintf("newest evacuation %d is %q", newest.ID, newest.Status)
+		return
+	}
+	if newest.DestCompute == "" {
+		dd.Decision, dd.Reason = DecisionSkip, ReasonMigrationNoDestination
+		return
+	}
+	dd.Decision, dd.Reason = DecisionDestroy, ReasonEvacuatedElsewhere
+}
