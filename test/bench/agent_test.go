@@ -113,19 +113,33 @@ const (
 // flap runs the workload: e2eWorkers goroutines, each owning a slice of
 // doms, suspend all its domains, then resume them, e2eRounds times (even,
 // so the domains end running). It returns when every call has returned.
-func flap(b *testing.B, wl *libvirtx.Conn, doms []dom) {
+func flap(b *testing.B, wl *libvirtx.Conn, doms []dom) { flapAt(b, wl, doms, 0) }
+
+// flapAt is flap paced at rate calls (= events) per second in total, or as
+// fast as libvirt answers if rate is 0.
+func flapAt(b *testing.B, wl *libvirtx.Conn, doms []dom, rate float64) {
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	per := (len(doms) + e2eWorkers - 1) / e2eWorkers
+	start := time.Now()
 	for w := 0; w < e2eWorkers; w++ {
 		mine := doms[min(w*per, len(doms)):min((w+1)*per, len(doms))]
 		wg.Go(func() {
+			k := 0
 			for r := 0; r < e2eRounds; r++ {
 				op := wl.Suspend
 				if r%2 == 1 {
 					op = wl.Resume
 				}
 				for _, d := range mine {
+					if rate > 0 {
+						// This worker's k-th call is due at k·workers/rate.
+						due := start.Add(time.Duration(float64(k) * e2eWorkers / rate * float64(time.Second)))
+						if ahead := time.Until(due); ahead > time.Millisecond {
+							time.Sleep(ahead)
+						}
+						k++
+					}
 					if err := op(ctx, d.uuid); err != nil {
 						b.Error(err)
 						return
@@ -144,9 +158,14 @@ func flap(b *testing.B, wl *libvirtx.Conn, doms []dom) {
 // consumer's receipt, p50/p99/max. Sub-benchmarks, same workload, same
 // process, same run:
 //
-//   - pipeline=agent-jetstream: the real agent (agent.Run: libvirtx,
-//     debouncer, outbox with fsync, JetStream publisher), an embedded
-//     JetStream server and a JetStream ordered consumer.
+//   - pipeline=agent-jetstream/offered=max: the real agent (agent.Run:
+//     libvirtx, debouncer, outbox with fsync, JetStream publisher), an
+//     embedded JetStream server and a JetStream ordered consumer, the
+//     workload as fast as the test driver goes: the saturated throughput.
+//   - pipeline=agent-jetstream/offered=10000 and =20000: the same with the
+//     workload paced at 10 000 or 20 000 events/s (the target): does the
+//     agent keep up (lost_events 0, events/s = offered) and with what
+//     latency when it is not saturated.
 //   - pipeline=testdriver-only (baseline): no agent; one more libvirt
 //     connection whose events are drained — the test driver's own event
 //     rate and hand-off latency, the ceiling for the agent on this machine.
@@ -157,7 +176,7 @@ func flap(b *testing.B, wl *libvirtx.Conn, doms []dom) {
 // lost_events counts events that never reached the consumer (replaced by a
 // resync after a hand-off overflow); it should be 0.
 func BenchmarkEndToEnd(b *testing.B) {
-	b.Run("pipeline=agent-jetstream", func(b *testing.B) {
+	agentRun := func(b *testing.B, rate float64) {
 		ns, nc := startNATS(b)
 		wl := workload(b, testDriverURI)
 		doms := defineDomains(b, wl, "e2e", benchDomains)
@@ -175,8 +194,8 @@ func BenchmarkEndToEnd(b *testing.B) {
 			c.settle(500*time.Millisecond, 60*time.Second)
 			from := c.len()
 			start := time.Now()
-			flap(b, wl, doms)
-			rs := c.waitFor(from, want, isFlap, 10*time.Second)
+			flapAt(b, wl, doms, rate)
+			rs := c.waitFor(from, want, isFlap, 3*time.Second)
 			n := 0
 			var last time.Time
 			for _, r := range rs {
@@ -194,8 +213,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 		b.ReportMetric(float64(got)/elapsed.Seconds(), "events/s")
 		reportDist(b, "latency", lat)
 		b.ReportMetric(float64(lost), "lost_events")
-	})
-
+	}
+	b.Run("pipeline=agent-jetstream/offered=max", func(b *testing.B) { agentRun(b, 0) })
+	b.Run("pipeline=agent-jetstream/offered=10000", func(b *testing.B) { agentRun(b, 10000) })
+	b.Run("pipeline=agent-jetstream/offered=20000", func(b *testing.B) { agentRun(b, 20000) })
 	b.Run("pipeline=testdriver-only", func(b *testing.B) {
 		wl := workload(b, testDriverURI)
 		doms := defineDomains(b, wl, "raw", benchDomains)

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# bench.sh — run every benchmark recorded in docs/BENCHMARKS.md (`make bench`).
+#
+# Each target is measured together with its baseline in the same run:
+#   1. debouncer throughput/allocs   lifecycle BenchmarkObserve + test/bench BenchmarkDebounce
+#                                    (hvguard vs Nova delay-only vs a bare map lookup)
+#   2. reboot storm false stops      lifecycle BenchmarkRebootStorm* (hvguard vs Nova rule)
+#   3. real-stop latency overhead    test/bench BenchmarkStopLatency (baseline: suspend latency)
+#   4. end to end events/s, p99      test/bench BenchmarkEndToEnd (baseline: test driver alone),
+#                                    agent/delivery BenchmarkPublish (publisher alone),
+#                                    libvirtx BenchmarkEventHandoff* (hand-off alone)
+#      agent RSS                     test/bench BenchmarkAgentRSS (separate agent process)
+#
+# Raw `go test -bench` output goes to $HVG_BENCH_OUT (default
+# .cache/bench/<UTC time>/), one file per target, with machine.txt (uname,
+# nproc, CPU, Go, load average before and after). Then benchstat prints every
+# table and a summary compares the medians with the targets.
+#
+# Environment:
+#   HVG_BENCH_COUNT      -count of the micro benchmarks (default 6)
+#   HVG_BENCH_COUNT_E2E  -count of the end-to-end benchmarks (default 3)
+#   HVG_BENCH_OUT        output directory
+#
+# The end-to-end benchmarks run a private libvirtd as user nobody (RSS over
+# a real daemon socket); without root or libvirtd that one sub-benchmark is
+# skipped. Everything else needs only Go, cgo and libvirt-dev (make deps).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+readonly ROOT="$PWD"
+readonly COUNT="${HVG_BENCH_COUNT:-6}"
+readonly COUNT_E2E="${HVG_BENCH_COUNT_E2E:-3}"
+OUT="${HVG_BENCH_OUT:-$ROOT/.cache/bench/$(date -u +%Y%m%dT%H%M%SZ)}"
+readonly OUT
+readonly GOBIN_DIR="$ROOT/.cache/bin"
+readonly T0="$(date +%s)"
+export CGO_ENABLED=1
+
+log() { printf '[bench.sh +%ds] %s\n' "$(($(date +%s) - T0))" "$*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+mkdir -p "$OUT" "$GOBIN_DIR"
+
+# ---- machine ---------------------------------------------------------------
+{
+	echo "date:     $(date -u '+%Y-%m-%d %H:%M:%S UTC')"
+	echo "uname:    $(uname -a)"
+	echo "nproc:    $(nproc)"
+	echo "cpu:      $(awk -F': ' '/^model name/ {print $2; exit}' /proc/cpuinfo)"
+	echo "memory:   $(awk '/^MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+	echo "go:       $(go version)"
+	echo "commit:   $(git describe --always --dirty 2>/dev/null || echo unknown)"
+	echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min, at start)"
+} >"$OUT/machine.txt"
+cat "$OUT/machine.txt" >&2
+
+# ---- tools -------------------------------------------------------------------
+BENCHSTAT="$GOBIN_DIR/benchstat"
+if [[ ! -x "$BENCHSTAT" ]]; then
+	log "installing benchstat into $GOBIN_DIR (not a module dependency)"
+	GOBIN="$GOBIN_DIR" go install golang.org/x/perf/cmd/benchstat@latest || die "go install benchstat failed"
+fi
+
+log "building hvguard-agent and benchagent into $OUT/bin"
+go build -o "$OUT/bin/hvguard-agent" ./cmd/hvguard-agent || die "build hvguard-agent"
+go build -tags bench -o "$OUT/bin/benchagent" ./test/bench/cmd/benchagent || die "build benchagent"
+export HVG_BENCH_BIN_DIR="$OUT/bin"
+go vet -tags bench ./test/bench/... || die "go vet -tags bench ./test/bench/..."
+
+# bench FILE ARGS...: go test -run '^$' ARGS, output appended to $OUT/FILE.
+bench() {
+	local file="$1"
+	shift
+	log "go test -run '^\$' $*  >> $file"
+	if ! go test -run '^$' "$@" >>"$OUT/$file" 2>&1; then
+		tail -n 40 "$OUT/$file" >&2
+		log "FAILED: go test $* (full output: $OUT/$file); continuing"
+		FAILED=1
+	fi
+}
+FAILED=0
+
+# ---- 1. debouncer ------------------------------------------------------------
+bench debounce.txt -bench '^BenchmarkObserve$' -benchmem -count "$COUNT" ./lifecycle/
+bench debounce.txt -tags bench -bench '^BenchmarkDebounce$' -benchmem -count "$COUNT" ./test/bench/
+
+# ---- 2. reboot storm (deterministic simulation: fixed seeds) -----------------
+bench storm.txt -bench '^BenchmarkRebootStorm' -benchtime 1x -count 3 ./lifecycle/
+
+# ---- 3. real-stop latency ----------------------------------------------------
+bench stoplatency.txt -tags bench -bench '^BenchmarkStopLatency$' -benchtime 1x -count "$COUNT_E2E" -timeout 20m ./test/bench/
+
+# ---- 4. end to end, baselines, RSS ---------------------------------------------
+bench e2e.txt -tags bench -bench '^BenchmarkEndToEnd$' -benchtime 1x -count "$COUNT_E2E" -timeout 20m ./test/bench/
+bench e2e.txt -bench '^BenchmarkPublish$' -count "$COUNT_E2E" ./agent/delivery/
+bench e2e.txt -bench '^BenchmarkEventHandoff' -benchtime 2s -count "$COUNT_E2E" ./libvirtx/
+bench rss.txt -tags bench -bench '^BenchmarkAgentRSS$' -benchtime 1x -count "$COUNT_E2E" -timeout 20m ./test/bench/
+
+echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min, at end)" >>"$OUT/machine.txt"
+
+# ---- report --------------------------------------------------------------------
+for f in debounce storm stoplatency e2e rss; do
+	echo
+	echo "======== $f ($OUT/$f.txt) ========"
+	"$BENCHSTAT" "$OUT/$f.txt" || true
+done
+
+# med FILE BENCH UNIT: the median of UNIT over the result lines of benchmark
+# BENCH (exact name without the -GOMAXPROCS suffix) in FILE.
+med() {
+	awk -v want="$2" -v unit="$3" '
+		/^Benchmark/ {
+			name = $1; sub(/-[0-9]+$/, "", name)
+			if (name != want) next
+			for (i = 3; i < NF; i += 2) if ($(i+1) == unit) print $i
+		}' "$OUT/$1" | sort -g | awk '
+		{ v[NR] = $1 }
+		END {
+			if (NR == 0) { print "n/a"; exit }
+			m = (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2
+			if (m >= 1000 || m <= -1000) printf "%.0f\n", m; else print m
+		}'
+}
+
+# check LABEL VALUE OP LIMIT: one summary line with ok/MISSED.
+check() {
+	local verdict
+	if [[ "$2" == n/a ]]; then
+		verdict="n/a (skipped or failed)"
+	elif awk -v v="$2" -v l="$4" -v op="$3" 'BEGIN { exit !((op == ">=") ? v >= l : v <= l) }'; then
+		verdict="ok"
+	else
+		verdict="MISSED"
+	fi
+	printf '  %-58s %14s  (target %s %s)  %s\n' "$1" "$2" "$3" "$4" "$verdict"
+}
+
+B=BenchmarkDebounce
+E=BenchmarkEndToEnd
+R=BenchmarkAgentRSS
+P=binary=hvguard-agent/libvirt=private-libvirtd
+{
+	echo
+	echo "======== summary (medians; raw output in $OUT) ========"
+	sed 's/^/  /' "$OUT/machine.txt"
+	echo "1. debouncer (events/s on one core; allocs per event)"
+	check "hvguard debouncer events/s" "$(med debounce.txt $B/impl=hvguard events/s)" ">=" 1000000
+	check "hvguard debouncer allocs/event" "$(med debounce.txt $B/impl=hvguard allocs/op)" "<=" 0
+	printf '  %-58s %14s\n' "baseline: Nova delay-only events/s" "$(med debounce.txt $B/impl=nova-delay-only events/s)"
+	printf '  %-58s %14s\n' "baseline: bare map lookup events/s" "$(med debounce.txt $B/impl=map-lookup events/s)"
+	printf '  %-58s %14s\n' "lifecycle BenchmarkObserve events/s" "$(med debounce.txt BenchmarkObserve events/s)"
+	echo "2. reboot storm (1000 domains, 1 simulated hour)"
+	check "hvguard false stops" "$(med storm.txt BenchmarkRebootStorm hvguard_false_stops)" "<=" 0
+	printf '  %-58s %14s\n' "baseline: Nova delay-only false stops" "$(med storm.txt BenchmarkRebootStorm nova_false_stops)"
+	check "hvguard false stops (5% long-off reboots)" "$(med storm.txt BenchmarkRebootStormLongOff hvguard_false_stops)" "<=" 0
+	printf '  %-58s %14s\n' "baseline: Nova false stops (5% long-off reboots)" "$(med storm.txt BenchmarkRebootStormLongOff nova_false_stops)"
+	echo "3. real-stop report latency (window 1 s, 200 domains per run)"
+	check "stop overhead p99 ms (receive - destroy - window)" "$(med stoplatency.txt BenchmarkStopLatency stop_overhead_p99_ms)" "<=" 100
+	printf '  %-58s %14s\n' "stop overhead p50 ms" "$(med stoplatency.txt BenchmarkStopLatency stop_overhead_p50_ms)"
+	printf '  %-58s %14s\n' "stop overhead max ms" "$(med stoplatency.txt BenchmarkStopLatency stop_overhead_max_ms)"
+	printf '  %-58s %14s\n' "baseline: suspend latency p99 ms (not debounced)" "$(med stoplatency.txt BenchmarkStopLatency suspend_latency_p99_ms)"
+	check "wrong or missing stops" "$(med stoplatency.txt BenchmarkStopLatency wrong_stops)" "<=" 0
+	echo "4. end to end: test driver -> agent -> JetStream -> consumer (1000 domains)"
+	check "saturated events/s" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max events/s)" ">=" 20000
+	printf '  %-58s %14s\n' "saturated latency p99 ms" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max latency_p99_ms)"
+	printf '  %-58s %14s\n' "saturated lost events (hand-off overflow -> resync)" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max lost_events)"
+	check "at 20 000 events/s offered: events/s delivered" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 events/s)" ">=" 20000
+	printf '  %-58s %14s\n' "at 20 000 events/s offered: latency p99 ms" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 latency_p99_ms)"
+	printf '  %-58s %14s\n' "at 20 000 events/s offered: lost events" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 lost_events)"
+	printf '  %-58s %14s\n' "at 10 000 events/s offered: events/s" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=10000 events/s)"
+	printf '  %-58s %14s\n' "at 10 000 events/s offered: latency p99 ms" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=10000 latency_p99_ms)"
+	printf '  %-58s %14s\n' "baseline: test driver alone events/s" "$(med e2e.txt $E/pipeline=testdriver-only events/s)"
+	printf '  %-58s %14s\n' "baseline: publisher alone events/s" "$(med e2e.txt BenchmarkPublish events/s)"
+	check "agent RSS, 1000 domains, after burst (MB)" "$(med rss.txt $R/$P burst_rss_MB)" "<=" 40
+	check "agent peak RSS (VmHWM), whole run (MB)" "$(med rss.txt $R/$P burst_hwm_MB)" "<=" 40
+	printf '  %-58s %14s\n' "agent RSS idle after resync (MB)" "$(med rss.txt $R/$P idle_rss_MB)"
+	printf '  %-58s %14s\n' "  of which private (RssAnon) after burst (MB)" "$(med rss.txt $R/$P burst_anon_MB)"
+	printf '  %-58s %14s\n' "events/s through a real libvirtd (agent process)" "$(med rss.txt $R/$P burst_events/s)"
+	echo "  total time: $(($(date +%s) - T0)) s"
+} | tee "$OUT/summary.txt"
+if ((FAILED)); then
+	die "some benchmarks failed (see above); their figures are n/a"
+fi
