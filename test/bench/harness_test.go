@@ -238,24 +238,27 @@ func (c *consumer) since(i int) []received {
 
 // waitFor waits until at least want messages from index from on satisfy
 // ok, or until nothing new arrived for idle; it returns the messages from
-// index from on.
+// index from on. It scans each message once and copies only at the end, so
+// that polling does not compete with the agent for the CPU.
 func (c *consumer) waitFor(from, want int, ok func(received) bool, idle time.Duration) []received {
+	n, scanned := 0, from
 	last, lastChange := -1, time.Now()
 	for {
-		got := c.since(from)
-		n := 0
-		for _, r := range got {
-			if ok(r) {
+		c.mu.Lock()
+		for ; scanned < len(c.got); scanned++ {
+			if ok(c.got[scanned]) {
 				n++
 			}
 		}
+		total := len(c.got)
+		c.mu.Unlock()
 		if n >= want {
-			return got
+			return c.since(from)
 		}
-		if len(got) != last {
-			last, lastChange = len(got), time.Now()
+		if total != last {
+			last, lastChange = total, time.Now()
 		} else if time.Since(lastChange) > idle {
-			return got
+			return c.since(from)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
