@@ -335,7 +335,7 @@ start_service() {
 stop_service() {
 	local name="$1" t="${2:-20}" pid i
 	if [[ "$name" == rabbitmq ]]; then
-		pid_of rabbitmq >/dev/null && rabbitctl stop >/dev/null 2>&1 || true
+		if pid_of rabbitmq >/dev/null; then rabbitctl stop >/dev/null 2>&1 || true; fi
 	fi
 	pid="$(pid_of "$name")" || { rm -f "$RUND/$name.pid"; return 0; }
 	if [[ "$name" == mariadb ]]; then kill -TERM "$pid" 2>/dev/null || true; else kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true; fi

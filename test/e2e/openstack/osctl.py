@@ -7,6 +7,7 @@ python3-keystoneclient, which python3-keystone already depends on.
 
   osctl.py --clouds FILE identity SVC_PASS   projects, roles, users, services, endpoints
   osctl.py --clouds FILE compute-up HOST     exit 0 if nova-compute on HOST is up
+  osctl.py --clouds FILE compute-reported HOST SINCE  exit 0 if its service record is newer
   osctl.py --clouds FILE rp-exists HOST      exit 0 if placement has provider HOST
   osctl.py --clouds FILE hypervisors N       exit 0 if Nova lists >= N hypervisors
   osctl.py --clouds FILE seed IMAGE_FILE     flavor "tiny" and image "hvg-fake"
@@ -74,6 +75,13 @@ def compute_up(sess, host):
     return any(s["state"] == "up" and not s["forced_down"] for s in svcs)
 
 
+def compute_reported(sess, host, since):
+    """True once nova-compute on host refreshed its service record at or after since (UTC)."""
+    r = get(sess, "compute", "/os-services?binary=nova-compute&host=%s" % host, "2.53")
+    svcs = r.json().get("services", []) if r.ok else []
+    return any((s.get("updated_at") or "")[:19] >= since for s in svcs)
+
+
 def rp_exists(sess, host):
     r = sess.get("/resource_providers?name=%s" % host,
                  endpoint_filter={"service_type": "placement", "interface": "public"},
@@ -111,12 +119,15 @@ def main():
     p.add_argument("--clouds", required=True)
     p.add_argument("cmd")
     p.add_argument("arg", nargs="?")
+    p.add_argument("since", nargs="?")
     a = p.parse_args()
     sess, region = session(a.clouds)
     if a.cmd == "identity":
         identity(sess, region, a.arg)
     elif a.cmd == "compute-up":
         return 0 if compute_up(sess, a.arg) else 1
+    elif a.cmd == "compute-reported":
+        return 0 if compute_reported(sess, a.arg, a.since) else 1
     elif a.cmd == "rp-exists":
         return 0 if rp_exists(sess, a.arg) else 1
     elif a.cmd == "hypervisors":

@@ -1,0 +1,29 @@
+# test/e2e targets (included by the top Makefile; each ## line shows in make help).
+E2E_OS := test/e2e/openstack
+
+.PHONY: e2e-openstack-up e2e-openstack-down e2e-openstack-purge e2e-openstack-smoke e2e-openstack-record
+
+e2e-openstack-up: ## start the real OpenStack e2e cloud (keystone, placement, glance, Nova, computes node1+node2) in /var/tmp/hvguard-e2e
+	bash $(E2E_OS)/up.sh
+
+e2e-openstack-down: ## stop the OpenStack e2e cloud (keeps its data; e2e-openstack-purge removes it)
+	bash $(E2E_OS)/down.sh
+
+e2e-openstack-purge: ## stop the OpenStack e2e cloud and delete its work dir
+	bash $(E2E_OS)/down.sh --purge
+
+# Tears the cloud down afterwards only if this target started it (others may
+# be using a cloud that was already up); HVG_OS_KEEP=1 keeps it either way.
+e2e-openstack-smoke: ## up + boot/kill/force-down/evacuate/migrate-back scenario on the real Nova, prints the migrations, down
+	@was_up=0; bash $(E2E_OS)/ctl.sh status 2>/dev/null | grep -q '^nova-api running' && was_up=1; \
+	t0=$$(date +%s); rc=0; \
+	bash $(E2E_OS)/up.sh && t1=$$(date +%s) && \
+	HVG_E2E_OPENSTACK=1 $(GO) test -count=1 -v -timeout 15m -run TestEvacuationScenario ./$(E2E_OS)/ || rc=$$?; \
+	t2=$$(date +%s); \
+	if [ $$was_up = 0 ] && [ "$${HVG_OS_KEEP:-0}" != 1 ]; then bash $(E2E_OS)/down.sh || rc=$$?; else echo "leaving the cloud up (was up before, or HVG_OS_KEEP=1)"; fi; \
+	t3=$$(date +%s); \
+	echo "e2e-openstack-smoke: up $$(( $${t1:-$$t2} - t0 )) s, scenario $$(( t2 - $${t1:-$$t2} )) s, down $$(( t3 - t2 )) s, total $$(( t3 - t0 )) s, rc=$$rc"; \
+	exit $$rc
+
+e2e-openstack-record: ## rerun the scenario on the running cloud and rewrite test/e2e/openstack/testdata/ with the real Nova responses
+	HVG_E2E_OPENSTACK=1 HVG_E2E_RECORD=1 $(GO) test -count=1 -v -timeout 15m -run TestEvacuationScenario ./$(E2E_OS)/
