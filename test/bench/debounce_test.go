@@ -5,6 +5,7 @@ package bench
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 	"time"
 
@@ -106,6 +107,20 @@ func (n *novaDelayOnly) tick(now time.Time) {
 	}
 }
 
+// mallocs returns the process's cumulative heap allocation count.
+func mallocs() uint64 {
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.Mallocs
+}
+
+// reportAllocs reports heap allocations per event with fractions
+// (allocs/op of -benchmem is truncated to an integer, so 1 allocation
+// per 1000 events would read 0).
+func reportAllocs(b *testing.B, before uint64) {
+	b.ReportMetric(float64(mallocs()-before)/float64(b.N), "allocs/event")
+}
+
 // BenchmarkDebounce runs one pre-built event stream (1000 domains, 2^16
 // events cycled, 1 ms of simulated time per event) through three
 // debouncers. One op is one event; events/s is per core (the loop is one
@@ -141,6 +156,7 @@ func BenchmarkDebounce(b *testing.B) {
 		out = d.AppendResync(out[:0], snap, now)
 		var reports int
 		b.ReportAllocs()
+		m0 := mallocs()
 		b.ResetTimer()
 		for i := range b.N {
 			now = now.Add(time.Millisecond)
@@ -164,6 +180,7 @@ func BenchmarkDebounce(b *testing.B) {
 			}
 		}
 		b.StopTimer()
+		reportAllocs(b, m0)
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 		b.ReportMetric(float64(reports)/float64(b.N), "decisions/event")
 	})
@@ -172,6 +189,7 @@ func BenchmarkDebounce(b *testing.B) {
 		n := &novaDelayOnly{delay: lifecycle.DefaultWindow, pending: make(map[string]uint64, benchDomains)}
 		now := t0
 		b.ReportAllocs()
+		m0 := mallocs()
 		b.ResetTimer()
 		for i := range b.N {
 			now = now.Add(time.Millisecond)
@@ -183,6 +201,7 @@ func BenchmarkDebounce(b *testing.B) {
 			}
 		}
 		b.StopTimer()
+		reportAllocs(b, m0)
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 		b.ReportMetric(float64(n.emitted)/float64(b.N), "stops/event")
 	})
@@ -190,12 +209,14 @@ func BenchmarkDebounce(b *testing.B) {
 	b.Run("impl=map-lookup", func(b *testing.B) {
 		m := make(map[string]uint8, benchDomains)
 		b.ReportAllocs()
+		m0 := mallocs()
 		b.ResetTimer()
 		for i := range b.N {
 			ev := evs[i&mask]
 			m[ev.UUID] = m[ev.UUID] + uint8(ev.Kind)
 		}
 		b.StopTimer()
+		reportAllocs(b, m0)
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "events/s")
 	})
 }
