@@ -24,7 +24,9 @@ func evac(id int, inst int, status, dest string) Migration {
 	}
 }
 
-func on(host string) ServerLookup { return ServerLookup{Found: true, Host: host, Status: "ACTIVE", VMState: "active"} }
+func on(host string) ServerLookup {
+	return ServerLookup{Found: true, Host: host, Status: "ACTIVE", VMState: "active"}
+}
 
 func baseInput() Input {
 	return Input{Now: t0, Hosts: []string{"node1"}, EvacuationsComplete: true}
@@ -341,4 +343,18 @@ func TestNovaMetadataAndMark(t *testing.T) {
 	if err != nil || m.MigrationID != 7 || m.DestHost != `a"<b` || m.Action != OutcomeDestroyed || !m.At.Equal(t0) || m.Reason != ReasonEvacuatedElsewhere {
 		t.Fatalf("mark round trip: %s -> %+v %v", x, m, err)
 	}
+}
+
+// FuzzParseNovaMetadata: never panics; accepted metadata has the instance
+// root element.
+func FuzzParseNovaMetadata(f *testing.F) {
+	f.Add(`<instance><name>vm</name></instance>`)
+	f.Add(`<instance xmlns="http://openstack.org/xmlns/libvirt/nova/1.1"><package version="26"/></instance>`)
+	f.Add(`<reconcile reason="evacuated-elsewhere" action="destroyed" at="2026-11-29T18:00:00Z" migration-id="1"/>`)
+	f.Fuzz(func(t *testing.T, s string) {
+		if _, err := ParseNovaMetadata(s); err == nil && !strings.Contains(s, "instance") {
+			t.Fatalf("accepted %q", s)
+		}
+		_, _ = ParseMark(s)
+	})
 }
