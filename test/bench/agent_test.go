@@ -195,7 +195,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			from := c.len()
 			start := time.Now()
 			flapAt(b, wl, doms, rate)
-			rs := c.waitFor(from, want, isFlap, 3*time.Second)
+			rs := c.waitFor(from, want, nil, 3*time.Second)
 			n := 0
 			var last time.Time
 			for _, r := range rs {

@@ -159,17 +159,24 @@ func startAgent(b *testing.B, cfg agent.Config) {
 
 // received is one message as the consumer saw it.
 type received struct {
-	ev proto.LifecycleEvent
-	at time.Time // when the consumer's callback got it
+	ev   proto.LifecycleEvent // decoded lazily (see consumer)
+	at   time.Time            // when the consumer's callback got it
+	data []byte
+	ok   bool // ev is decoded
 }
 
 // consumer is what a controller does: a JetStream ordered consumer on the
-// host's lifecycle subject, stamping each message when it arrives.
+// host's lifecycle subject, stamping each message when it arrives. The
+// callback only stamps and keeps the message (deduplicated by Nats-Msg-Id);
+// messages are decoded when the benchmark looks at them, so that a real
+// controller's work, which runs on another machine, does not take CPU from
+// the agent during the measurement.
 type consumer struct {
+	b    *testing.B
 	mu   sync.Mutex
 	got  []received
 	dups int
-	seen map[uint64]bool
+	seen map[string]bool
 	cc   jetstream.ConsumeContext
 }
 
@@ -198,20 +205,16 @@ func consume(b *testing.B, nc *nats.Conn, host string) *consumer {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	c := &consumer{seen: map[uint64]bool{}}
+	c := &consumer{b: b, seen: map[string]bool{}}
 	c.cc, err = cons.Consume(func(m jetstream.Msg) {
 		at := time.Now()
-		ev, err := proto.DecodeLifecycle(m.Data())
-		if err != nil {
-			b.Errorf("consumer: undecodable message: %v", err)
-			return
-		}
+		id := m.Headers().Get(jetstream.MsgIDHeader)
 		c.mu.Lock()
-		if c.seen[ev.Seq] {
+		if c.seen[id] {
 			c.dups++
 		} else {
-			c.seen[ev.Seq] = true
-			c.got = append(c.got, received{ev, at})
+			c.seen[id] = true
+			c.got = append(c.got, received{at: at, data: m.Data()})
 		}
 		c.mu.Unlock()
 	})
@@ -222,6 +225,19 @@ func consume(b *testing.B, nc *nats.Conn, host string) *consumer {
 	return c
 }
 
+// decodeLocked decodes message i if it is not yet; c.mu is held.
+func (c *consumer) decodeLocked(i int) {
+	r := &c.got[i]
+	if r.ok {
+		return
+	}
+	ev, err := proto.DecodeLifecycle(r.data)
+	if err != nil {
+		c.b.Errorf("consumer: undecodable message %q: %v", r.data, err)
+	}
+	r.ev, r.ok, r.data = ev, true, nil
+}
+
 // len returns how many distinct messages arrived so far.
 func (c *consumer) len() int {
 	c.mu.Lock()
@@ -229,23 +245,32 @@ func (c *consumer) len() int {
 	return len(c.got)
 }
 
-// since returns a copy of the messages from index i on.
+// since returns a copy of the messages from index i on, decoded.
 func (c *consumer) since(i int) []received {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	for k := i; k < len(c.got); k++ {
+		c.decodeLocked(k)
+	}
 	return slices.Clone(c.got[i:])
 }
 
 // waitFor waits until at least want messages from index from on satisfy
-// ok, or until nothing new arrived for idle; it returns the messages from
-// index from on. It scans each message once and copies only at the end, so
-// that polling does not compete with the agent for the CPU.
+// ok (nil: any message; then nothing is decoded while waiting), or until
+// nothing new arrived for idle; it returns the messages from index from
+// on. It scans each message once and copies only at the end, so that
+// polling does not compete with the agent for the CPU.
 func (c *consumer) waitFor(from, want int, ok func(received) bool, idle time.Duration) []received {
 	n, scanned := 0, from
 	last, lastChange := -1, time.Now()
 	for {
 		c.mu.Lock()
 		for ; scanned < len(c.got); scanned++ {
+			if ok == nil {
+				n++
+				continue
+			}
+			c.decodeLocked(scanned)
 			if ok(c.got[scanned]) {
 				n++
 			}

@@ -248,9 +248,8 @@ metrics:
 			<-exited
 		}
 	}()
-	all := func(received) bool { return true }
 	c := consume(b, nc, host)
-	if got := c.waitFor(0, n, all, 30*time.Second); len(got) < n {
+	if got := c.waitFor(0, n, nil, 30*time.Second); len(got) < n {
 		log, _ := os.ReadFile(logf.Name())
 		b.Fatalf("agent reported %d of %d domains; log:\n%s", len(got), n, log)
 	}
@@ -264,7 +263,7 @@ metrics:
 	from := c.len()
 	start := time.Now()
 	want := burst()
-	got := c.waitFor(from, want, all, 10*time.Second)
+	got := c.waitFor(from, want, nil, 10*time.Second)
 	if len(got) < want {
 		b.Errorf("burst: consumer got %d of %d reports", len(got), want)
 	}
@@ -335,7 +334,7 @@ func runBenchAgent(b *testing.B, bin string, withAgent bool) [2]mem {
 	reports := expect("BURST")
 	if withAgent {
 		// Measure once what was reported has been published and consumed.
-		c.waitFor(0, reports, func(received) bool { return true }, 10*time.Second)
+		c.waitFor(0, reports, nil, 10*time.Second)
 	}
 	if out[1], err = procMem(cmd.Process.Pid); err != nil {
 		b.Fatal(err)
