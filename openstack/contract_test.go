@@ -382,3 +382,52 @@ func TestMicroversionHeader(t *testing.T) {
 		t.Fatal("contradicting headers accepted")
 	}
 }
+
+// Responses recorded by test/e2e/openstack's evacuation scenario (copied to
+// testdata as e2e-*.json).
+func TestContractHarnessRecordings(t *testing.T) {
+	t.Run("done and completed records", func(t *testing.T) {
+		s, c := replay(t)
+		s.RouteFile(evacQuery+"&limit=500", "e2e-migrations-evacuation-node1.mv2.59")
+		ms, err := c.ListEvacuationsFrom(context.Background(), "node1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := map[string]int{}
+		for _, m := range ms {
+			st[m.Status]++
+		}
+		if len(ms) != 4 || st["done"] != 2 || st["completed"] != 2 {
+			t.Fatalf("%+v", ms)
+		}
+	})
+	t.Run("completed after the source compute restarted", func(t *testing.T) {
+		s, c := replay(t)
+		s.RouteFile(evacQuery+"&limit=500", "e2e-migrations-evacuation-node1-completed.mv2.59")
+		ms, err := c.ListEvacuationsFrom(context.Background(), "node1")
+		if err != nil || len(ms) != 1 || ms[0].Status != "completed" {
+			t.Fatalf("%+v %v", ms, err)
+		}
+	})
+	for name, file := range map[string]string{
+		"answered at 2.80":                        "e2e-migrations-evacuation-node1.mv2.80",
+		"host filter answer (migrate-back mixed)": "e2e-migrations-node1-after-migrate-back.mv2.59",
+	} {
+		t.Run(name, func(t *testing.T) {
+			s, c := replay(t)
+			s.RouteFile(evacQuery+"&limit=500", file)
+			ms, err := c.ListEvacuationsFrom(context.Background(), "node1")
+			if ms != nil {
+				t.Fatalf("accepted: %+v", ms)
+			}
+			wantKind(t, err, KindMalformed)
+		})
+	}
+	t.Run("404 at another microversion is not an answer", func(t *testing.T) {
+		s, c := replay(t)
+		s.RouteFile("/v2.1/servers/"+recEvac1, "e2e-server-deleted-404.mv2.1")
+		if got, err := c.ServerHosts(context.Background(), []string{recEvac1}); got != nil || err == nil {
+			t.Fatalf("%v %v", got, err)
+		}
+	})
+}

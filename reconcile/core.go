@@ -182,7 +182,7 @@ func Candidates(in Input) []string {
 		if d.Nova != NovaInstance || !ValidUUID(d.UUID) {
 			continue
 		}
-		if len(evac[d.UUID]) > 0 {
+		if ms := evac[d.UUID]; len(ms) > 0 && !alreadyStopped(d, ms[0]) {
 			out = append(out, d.UUID)
 		}
 	}
@@ -219,7 +219,7 @@ func Decide(in Input) Result {
 		case global != ReasonNone:
 			dd.Decision, dd.Reason, dd.Detail = DecisionSkip, global, detail
 		default:
-			decideInstance(&dd, evac[d.UUID], in.Servers, hosts)
+			decideInstance(&dd, d, evac[d.UUID], in.Servers, hosts)
 		}
 		res.Decisions = append(res.Decisions, dd)
 	}
@@ -227,9 +227,15 @@ func Decide(in Input) Result {
 	return res
 }
 
+// alreadyStopped: an earlier reconciliation destroyed (or found off) and
+// marked this domain for the same newest evacuation, and it is still off.
+func alreadyStopped(d Domain, newest Migration) bool {
+	return !d.Active && d.MarkedMigration != 0 && d.MarkedMigration == newest.ID
+}
+
 // decideInstance decides for a Nova instance with no global problem; ms
 // are its evacuations from this host, newest first.
-func decideInstance(dd *DomainDecision, ms []Migration, servers map[string]ServerLookup, hosts hostSet) {
+func decideInstance(dd *DomainDecision, d Domain, ms []Migration, servers map[string]ServerLookup, hosts hostSet) {
 	if len(ms) == 0 {
 		dd.Decision, dd.Reason = DecisionKeep, ReasonNoEvacuation
 		return
@@ -246,6 +252,10 @@ func decideInstance(dd *DomainDecision, ms []Migration, servers map[string]Serve
 		Evacuations:     len(ms),
 	}
 	dd.Evidence = ev
+	if alreadyStopped(d, newest) {
+		dd.Decision, dd.Reason = DecisionKeep, ReasonAlreadyStopped
+		return
+	}
 
 	s, ok := servers[dd.UUID]
 	if !ok {

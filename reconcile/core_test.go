@@ -140,6 +140,26 @@ func TestDecideTable(t *testing.T) {
 			in.Evacuations = []Migration{evac(10, 1, "completed", "node2")}
 			in.Servers = map[string]ServerLookup{uuidN(1): {Found: true, Host: "node2", Status: "MIGRATING", TaskState: "migrating"}}
 		}, DecisionSkip, ReasonServerInTransition, ReasonNone, false},
+		{"already stopped and marked", func(in *Input) {
+			d := nova(1)
+			d.Active, d.MarkedMigration = false, 10
+			in.Domains = []Domain{d}
+			in.Evacuations = []Migration{evac(10, 1, "done", "node2")}
+		}, DecisionKeep, ReasonAlreadyStopped, ReasonNone, true},
+		{"marked for an older evacuation: looked up again", func(in *Input) {
+			d := nova(1)
+			d.Active, d.MarkedMigration = false, 9
+			in.Domains = []Domain{d}
+			in.Evacuations = []Migration{evac(9, 1, "completed", "node2"), evac(10, 1, "done", "node3")}
+			in.Servers = map[string]ServerLookup{uuidN(1): on("node3")}
+		}, DecisionDestroy, ReasonEvacuatedElsewhere, ReasonNone, false},
+		{"marked but running again", func(in *Input) {
+			d := nova(1)
+			d.MarkedMigration = 10
+			in.Domains = []Domain{d}
+			in.Evacuations = []Migration{evac(10, 1, "done", "node2")}
+			in.Servers = map[string]ServerLookup{uuidN(1): on("node2")}
+		}, DecisionDestroy, ReasonEvacuatedElsewhere, ReasonNone, false},
 		{"lookup missing", func(in *Input) {
 			d1(in)
 			in.Evacuations = []Migration{evac(10, 1, "done", "node2")}

@@ -40,6 +40,9 @@ func genInput(t *rapid.T) Input {
 			Nova:   rapid.SampledFrom([]NovaMark{NovaInstance, NovaInstance, NotNova, NovaUnknown}).Draw(t, "nova"),
 			Active: rapid.Bool().Draw(t, "active"),
 		}
+		if chance(t, "marked", 0.2) {
+			d.MarkedMigration = int64(rapid.IntRange(1, 8).Draw(t, "markedID"))
+		}
 		if chance(t, "dupDomain", 0.05) {
 			d.UUID = uuidN(nUUID.Draw(t, "duuid"))
 		}
@@ -135,6 +138,13 @@ func TestPropertyNoDestroyWithoutBothEvidence(t *testing.T) {
 		for _, d := range r.Decisions {
 			if d.Reason == ReasonNone {
 				t.Fatalf("decision without reason: %+v", d)
+			}
+			if d.Reason == ReasonAlreadyStopped {
+				for _, x := range in.Domains {
+					if x.UUID == d.UUID && (x.Active || x.MarkedMigration == 0 || d.Evidence == nil || x.MarkedMigration != d.Evidence.MigrationID) {
+						t.Fatalf("already-stopped for %+v (evidence %+v)", x, d.Evidence)
+					}
+				}
 			}
 			if d.Decision != DecisionDestroy {
 				continue

@@ -142,7 +142,7 @@ func (r *Report) OK() bool { return r.Global == ReasonNone && r.Failed == 0 }
 
 // MayResume reports whether the fenced domain uuid may be resumed after
 // this reconciliation: the reconciliation is OK and the domain was decided
-// Keep. Domains that were skipped (ambiguous) or destroyed, or not listed,
+// Keep (other than ReasonAlreadyStopped). Domains that were skipped (ambiguous) or destroyed, or not listed,
 // may not.
 func (r *Report) MayResume(uuid string) bool {
 	if !r.OK() {
@@ -150,7 +150,7 @@ func (r *Report) MayResume(uuid string) bool {
 	}
 	for i := range r.Results {
 		if r.Results[i].UUID == uuid {
-			return r.Results[i].Decision == DecisionKeep
+			return r.Results[i].Decision == DecisionKeep && r.Results[i].Reason != ReasonAlreadyStopped
 		}
 	}
 	return false

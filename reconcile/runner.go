@@ -172,6 +172,9 @@ func (r *Runner) gather(ctx context.Context, in *Input, rep *Report) Result {
 		case err == nil:
 			if _, perr := ParseNovaMetadata(meta); perr == nil {
 				d.Nova = NovaInstance
+				if !d.Active {
+					d.MarkedMigration = r.markedMigration(ctx, s.UUID)
+				}
 			} else {
 				r.log.Warn("domain has unparseable nova metadata", "domain_uuid", s.UUID, "reason", perr.Error())
 			}
@@ -210,6 +213,20 @@ func (r *Runner) gather(ctx context.Context, in *Input, rep *Report) Result {
 		in.Servers = servers
 	}
 	return Decide(*in)
+}
+
+// markedMigration returns the migration id of the domain's hvguard mark,
+// 0 if it has none (or it cannot be read: then it is looked up again).
+func (r *Runner) markedMigration(ctx context.Context, uuid string) int64 {
+	x, err := r.doms.Metadata(ctx, uuid, MarkNamespace)
+	if err != nil {
+		return 0
+	}
+	m, err := ParseMark(x)
+	if err != nil {
+		return 0
+	}
+	return m.MigrationID
 }
 
 func reasonOf(err error) Reason {

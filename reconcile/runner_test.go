@@ -133,16 +133,34 @@ func TestRunnerDestroysOnlyEvacuatedElsewhere(t *testing.T) {
 		t.Fatalf("destroys %d marks %d", doms.destroys.Load(), doms.marks.Load())
 	}
 
-	// The periodic run again: the stale domains are off and marked; no
-	// destroy and no rewrite of the definitions.
+	// The periodic run again: the stale domains are off and marked; they
+	// are not looked up again and nothing is written.
 	now = t0.Add(time.Minute)
 	rep = r.Run(context.Background(), reconcile.TriggerPeriodic)
-	if !rep.OK() || rep.Destroyed != 0 || rep.AlreadyOff != 2 {
-		t.Fatalf("second run: %s", rep.Summary())
-	}
 	if doms.destroys.Load() != 1 || doms.marks.Load() != 2 {
 		t.Fatalf("second run wrote: destroys %d marks %d", doms.destroys.Load(), doms.marks.Load())
 	}
+	if !rep.OK() || rep.Destroyed != 0 || rep.AlreadyOff != 0 || rep.Candidates != 2 {
+		t.Fatalf("second run: %s", rep.Summary())
+	}
+	for _, u := range []string{uuidN(1), uuidN(5)} {
+		if d := result(t, rep, u); d.Decision != reconcile.DecisionKeep || d.Reason != reconcile.ReasonAlreadyStopped || rep.MayResume(u) {
+			t.Fatalf("%s second run: %s/%s", u, d.Decision, d.Reason)
+		}
+	}
+	// Not looked up again: only the two undecided-by-marks candidates.
+	if last := nova.asked[len(nova.asked)-1]; len(last) != 2 {
+		t.Fatalf("second run looked up %v", last)
+	}
+	// Someone starts a stale copy again: it is destroyed again.
+	if err := doms.Start(context.Background(), uuidN(1)); err != nil {
+		t.Fatal(err)
+	}
+	now = t0.Add(2 * time.Minute)
+	if rep = r.Run(context.Background(), reconcile.TriggerPeriodic); rep.Destroyed != 1 || stateOf(t, doms.Conn, uuidN(1)) != "shutoff" {
+		t.Fatalf("restarted stale copy: %s", rep.Summary())
+	}
+
 }
 
 func TestRunnerReportMode(t *testing.T) {

@@ -73,6 +73,10 @@ const (
 	// ReasonServerOnThisHost: the server's current host is this host (e.g.
 	// evacuated and then migrated back: the old evacuation record stays).
 	ReasonServerOnThisHost
+	// ReasonAlreadyStopped: a stale copy that an earlier reconciliation
+	// destroyed and marked (same migration), still off: not looked up
+	// again, so periodic runs stay O(pages). Never resumable.
+	ReasonAlreadyStopped
 
 	// Skip, per domain.
 
@@ -137,6 +141,7 @@ var reasonNames = [...]string{
 	ReasonNotANovaInstance:            "not-a-nova-instance",
 	ReasonNoEvacuation:                "no-evacuation",
 	ReasonServerOnThisHost:            "server-on-this-host",
+	ReasonAlreadyStopped:              "already-stopped",
 	ReasonMetadataUnreadable:          "metadata-unreadable",
 	ReasonInvalidDomain:               "invalid-domain",
 	ReasonMigrationStatusNotEvacuated: "migration-status-not-evacuated",
@@ -199,6 +204,9 @@ type Domain struct {
 	Nova   NovaMark // from the domain's metadata in NovaNamespace
 	Active bool     // has a live QEMU process (running, paused, …): a destroy powers it off
 	State  string   // libvirt state name, report only
+	// MarkedMigration is the migration id in the domain's hvguard mark
+	// (MarkNamespace), 0 if it has none.
+	MarkedMigration int64
 }
 
 // Migration is one record of Nova's /os-migrations, as far as the core
