@@ -1,0 +1,38 @@
+// Package openstack is hvguard's Nova client for rejoin reconciliation,
+// built on gophercloud v2.
+//
+// Configuration is clouds.yaml (and secure.yaml) read by gophercloud's own
+// loader (openstack/config/clouds), the way the openstack CLI reads it:
+// Config names the cloud and may override region, interface and CA bundle;
+// OS_CLOUD-style environment variables that the loader honours
+// (OS_REGION_NAME, OS_INTERFACE, OS_CACERT, OS_CLIENT_CONFIG_FILE) apply as
+// for any OpenStack tool. New parses the file and fails on configuration
+// errors; it does not contact keystone. The first call authenticates; the
+// token is reused, renewed tokenRenewBefore its expiry, and gophercloud
+// re-authenticates once on a 401 (AllowReauth).
+//
+// Every compute request pins Microversion (2.59) and the answer must echo
+// it. Calls:
+//
+//   - ListEvacuationsFrom(ctx, host): GET /os-migrations?source_compute=
+//     <host>&migration_type=evacuation&limit=PageSize, following Nova's
+//     next links with marker = the last record's uuid. No status filter
+//     (single-valued: a repeated status keeps only the last value; a comma
+//     list matches nothing) and no host filter (matches source OR
+//     destination and overrides source_compute). All pages or an error.
+//   - ServerHosts(ctx, uuids): GET /servers/{uuid} per candidate, up to
+//     lookupConcurrency in flight; a 404 with Nova's itemNotFound body is an
+//     answer (Found=false), anything else that fails fails the call.
+//
+// Decoding is strict (fields, types, null vs absent, duplicate keys,
+// trailing data, body and page caps); a failure is never a default value
+// and never a partial result. Errors are *Error with a Kind separating
+// "Nova is not there" (Unavailable: unreachable, timeout, 5xx, auth) from
+// "Nova said no" (rejected, not found) and "the answer is unusable"
+// (malformed, too large); Error.ReconcileReason maps them onto
+// reconcile's global reasons.
+//
+// openstacktest replays responses recorded from a real Nova 26.2.2
+// (testdata/) for contract tests; e2e_test.go (build tag e2e) runs against
+// the real harness of test/e2e/openstack.
+package openstack
