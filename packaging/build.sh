@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 readonly DIST=${DIST:-dist}
-readonly NFPM=${NFPM:-.cache/bin/nfpm}
+readonly NFPM=${NFPM:-.cache/bin/nfpm-v2.45.2} # pinned in package.mk (NFPM_VERSION)
 readonly GO=${GO:-go}
 # Maintainer of record in the package metadata.
 readonly PKG_MAINTAINER_DEFAULT="hvguard maintainers <maintainers@users.noreply.a-seed-75cbc3ff.example>"
@@ -93,6 +93,8 @@ for name in "$@"; do
 	} >"$build/nfpm-rpm.yaml"
 
 	echo ">> $name: nfpm deb, rpm"
+	# dist/ holds exactly this build: drop packages of earlier versions.
+	rm -f "$DIST/${name}"_*.deb "$DIST/${name}"-*.rpm
 	"$NFPM" package --config "packaging/nfpm/$name.yaml" --packager deb --target "$DIST/" >/dev/null
 	"$NFPM" package --config "$build/nfpm-rpm.yaml" --packager rpm --target "$DIST/" >/dev/null
 done

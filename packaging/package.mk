@@ -13,7 +13,7 @@ NFPM := $(PKG_CACHE)/bin/nfpm-$(NFPM_VERSION)
 # objcopy/objdump) and test (lint, rpm inspection, debootstrap root).
 PKG_APT_DEPS := help2man dpkg-dev binutils lintian rpmlint rpm cpio debootstrap shellcheck systemd
 
-.PHONY: package package-deps package-test package-lint package-install-test package-clean-cache
+.PHONY: package package-deps package-test package-lint package-install-test package-systemd-test package-clean-cache
 
 package-deps: ## install packaging tools: nfpm v2.45.2 into .cache/bin; lintian, rpmlint, rpm, debootstrap, help2man from apt
 	@missing=$$(for p in $(PKG_APT_DEPS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
@@ -28,14 +28,17 @@ package-deps: ## install packaging tools: nfpm v2.45.2 into .cache/bin; lintian,
 package: deps package-deps ## build dist/*.deb and dist/*.rpm (hvguard-agent; version from git describe)
 	GO=$(GO) NFPM=$(NFPM) bash packaging/build.sh $(PKG_NAMES)
 
-package-lint: ## lintian, rpmlint, shellcheck, systemd-analyze verify, config/man/rpm checks on dist/ (after make package)
+package-lint: ## lintian, rpmlint, shellcheck, systemd-analyze, config/man/rpm checks on dist/ (after make package)
 	bash packaging/test/lint.sh $(PKG_NAMES)
 
-package-install-test: ## .deb install/upgrade/remove/purge test in a debootstrap Debian 12 root (after make package; root)
+package-install-test: ## .deb install/upgrade/remove/purge in a clean debootstrap Debian 12 root (after make package)
 	GO=$(GO) NFPM=$(NFPM) bash packaging/test/install.sh $(PKG_NAMES)
 
-package-test: package ## build the packages, then package-lint and package-install-test (what CI runs)
-	@$(MAKE) --no-print-directory package-lint package-install-test
+package-systemd-test: ## the unit under a real systemd + libvirtd booted in that root: sandbox, notify, watchdog, upgrade
+	GO=$(GO) NFPM=$(NFPM) bash packaging/test/systemd.sh $(PKG_NAMES)
+
+package-test: package ## build the packages, then package-lint, package-install-test, package-systemd-test (CI; root)
+	@$(MAKE) --no-print-directory package-lint package-install-test package-systemd-test
 
 package-clean-cache: ## forget the cached debootstrap root and nfpm (next package-test re-downloads them)
 	rm -rf $(PKG_CACHE)/debootstrap $(NFPM) $(PKG_CACHE)/bin/nfpm

@@ -9,46 +9,16 @@
 # their arguments, so the test sees exactly what the maintainer scripts ask
 # of systemd; "systemd running" is simulated by creating /run/systemd/system.
 set -euo pipefail
+# Output is captured before grep -q sees it (grep <<<"$(cmd)"): in a
+# pipeline an early-exiting grep -q can fail `cmd` with SIGPIPE (pipefail).
 
 cd "$(dirname "$0")/../.."
 readonly DIST=${DIST:-dist}
-readonly CACHE=.cache/debootstrap
-readonly SUITE=bookworm
-# The mirror this machine's apt uses (deb822 URIs: or one-line deb form).
-MIRROR=$(sed -nE 's/^URIs: *(http[^ ]*debian)\/?$/\1/p; s/^deb +(\[[^]]*\] +)?(http[^ ]*debian)\/? +bookworm +.*/\2/p' \
-	/etc/apt/sources.list /etc/apt/sources.list.d/*.sources /etc/apt/sources.list.d/*.list 2>/dev/null | head -n1 || true)
-readonly MIRROR=${MIRROR:-http://deb.debian.org/debian}
-# Runtime dependencies the package declares, preinstalled in the cached root
-# so that `dpkg -i` alone suffices (no apt, no network in the test itself).
-readonly INCLUDE=libvirt0
-# Cached: the debootstrap tarball (the .debs, reusable offline) and the
-# finished root (extracting it takes seconds; bootstrapping takes a minute).
-readonly DEBS_TGZ=$CACHE/$SUITE-minbase-$INCLUDE.tgz
-readonly ROOT_TAR=$CACHE/$SUITE-minbase-$INCLUDE.root.tar
 readonly ROOT=$DIST/test/root
+# shellcheck source=packaging/test/lib.sh
+source packaging/test/lib.sh
 
-fail() { echo "FAIL: $*" >&2; exit 1; }
-step() { echo "== $*"; }
-
-mkdir -p "$CACHE" "$DIST/test"
-if [[ ! -f "$ROOT_TAR" ]]; then
-	if [[ ! -f "$DEBS_TGZ" ]]; then
-		step "debootstrap: downloading $SUITE minbase + $INCLUDE from $MIRROR (cold cache)"
-		rm -rf "$CACHE/mk"
-		debootstrap --variant=minbase --include="$INCLUDE" --make-tarball="$DEBS_TGZ.tmp" \
-			"$SUITE" "$CACHE/mk" "$MIRROR"
-		mv "$DEBS_TGZ.tmp" "$DEBS_TGZ"
-		rm -rf "$CACHE/mk"
-	fi
-	step "debootstrap: building the root from $DEBS_TGZ"
-	rm -rf "$CACHE/root"
-	debootstrap --variant=minbase --include="$INCLUDE" --unpack-tarball="$PWD/$DEBS_TGZ" \
-		"$SUITE" "$CACHE/root" "$MIRROR"
-	tar -C "$CACHE/root" --numeric-owner -cf "$ROOT_TAR.tmp" .
-	mv "$ROOT_TAR.tmp" "$ROOT_TAR"
-	rm -rf "$CACHE/root"
-fi
-
+mkdir -p "$DIST/test"
 version=$(cat "$DIST/VERSION") # written by build.sh
 arch=$(dpkg --print-architecture)
 upversion=$version+up1 # sorts after $version for dpkg and rpm
@@ -67,13 +37,10 @@ for name in "$@"; do
 	[[ -f "$deb" ]] || fail "$deb missing: run make package"
 
 	step "$name: building the upgrade package ($upversion)"
-	env PKG_VERSION="$upversion" DIST="$DIST/test/upgrade" packaging/build.sh "$name" >/dev/null
-	updeb=$DIST/test/upgrade/${name}_${upversion}_${arch}.deb
+	updeb=$(upgrade_deb "$name" "$version")
 
-	step "$name: fresh root from $ROOT_TAR"
-	rm -rf "$ROOT"
-	mkdir -p "$ROOT"
-	tar -C "$ROOT" -xf "$ROOT_TAR"
+	step "$name: fresh root (debootstrap $SUITE, cached)"
+	fresh_root "$ROOT"
 	cp "$deb" "$ROOT/tmp/v1.deb"
 	cp "$updeb" "$ROOT/tmp/v2.deb"
 	for shim in systemctl deb-systemd-invoke; do
@@ -90,14 +57,14 @@ for name in "$@"; do
 	in_root dpkg -i /tmp/v1.deb
 	[[ -z "$(calls)" ]] || fail "maintainer scripts called systemd without systemd: $(calls)"
 	[[ -f "$ROOT$conf" ]] || fail "$conf missing"
-	pkg_field Conffiles | grep -q " $conf " || fail "$conf is not a conffile"
+	grep -q " $conf " <<<"$(pkg_field Conffiles)" || fail "$conf is not a conffile"
 	[[ "$(stat -c %a "$ROOT$state")" == 700 ]] || fail "$state is not 0700"
 	[[ -L "$ROOT$wants" ]] || fail "unit not enabled ($wants missing)"
 	got=$(in_root "$name" --version)
 	echo "$got"
 	[[ "$got" == "$name $version" ]] || fail "--version: want '$name $version'"
 	in_root "$name" --config "$conf" --check-config
-	in_root "$name" --help 2>&1 | grep -q -- --check-config || fail "--help"
+	grep -q -- --check-config <<<"$(in_root "$name" --help 2>&1)" || fail "--help"
 	echo "installed: config, state 0700, enabled, --version, --check-config ok"
 
 	step "$name: purge, then install with systemd running: enabled, not started"
@@ -106,8 +73,8 @@ for name in "$@"; do
 	reset_calls
 	in_root dpkg -i /tmp/v1.deb
 	calls
-	calls | grep -qx 'systemctl --system daemon-reload' || fail "no daemon-reload on install"
-	calls | grep -qE 'start|restart' && fail "first install must not start the agent"
+	grep -qx 'systemctl --system daemon-reload' <<<"$(calls)" || fail "no daemon-reload on install"
+	grep -qE 'start|restart' <<<"$(calls)" && fail "first install must not start the agent"
 	[[ -L "$ROOT$wants" ]] || fail "unit not enabled"
 
 	step "$name: edit config and state, upgrade to $upversion"
@@ -119,28 +86,28 @@ for name in "$@"; do
 	reset_calls
 	in_root dpkg -i /tmp/v2.deb
 	calls
-	in_root "$name" --version | grep -qx "$name $upversion" || fail "upgrade did not replace the binary"
+	grep -qx "$name $upversion" <<<"$(in_root "$name" --version)" || fail "upgrade did not replace the binary"
 	cmp "$ROOT$conf" "$DIST/test/edited.yaml" || fail "upgrade changed the edited $conf"
 	[[ -f "$ROOT$state/marker" ]] || fail "upgrade lost the state"
-	calls | grep -qx "deb-systemd-invoke try-restart $name.service" || fail "no restart on upgrade"
-	calls | grep -qx 'systemctl --system daemon-reload' || fail "no daemon-reload on upgrade"
+	grep -qx "deb-systemd-invoke try-restart $name.service" <<<"$(calls)" || fail "no restart on upgrade"
+	grep -qx 'systemctl --system daemon-reload' <<<"$(calls)" || fail "no daemon-reload on upgrade"
 
 	step "$name: remove keeps config and state"
 	reset_calls
 	in_root dpkg --remove "$name"
 	calls
-	calls | grep -qx "deb-systemd-invoke stop $name.service" || fail "remove did not stop the agent"
+	grep -qx "deb-systemd-invoke stop $name.service" <<<"$(calls)" || fail "remove did not stop the agent"
 	[[ ! -e "$ROOT/usr/bin/$name" ]] || fail "binary left after remove"
 	cmp "$ROOT$conf" "$DIST/test/edited.yaml" || fail "remove changed/deleted $conf"
 	[[ -f "$ROOT$state/marker" ]] || fail "remove deleted the state"
-	pkg_field Status | grep -qx 'deinstall ok config-files' || fail "status after remove"
+	grep -qx 'deinstall ok config-files' <<<"$(pkg_field Status)" || fail "status after remove"
 
 	step "$name: purge removes config, state and the enable link"
 	in_root dpkg --purge "$name"
 	[[ ! -e "$ROOT$conf" && ! -e "$ROOT/etc/hvguard" ]] || fail "purge left /etc/hvguard"
 	[[ ! -e "$ROOT$state" ]] || fail "purge left $state"
 	[[ ! -e "$ROOT$wants" ]] || fail "purge left $wants"
-	if pkg_field Status 2>/dev/null | grep -q installed; then fail "still known to dpkg"; fi
+	if grep -q installed <<<"$(pkg_field Status 2>/dev/null || true)"; then fail "still known to dpkg"; fi
 	echo "purged: nothing left"
 done
 rm -rf "$ROOT"
