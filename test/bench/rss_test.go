@@ -102,6 +102,28 @@ func procMem(pid int) (m mem, err error) {
 	return m, nil
 }
 
+// procCPU returns the user+system CPU time pid has used so far, from
+// /proc/<pid>/stat (clock ticks of 1/CLK_TCK s; CLK_TCK is 100 on Linux).
+func procCPU(pid int) (time.Duration, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("proc stat: %w", err)
+	}
+	// Fields after the command name, which is in parentheses and may
+	// contain spaces: state is field 3, utime 14, stime 15.
+	i := bytes.LastIndexByte(data, ')')
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("proc stat: %d fields after the name", len(f))
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("proc stat: utime %q stime %q", f[11], f[12])
+	}
+	return time.Duration(ut+st) * (time.Second / 100), nil
+}
+
 // mb converts bytes to MB (10^6 bytes: the larger figure, against a 40 MB
 // target).
 func mb(x float64) float64 { return x / 1e6 }
@@ -141,7 +163,11 @@ func nodeXML(b *testing.B, n int) string {
 //     reached the consumer (burst_; burst_hwm is the peak of the whole
 //     run). This is the figure for the RSS target. burst_events/s is the
 //     end-to-end rate through a real libvirtd (harness → libvirtd → agent
-//     process → JetStream → consumer). Skipped without root or libvirtd.
+//     process → JetStream → consumer); agent_cpu_µs/event is the agent
+//     process's user+system CPU time per burst event (from /proc/<pid>/stat)
+//     and agent_events/cpu_s its inverse: what one core fully given to the
+//     agent could sustain, a figure that does not depend on the machine's
+//     load. Skipped without root or libvirtd.
 //   - binary=hvguard-agent/libvirt=testdriver-file/domains=N: the same
 //     binary on a test-driver node file (test:///path/node.xml) with N = 0
 //     or 1000 running domains, no daemon. The test driver then keeps its
@@ -163,19 +189,28 @@ func BenchmarkAgentRSS(b *testing.B) {
 		doms := defineDomains(b, wl, "rss", benchDomains)
 		var idle, burst mem
 		var rate float64
+		var cpu time.Duration
 		for i := 0; i < b.N; i++ {
-			r, rt := runProductionAgent(b, filepath.Join(bin, "hvguard-agent"), uri, len(doms)+1, func() int {
+			r, rt, ct := runProductionAgent(b, filepath.Join(bin, "hvguard-agent"), uri, len(doms)+1, func() int {
 				flap(b, wl, doms)
 				return len(doms) * e2eRounds
 			})
 			idle.add(r[0])
 			burst.add(r[1])
 			rate += rt
+			cpu += ct
 		}
 		idle.report(b, "idle_", b.N)
 		burst.report(b, "burst_", b.N)
 		b.ReportMetric(float64(len(doms)*e2eRounds), "burst_events")
 		b.ReportMetric(rate/float64(b.N), "burst_events/s")
+		// The agent process's own CPU time per event of the burst: a cost
+		// that does not depend on how busy the machine is, unlike events/s.
+		perEvent := cpu.Seconds() / float64(b.N*len(doms)*e2eRounds)
+		b.ReportMetric(perEvent*1e6, "agent_cpu_µs/event")
+		if perEvent > 0 {
+			b.ReportMetric(1/perEvent, "agent_events/cpu_s")
+		}
 	})
 	for _, n := range []int{0, benchDomains} {
 		b.Run(fmt.Sprintf("binary=hvguard-agent/libvirt=testdriver-file/domains=%d", n), func(b *testing.B) {
@@ -183,7 +218,7 @@ func BenchmarkAgentRSS(b *testing.B) {
 			uri := "test://" + nodeXML(b, n)
 			var idle mem
 			for i := 0; i < b.N; i++ {
-				r, _ := runProductionAgent(b, filepath.Join(bin, "hvguard-agent"), uri, n, nil)
+				r, _, _ := runProductionAgent(b, filepath.Join(bin, "hvguard-agent"), uri, n, nil)
 				idle.add(r[0])
 			}
 			idle.report(b, "idle_", b.N)
@@ -209,7 +244,7 @@ func BenchmarkAgentRSS(b *testing.B) {
 // consumer has n reports (the first resync), measures (idle), then, if
 // burst is set, runs it (it returns how many reports it causes), waits for
 // them at the consumer and measures again (burst).
-func runProductionAgent(b *testing.B, bin, uri string, n int, burst func() int) (m [2]mem, rate float64) {
+func runProductionAgent(b *testing.B, bin, uri string, n int, burst func() int) (m [2]mem, rate float64, cpu time.Duration) {
 	b.Helper()
 	ns, nc := startNATS(b)
 	dir := b.TempDir()
@@ -258,7 +293,11 @@ metrics:
 		b.Fatal(err)
 	}
 	if burst == nil {
-		return m, 0
+		return m, 0, 0
+	}
+	cpu0, err := procCPU(cmd.Process.Pid)
+	if err != nil {
+		b.Fatal(err)
 	}
 	from := c.len()
 	start := time.Now()
@@ -273,7 +312,11 @@ metrics:
 	if m[1], err = procMem(cmd.Process.Pid); err != nil {
 		b.Fatal(err)
 	}
-	return m, rate
+	cpu1, err := procCPU(cmd.Process.Pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return m, rate, cpu1 - cpu0
 }
 
 // runBenchAgent runs benchagent (with or without the agent) through its
