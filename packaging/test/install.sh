@@ -43,10 +43,16 @@ for name in "$@"; do
 	fresh_root "$ROOT"
 	cp "$deb" "$ROOT/tmp/v1.deb"
 	cp "$updeb" "$ROOT/tmp/v2.deb"
-	for shim in systemctl deb-systemd-invoke; do
-		printf '#!/bin/sh\necho "%s $*" >>/tmp/systemd-calls\n' "$shim" >"$ROOT/usr/local/sbin/$shim"
-		chmod +x "$ROOT/usr/local/sbin/$shim"
-	done
+	# Offline calls (systemctl --root=/ …, which deb-systemd-helper makes to
+	# apply presets) work without systemd: they go to the real systemctl.
+	# Every other call needs a running systemd and is only logged.
+	cat >"$ROOT/usr/local/sbin/systemctl" <<-'SH'
+		#!/bin/sh
+		case "$1" in --root=*) exec /bin/systemctl "$@" ;; esac
+		echo "systemctl $*" >>/tmp/systemd-calls
+	SH
+	printf '#!/bin/sh\necho "deb-systemd-invoke $*" >>/tmp/systemd-calls\n' >"$ROOT/usr/local/sbin/deb-systemd-invoke"
+	chmod +x "$ROOT/usr/local/sbin/systemctl" "$ROOT/usr/local/sbin/deb-systemd-invoke"
 	conf=/etc/hvguard/agent.yaml
 	state=/var/lib/hvguard
 	wants=/etc/systemd/system/multi-user.target.wants/$name.service
