@@ -12,6 +12,15 @@ import (
 // known (a few per lease at the defaults).
 const maxSent = 64
 
+// minRoundGap is the least time between the starts of two peer rounds:
+// a round whose peers all answered at once (e.g. connection refused) does
+// not turn into a busy loop.
+const minRoundGap = 500 * time.Millisecond
+
+// peerRetry is how often the unanswered peers of an open round are asked
+// again (a question or its answer may be lost; a peer may be restarting).
+const peerRetry = time.Second
+
 // fenceRetry is the pause before a failed domain operation is retried.
 const fenceRetry = 500 * time.Millisecond
 
@@ -32,8 +41,10 @@ type Agent struct {
 	reason   Reason
 
 	seq         uint64
+	landedSeq   uint64 // highest seq known to have landed
 	incarnation uint64 // one per NewAgent: tells our renewals from an earlier process's
 	nextRound   time.Time
+	isolation   Reason               // what the last unsuccessful round showed
 	sent        map[uint64]time.Time // send times of renewals not yet settled
 	inflight    uint64               // seq of the outstanding own renewal (0: none)
 	inflightT   time.Time            // its deadline
@@ -54,6 +65,8 @@ type Agent struct {
 	pending    map[string]time.Time // domain -> retry-at (zero: in flight)
 	paused     map[string]bool
 	inventory  map[string]bool // uuid -> running
+	// inventoryKnown: Domains was called; a fence never completes before.
+	inventoryKnown bool
 
 	reconcileID uint64
 	rejoinDecl  bool // the rejoin follows a declaration (release)
@@ -62,11 +75,12 @@ type Agent struct {
 }
 
 type roundState struct {
-	id       uint64
-	renewal  RenewRequest
-	deadline time.Time
-	asked    map[string]bool
-	answers  map[string]PeerAnswerKind
+	id        uint64
+	nextRetry time.Time // unanswered peers are asked again then
+	renewal   RenewRequest
+	deadline  time.Time
+	asked     map[string]bool
+	answers   map[string]PeerAnswerKind
 }
 
 // NewAgent returns an agent for cfg, restoring d (nil on a first start) and
@@ -86,7 +100,7 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 	reason := ReasonStarted
 	if d != nil && d.Host == cfg.Host {
 		a.incarnation = d.Incarnation
-		a.epoch = d.Epoch
+		a.epoch, a.rev = d.Epoch, d.Revision
 		a.declared, a.released = d.Declared, d.Released
 		for _, u := range d.Paused {
 			a.paused[u] = true
@@ -105,7 +119,9 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 		}
 	}
 	if cur != nil && cur.Host == cfg.Host {
-		a.rev = rev
+		if cur.State != LeaseExpired {
+			a.rev = rev // never the revision of a declaration (see conflict)
+		}
 		switch cur.State {
 		case LeaseExpired:
 			if cur.Epoch >= a.epoch {
@@ -141,7 +157,8 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 		a.setState(now, StateAwaitingRelease, ReasonDeclaredExpired, "")
 	}
 	a.persist()
-	a.step(now)
+	// No timers run here: the caller first gives SetMembers and Domains,
+	// then calls Tick.
 	return a, a.take(), nil
 }
 
@@ -172,9 +189,12 @@ func (a *Agent) Paused() []string { return sortedKeys(a.paused) }
 
 // PeerStatus is what this agent answers a peer asking whether it can renew.
 func (a *Agent) PeerStatus(now time.Time) PeerStatus {
+	age := now.Sub(a.lastAck)
 	return PeerStatus{
 		Declared: a.declared,
-		CanRenew: !a.declared && a.lease && now.Sub(a.lastAck) < a.cfg.Timing.SuspectAfter(),
+		CanRenew: !a.declared && a.lease && age < a.cfg.Timing.SuspectAfter(),
+		Held:     !a.declared && a.state == StateHeld,
+		Lapsed:   !a.lease || age >= a.cfg.Timing.ConfirmableAge(),
 	}
 }
 
@@ -209,7 +229,7 @@ func (a *Agent) SetMembers(members []string, g Guard) {
 // Durable returns the state to persist.
 func (a *Agent) Durable() Durable {
 	return Durable{
-		Host: a.cfg.Host, BootID: a.cfg.BootID, Epoch: a.epoch, Incarnation: a.incarnation,
+		Host: a.cfg.Host, BootID: a.cfg.BootID, Epoch: a.epoch, Incarnation: a.incarnation, Revision: a.rev,
 		HaveLease: a.lease, LastAck: a.lastAck,
 		Fenced:   a.state == StateFencing || a.state == StateFenced || a.state == StateRejoining || (a.state == StateAwaitingRelease),
 		Held:     a.state == StateHeld,
@@ -252,6 +272,7 @@ func (a *Agent) NextDeadline() time.Time {
 	}
 	if a.round != nil {
 		upd(a.round.deadline)
+		upd(a.round.nextRetry)
 	}
 	return t
 }
@@ -290,6 +311,10 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 	switch ans.Kind {
 	case PeerRelayed:
 		a.renewResult(now, rd.renewal.Seq, RenewResult{Outcome: RenewAcked, Revision: ans.Revision})
+	case PeerRelayFailed:
+		if ans.Current != nil && ans.Current.State == LeaseActive {
+			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Current: ans.Current})
+		}
 	case PeerCannotRenew:
 		a.confirmed[peer] = now
 		if (a.state == StateAskingPeers || a.state == StateHeld) && a.holdConfirmed(now) {
@@ -316,6 +341,7 @@ func (a *Agent) roundSeq(id uint64) uint64 {
 // fenced, any running domain not yet fenced is fenced.
 func (a *Agent) Domains(now time.Time, ds []Domain) Ready {
 	clear(a.inventory)
+	a.inventoryKnown = true
 	for _, d := range ds {
 		a.inventory[d.UUID] = d.Running
 	}
@@ -373,6 +399,11 @@ func (a *Agent) Reconciled(now time.Time, id uint64, drop []string) Ready {
 		a.setState(now, StateHealthy, ReasonReleasedReconciled, fmt.Sprintf("%d domains left paused", len(all)))
 	} else {
 		a.r.Resume = all
+		for _, u := range all {
+			if _, ok := a.inventory[u]; ok {
+				a.inventory[u] = true // running again once resumed
+			}
+		}
 		a.setState(now, StateHealthy, ReasonResumedAfterReconcile, fmt.Sprintf("%d domains resumed", len(all)))
 	}
 	a.rejoinDecl = false
@@ -437,16 +468,25 @@ func (a *Agent) step(now time.Time) {
 		a.inflight = 0
 		a.renewFailed(now, ReasonRenewTimedOut)
 	}
-	if a.inflight == 0 && !now.Before(a.nextRenew) {
+	// While the lease is in doubt a new renewal goes out every half
+	// interval even if one is outstanding (same expected revision: at most
+	// one lands, a conflict shows which), so that a healed link is noticed
+	// within about a second.
+	doubt := a.state != StateHealthy && a.state != StateStarting && a.state != StateRejoining
+	if (a.inflight == 0 || doubt) && !now.Before(a.nextRenew) {
 		req := a.newRenewal(now)
 		a.r.Renew = &req
 		a.inflight, a.inflightT = req.Seq, now.Add(t.RenewTimeout)
 		a.nextRenew = now.Add(t.RenewInterval)
+		if doubt {
+			a.nextRenew = now.Add(t.RenewInterval / 2)
+		}
 	}
 	age := now.Sub(a.lastAck)
 	switch a.state {
 	case StateStarting, StateHealthy, StateSuspect:
 		if age >= t.SuspectAfter() {
+			a.isolation = ""
 			a.setState(now, StateAskingPeers, ReasonNoRenewalForSuspectAfter, fmt.Sprintf("last acknowledged renewal %s ago", age))
 			a.startRound(now)
 		}
@@ -454,9 +494,12 @@ func (a *Agent) step(now time.Time) {
 		if a.round != nil && !now.Before(a.round.deadline) {
 			a.endRound(now)
 		}
+		a.retryRound(now)
 		if a.state == StateAskingPeers && age >= t.FenceBy() {
 			if a.holdConfirmed(now) {
 				a.enterHeld(now, a.confirmedCount(now))
+			} else if a.isolation != "" {
+				a.startFence(now, a.isolation)
 			} else {
 				a.startFence(now, ReasonIsolatedAtFenceDeadline)
 			}
@@ -468,6 +511,7 @@ func (a *Agent) step(now time.Time) {
 		if a.round != nil && !now.Before(a.round.deadline) {
 			a.endRound(now)
 		}
+		a.retryRound(now)
 		if a.state == StateHeld && a.round == nil && !now.Before(a.heldUntil) {
 			a.startFence(now, ReasonIsolatedBecauseHoldNoLongerConfirmed)
 		}
@@ -476,7 +520,7 @@ func (a *Agent) step(now time.Time) {
 		}
 	case StateFencing:
 		a.retryFence(now)
-		if len(a.pending) == 0 {
+		if len(a.pending) == 0 && a.inventoryKnown {
 			a.fenceComplete(now)
 		} else if !a.escalated && !now.Before(a.fenceDL) {
 			a.escalate(now)
@@ -521,6 +565,7 @@ func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
 			delete(a.sent, s)
 		}
 	}
+	a.landedSeq = max(a.landedSeq, seq)
 	if a.declared {
 		// A landed renewal after a declaration can only be one written on
 		// the released record.
@@ -539,6 +584,12 @@ func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
 	}
 	if a.round != nil && a.round.renewal.Seq == seq {
 		reason = ReasonRelayedByPeer
+	}
+	if now.Sub(a.lastAck) >= a.cfg.Timing.SuspectAfter() {
+		// A late landing of an old renewal: it moves the revision, not the
+		// state; the next renewal (sent at once) decides.
+		a.nextRenew = now
+		return
 	}
 	switch a.state {
 	case StateStarting, StateSuspect, StateAskingPeers, StateHeld:
@@ -577,9 +628,17 @@ func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 				a.landed(now, cur.Seq, res.Revision, ReasonRenewed)
 				return
 			}
+			if cur.Seq <= a.landedSeq {
+				// Already counted (its ack overtook this conflict): only
+				// the revision is news. Renew again at once.
+				a.rev = max(a.rev, res.Revision)
+				a.nextRenew = now
+				return
+			}
 		}
 		if res.Revision > a.rev {
 			a.rev = res.Revision
+			a.nextRenew = now // retry at once on the revision now known
 		}
 		a.renewFailed(now, ReasonRenewFailed)
 	case LeaseExpired:
@@ -587,7 +646,9 @@ func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 			a.renewFailed(now, ReasonRenewFailed)
 			return
 		}
-		a.rev, a.epoch = res.Revision, cur.Epoch
+		// Never adopt the revision of a declaration: a renewal must not be
+		// able to overwrite it. Only a released record is taken over.
+		a.epoch = cur.Epoch
 		if a.declared {
 			return
 		}
@@ -643,8 +704,9 @@ func (a *Agent) startRound(now time.Time) {
 	}
 	a.roundID++
 	req := a.newRenewal(now)
+	a.nextRound = now.Add(minRoundGap)
 	rd := &roundState{id: a.roundID, renewal: req, deadline: now.Add(a.cfg.Timing.PeerTimeout),
-		asked: map[string]bool{}, answers: map[string]PeerAnswerKind{}}
+		asked: map[string]bool{}, answers: map[string]PeerAnswerKind{}, nextRetry: now.Add(peerRetry)}
 	// A random sample of the whole membership. While asking, peers that
 	// have not confirmed yet come first (to accumulate confirmations);
 	// while Held, the confirmed ones come first (to re-confirm them).
@@ -664,7 +726,6 @@ func (a *Agent) startRound(now time.Time) {
 		rd.asked[p] = true
 	}
 	a.round = rd
-	a.nextRound = rd.deadline
 	if a.state == StateHeld {
 		a.nextHeld = now.Add(a.cfg.HeldRecheck)
 	}
@@ -673,6 +734,28 @@ func (a *Agent) startRound(now time.Time) {
 		return
 	}
 	a.r.AskPeers = &PeerRound{ID: rd.id, Peers: slices.Clone(peers), Renewal: req, Deadline: rd.deadline}
+}
+
+// retryRound asks the peers that have not answered the open round again
+// (a peer that was restarting or briefly unreachable gets another chance
+// within the round).
+func (a *Agent) retryRound(now time.Time) {
+	rd := a.round
+	if rd == nil || now.Before(rd.nextRetry) {
+		return
+	}
+	rd.nextRetry = now.Add(peerRetry)
+	var again []string
+	for p := range rd.asked {
+		if _, ok := rd.answers[p]; !ok {
+			again = append(again, p)
+		}
+	}
+	if len(again) == 0 || a.r.AskPeers != nil {
+		return
+	}
+	sort.Strings(again)
+	a.r.AskPeers = &PeerRound{ID: rd.id, Peers: again, Renewal: rd.renewal, Deadline: rd.deadline}
 }
 
 // confirmFresh is how long a CannotRenew answer counts.
@@ -720,7 +803,7 @@ func (a *Agent) endRound(now time.Time) {
 	var can, cannot, none int
 	for p := range rd.asked {
 		switch k, ok := rd.answers[p]; {
-		case !ok || k == PeerUnreachable || k == PeerDeclared:
+		case !ok || k == PeerUnreachable || k == PeerDeclared || k == PeerLeaseLapsed:
 			none++
 		case k == PeerCannotRenew:
 			cannot++
@@ -741,10 +824,10 @@ func (a *Agent) endRound(now time.Time) {
 	case StateHeld:
 		a.startFence(now, ReasonIsolatedBecauseHoldNoLongerConfirmed)
 	case StateAskingPeers:
-		// Another round if it fits before the fence must start.
-		if now.Add(a.cfg.Timing.PeerTimeout).After(a.lastAck.Add(a.cfg.Timing.FenceBy())) {
-			a.startFence(now, reason)
-		}
+		// Another round starts (in step) if it fits before FenceBy;
+		// otherwise own renewals get the rest of the time, and at FenceBy
+		// the agent fences for this reason.
+		a.isolation = reason
 	}
 }
 
@@ -768,7 +851,7 @@ func (a *Agent) startFence(now time.Time, reason Reason) {
 	sort.Strings(run)
 	a.setState(now, StateFencing, reason, fmt.Sprintf("%d running domains, action %s", len(run), a.action()))
 	a.fenceDomains(now, run)
-	if len(a.pending) == 0 {
+	if len(a.pending) == 0 && a.inventoryKnown {
 		a.fenceComplete(now)
 	}
 }

@@ -155,6 +155,18 @@ func (t Timing) SuspectAfter() time.Duration { return t.RenewInterval + t.RenewT
 // FenceBy is the age at which the agent starts fencing at the latest.
 func (t Timing) FenceBy() time.Duration { return t.LeaseTTL - t.FenceDeadline }
 
+// ConfirmableAge is the largest lease age (since the send time of the last
+// landed renewal) at which an agent that is not Held still confirms to its
+// peers that it cannot renew. Older, the controller may already have
+// declared it expired without the agent knowing (it declares no earlier
+// than LeaseTTL + grace, and grace >= FenceDeadline), and a declared host
+// no longer counts toward the controller's guard once its declaration is
+// older than the guard window; so such an answer must not count toward a
+// hold. The drift factor covers both clocks.
+func (t Timing) ConfirmableAge() time.Duration {
+	return time.Duration(float64(t.LeaseTTL+t.FenceDeadline) * (1 - 2*t.MaxClockDrift))
+}
+
 // Validate checks that the constants make a lease the agent can defend: the
 // detection path (SuspectAfter + one peer round) fits before FenceBy.
 func (t Timing) Validate() error {

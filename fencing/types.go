@@ -204,12 +204,20 @@ const (
 	// PeerDeclared: the peer was itself declared expired (it proves
 	// nothing about a mass failure).
 	PeerDeclared
+	// PeerLeaseLapsed: the peer cannot renew, is not Held, and its lease
+	// is older than Timing.ConfirmableAge: it may have been declared
+	// without knowing it, so it does not count toward a hold.
+	PeerLeaseLapsed
 )
 
-// PeerAnswer is one peer's answer.
+// PeerAnswer is one peer's answer. Revision is the relayed record's
+// revision (PeerRelayed); on a relay rejected by the CAS, Current and
+// Revision are what the key holds (the agent may recognise one of its own
+// renewals there, exactly as on its own conflict).
 type PeerAnswer struct {
 	Kind     PeerAnswerKind
 	Revision uint64
+	Current  *LeaseRecord
 }
 
 // PeerStatus is what this agent answers a peer that asks.
@@ -218,6 +226,12 @@ type PeerStatus struct {
 	CanRenew bool
 	// Declared: this host was declared expired.
 	Declared bool
+	// Held: this agent is Held (by induction it is not declared: a Held
+	// host being declared is exactly what the protocol rules out).
+	Held bool
+	// Lapsed: the lease is older than Timing.ConfirmableAge (and the
+	// agent is not Held).
+	Lapsed bool
 }
 
 // Answer maps the status to the answer kind for a peer (before relaying).
@@ -227,6 +241,10 @@ func (s PeerStatus) Answer() PeerAnswerKind {
 		return PeerDeclared
 	case s.CanRenew:
 		return PeerRelayFailed // upgraded to PeerRelayed if the relay succeeds
+	case s.Held:
+		return PeerCannotRenew
+	case s.Lapsed:
+		return PeerLeaseLapsed
 	}
 	return PeerCannotRenew
 }
@@ -250,6 +268,9 @@ type Durable struct {
 	// restarted agent never mistakes an earlier process's renewal for one
 	// of its own.
 	Incarnation uint64 `json:"incarnation"`
+	// Revision is the latest revision of our key known to hold our record
+	// (the next CAS expects it), for a restart while NATS is unreachable.
+	Revision uint64 `json:"revision"`
 	// HaveLease and LastAck: the send time of the last acknowledged
 	// renewal. Only an agent crash (not a host crash) leaves domains
 	// running, so this needs no fsync, only an atomic rename.
