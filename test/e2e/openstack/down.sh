@@ -15,9 +15,17 @@ case "${1:-}" in
 *) echo "usage: $0 [--purge]" >&2; exit 2 ;;
 esac
 [[ -d "$W" ]] || { log "nothing to do: $W does not exist"; exit 0; }
-for ((i = ${#SERVICES[@]} - 1; i >= 0; i--)); do
-	stop_service "${SERVICES[i]}" 30
+# OpenStack services in parallel (each waits up to 30 s, then SIGKILL), then
+# RabbitMQ, MariaDB and epmd.
+pids=()
+for s in "${SERVICES[@]}"; do
+	case "$s" in mariadb | rabbitmq) continue ;; esac
+	stop_service "$s" 30 &
+	pids+=($!)
 done
+for p in "${pids[@]}"; do wait "$p" || true; done
+stop_service rabbitmq 30
+stop_service mariadb 60
 stop_service epmd 10
 if ((purge)); then
 	rm -rf "$W"

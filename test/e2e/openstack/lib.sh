@@ -196,6 +196,7 @@ INI
 		cat <<INI
 [DEFAULT]
 transport_url = $RABBIT_URL
+graceful_shutdown_timeout = 5
 my_ip = 127.0.0.1
 [api]
 auth_strategy = keystone
