@@ -133,6 +133,16 @@ func TestEvacuationScenario(t *testing.T) {
 		t.Errorf("migrations of a deleted server still listed: %+v", ms)
 	}
 
+	// Nova refuses to clear forced_down while a "done" evacuation from node1 exists.
+	if id, err := h.ComputeServiceID(ctx, "node1"); err != nil {
+		t.Error(err)
+	} else if r, err := h.Raw(ctx, "PUT", osharness.MVForcedDown, "/os-services/"+id, map[string]any{"forced_down": false}); err != nil || r.Status != 400 {
+		t.Errorf("forced_down=false with done evacuations: want 400, got %v %v", r, err)
+	} else {
+		t.Logf("fact: forced_down=false with a done evacuation -> %d %s", r.Status, r.Body)
+		rec.save("os-services-unforce-refused", r)
+	}
+
 	// node1 rejoins: nova-compute destroys evacuated instances, done -> completed.
 	step(t, "start nova-compute on node1", func() error { return h.StartCompute(ctx, "node1") })
 	step(t, "wait evacuation completed", func() error {
@@ -196,7 +206,19 @@ func checkAPIFacts(t *testing.T, ctx context.Context, h *osharness.Harness, rec 
 		t.Errorf("limit=1 page: %s (%v)", p1.Body, err)
 	} else {
 		u, _ := url.Parse(page.Links[0].Href)
-		rec.record(ctx, h, "migrations-evacuation-node1-page2", osharness.MVPaging, "/os-migrations?"+u.RawQuery, 200)
+		p2 := rec.record(ctx, h, "migrations-evacuation-node1-page2", osharness.MVPaging, "/os-migrations?"+u.RawQuery, 200)
+		// walk to the end: a full page has a next link; the walk ends on an empty page without one
+		for i := 3; i < 20; i++ {
+			page.Links = nil
+			page.Migrations = nil
+			_ = json.Unmarshal(p2.Body, &page)
+			if len(page.Links) == 0 {
+				t.Logf("fact: page %d (limit=1) has %d migrations and no next link", i-1, len(page.Migrations))
+				break
+			}
+			u, _ := url.Parse(page.Links[0].Href)
+			p2 = rec.record(ctx, h, fmt.Sprintf("migrations-evacuation-node1-page%d", i), osharness.MVPaging, "/os-migrations?"+u.RawQuery, 200)
+		}
 	}
 	// order: ascending id below 2.59, newest first from 2.59
 	var l21, l59 []osharness.Migration
@@ -282,6 +304,14 @@ func newRecorder(t *testing.T) *recorder {
 	return &recorder{t: t, dir: "testdata", on: os.Getenv("HVG_E2E_RECORD") == "1"}
 }
 
+// save writes an already made exchange (any method) like record does.
+func (r *recorder) save(name string, resp *osharness.Response) {
+	r.t.Helper()
+	if r.on {
+		r.write(name, resp)
+	}
+}
+
 // record sends GET path at mv, checks the status and, when recording, writes
 // testdata/<name>.mv<mv>.json: the request line, microversion, status, the
 // response's version headers and the body. No request header (so no token)
@@ -295,9 +325,15 @@ func (r *recorder) record(ctx context.Context, h *osharness.Harness, name, mv, p
 	if resp.Status != want {
 		r.t.Errorf("GET %s (mv %q): %d, want %d: %s", path, mv, resp.Status, want, resp.Body)
 	}
-	if !r.on {
-		return resp
+	if r.on {
+		r.write(name, resp)
 	}
+	return resp
+}
+
+func (r *recorder) write(name string, resp *osharness.Response) {
+	r.t.Helper()
+	mv, path := resp.Microversion, resp.Path
 	shown := mv
 	if shown == "" {
 		shown = "2.1"
@@ -309,13 +345,16 @@ func (r *recorder) record(ctx context.Context, h *osharness.Harness, name, mv, p
 		}
 	}
 	doc := map[string]any{
-		"request":          "GET /v2.1" + path,
+		"request":          resp.Method + " /v2.1" + path,
 		"microversion":     shown,
 		"microversion_hdr": mv != "",
 		"status":           resp.Status,
 		"headers":          hdr,
 		"body":             json.RawMessage(resp.Body),
 		"recorded_by":      "test/e2e/openstack TestEvacuationScenario (HVG_E2E_RECORD=1), Nova 26.2.2 (Zed), fake driver, MariaDB",
+	}
+	if resp.RequestBody != nil {
+		doc["request_body"] = resp.RequestBody
 	}
 	if !json.Valid(resp.Body) {
 		doc["body"] = string(resp.Body)
@@ -334,5 +373,4 @@ func (r *recorder) record(ctx context.Context, h *osharness.Harness, name, mv, p
 	if err := os.WriteFile(f, append(b, '\n'), 0o644); err != nil {
 		r.t.Fatal(err)
 	}
-	return resp
 }

@@ -123,6 +123,7 @@ type Response struct {
 	Method       string
 	Path         string // relative to the compute endpoint, with query
 	Microversion string // "" = none sent (2.1)
+	RequestBody  any    // as passed to Raw (nil for none)
 	Status       int
 	Header       http.Header
 	Body         []byte
@@ -154,7 +155,7 @@ func (h *Harness) Raw(ctx context.Context, method, mv, path string, body any) (*
 	if err != nil {
 		return nil, err
 	}
-	return &Response{Method: method, Path: path, Microversion: mv, Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+	return &Response{Method: method, Path: path, Microversion: mv, RequestBody: body, Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
 }
 
 // do is Raw that fails unless the status is one of ok, decoding into out.
