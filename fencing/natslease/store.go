@@ -1,0 +1,253 @@
+// Package natslease is the NATS JetStream KV shell of self-fencing: the
+// lease bucket (fencing.Bucket), compare-and-set renewals classified into
+// fencing.RenewResult (acked, conflict with the current value, definitely
+// failed, or timed out with an UNKNOWN outcome), the controller's
+// declaration and release writes, the published guard, and a watcher for
+// the controller. It holds no state machine: fencing.Agent and
+// controller.Tracker decide, this package only talks to NATS.
+package natslease
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/fencing"
+)
+
+// ReadTimeout bounds the Get that follows a CAS conflict (to report the
+// current value) and the reads of the membership.
+const ReadTimeout = 2 * time.Second
+
+// BucketConfig returns the lease bucket's configuration: file storage
+// (leases survive a NATS restart), history 1 (only the latest value of a
+// key matters; measured: a watcher at saturation sees each key's latest
+// state), replicas as given (3 on a 3-node cluster).
+func BucketConfig(replicas int) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      fencing.Bucket,
+		Description: "hvguard self-fencing leases (see hvguard/fencing)",
+		History:     1,
+		Storage:     jetstream.FileStorage,
+		Replicas:    max(replicas, 1),
+	}
+}
+
+// EnsureBucket opens the lease bucket, creating it (1 replica) when create
+// is set and it does not exist.
+func EnsureBucket(ctx context.Context, js jetstream.JetStream, create bool) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, fencing.Bucket)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
+		return nil, fmt.Errorf("lease bucket %s: %w (provision it with: nats kv add %s --history 1 --storage file --replicas 3)", fencing.Bucket, err, fencing.Bucket)
+	}
+	kv, err = js.CreateKeyValue(ctx, BucketConfig(1))
+	if err != nil {
+		return nil, fmt.Errorf("lease bucket %s: create: %w", fencing.Bucket, err)
+	}
+	return kv, nil
+}
+
+// Store reads and writes the lease bucket.
+type Store struct {
+	KV jetstream.KeyValue
+}
+
+// key returns the host token of host (the record's key).
+func key(host string) string { return strings.ReplaceAll(host, ".", "_") }
+
+// Renew performs req (a CAS of req.Record on req.Revision, 0: create) with
+// timeout and classifies the outcome for fencing.Agent.Renewed. It is also
+// the relay a peer performs for another host (the relay contract — retry
+// once on a conflict with the asker's own active record of the same epoch
+// — is Relay).
+func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest, timeout time.Duration) fencing.RenewResult {
+	return s.cas(ctx, req.Record.Host, req.Revision, req.Record, timeout)
+}
+
+// Relay performs req for another host: like Renew, but a conflict with the
+// asker's own active record of the same epoch is retried once on its
+// revision (never over an expired or released record).
+func (s *Store) Relay(ctx context.Context, req fencing.RenewRequest, timeout time.Duration) fencing.RenewResult {
+	res := s.Renew(ctx, req, timeout)
+	if c := res.Current; res.Outcome == fencing.RenewConflict && c != nil &&
+		c.State == fencing.LeaseActive && c.Host == req.Record.Host && c.Epoch == req.Record.Epoch {
+		req.Revision = res.Revision
+		res = s.Renew(ctx, req, timeout)
+	}
+	return res
+}
+
+// Write writes rec to host's key by CAS on rev (the controller's
+// declaration and release). A conflict is returned as an error wrapping
+// jetstream.ErrKeyRevisionMismatch or jetstream.ErrKeyExists.
+func (s *Store) Write(ctx context.Context, host string, rev uint64, rec fencing.LeaseRecord, timeout time.Duration) (uint64, error) {
+	b, err := rec.Encode()
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	n, err := s.KV.Update(ctx, key(host), b, rev)
+	if err != nil {
+		return 0, fmt.Errorf("lease %s: CAS on revision %d: %w", host, rev, err)
+	}
+	return n, nil
+}
+
+func (s *Store) cas(ctx context.Context, host string, rev uint64, rec fencing.LeaseRecord, timeout time.Duration) fencing.RenewResult {
+	b, err := rec.Encode()
+	if err != nil {
+		return fencing.RenewResult{Outcome: fencing.RenewFailed}
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	n, err := s.KV.Update(cctx, key(host), b, rev)
+	cancel()
+	switch {
+	case err == nil:
+		return fencing.RenewResult{Outcome: fencing.RenewAcked, Revision: n}
+	case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists):
+		cur, crev, gerr := s.Read(ctx, host)
+		if gerr != nil && !errors.Is(gerr, jetstream.ErrKeyNotFound) {
+			// The conflict is certain, the current value unknown: the
+			// write was not applied.
+			return fencing.RenewResult{Outcome: fencing.RenewFailed}
+		}
+		return fencing.RenewResult{Outcome: fencing.RenewConflict, Revision: crev, Current: cur}
+	case definitelyNotSent(err):
+		return fencing.RenewResult{Outcome: fencing.RenewFailed}
+	}
+	// Timeouts and anything unclassified: the write may still land.
+	return fencing.RenewResult{Outcome: fencing.RenewTimedOut}
+}
+
+// definitelyNotSent reports errors after which the write cannot land: not
+// connected with the reconnect buffer disabled (nats.ReconnectBufSize(-1),
+// as agent/delivery.ConnOptions sets), a closed connection, or no stream
+// listening on the subject.
+func definitelyNotSent(err error) bool {
+	return errors.Is(err, nats.ErrReconnectBufExceeded) || errors.Is(err, nats.ErrConnectionClosed) ||
+		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
+		errors.Is(err, jetstream.ErrInvalidKey)
+}
+
+// Read returns host's record and revision (nil, 0 and an error wrapping
+// jetstream.ErrKeyNotFound when there is none).
+func (s *Store) Read(ctx context.Context, host string) (*fencing.LeaseRecord, uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	defer cancel()
+	e, err := s.KV.Get(ctx, key(host))
+	if err != nil {
+		return nil, 0, fmt.Errorf("lease %s: read: %w", host, err)
+	}
+	r, err := fencing.DecodeRecord(e.Value())
+	if err != nil {
+		return nil, e.Revision(), fmt.Errorf("lease %s: %w", host, err)
+	}
+	return &r, e.Revision(), nil
+}
+
+// Members returns the hosts in the bucket (sorted) and the published
+// guard (zero when none is published yet).
+func (s *Store) Members(ctx context.Context) ([]string, fencing.Guard, error) {
+	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	defer cancel()
+	keys, err := s.KV.Keys(ctx)
+	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+		return nil, fencing.Guard{}, fmt.Errorf("lease bucket: list keys: %w", err)
+	}
+	var hosts []string
+	for _, k := range keys {
+		if k != fencing.GuardKey {
+			hosts = append(hosts, strings.ReplaceAll(k, "_", "."))
+		}
+	}
+	sort.Strings(hosts)
+	var g fencing.Guard
+	if e, err := s.KV.Get(ctx, fencing.GuardKey); err == nil {
+		if g, err = fencing.DecodeGuard(e.Value()); err != nil {
+			return hosts, fencing.Guard{}, err
+		}
+	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return hosts, g, fmt.Errorf("lease bucket: read guard: %w", err)
+	}
+	return hosts, g, nil
+}
+
+// PublishGuard writes the controller's guard.
+func (s *Store) PublishGuard(ctx context.Context, g fencing.Guard) error {
+	b, err := fencing.EncodeGuard(g)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	defer cancel()
+	if _, err := s.KV.Put(ctx, fencing.GuardKey, b); err != nil {
+		return fmt.Errorf("lease bucket: publish guard: %w", err)
+	}
+	return nil
+}
+
+// Update is one value seen by Watch: Record nil means the key was deleted.
+type Update struct {
+	Host     string
+	Revision uint64
+	Record   *fencing.LeaseRecord
+	// Err is a record that could not be decoded (Record nil).
+	Err error
+}
+
+// Watch watches every host key of the bucket and sends each update to out
+// until ctx ends; the first batch is the current value of every key, after
+// which synced is closed (the caller then calls Tracker.WatchStarted). It
+// returns when ctx ends or the watch fails (the caller re-watches and
+// calls WatchStarted again: silence is only measured while watching).
+func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- struct{}) error {
+	w, err := s.KV.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("lease bucket: watch: %w", err)
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-w.Updates():
+			if !ok {
+				return errors.New("lease bucket: watch ended")
+			}
+			if e == nil {
+				if synced != nil {
+					close(synced)
+					synced = nil
+				}
+				continue
+			}
+			if e.Key() == fencing.GuardKey {
+				continue
+			}
+			u := Update{Host: strings.ReplaceAll(e.Key(), "_", "."), Revision: e.Revision()}
+			if e.Operation() == jetstream.KeyValuePut {
+				r, err := fencing.DecodeRecord(e.Value())
+				if err != nil {
+					u.Err = err
+				} else {
+					u.Record = &r
+				}
+			}
+			select {
+			case out <- u:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+	}
+}
