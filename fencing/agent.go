@@ -188,13 +188,33 @@ func (a *Agent) LeaseHeld(now time.Time) bool {
 func (a *Agent) Paused() []string { return sortedKeys(a.paused) }
 
 // PeerStatus is what this agent answers a peer asking whether it can renew.
-func (a *Agent) PeerStatus(now time.Time) PeerStatus {
-	age := now.Sub(a.lastAck)
+func (a *Agent) PeerStatus(now time.Time) PeerStatus { return a.PeerView().Status(now) }
+
+// PeerView is a snapshot of what PeerStatus needs, for a peer endpoint
+// that answers off the agent's goroutine: the loop stores a fresh one after
+// every call into the Agent, the endpoint evaluates it at the request time
+// (on the same clock).
+type PeerView struct {
+	Lease    bool
+	LastAck  time.Time
+	Declared bool
+	Held     bool
+	Timing   Timing
+}
+
+// PeerView returns the current snapshot.
+func (a *Agent) PeerView() PeerView {
+	return PeerView{Lease: a.lease, LastAck: a.lastAck, Declared: a.declared, Held: a.state == StateHeld, Timing: a.cfg.Timing}
+}
+
+// Status evaluates the snapshot at now.
+func (v PeerView) Status(now time.Time) PeerStatus {
+	age := now.Sub(v.LastAck)
 	return PeerStatus{
-		Declared: a.declared,
-		CanRenew: !a.declared && a.lease && age < a.cfg.Timing.SuspectAfter(),
-		Held:     !a.declared && a.state == StateHeld,
-		Lapsed:   !a.lease || age >= a.cfg.Timing.ConfirmableAge(),
+		Declared: v.Declared,
+		CanRenew: !v.Declared && v.Lease && age < v.Timing.SuspectAfter(),
+		Held:     !v.Declared && v.Held,
+		Lapsed:   !v.Lease || age >= v.Timing.ConfirmableAge(),
 	}
 }
 

@@ -12,13 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/fencing"
+	"hvguard/proto"
 )
 
 // ReadTimeout bounds the Get that follows a CAS conflict (to report the
@@ -61,8 +61,25 @@ type Store struct {
 	KV jetstream.KeyValue
 }
 
-// key returns the host token of host (the record's key).
-func key(host string) string { return strings.ReplaceAll(host, ".", "_") }
+// key returns the host token of host (the record's key); an invalid host
+// name yields an invalid key, which the KV rejects (never passed through).
+func key(host string) string {
+	t, err := proto.HostToken(host)
+	if err != nil {
+		return ".invalid"
+	}
+	return t
+}
+
+// hostOf returns the host of a key, or "" for a key that is not a host
+// token.
+func hostOf(k string) string {
+	h, err := proto.TokenToHost(k)
+	if err != nil {
+		return ""
+	}
+	return h
+}
 
 // Renew performs req (a CAS of req.Record on req.Revision, 0: create) with
 // timeout and classifies the outcome for fencing.Agent.Renewed. It is also
@@ -166,8 +183,8 @@ func (s *Store) Members(ctx context.Context) ([]string, fencing.Guard, error) {
 	}
 	var hosts []string
 	for _, k := range keys {
-		if k != fencing.GuardKey {
-			hosts = append(hosts, strings.ReplaceAll(k, "_", "."))
+		if h := hostOf(k); h != "" {
+			hosts = append(hosts, h)
 		}
 	}
 	sort.Strings(hosts)
@@ -231,10 +248,11 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 				}
 				continue
 			}
-			if e.Key() == fencing.GuardKey {
-				continue
+			h := hostOf(e.Key())
+			if h == "" {
+				continue // the guard, or not a host
 			}
-			u := Update{Host: strings.ReplaceAll(e.Key(), "_", "."), Revision: e.Revision()}
+			u := Update{Host: h, Revision: e.Revision()}
 			if e.Operation() == jetstream.KeyValuePut {
 				r, err := fencing.DecodeRecord(e.Value())
 				if err != nil {

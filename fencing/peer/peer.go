@@ -1,0 +1,218 @@
+// Package peer is the small authenticated endpoint agents use to ask each
+// other whether they can renew their lease, and to relay a renewal
+// (docs/fencing.md, "Peers"). Requests and answers are JSON, signed with
+// HMAC-SHA256 over the body with a secret shared by the fleet, and carry
+// the sender, the addressee and a wall-clock timestamp checked against
+// MaxSkew so that a captured request cannot be replayed later or to
+// another host. Anything that fails (network, status, signature, decoding)
+// is PeerUnreachable to the asker: an answer that cannot be trusted
+// counts for nothing.
+package peer
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"hvguard/fencing"
+)
+
+const (
+	// Path is the endpoint's URL path.
+	Path = "/v1/fencing/peer"
+	// SignatureHeader carries hex(HMAC-SHA256(secret, body)).
+	SignatureHeader = "X-Hvguard-Signature"
+	// MaxSkew bounds the difference between a request's timestamp and the
+	// receiver's wall clock (and an answer's and the asker's): a replay
+	// window, not a timing input (nothing in the protocol uses wall time).
+	MaxSkew = 30 * time.Second
+	// MaxBody bounds request and answer bodies.
+	MaxBody = 64 << 10
+	// MinSecretLen is the shortest accepted shared secret.
+	MinSecretLen = 16
+)
+
+// Request is a peer question.
+type Request struct {
+	From    string               `json:"from"`
+	To      string               `json:"to"`
+	Round   uint64               `json:"round"`
+	Renewal fencing.RenewRequest `json:"renewal"`
+	SentAt  time.Time            `json:"sent_at"`
+}
+
+// Answer is a peer's answer.
+type Answer struct {
+	From     string                 `json:"from"`
+	To       string                 `json:"to"`
+	Round    uint64                 `json:"round"`
+	Kind     fencing.PeerAnswerKind `json:"kind"`
+	Revision uint64                 `json:"revision,omitempty"`
+	Current  *fencing.LeaseRecord   `json:"current,omitempty"`
+	SentAt   time.Time              `json:"sent_at"`
+}
+
+// Relayer performs a relayed renewal (natslease.Store.Relay).
+type Relayer interface {
+	Relay(ctx context.Context, req fencing.RenewRequest, timeout time.Duration) fencing.RenewResult
+}
+
+func sign(secret, body []byte) string {
+	m := hmac.New(sha256.New, secret)
+	m.Write(body)
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+func verify(secret, body []byte, sig string) bool {
+	want, err := hex.DecodeString(sig)
+	if err != nil {
+		return false
+	}
+	m := hmac.New(sha256.New, secret)
+	m.Write(body)
+	return hmac.Equal(m.Sum(nil), want)
+}
+
+func fresh(at, now time.Time) bool {
+	d := now.Sub(at)
+	return d < MaxSkew && d > -MaxSkew
+}
+
+// Handler answers peer questions for host.
+type Handler struct {
+	Host   string
+	Secret []byte
+	// View returns the agent's current PeerView (stored by its loop) and
+	// the current time on the agent's clock.
+	View    func() (fencing.PeerView, time.Time)
+	Relayer Relayer
+	// Wall is the wall clock for the replay window (time.Now if nil).
+	Wall func() time.Time
+}
+
+func (h *Handler) wall() time.Time {
+	if h.Wall != nil {
+		return h.Wall()
+	}
+	return time.Now()
+}
+
+// ServeHTTP implements http.Handler.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		http.Error(w, "POST only", http.StatusMethodNotAllowed)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody))
+	if err != nil {
+		http.Error(w, "read body", http.StatusBadRequest)
+		return
+	}
+	if len(h.Secret) < MinSecretLen || !verify(h.Secret, body, r.Header.Get(SignatureHeader)) {
+		http.Error(w, "bad signature", http.StatusUnauthorized)
+		return
+	}
+	var req Request
+	if err := json.Unmarshal(body, &req); err != nil {
+		http.Error(w, "bad request", http.StatusBadRequest)
+		return
+	}
+	if req.To != h.Host || !fresh(req.SentAt, h.wall()) || req.Renewal.Record.Host != req.From {
+		http.Error(w, "wrong addressee, stale request or relay for another host", http.StatusForbidden)
+		return
+	}
+	view, now := h.View()
+	st := view.Status(now)
+	ans := Answer{From: h.Host, To: req.From, Round: req.Round, Kind: st.Answer()}
+	if ans.Kind == fencing.PeerRelayFailed && h.Relayer != nil {
+		res := h.Relayer.Relay(r.Context(), req.Renewal, view.Timing.RenewTimeout)
+		switch res.Outcome {
+		case fencing.RenewAcked:
+			ans.Kind, ans.Revision = fencing.PeerRelayed, res.Revision
+		case fencing.RenewConflict:
+			ans.Revision, ans.Current = res.Revision, res.Current
+		}
+	}
+	ans.SentAt = h.wall()
+	out, err := json.Marshal(ans)
+	if err != nil {
+		http.Error(w, "encode", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set(SignatureHeader, sign(h.Secret, out))
+	w.Write(out)
+}
+
+// Client asks peers.
+type Client struct {
+	Host   string
+	Secret []byte
+	HTTP   *http.Client
+	// URL returns the endpoint URL of peer (e.g. "https://"+peer+":9476"+Path).
+	URL func(peer string) string
+	// Wall is the wall clock for the replay window (time.Now if nil).
+	Wall func() time.Time
+}
+
+func (c *Client) wall() time.Time {
+	if c.Wall != nil {
+		return c.Wall()
+	}
+	return time.Now()
+}
+
+// Ask asks peer about round rd (bounded by ctx, which the caller limits to
+// the round's deadline). Any failure is PeerUnreachable, with the error
+// for logging.
+func (c *Client) Ask(ctx context.Context, peer string, rd fencing.PeerRound) (fencing.PeerAnswer, error) {
+	unreachable := fencing.PeerAnswer{Kind: fencing.PeerUnreachable}
+	if len(c.Secret) < MinSecretLen {
+		return unreachable, errors.New("peer: shared secret too short")
+	}
+	body, err := json.Marshal(Request{From: c.Host, To: peer, Round: rd.ID, Renewal: rd.Renewal, SentAt: c.wall()})
+	if err != nil {
+		return unreachable, fmt.Errorf("peer %s: encode: %w", peer, err)
+	}
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, c.URL(peer), bytes.NewReader(body))
+	if err != nil {
+		return unreachable, fmt.Errorf("peer %s: %w", peer, err)
+	}
+	hr.Header.Set(SignatureHeader, sign(c.Secret, body))
+	hr.Header.Set("Content-Type", "application/json")
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(hr)
+	if err != nil {
+		return unreachable, fmt.Errorf("peer %s: %w", peer, err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(io.LimitReader(resp.Body, MaxBody))
+	if err != nil {
+		return unreachable, fmt.Errorf("peer %s: read: %w", peer, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return unreachable, fmt.Errorf("peer %s: status %s", peer, resp.Status)
+	}
+	if !verify(c.Secret, out, resp.Header.Get(SignatureHeader)) {
+		return unreachable, fmt.Errorf("peer %s: bad answer signature", peer)
+	}
+	var ans Answer
+	if err := json.Unmarshal(out, &ans); err != nil {
+		return unreachable, fmt.Errorf("peer %s: decode: %w", peer, err)
+	}
+	if ans.From != peer || ans.To != c.Host || ans.Round != rd.ID || !fresh(ans.SentAt, c.wall()) {
+		return unreachable, fmt.Errorf("peer %s: answer for another round, host or time", peer)
+	}
+	return fencing.PeerAnswer{Kind: ans.Kind, Revision: ans.Revision, Current: ans.Current}, nil
+}
