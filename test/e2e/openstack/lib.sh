@@ -65,13 +65,24 @@ wait_for() {
 	die "timed out after ${secs}s waiting for $desc"
 }
 
-# pid_of NAME: prints the pid in run/NAME.pid if that process is alive.
+# starttime PID: the process start time (clock ticks since boot), field 22 of /proc/PID/stat.
+starttime() { local st; st="$(cat "/proc/$1/stat" 2>/dev/null)" || return 1; st="${st##*) }"; awk '{print $20}' <<<"$st"; }
+
+# pid_of NAME: prints the pid in run/NAME.pid if that very process is alive.
+# A pid file holds "PID STARTTIME": a reused pid (after a reboot, say) does
+# not match, so down.sh never signals a stranger's process group. MariaDB
+# writes its own pid file: its command line must name our data dir.
 pid_of() {
-	local f="$RUND/$1.pid" pid
+	local f="$RUND/$1.pid" pid st
 	[[ "$1" == mariadb ]] && f="$MYSQL_PID"
 	[[ -r "$f" ]] || return 1
-	pid="$(tr -dc '0-9' <"$f")"
-	[[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null || return 1
+	read -r pid st _ <"$f" || true
+	[[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || return 1
+	if [[ "$1" == mariadb ]]; then
+		tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qF -- "--datadir=$DATA/mysql" || return 1
+	else
+		[[ -n "$st" && "$(starttime "$pid")" == "$st" ]] || return 1
+	fi
 	echo "$pid"
 }
 
@@ -275,7 +286,7 @@ spawn() {
 		return 0
 	fi
 	setsid "$@" </dev/null >>"$LOGD/$name.log" 2>&1 &
-	echo $! >"$RUND/$name.pid"
+	echo "$! $(starttime $!)" >"$RUND/$name.pid"
 	log "started $name (pid $!)"
 }
 

@@ -59,19 +59,22 @@ nova_sync() {
 		{ "${nm[@]}" cell_v2 list_cells | grep -q ' cell1 ' || "${nm[@]}" cell_v2 create_cell --name cell1; } &&
 		"${nm[@]}" db sync
 }
+km=("$BIND/keystone-manage" --config-file "$ETC/keystone/keystone.conf")
+key_setup() { # keystone key repositories need no database: made during the syncs
+	[[ -d "$DATA/keystone/fernet-keys" ]] || "${km[@]}" fernet_setup --keystone-user root --keystone-group root
+	[[ -d "$DATA/keystone/credential-keys" ]] || "${km[@]}" credential_setup --keystone-user root --keystone-group root
+}
 pids=()
+key_setup >>"$LOGD/keystone-bootstrap.log" 2>&1 & pids+=($!)
 sync_once keystone "$BIND/keystone-manage" --config-file "$ETC/keystone/keystone.conf" db_sync & pids+=($!)
 sync_once placement "$BIND/placement-manage" --config-file "$ETC/placement/placement.conf" db sync & pids+=($!)
 sync_once glance "$BIND/glance-manage" --config-file "$ETC/glance/glance-api.conf" db_sync & pids+=($!)
 sync_once nova nova_sync & pids+=($!)
 for p in "${pids[@]}"; do
-	wait "$p" || { FAIL_LOGS=("$LOGD/dbsync-*.log"); die "a database sync failed"; }
+	wait "$p" || { FAIL_LOGS=("$LOGD/dbsync-*.log" "$LOGD/keystone-bootstrap.log"); die "a database sync or keystone key setup failed"; }
 done
 
 phase keystone
-km=("$BIND/keystone-manage" --config-file "$ETC/keystone/keystone.conf")
-[[ -d "$DATA/keystone/fernet-keys" ]] || "${km[@]}" fernet_setup --keystone-user root --keystone-group root >>"$LOGD/keystone-bootstrap.log" 2>&1
-[[ -d "$DATA/keystone/credential-keys" ]] || "${km[@]}" credential_setup --keystone-user root --keystone-group root >>"$LOGD/keystone-bootstrap.log" 2>&1
 if [[ ! -e "$DATA/.bootstrapped-keystone" ]]; then
 	"${km[@]}" bootstrap --bootstrap-password "$ADMIN_PASS" --bootstrap-region-id "$REGION" \
 		--bootstrap-admin-url "$KS_URL" --bootstrap-internal-url "$KS_URL" --bootstrap-public-url "$KS_URL" \

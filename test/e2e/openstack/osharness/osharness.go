@@ -70,6 +70,8 @@ type Harness struct {
 	// Compute is the Nova client at microversion 2.1 (no header); Raw and the
 	// helpers pick the microversion per request.
 	Compute *gophercloud.ServiceClient
+	// Endpoints are the region/interface from clouds.yaml.
+	Endpoints gophercloud.EndpointOpts
 }
 
 // Connect authenticates as admin with workDir/clouds.yaml.
@@ -88,7 +90,7 @@ func Connect(ctx context.Context, workDir string) (*Harness, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Harness{WorkDir: workDir, ScriptDir: ScriptDir(), Provider: pc, Compute: cc}, nil
+	return &Harness{WorkDir: workDir, ScriptDir: ScriptDir(), Provider: pc, Compute: cc, Endpoints: eo}, nil
 }
 
 // Lock takes an exclusive flock on WorkDir/scenario.lock, waiting (polling)
@@ -209,7 +211,7 @@ func (h *Harness) ImageID(ctx context.Context) (string, error) {
 		Images []struct{ ID, Status string } `json:"images"`
 	}
 	// through Nova's image proxy would need mv <= 2.35: ask glance directly
-	ic, err := openstack.NewImageV2(h.Provider, gophercloud.EndpointOpts{Region: "RegionOne", Availability: gophercloud.AvailabilityPublic})
+	ic, err := openstack.NewImageV2(h.Provider, h.Endpoints)
 	if err != nil {
 		return "", err
 	}
