@@ -8,6 +8,7 @@ python3-keystoneclient, which python3-keystone already depends on.
   osctl.py --clouds FILE identity SVC_PASS   projects, roles, users, services, endpoints
   osctl.py --clouds FILE compute-up HOST     exit 0 if nova-compute on HOST is up
   osctl.py --clouds FILE compute-reported HOST SINCE  exit 0 if its service record is newer
+  osctl.py --clouds FILE computes-ready HOST [HOST]  exit 0 if each is up (or forced down) and in placement
   osctl.py --clouds FILE rp-exists HOST      exit 0 if placement has provider HOST
   osctl.py --clouds FILE hypervisors N       exit 0 if Nova lists >= N hypervisors
   osctl.py --clouds FILE seed IMAGE_FILE     flavor "tiny" and image "hvg-fake"
@@ -18,7 +19,6 @@ import sys
 import yaml
 from keystoneauth1 import session as ks_session
 from keystoneauth1.identity import v3
-from keystoneclient.v3 import client as ks_client
 
 ENDPOINTS = {
     # type: (name, url)
@@ -39,6 +39,7 @@ def session(clouds):
 
 
 def identity(sess, region, svc_pass):
+    from keystoneclient.v3 import client as ks_client  # only here: slow import
     ks = ks_client.Client(session=sess, interface="public")
     dom = ks.domains.get("default")
     proj = {p.name: p for p in ks.projects.list()}
@@ -89,6 +90,22 @@ def rp_exists(sess, host):
     return r.ok and len(r.json()["resource_providers"]) == 1
 
 
+def computes_ready(sess, hosts):
+    """Each host's nova-compute is up and has its resource provider in placement."""
+    ok = True
+    for h in hosts:
+        r = get(sess, "compute", "/os-services?binary=nova-compute&host=%s" % h, "2.53")
+        svcs = r.json().get("services", []) if r.ok else []
+        if any(s["forced_down"] for s in svcs):
+            # left forced down by a test: its state stays "down" whatever the process does
+            print("warning: nova-compute on %s is forced down (osharness RestoreHost clears it)" % h,
+                  file=sys.stderr)
+        elif not any(s["state"] == "up" for s in svcs):
+            ok = False
+        ok = ok and rp_exists(sess, h)
+    return ok
+
+
 def hypervisors(sess, n):
     r = get(sess, "compute", "/os-hypervisors", "2.53")
     return r.ok and len(r.json()["hypervisors"]) >= n
@@ -128,6 +145,8 @@ def main():
         return 0 if compute_up(sess, a.arg) else 1
     elif a.cmd == "compute-reported":
         return 0 if compute_reported(sess, a.arg, a.since) else 1
+    elif a.cmd == "computes-ready":
+        return 0 if computes_ready(sess, [x for x in (a.arg, a.since) if x]) else 1
     elif a.cmd == "rp-exists":
         return 0 if rp_exists(sess, a.arg) else 1
     elif a.cmd == "hypervisors":

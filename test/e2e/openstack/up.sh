@@ -99,13 +99,12 @@ for s in placement glance neutron-standin nova-scheduler nova-api; do wait_servi
 phase computes
 start_service nova-compute-node1
 start_service nova-compute-node2
-wait_service nova-compute-node1 "$WAIT"
-wait_service nova-compute-node2 "$WAIT"
-FAIL_LOGS=("$LOGD/nova-compute-node*.log" "$LOGD/placement.log")
-wait_for "$WAIT" "node1 in placement" osctl rp-exists node1
-wait_for "$WAIT" "node2 in placement" osctl rp-exists node2
-"$BIND/nova-manage" --config-file "$ETC/nova/nova.conf" cell_v2 discover_hosts >>"$LOGD/discover-hosts.log" 2>&1 ||
-	{ FAIL_LOGS=("$LOGD/discover-hosts.log"); die "discover_hosts failed"; }
+FAIL_LOGS=("$LOGD/nova-compute-node*.log" "$LOGD/placement.log" "$LOGD/nova-conductor.log")
+wait_for "$WAIT" "node1 and node2 up in nova and in placement" osctl computes-ready node1 node2
+if ! osctl hypervisors 2 >/dev/null 2>&1; then
+	"$BIND/nova-manage" --config-file "$ETC/nova/nova.conf" cell_v2 discover_hosts >>"$LOGD/discover-hosts.log" 2>&1 ||
+		{ FAIL_LOGS=("$LOGD/discover-hosts.log"); die "discover_hosts failed"; }
+fi
 wait_for "$WAIT" "2 hypervisors in nova" osctl hypervisors 2
 
 phase seed
