@@ -1,6 +1,6 @@
 #!/bin/bash
 # The packaged unit under a real systemd: boots the cached Debian 12 root
-# with systemd as PID 1 of private PID/mount namespaces (unshare +
+# with systemd as PID 1 of private PID/mount/network namespaces (unshare +
 # pivot_root; needs root and a mountable cgroup2, no VM, no network), with
 # libvirtd running in it, then checks what the unit promises:
 #   - dpkg -i under a running systemd: enabled, not started;
@@ -38,6 +38,7 @@ boot() {
 		# Runs as PID 1's parent-to-be inside `unshare --pid --mount --fork`.
 		set -euo pipefail
 		root=$1
+		ip link set lo up # own network namespace: only loopback, no clash with the host's ports
 		mount --make-rprivate /
 		mount --bind "$root" "$root" # systemd's namespacing needs / to be a mount point
 		mount -t proc proc "$root/proc"
@@ -53,7 +54,7 @@ boot() {
 			'umount -l /.oldroot && rmdir /.oldroot && exec /lib/systemd/systemd --system --log-target=journal'
 	SH
 	chmod +x "$boot"
-	unshare --pid --mount --uts --ipc --fork "$boot" "$ROOT" >"$DIST/test/boot.log" 2>&1 &
+	unshare --pid --mount --uts --ipc --net --fork "$boot" "$ROOT" >"$DIST/test/boot.log" 2>&1 &
 	local unshare_pid=$!
 	for _ in $(seq 1 50); do
 		init_pid=$(ps -o pid= --ppid "$unshare_pid" | tr -d ' ' || true)
@@ -78,7 +79,7 @@ shutdown_root() {
 }
 trap shutdown_root EXIT
 
-in_root() { nsenter --target "$init_pid" --mount --pid --root --wd env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C "$@"; }
+in_root() { nsenter --target "$init_pid" --mount --pid --net --root --wd env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C "$@"; }
 # journal UNIT: the unit's messages (captured, not piped into grep -q: with
 # pipefail an early-exiting grep fails the pipeline through SIGPIPE).
 journal() { in_root journalctl -u "$1" --no-pager -o cat; }
@@ -96,6 +97,14 @@ http_get() { # http_get PATH: body of http://127.0.0.1:9475/PATH inside the root
 	# shellcheck disable=SC2016 # $1 is expanded by the inner bash
 	in_root bash -c 'exec 3<>/dev/tcp/127.0.0.1/9475 && printf "GET %s HTTP/1.0\r\n\r\n" "$1" >&3 && cat <&3' _ "$1"
 }
+
+# Preflight: private namespaces and a cgroup2 mount (systemd needs one).
+probe=$(mktemp -d)
+if ! unshare --mount --pid --net --fork sh -c "mount -t cgroup2 cgroup2 '$probe'" 2>/dev/null; then
+	rmdir "$probe"
+	fail "cannot create namespaces or mount cgroup2 here (needs root with CAP_SYS_ADMIN, e.g. a VM runner, not an unprivileged container); make package-test PKG_SKIP_SYSTEMD_TEST=1 skips this test"
+fi
+rmdir "$probe"
 
 for name in "$@"; do
 	unit=$name.service
@@ -144,7 +153,7 @@ for name in "$@"; do
 	pid=$(prop "$unit" MainPID)
 	in_root sh -c "kill -STOP $pid"
 	wait_for $((WATCHDOG_SEC + 20)) "watchdog restart" \
-		bash -c "[[ \$(nsenter -t $init_pid -m -p -r -w systemctl show $unit -p NRestarts --value) == 1 ]]"
+		bash -c "[[ \$(nsenter -t $init_pid -m -p -n -r -w systemctl show $unit -p NRestarts --value) == 1 ]]"
 	wait_for "$SETTLE_SEC" "active again" in_root systemctl is-active "$unit"
 	log=$(journal "$unit")
 	grep -q "Watchdog timeout (limit ${WATCHDOG_SEC}s)" <<<"$log" || fail "no watchdog timeout in the journal"
