@@ -17,6 +17,9 @@ const maxSent = 64
 // not turn into a busy loop.
 const minRoundGap = 500 * time.Millisecond
 
+// relayerMemory is how long a peer that reached NATS for us is asked first.
+const relayerMemory = time.Minute
+
 // peerRetry is how often the unanswered peers of an open round are asked
 // again (a question or its answer may be lost; a peer may be restarting).
 const peerRetry = time.Second
@@ -45,6 +48,7 @@ type Agent struct {
 	incarnation uint64 // one per NewAgent: tells our renewals from an earlier process's
 	nextRound   time.Time
 	isolation   Reason               // what the last unsuccessful round showed
+	roundSeqs   map[uint64]uint64    // recent round IDs -> their renewal seq (late relays)
 	sent        map[uint64]time.Time // send times of renewals not yet settled
 	inflight    uint64               // seq of the outstanding own renewal (0: none)
 	inflightT   time.Time            // its deadline
@@ -57,6 +61,7 @@ type Agent struct {
 	round      *roundState
 	roundID    uint64
 	confirmed  map[string]time.Time // peers that answered CannotRenew, and when
+	relayers   map[string]time.Time // peers that reached NATS for us, and when
 	nextHeld   time.Time            // next Held round
 	heldUntil  time.Time            // Held confirmation valid until
 	fenceStart time.Time
@@ -93,7 +98,7 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 	}
 	a := &Agent{
 		cfg: cfg, state: StateStarting, sent: map[uint64]time.Time{},
-		confirmed: map[string]time.Time{}, pending: map[string]time.Time{},
+		confirmed: map[string]time.Time{}, pending: map[string]time.Time{}, relayers: map[string]time.Time{},
 		paused: map[string]bool{}, inventory: map[string]bool{},
 		rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 	}
@@ -280,6 +285,9 @@ func (a *Agent) NextDeadline() time.Time {
 	case StateHeld:
 		upd(a.nextHeld)
 		upd(a.heldUntil)
+		if a.round == nil {
+			upd(a.nextRound)
+		}
 	case StateFencing:
 		if !a.escalated {
 			upd(a.fenceDL)
@@ -328,6 +336,9 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 	if ans.Kind != PeerCannotRenew && ans.Kind != PeerUnreachable {
 		delete(a.confirmed, peer) // a newer answer replaces the confirmation
 	}
+	if ans.Kind == PeerRelayed || (ans.Kind == PeerRelayFailed && ans.Current != nil) {
+		a.relayers[peer] = now // it reached NATS: ask it first next time
+	}
 	switch ans.Kind {
 	case PeerRelayed:
 		a.renewResult(now, rd.renewal.Seq, RenewResult{Outcome: RenewAcked, Revision: ans.Revision})
@@ -338,7 +349,8 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 	case PeerCannotRenew:
 		a.confirmed[peer] = now
 		if (a.state == StateAskingPeers || a.state == StateHeld) && a.holdConfirmed(now) {
-			a.round = nil
+			// Held now; the round stays open, so a relay still arriving
+			// in it renews the lease.
 			a.enterHeld(now, a.confirmedCount(now))
 		}
 	}
@@ -349,12 +361,9 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 	return a.take()
 }
 
-// roundSeq returns the renewal seq of a past round, or 0.
+// roundSeq returns the renewal seq of a recent round, or 0.
 func (a *Agent) roundSeq(id uint64) uint64 {
-	if a.round != nil && a.round.id == id {
-		return a.round.renewal.Seq
-	}
-	return 0
+	return a.roundSeqs[id]
 }
 
 // Domains reports the host's domains (a full list). While fencing or
@@ -535,7 +544,7 @@ func (a *Agent) step(now time.Time) {
 		if a.state == StateHeld && a.round == nil && !now.Before(a.heldUntil) {
 			a.startFence(now, ReasonIsolatedBecauseHoldNoLongerConfirmed)
 		}
-		if a.state == StateHeld && a.round == nil && !now.Before(a.nextHeld) {
+		if a.state == StateHeld && a.round == nil && !now.Before(a.nextHeld) && !now.Before(a.nextRound) {
 			a.startRound(now)
 		}
 	case StateFencing:
@@ -602,8 +611,10 @@ func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
 		a.lease, a.lastAck = true, sentAt
 		a.persist()
 	}
-	if a.round != nil && a.round.renewal.Seq == seq {
-		reason = ReasonRelayedByPeer
+	for _, rs := range a.roundSeqs {
+		if rs == seq {
+			reason = ReasonRelayedByPeer
+		}
 	}
 	if now.Sub(a.lastAck) >= a.cfg.Timing.SuspectAfter() {
 		// A late landing of an old renewal: it moves the revision, not the
@@ -718,12 +729,21 @@ func (a *Agent) threshold() (int, bool) {
 
 func (a *Agent) startRound(now time.Time) {
 	th, ok := a.threshold()
-	n := min(len(a.members), th+a.cfg.PeerBatch)
+	n := th + a.cfg.PeerBatch
 	if !ok {
-		n = min(len(a.members), a.cfg.PeerBatch)
+		n = a.cfg.PeerBatch
 	}
+	if a.isolation != "" {
+		n *= 4 // the last round decided nothing: cast a wider net
+	}
+	n = min(len(a.members), n)
 	a.roundID++
 	req := a.newRenewal(now)
+	if a.roundSeqs == nil {
+		a.roundSeqs = map[uint64]uint64{}
+	}
+	a.roundSeqs[a.roundID] = req.Seq
+	delete(a.roundSeqs, a.roundID-maxSent)
 	a.nextRound = now.Add(minRoundGap)
 	rd := &roundState{id: a.roundID, renewal: req, deadline: now.Add(a.cfg.Timing.PeerTimeout),
 		asked: map[string]bool{}, answers: map[string]PeerAnswerKind{}, nextRetry: now.Add(peerRetry)}
@@ -740,6 +760,17 @@ func (a *Agent) startRound(now time.Time) {
 			return ci && !cj
 		}
 		return !ci && cj
+	})
+	// Peers that reached NATS for us recently (relayed, or saw our key)
+	// come first of all: they are the likeliest to relay again.
+	for p, at := range a.relayers {
+		if now.Sub(at) > relayerMemory {
+			delete(a.relayers, p)
+		}
+	}
+	sort.SliceStable(cand, func(i, j int) bool {
+		ri, rj := a.relayers[cand[i]], a.relayers[cand[j]]
+		return ri.After(rj)
 	})
 	peers := cand[:n]
 	for _, p := range peers {
@@ -801,9 +832,10 @@ func (a *Agent) holdConfirmed(now time.Time) bool {
 }
 
 func (a *Agent) enterHeld(now time.Time, n int) {
+	a.isolation = ""
 	a.heldUntil = now.Add(a.cfg.HeldRecheck + a.cfg.Timing.PeerTimeout)
-	a.nextHeld = now.Add(a.cfg.HeldRecheck)
 	if a.state != StateHeld {
+		a.nextHeld = now.Add(a.cfg.HeldRecheck)
 		th, _ := a.threshold()
 		a.setState(now, StateHeld, ReasonHeldBecauseMostPeersCantRenew, fmt.Sprintf("%d peers + self cannot renew > guard threshold %d", n, th))
 	}
@@ -842,7 +874,12 @@ func (a *Agent) endRound(now time.Time) {
 	}
 	switch a.state {
 	case StateHeld:
-		a.startFence(now, ReasonIsolatedBecauseHoldNoLongerConfirmed)
+		// Not re-confirmed by this round: the hold lasts until heldUntil
+		// (HeldRecheck + PeerTimeout after the last confirmation), then
+		// step fences, unless a round confirms it again (or a peer
+		// relays) before: ask again at once, and more peers.
+		a.isolation = reason
+		a.nextHeld = now
 	case StateAskingPeers:
 		// Another round starts (in step) if it fits before FenceBy;
 		// otherwise own renewals get the rest of the time, and at FenceBy

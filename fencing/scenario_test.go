@@ -92,7 +92,7 @@ func (h *harness) take(r Ready) {
 	if r.Renew != nil {
 		h.renew = r.Renew
 	}
-	if r.AskPeers != nil {
+	if r.AskPeers != nil && (h.round == nil || h.round.ID != r.AskPeers.ID) { // not a retry
 		h.round = r.AskPeers
 		h.log = append(h.log, fmt.Sprintf("ask %d peers", len(r.AskPeers.Peers)))
 	}
@@ -310,7 +310,12 @@ func TestScenarioHoldEndsForOthers(t *testing.T) {
 	h.advance(5 * time.Second)
 	h.log = nil
 	h.answer(repeat(PeerRelayFailed, 16)...)
+	h.expectState(StateHeld) // until HeldRecheck+PeerTimeout after the last confirmation
+	h.advance(3 * time.Second)
+	h.expectState(StateHeld)
+	h.advance(5 * time.Second)
 	h.expectState(StateFencing)
+	h.log = slices.DeleteFunc(h.log, func(l string) bool { return strings.HasPrefix(l, "ask ") })
 	h.expectLog("held>fencing:IsolatedBecauseHoldNoLongerConfirmed", "pause d1")
 }
 
