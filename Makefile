@@ -10,7 +10,7 @@ export CGO_ENABLED := 1
 .PHONY: help deps build run test test-go test-realvirt bench verify fuzz clean
 
 help: ## list the targets
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
 
 deps: ## install build and test dependencies (Debian 12, as root)
 	@command -v $(GO) >/dev/null || { echo "Go 1.26 is required: install it to /usr/local/go (https://go.dev/doc/install)"; exit 1; }

@@ -20,6 +20,12 @@ import (
 // DefaultConfigPath is where the packages install the configuration.
 const DefaultConfigPath = "/etc/hvguard/agent.yaml"
 
+// ExitConfig is the exit status for an unreadable or invalid configuration
+// (sysexits.h EX_CONFIG). The unit's RestartPreventExitStatus=78 stops
+// systemd from restarting an agent that cannot start until an operator fixes
+// the file.
+const ExitConfig = 78
+
 const usage = `hvguard-agent — reports libvirt domain lifecycle events to NATS JetStream,
 debounced per domain and checked against the domain's real state, so that a
 rebooting guest is never reported as stopped and a real stop is reported once.
@@ -29,12 +35,17 @@ Usage:
 
 Flags:
   --config PATH        configuration file (default %s)
-  --check-config       validate the configuration file and exit (0 = valid)
+  --check-config [PATH]
+                       validate the configuration file (--config, or PATH)
+                       and exit (0 = valid, 78 = invalid)
   --print-defaults     print the built-in default configuration as YAML and exit
   --log-level LEVEL    override log.level (debug, info, warn, error)
   --log-format FORMAT  override log.format (json, text)
   --version            print the version and exit
   -h, --help           this help
+
+Exit status: 0 stopped cleanly, 1 failed at run time, 2 bad command line,
+78 unreadable or invalid configuration (systemd does not restart it).
 
 Signals: SIGTERM/SIGINT stop gracefully (the outbox is flushed to NATS within
 shutdown_timeout; what is not sent stays on disk and is sent at next start).
@@ -66,7 +77,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if fs.NArg() > 0 {
+	// "--check-config PATH" is what operators type: accept it as
+	// "--config PATH --check-config" unless --config was given too.
+	if *check && fs.NArg() == 1 && !flagSet(fs, "config") {
+		*cfgPath = fs.Arg(0)
+	} else if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "hvguard-agent: unexpected argument %q (see --help)\n", fs.Arg(0))
 		return 2
 	}
@@ -82,7 +97,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfg, err := agent.LoadConfig(*cfgPath)
 	if err != nil {
 		fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
-		return 1
+		return ExitConfig
 	}
 	if *level != "" {
 		cfg.Log.Level = *level
@@ -92,7 +107,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
-		return 1
+		return ExitConfig
 	}
 	if *check {
 		fmt.Fprintf(stdout, "%s: configuration is valid (host %s, libvirt %s)\n", *cfgPath, cfg.Host, cfg.Libvirt.URI)
@@ -111,4 +126,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// flagSet reports whether the named flag was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) (set bool) {
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

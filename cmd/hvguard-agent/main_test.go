@@ -36,11 +36,17 @@ func TestCheckConfig(t *testing.T) {
 	if code, out, errOut := runCLI("--config", good, "--check-config"); code != 0 || !strings.Contains(out, "valid") {
 		t.Errorf("valid config: exit %d, out %q, err %q", code, out, errOut)
 	}
-	code, _, errOut := runCLI("--config", bad, "--check-config")
-	if code != 1 || !strings.Contains(errOut, "lifecycle.window") || !strings.Contains(errOut, "-3s") {
-		t.Errorf("invalid config: exit %d, err %q; want exit 1 naming lifecycle.window and -3s", code, errOut)
+	if code, out, _ := runCLI("--check-config", good); code != 0 || !strings.Contains(out, "valid") {
+		t.Errorf("--check-config PATH: exit %d, out %q", code, out)
 	}
-	if code, _, errOut := runCLI("--config", filepath.Join(dir, "missing.yaml"), "--check-config"); code != 1 || !strings.Contains(errOut, "missing.yaml") {
+	if code, _, _ := runCLI("--config", good, "--check-config", bad); code != 2 {
+		t.Errorf("--config X --check-config Y: exit %d, want 2 (ambiguous)", code)
+	}
+	code, _, errOut := runCLI("--config", bad, "--check-config")
+	if code != ExitConfig || !strings.Contains(errOut, "lifecycle.window") || !strings.Contains(errOut, "-3s") {
+		t.Errorf("invalid config: exit %d, err %q; want exit 78 naming lifecycle.window and -3s", code, errOut)
+	}
+	if code, _, errOut := runCLI("--config", filepath.Join(dir, "missing.yaml"), "--check-config"); code != ExitConfig || !strings.Contains(errOut, "missing.yaml") {
 		t.Errorf("missing config: exit %d, err %q", code, errOut)
 	}
 	if code, _, _ := runCLI("stray"); code != 2 {
