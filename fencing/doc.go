@@ -46,9 +46,12 @@
 //  3. Held only on confirmation: the agent is Held only while itself plus
 //     the peers that answered PeerCannotRenew within confirmFresh are
 //     MORE than the guard threshold min(Count, Share*Members) published by
-//     the controller; a round that does not re-confirm this ends the hold
-//     with a fence. A peer answers PeerCannotRenew only when it has itself
-//     had no landed renewal for SuspectAfter and was not declared.
+//     the controller; when no round re-confirms this within HeldRecheck +
+//     PeerTimeout of the last confirmation, the hold ends with a fence. A
+//     peer answers PeerCannotRenew only when it is Held, or has had no
+//     landed renewal for SuspectAfter but for less than ConfirmableAge
+//     (older, it may have been declared without knowing), and was not
+//     declared.
 //  4. No resume without the lease: domains are resumed only in Reconciled,
 //     in state rejoining, while the lease is held, and never after a
 //     declaration (a released host hands its paused set to LeftPaused).
