@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Lease bucket layout.
@@ -104,4 +105,56 @@ func DecodeGuard(b []byte) (Guard, error) {
 		return g, fmt.Errorf("decode guard: %w", err)
 	}
 	return g, nil
+}
+
+// EventSchema is the version of FenceEvent.
+const EventSchema = 1
+
+// FenceEvent is the published form of a Transition (one message per
+// fence-state transition), for the subject proto.FenceSubject(host) —
+// hvguard.v1.<host>.fence — or a stream the controller reads. Decoders
+// tolerate unknown fields.
+type FenceEvent struct {
+	Schema int    `json:"schema"`
+	Host   string `json:"host"`
+	BootID string `json:"boot_id"`
+	Epoch  uint64 `json:"epoch"`
+	From   State  `json:"from"`
+	To     State  `json:"to"`
+	Reason Reason `json:"reason"`
+	Detail string `json:"detail,omitempty"`
+	// Paused is the durable paused set after the transition (what hvguard
+	// would resume on a rejoin), WouldFence what a monitor-only agent
+	// would have fenced.
+	Paused     []string  `json:"paused,omitempty"`
+	WouldFence []string  `json:"would_fence,omitempty"`
+	At         time.Time `json:"at"`
+}
+
+// NewFenceEvent builds the event of tr for host (wall is the wall-clock time
+// of the transition: Transition.At is on the agent's boot clock).
+func NewFenceEvent(host, bootID string, tr Transition, paused, wouldFence []string, wall time.Time) FenceEvent {
+	return FenceEvent{Schema: EventSchema, Host: host, BootID: bootID, Epoch: tr.Epoch, From: tr.From, To: tr.To,
+		Reason: tr.Reason, Detail: tr.Detail, Paused: paused, WouldFence: wouldFence, At: wall.UTC()}
+}
+
+// Encode returns the JSON encoding of e.
+func (e FenceEvent) Encode() ([]byte, error) {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("encode fence event: %w", err)
+	}
+	return b, nil
+}
+
+// DecodeFenceEvent decodes a FenceEvent, rejecting unknown schemas.
+func DecodeFenceEvent(b []byte) (FenceEvent, error) {
+	var e FenceEvent
+	if err := json.Unmarshal(b, &e); err != nil {
+		return e, fmt.Errorf("decode fence event: %w", err)
+	}
+	if e.Schema != EventSchema || e.Host == "" || e.To == "" {
+		return e, fmt.Errorf("decode fence event: schema %d host %q to %q", e.Schema, e.Host, e.To)
+	}
+	return e, nil
 }
