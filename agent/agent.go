@@ -182,11 +182,22 @@ func (l *Loop) Run(ctx context.Context) error {
 				l.saveKnown(true)
 				return errors.New("libvirt event channel closed")
 			}
-			l.stats.EventsIn.Add(1)
-			if l.listing {
-				l.touched[ev.UUID] = struct{}{}
+			// Take what else is already queued (bounded), so a burst
+			// costs one loop iteration per batch, not per event.
+			now := l.now()
+			ds = l.observe(ds, ev, now)
+		drain:
+			for i := 1; i < EventBatch; i++ {
+				select {
+				case ev, ok := <-events:
+					if !ok {
+						break drain // reported closed on the next iteration
+					}
+					ds = l.observe(ds, ev, now)
+				default:
+					break drain
+				}
 			}
-			ds = append(ds, l.deb.Observe(ev, l.now())...)
 		case <-resync:
 			l.startResync(ctx)
 		case r := <-l.listResults:
@@ -223,6 +234,19 @@ func (l *Loop) Run(ctx context.Context) error {
 			resetTimer(timer, next.Sub(l.now()))
 		}
 	}
+}
+
+// EventBatch bounds the events taken from libvirt's hand-off per loop
+// iteration: large enough to amortise the loop's fixed cost in a burst,
+// small enough that timers and check answers wait at most a few ms.
+const EventBatch = 256
+
+func (l *Loop) observe(ds []lifecycle.Decision, ev lifecycle.Event, now time.Time) []lifecycle.Decision {
+	l.stats.EventsIn.Add(1)
+	if l.listing {
+		l.touched[ev.UUID] = struct{}{}
+	}
+	return append(ds, l.deb.Observe(ev, now)...)
 }
 
 func resetTimer(t *time.Timer, d time.Duration) {
@@ -339,11 +363,19 @@ func (l *Loop) report(d *lifecycle.Decision) {
 		l.log.Error("outbox refused an event", "domain_uuid", d.UUID, "transition", d.Transition, "err", err)
 		return
 	}
-	lvl := slog.LevelInfo
-	l.log.Log(context.Background(), lvl, "reported",
-		"domain_uuid", d.UUID, "domain", d.Name, "transition", string(d.Transition),
-		"reason", string(d.Reason), "state", d.State.String(), "seq", ev.Seq,
-		"libvirt_event", d.Cause.Event, "libvirt_detail", d.Cause.Detail)
+	// Stops, suppressed stops and gaps are what an operator asks about at
+	// 3 a.m.: INFO. Routine transitions (a busy host makes thousands) are
+	// DEBUG; every one of them is in the event stream with its reason.
+	lvl := slog.LevelDebug
+	if d.Transition == lifecycle.TransitionStopped || (d.Transition == lifecycle.TransitionRebooted && d.Reason != lifecycle.ReasonRebootEvent) {
+		lvl = slog.LevelInfo
+	}
+	if l.log.Enabled(context.Background(), lvl) {
+		l.log.Log(context.Background(), lvl, "reported",
+			"domain_uuid", d.UUID, "domain", d.Name, "transition", string(d.Transition),
+			"reason", string(d.Reason), "state", d.State.String(), "seq", ev.Seq,
+			"libvirt_event", d.Cause.Event, "libvirt_detail", d.Cause.Detail)
+	}
 	if l.OnReport != nil {
 		l.OnReport(ev)
 	}
