@@ -164,7 +164,7 @@ P=binary=hvguard-agent/libvirt=private-libvirtd
 	check "saturated events/s" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max events/s)" ">=" 20000
 	printf '  %-58s %14s\n' "saturated latency p99 ms" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max latency_p99_ms)"
 	printf '  %-58s %14s\n' "saturated lost events (hand-off overflow -> resync)" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max lost_events)"
-	check "at 20 000 events/s offered: events/s delivered" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 events/s)" ">=" 20000
+	check "at 20 000 events/s offered: delivered (keeps up = ≥ 99 %)" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 events/s)" ">=" 19800
 	printf '  %-58s %14s\n' "at 20 000 events/s offered: latency p99 ms" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 latency_p99_ms)"
 	printf '  %-58s %14s\n' "at 20 000 events/s offered: lost events" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 lost_events)"
 	printf '  %-58s %14s\n' "at 10 000 events/s offered: events/s" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=10000 events/s)"
