@@ -61,6 +61,8 @@ type Config struct {
 	NATS      NATSConfig      `yaml:"nats"`
 	Outbox    OutboxConfig    `yaml:"outbox"`
 	Metrics   MetricsConfig   `yaml:"metrics"`
+	// Fence is self-fencing (off unless fence.enabled); see config_fence.go.
+	Fence FenceConfig `yaml:"fence"`
 	// ShutdownTimeout bounds the graceful shutdown: how long SIGTERM waits
 	// for the outbox to drain to NATS. What is not sent stays on disk.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
@@ -178,6 +180,7 @@ func DefaultConfig() Config {
 		},
 		Outbox:          OutboxConfig{MaxBytes: DefaultOutboxMaxBytes, MaxEvents: DefaultOutboxMaxEvents},
 		Metrics:         MetricsConfig{Listen: DefaultMetricsListen},
+		Fence:           defaultFence(),
 		ShutdownTimeout: Duration(DefaultShutdownTimeout),
 	}
 }
@@ -309,6 +312,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
+	c.Fence.validate(bad)
 	return errors.Join(errs...)
 }
 

@@ -15,6 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"hvguard/agent/delivery"
+	"hvguard/fencing"
+	"hvguard/fencing/watchdog"
 	"hvguard/libvirtx"
 	"hvguard/proto"
 )
@@ -41,6 +43,17 @@ type Options struct {
 	// Ready is closed once the daemon is ready (libvirt connected, NATS
 	// connected or degraded).
 	Ready chan<- struct{}
+
+	// Fencing (fence.enabled; see fence.go). ResetHost resets the host;
+	// nil means SysrqReset (tests inject a recorder: never reset a test
+	// machine). Reconciler is the rejoin reconciliation hook (issue 4);
+	// nil means "reconciled, drop nothing". OpenWatchdog opens the
+	// hardware watchdog device (nil: watchdog.OpenLinux). OnFenceTransition
+	// is called with every fence-state transition (tests).
+	ResetHost         func() error
+	Reconciler        FenceReconciler
+	OpenWatchdog      func(path string) (watchdog.Device, error)
+	OnFenceTransition func(fencing.Transition)
 }
 
 // Daemon is a running agent.
@@ -54,6 +67,7 @@ type Daemon struct {
 	outbox *delivery.Outbox
 	pub    *delivery.Publisher
 	loop   *Loop
+	fence  *fencer     // nil unless fence.enabled
 }
 
 // Run starts the agent and blocks until ctx is cancelled (SIGTERM), then
@@ -97,6 +111,28 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if opts.WrapHypervisor != nil {
 		hv = opts.WrapHypervisor(hv)
 	}
+	fenceCtx, stopFence := context.WithCancel(context.Background())
+	defer stopFence()
+	fenceDone := make(chan struct{})
+	close(fenceDone)
+	if cfg.Fence.Enabled {
+		d.notify.Status("starting fencing")
+		if d.fence, err = newFencer(ctx, cfg, log, d.lv, d.nc, opts); err != nil {
+			return fmt.Errorf("fencing: %w", err)
+		}
+		stopPeers, err := d.fence.servePeers()
+		if err != nil {
+			d.fence.shutdown()
+			return err
+		}
+		defer stopPeers()
+		// The fencing loop stops after the event loop and the flush
+		// (below): fencing must outlive everything else in the process.
+		fenceDone = make(chan struct{})
+		go func() { defer close(fenceDone); d.fence.run(fenceCtx) }()
+		defer func() { stopFence(); <-fenceDone; d.fence.shutdown() }()
+		hv = fenceHV{Hypervisor: hv, f: d.fence}
+	}
 	d.loop, err = NewLoop(LoopConfig{
 		Host:             cfg.Host,
 		Lifecycle:        cfg.Lifecycle.core(),
@@ -110,6 +146,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	d.loop.Heartbeat = d.heartbeat
 	if opts.OnReport != nil {
 		d.loop.OnReport = opts.OnReport
+	}
+	if d.fence != nil {
+		// A domain that starts (or resumes) is fenced at once while fenced.
+		onReport := d.loop.OnReport
+		d.loop.OnReport = func(ev proto.LifecycleEvent) {
+			switch ev.Transition {
+			case proto.TransitionStarted, proto.TransitionResumed, proto.TransitionRebooted:
+				d.fence.relist()
+			}
+			if onReport != nil {
+				onReport(ev)
+			}
+		}
 	}
 
 	if cfg.Metrics.Listen != "" {
@@ -265,6 +314,14 @@ func (d *Daemon) heartbeat() {
 		d.notify.Status(fmt.Sprintf("libvirt event loop stuck for %s", age.Round(time.Second)))
 		return
 	}
+	if d.fence != nil {
+		// With fencing on, WATCHDOG=1 proves that BOTH loops progress.
+		if ok, age := d.fence.healthy(); !ok {
+			d.log.Error("fencing loop is stuck; withholding the watchdog ping", "age", age)
+			d.notify.Status(fmt.Sprintf("fencing loop stuck for %s", age.Round(time.Second)))
+			return
+		}
+	}
 	d.notify.WatchdogPing()
 	d.notify.Status(d.summary())
 }
@@ -278,7 +335,13 @@ func (d *Daemon) summary() string {
 	if !d.nc.IsConnected() {
 		ns = "nats DOWN"
 	}
-	return fmt.Sprintf("%s, %s, outbox=%d, %s", lvs, ns, d.outbox.Stats().Depth, d.loop.stats)
+	fs := ""
+	if d.fence != nil {
+		if st := d.fence.stats.State.Load(); st != nil {
+			fs = ", fence=" + *st
+		}
+	}
+	return fmt.Sprintf("%s, %s, outbox=%d, %s%s", lvs, ns, d.outbox.Stats().Depth, d.loop.stats, fs)
 }
 
 func (d *Daemon) serveMetrics() (func(), error) {

@@ -33,7 +33,79 @@ var (
 	descResent     = prometheus.NewDesc("hvguard_resent_total", "Events sent again after an error or timeout (deduplicated by message ID).", nil, nil)
 	descDropped    = prometheus.NewDesc("hvguard_outbox_dropped_total", "Events dropped because the outbox was full (each gap is announced by a gap marker).", nil, nil)
 	descGaps       = prometheus.NewDesc("hvguard_outbox_gap_markers_total", "Gap markers written.", nil, nil)
+
+	// Fencing (only with fence.enabled).
+	descFenceState    = prometheus.NewDesc("hvguard_fence_state", "1 for the current fencing state (starting, healthy, suspect, asking-peers, held, fencing, fenced, rejoining, awaiting-release).", []string{"state"}, nil)
+	descLeaseAge      = prometheus.NewDesc("hvguard_fence_lease_age_seconds", "Seconds since the send time of the last renewal known to have landed.", nil, nil)
+	descLeaseHeld     = prometheus.NewDesc("hvguard_fence_lease_held", "1 while the agent holds its lease.", nil, nil)
+	descRenewals      = prometheus.NewDesc("hvguard_fence_renewals_total", "Lease renewals sent.", nil, nil)
+	descRenewFailures = prometheus.NewDesc("hvguard_fence_renew_failures_total", "Lease renewals not acknowledged (timed out, failed or CAS conflict).", nil, nil)
+	descPeersAsked    = prometheus.NewDesc("hvguard_fence_peers_asked_total", "Peer questions sent.", nil, nil)
+	descPeerAnswers   = prometheus.NewDesc("hvguard_fence_peer_answers_total", "Peer answers, by kind.", []string{"kind"}, nil)
+	descPausedByHV    = prometheus.NewDesc("hvguard_fence_domains_paused", "Domains hvguard paused and would resume on a rejoin (the durable paused set).", nil, nil)
+	descFenceOps      = prometheus.NewDesc("hvguard_fence_operations_total", "Completed fence operations, by op (pause, destroy, resume).", []string{"op"}, nil)
+	descFenceOpErrs   = prometheus.NewDesc("hvguard_fence_operation_errors_total", "Failed pause/destroy/resume calls (pause/destroy are retried).", nil, nil)
+	descFenceAlerts   = prometheus.NewDesc("hvguard_fence_alerts_total", "Fencing alerts (logged at ERROR).", nil, nil)
+	descFenceResets   = prometheus.NewDesc("hvguard_fence_host_resets_requested_total", "Host resets requested (only ever seen > 0 in tests or when the reset failed).", nil, nil)
+	descWatchdog      = prometheus.NewDesc("hvguard_fence_watchdog_state", "1 for the hardware watchdog's state (none, disarmed, armed, triggered, malfunction).", []string{"state"}, nil)
 )
+
+// peerAnswerNames are the label values of fencing.PeerAnswerKind.
+var peerAnswerNames = [...]string{"unreachable", "cannot-renew", "relay-failed", "relayed", "declared", "lease-lapsed"}
+
+var fenceStates = []string{"starting", "healthy", "suspect", "asking-peers", "held", "fencing", "fenced", "rejoining", "awaiting-release"}
+
+func (c collector) collectFence(ch chan<- prometheus.Metric) {
+	f := c.d.fence
+	if f == nil {
+		return
+	}
+	s := &f.stats
+	g := func(desc *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, labels...)
+	}
+	cnt := func(desc *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(v), labels...)
+	}
+	cur := ""
+	if p := s.State.Load(); p != nil {
+		cur = *p
+	}
+	for _, st := range fenceStates {
+		v := 0.0
+		if st == cur {
+			v = 1
+		}
+		g(descFenceState, v, st)
+	}
+	g(descLeaseAge, bootNow().Sub(time.Unix(0, s.LastAck.Load())).Seconds())
+	held := 0.0
+	if s.LeaseHeld.Load() {
+		held = 1
+	}
+	g(descLeaseHeld, held)
+	cnt(descRenewals, s.Renewals.Load())
+	cnt(descRenewFailures, s.RenewFailures.Load())
+	cnt(descPeersAsked, s.PeersAsked.Load())
+	for i, n := range peerAnswerNames {
+		cnt(descPeerAnswers, s.PeerAnswers[i].Load(), n)
+	}
+	g(descPausedByHV, float64(s.PausedByHV.Load()))
+	cnt(descFenceOps, s.Paused.Load(), "pause")
+	cnt(descFenceOps, s.Destroyed.Load(), "destroy")
+	cnt(descFenceOps, s.Resumed.Load(), "resume")
+	cnt(descFenceOpErrs, s.FenceOpErrors.Load())
+	cnt(descFenceAlerts, s.Alerts.Load())
+	cnt(descFenceResets, s.ResetRequested.Load())
+	wd := s.Watchdog.Load()
+	for i, n := range []string{"none", "disarmed", "armed", "triggered", "malfunction"} {
+		v := 0.0
+		if int32(i-1) == wd {
+			v = 1
+		}
+		g(descWatchdog, v, n)
+	}
+}
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
 
@@ -79,6 +151,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descGaps, os.GapMarkers)
 	counter(descPublished, os.Acked)
 	counter(descResent, os.Resent)
+	c.collectFence(ch)
 }
 
 // metricsHandler serves /metrics (Prometheus) and /healthz (200 when the

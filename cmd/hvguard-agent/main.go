@@ -39,6 +39,10 @@ Flags:
                        validate the configuration file (--config, or PATH)
                        and exit (0 = valid, 78 = invalid)
   --print-defaults     print the built-in default configuration as YAML and exit
+  --unfence            release this host after the controller declared it
+                       expired (fencing): writes a released lease record;
+                       refuses while evacuations are not reconciled; the
+                       agent then resumes nothing (see docs/fencing.md)
   --log-level LEVEL    override log.level (debug, info, warn, error)
   --log-format FORMAT  override log.format (json, text)
   --version            print the version and exit
@@ -71,6 +75,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	level := fs.String("log-level", "", "")
 	format := fs.String("log-format", "", "")
 	version := fs.Bool("version", false, "")
+	unfence := fs.Bool("unfence", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -117,6 +122,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
 		return 1
+	}
+	if *unfence {
+		msg, err := agent.Unfence(context.Background(), cfg, log, nil)
+		if err != nil {
+			fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
+			return 1
+		}
+		fmt.Fprintln(stdout, msg)
+		return 0
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

@@ -1,0 +1,229 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"hvguard/fencing"
+	"hvguard/fencing/peer"
+	"hvguard/proto"
+)
+
+// FenceConfig is the `fence:` section: self-fencing (docs/fencing.md).
+// Fencing is OFF unless enabled is true. The timing constants default to
+// fencing.DefaultConfig's and are advertised in the lease record; the
+// controller computes its grace from them.
+type FenceConfig struct {
+	// Enabled turns fencing on. Off, the agent neither renews a lease nor
+	// fences nor arms a watchdog: hvguard then only reports lifecycle
+	// events, and the controller never evacuates this host.
+	Enabled bool `yaml:"enabled"`
+	// Action is pause, destroy, reset-host or none (monitor only).
+	Action string `yaml:"action"`
+	// AllowReset lets a fence that missed its deadline escalate to a host
+	// reset (sysrq 'b'); it makes the backstop "reset".
+	AllowReset bool `yaml:"allow_reset"`
+	// WatchdogDevice is the hardware watchdog ("" = none), e.g.
+	// /dev/watchdog. Armed while fencing is on with a real action.
+	WatchdogDevice  string   `yaml:"watchdog_device"`
+	WatchdogTimeout Duration `yaml:"watchdog_timeout"`
+	// PeerListen is host:port of this agent's peer endpoint.
+	PeerListen string `yaml:"peer_listen"`
+	// PeerSecretFile holds the fleet's shared HMAC secret (>= 16 bytes).
+	PeerSecretFile string `yaml:"peer_secret_file"`
+	// PeerURL is the URL template of a peer's endpoint; {host} is replaced
+	// by the peer's host name as found in the lease bucket.
+	PeerURL string `yaml:"peer_url"`
+	// PeerURLs overrides PeerURL for individual hosts.
+	PeerURLs map[string]string `yaml:"peer_urls"`
+	// CreateBucket creates the lease bucket (1 replica) when it is missing.
+	CreateBucket bool `yaml:"create_bucket"`
+	// MembersRefresh is how often the bucket's membership and the
+	// controller's guard are read while NATS is reachable.
+	MembersRefresh Duration `yaml:"members_refresh"`
+	// FenceConcurrency bounds the pause/destroy/resume calls in flight.
+	FenceConcurrency int `yaml:"fence_concurrency"`
+
+	RenewInterval Duration `yaml:"renew_interval"`
+	RenewTimeout  Duration `yaml:"renew_timeout"`
+	PeerTimeout   Duration `yaml:"peer_timeout"`
+	FenceDeadline Duration `yaml:"fence_deadline"`
+	LeaseTTL      Duration `yaml:"lease_ttl"`
+	HeldRecheck   Duration `yaml:"held_recheck"`
+	MaxClockDrift float64  `yaml:"max_clock_drift"`
+	PeerBatch     int      `yaml:"peer_batch"`
+}
+
+// Fence defaults that are not protocol constants (those come from package
+// fencing, with their reasons there and in docs/fencing.md).
+const (
+	// DefaultPeerPort is the peer endpoint's port: next to the metrics
+	// port (9475). It listens on every address: peers are other hosts.
+	DefaultPeerPort = 9476
+	// DefaultPeerURL reaches a peer by its host name (as Nova and the lease
+	// bucket know it) on DefaultPeerPort.
+	DefaultPeerURL = "http://{host}:9476"
+	// DefaultMembersRefresh: membership changes when hosts are added; 10 s
+	// keeps the cached guard fresh without loading NATS (one Keys + one Get
+	// per host per 10 s).
+	DefaultMembersRefresh = 10 * time.Second
+	// DefaultFenceConcurrency is the number of libvirt pause/destroy calls
+	// in flight: the figure docs/fencing.md's timeline assumes (8 at a
+	// time); libvirtd serialises per domain, not per connection.
+	DefaultFenceConcurrency = 8
+)
+
+// defaultFence returns the `fence:` defaults (fencing off).
+func defaultFence() FenceConfig {
+	d := fencing.DefaultConfig("", "")
+	t := d.Timing
+	return FenceConfig{
+		Action:           string(fencing.ActionPause),
+		WatchdogTimeout:  Duration(t.WatchdogTimeout),
+		PeerListen:       fmt.Sprintf(":%d", DefaultPeerPort),
+		PeerURL:          DefaultPeerURL,
+		PeerURLs:         map[string]string{},
+		CreateBucket:     true,
+		MembersRefresh:   Duration(DefaultMembersRefresh),
+		FenceConcurrency: DefaultFenceConcurrency,
+		RenewInterval:    Duration(t.RenewInterval),
+		RenewTimeout:     Duration(t.RenewTimeout),
+		PeerTimeout:      Duration(t.PeerTimeout),
+		FenceDeadline:    Duration(t.FenceDeadline),
+		LeaseTTL:         Duration(t.LeaseTTL),
+		HeldRecheck:      Duration(d.HeldRecheck),
+		MaxClockDrift:    t.MaxClockDrift,
+		PeerBatch:        d.PeerBatch,
+	}
+}
+
+// Core returns the fencing.Config this section describes for host.
+func (f FenceConfig) Core(host, bootID string) fencing.Config {
+	c := fencing.DefaultConfig(host, bootID)
+	c.Enabled = f.Enabled
+	c.Action = fencing.Action(f.Action)
+	c.AllowReset = f.AllowReset
+	c.HardwareWatchdog = f.Enabled && f.WatchdogDevice != "" && c.Action != fencing.ActionNone
+	c.Timing.RenewInterval = f.RenewInterval.D()
+	c.Timing.RenewTimeout = f.RenewTimeout.D()
+	c.Timing.PeerTimeout = f.PeerTimeout.D()
+	c.Timing.FenceDeadline = f.FenceDeadline.D()
+	c.Timing.LeaseTTL = f.LeaseTTL.D()
+	c.Timing.WatchdogTimeout = f.WatchdogTimeout.D()
+	c.Timing.MaxClockDrift = f.MaxClockDrift
+	c.HeldRecheck = f.HeldRecheck.D()
+	c.PeerBatch = f.PeerBatch
+	return c
+}
+
+// peerURL returns the endpoint URL of host.
+func (f FenceConfig) peerURL(host string) string {
+	if u, ok := f.PeerURLs[host]; ok {
+		return strings.TrimRight(u, "/") + peer.Path
+	}
+	return strings.TrimRight(strings.ReplaceAll(f.PeerURL, "{host}", host), "/") + peer.Path
+}
+
+// validate appends the section's problems through bad (field, value, why).
+func (f FenceConfig) validate(bad func(field string, val any, why string)) {
+	switch fencing.Action(f.Action) {
+	case fencing.ActionPause, fencing.ActionDestroy, fencing.ActionResetHost, fencing.ActionNone:
+	default:
+		bad("fence.action", fmt.Sprintf("%q", f.Action), "must be pause, destroy, reset-host or none")
+	}
+	positive := func(field string, d Duration) bool {
+		if d <= 0 {
+			bad(field, d.D(), "must be positive")
+			return false
+		}
+		return true
+	}
+	ok := true
+	for _, p := range []struct {
+		field string
+		d     Duration
+	}{
+		{"fence.renew_interval", f.RenewInterval}, {"fence.renew_timeout", f.RenewTimeout},
+		{"fence.peer_timeout", f.PeerTimeout}, {"fence.fence_deadline", f.FenceDeadline},
+		{"fence.lease_ttl", f.LeaseTTL}, {"fence.held_recheck", f.HeldRecheck},
+		{"fence.members_refresh", f.MembersRefresh},
+	} {
+		ok = positive(p.field, p.d) && ok
+	}
+	if f.WatchdogDevice != "" {
+		ok = positive("fence.watchdog_timeout", f.WatchdogTimeout) && ok
+		if f.WatchdogTimeout.D()%time.Second != 0 {
+			bad("fence.watchdog_timeout", f.WatchdogTimeout.D(), "must be whole seconds (the device's unit)")
+		}
+	}
+	if f.MaxClockDrift < 0 || f.MaxClockDrift > fencing.MaxSupportedDrift {
+		bad("fence.max_clock_drift", f.MaxClockDrift, fmt.Sprintf("must be between 0 and %g", fencing.MaxSupportedDrift))
+		ok = false
+	}
+	if f.PeerBatch < 0 {
+		bad("fence.peer_batch", f.PeerBatch, "must not be negative")
+	}
+	if f.FenceConcurrency < 1 {
+		bad("fence.fence_concurrency", f.FenceConcurrency, "must be at least 1")
+	}
+	if ok {
+		t := f.Core("validate", "").Timing
+		if t.SuspectAfter()+t.PeerTimeout > t.FenceBy() {
+			bad("fence.lease_ttl", t.LeaseTTL, fmt.Sprintf("too short: renew_interval+renew_timeout+peer_timeout (%s) must fit before lease_ttl-fence_deadline (%s)",
+				t.SuspectAfter()+t.PeerTimeout, t.FenceBy()))
+		}
+	}
+	if _, _, err := net.SplitHostPort(f.PeerListen); err != nil {
+		bad("fence.peer_listen", fmt.Sprintf("%q", f.PeerListen), "must be host:port")
+	}
+	checkURL := func(field, s string) {
+		u, err := url.Parse(strings.ReplaceAll(s, "{host}", "h"))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			bad(field, fmt.Sprintf("%q", s), "must be an http:// or https:// URL")
+		}
+	}
+	checkURL("fence.peer_url", f.PeerURL)
+	for h, u := range f.PeerURLs {
+		if _, err := proto.HostToken(h); err != nil {
+			bad("fence.peer_urls", fmt.Sprintf("%q", h), "key must be a host name: "+err.Error())
+		}
+		checkURL("fence.peer_urls."+h, u)
+	}
+	if !f.Enabled {
+		return
+	}
+	if f.PeerSecretFile == "" {
+		bad("fence.peer_secret_file", `""`, "required when fencing is enabled (peers must authenticate; without peers every NATS outage fences every host)")
+	} else if b, err := os.ReadFile(f.PeerSecretFile); err != nil {
+		bad("fence.peer_secret_file", fmt.Sprintf("%q", f.PeerSecretFile), "cannot be read: "+unwrapAll(err).Error())
+	} else if len(strings.TrimSpace(string(b))) < peer.MinSecretLen {
+		bad("fence.peer_secret_file", fmt.Sprintf("%q", f.PeerSecretFile), fmt.Sprintf("secret must be at least %d bytes", peer.MinSecretLen))
+	}
+	if f.WatchdogDevice != "" && !strings.HasPrefix(f.WatchdogDevice, "/dev/") {
+		bad("fence.watchdog_device", fmt.Sprintf("%q", f.WatchdogDevice), "must be a /dev/ path or empty")
+	}
+}
+
+func unwrapAll(err error) error {
+	for {
+		u := errors.Unwrap(err)
+		if u == nil {
+			return err
+		}
+		err = u
+	}
+}
+
+// readSecret reads the shared peer secret (surrounding whitespace trimmed).
+func readSecret(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("fence.peer_secret_file: %w", err)
+	}
+	return []byte(strings.TrimSpace(string(b))), nil
+}

@@ -1,0 +1,744 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/fencing"
+	"hvguard/fencing/peer"
+	"hvguard/fencing/watchdog"
+	"hvguard/libvirtx"
+	"hvguard/lifecycle"
+	"hvguard/proto"
+)
+
+// Fencing loop constants.
+const (
+	// FenceMaxTick is the longest the fencing loop sleeps: it stamps its
+	// progress (systemd's WATCHDOG=1) and feeds the hardware watchdog on
+	// every iteration, so it must iterate well inside watchdog_timeout/4
+	// (2.5 s at the default) even when the Agent has no deadline sooner.
+	FenceMaxTick = 250 * time.Millisecond
+	// FenceLoopStale is how old the fencing loop's progress stamp may be
+	// before the agent withholds systemd's WATCHDOG=1: the loop iterates
+	// every FenceMaxTick, so 10 s (as EventLoopStale) means it is wedged.
+	FenceLoopStale = 10 * time.Second
+	// fenceRelistBusy is how often the fencing loop lists the domains
+	// itself while isolated or fenced: a domain started meanwhile (by an
+	// operator, or Nova) is fenced within this time even if its start
+	// event was missed.
+	fenceRelistBusy = time.Second
+	// fenceRelistIdle is the same while healthy: the event loop's resyncs
+	// and start events keep the inventory current; this is a backstop.
+	fenceRelistIdle = 30 * time.Second
+	// reconcileRetry is the pause before a failed reconciliation hook is
+	// run again (the agent stays fenced meanwhile).
+	reconcileRetry = 2 * time.Second
+	// fenceStartTimeout bounds the start-up reads of the lease (NATS may
+	// be down: the agent then starts from its durable state).
+	fenceStartTimeout = natsReadTimeout
+	// natsReadTimeout is natslease.ReadTimeout: one read of the bucket.
+	natsReadTimeout = 2 * time.Second
+)
+
+// FenceReconciler is the rejoin reconciliation hook. THIS IS WHERE THE NOVA
+// RECONCILIATION PLUGS IN (issue 4: reconcile.Runner): before domains that
+// hvguard paused are resumed, and before an operator's unfence, Nova is
+// asked which of them were evacuated (rebuilt elsewhere) while this host
+// was cut off; those must never be resumed here.
+type FenceReconciler interface {
+	// Reconcile returns the paused domains that must NOT be resumed. An
+	// error keeps the host fenced; the hook is run again.
+	Reconcile(ctx context.Context, paused []string) (drop []string, err error)
+	// Unreconciled returns evacuations of this host that Nova shows and
+	// that were not reconciled yet; `hvguard-agent --unfence` refuses
+	// while there are any.
+	Unreconciled(ctx context.Context) ([]string, error)
+}
+
+// noReconcile is the default hook until issue 4 is wired: "reconciled,
+// drop nothing", and no unreconciled evacuations.
+type noReconcile struct{}
+
+func (noReconcile) Reconcile(context.Context, []string) ([]string, error) { return nil, nil }
+func (noReconcile) Unreconciled(context.Context) ([]string, error)        { return nil, nil }
+
+// FenceHypervisor is what fencing needs from libvirt (*libvirtx.Conn).
+type FenceHypervisor interface {
+	ListDomains(ctx context.Context) ([]lifecycle.DomainSnapshot, error)
+	State(ctx context.Context, uuid string) (lifecycle.State, error)
+	Suspend(ctx context.Context, uuid string) error
+	Resume(ctx context.Context, uuid string) error
+	Destroy(ctx context.Context, uuid string) error
+}
+
+// FenceStats are the fencing loop's counters, read by the metrics collector.
+type FenceStats struct {
+	State          atomic.Pointer[string]
+	LastAck        atomic.Int64 // boot-clock nanos of the last landed renewal's send time
+	LeaseHeld      atomic.Bool
+	Renewals       atomic.Uint64
+	RenewFailures  atomic.Uint64 // timed out, failed or conflict
+	PeersAsked     atomic.Uint64
+	PeerAnswers    [6]atomic.Uint64 // by fencing.PeerAnswerKind
+	PausedByHV     atomic.Int64     // size of the durable paused set
+	Paused         atomic.Uint64    // pause operations that completed
+	Destroyed      atomic.Uint64
+	Resumed        atomic.Uint64
+	FenceOpErrors  atomic.Uint64
+	Alerts         atomic.Uint64
+	Transitions    atomic.Uint64
+	ResetRequested atomic.Uint64
+	Watchdog       atomic.Int32 // watchdog.State, -1: none
+}
+
+// fencer is the fencing goroutine: it owns the fencing.Agent and performs
+// its Readys (docs/fencing.md). Everything that blocks (libvirt, NATS,
+// peers, the reconciliation hook) runs off the loop and reports back
+// through inbox.
+type fencer struct {
+	cfg       FenceConfig
+	core      fencing.Config
+	host      string
+	log       *slog.Logger
+	hv        FenceHypervisor
+	nc        *nats.Conn
+	store     *leaseStore
+	client    *peer.Client
+	secret    []byte
+	wd        *watchdog.Watchdog
+	reset     func() error
+	rec       FenceReconciler
+	now       func() time.Time
+	statePath string
+	membPath  string
+	onTrans   func(fencing.Transition)
+	subject   string
+
+	a        *fencing.Agent
+	inbox    chan func(time.Time) fencing.Ready
+	domainsC chan []fencing.Domain
+	relistC  chan struct{}
+	events   chan fencing.FenceEvent
+	sem      chan struct{}
+	view     atomic.Pointer[fencing.PeerView]
+	progress atomic.Int64 // wall unix nanos of the last loop iteration
+	stats    FenceStats
+	wdLast   watchdog.State
+	wg       sync.WaitGroup
+	guard    fencing.Guard // last valid guard (loop goroutine)
+	members  []string
+}
+
+// newFencer builds the fencer and performs the start-up order of
+// docs/fencing.md: arm the hardware watchdog (fencing on, real action),
+// read the durable state and the lease record, NewAgent, SetMembers (the
+// cached membership), Domains, Tick. A host that starts while fenced stays
+// fenced.
+func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHypervisor, nc *nats.Conn, opts Options) (*fencer, error) {
+	fc := cfg.Fence
+	bootID, err := readBootID()
+	if err != nil {
+		return nil, err
+	}
+	secret, err := readSecret(fc.PeerSecretFile)
+	if err != nil {
+		return nil, err
+	}
+	f := &fencer{
+		cfg: fc, core: fc.Core(cfg.Host, bootID), host: cfg.Host, log: log.With("component", "fencing"),
+		hv: hv, nc: nc, store: &leaseStore{nc: nc, create: fc.CreateBucket}, secret: secret,
+		reset: opts.ResetHost, rec: opts.Reconciler, now: bootNow,
+		statePath: filepath.Join(cfg.StateDir, fenceStateFile), membPath: filepath.Join(cfg.StateDir, fenceMembersFile),
+		onTrans: opts.OnFenceTransition,
+		inbox:   make(chan func(time.Time) fencing.Ready, 4096), domainsC: make(chan []fencing.Domain, 1),
+		relistC: make(chan struct{}, 1), events: make(chan fencing.FenceEvent, fenceEventQueue), sem: make(chan struct{}, fc.FenceConcurrency),
+	}
+	if f.reset == nil {
+		f.reset = SysrqReset
+	}
+	if f.rec == nil {
+		f.rec = noReconcile{}
+	}
+	f.core.Seed = uint64(time.Now().UnixNano())
+	f.subject, _ = proto.FenceSubject(cfg.Host)
+	f.client = &peer.Client{Host: cfg.Host, Secret: secret, URL: fc.peerURL,
+		HTTP: &http.Client{Timeout: fc.PeerTimeout.D()}}
+	f.stats.Watchdog.Store(-1)
+
+	// 1. The hardware watchdog, armed before anything can wedge.
+	if f.core.HardwareWatchdog {
+		var dev watchdog.Device
+		if opts.OpenWatchdog != nil {
+			dev, err = opts.OpenWatchdog(fc.WatchdogDevice)
+		} else {
+			dev, err = watchdog.OpenLinux(fc.WatchdogDevice)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("fence.watchdog_device: %w", err)
+		}
+		f.wd = watchdog.New(dev)
+		if err := f.wd.Arm(f.now(), fc.WatchdogTimeout.D()); err != nil {
+			_ = dev.Close()
+			return nil, fmt.Errorf("fence.watchdog_device %s: %w", fc.WatchdogDevice, err)
+		}
+		f.wdLast = watchdog.Armed
+		f.stats.Watchdog.Store(int32(watchdog.Armed))
+		f.log.Info("hardware watchdog armed", "device", fc.WatchdogDevice, "timeout", f.wd.Timeout())
+	}
+	// 2. The durable state and the current record.
+	d, err := loadDurable(f.statePath)
+	if err != nil {
+		// Without it the paused set is lost (nothing is resumed) and the
+		// lease age restarts; fencing still works. Loud, not fatal: a
+		// node whose agent refuses to start is not fenced at all.
+		f.log.Error("fence state unreadable; starting without it", "err", err)
+		d = nil
+	}
+	var cur *fencing.LeaseRecord
+	var rev uint64
+	rctx, cancel := context.WithTimeout(ctx, fenceStartTimeout)
+	if st, err := f.store.get(rctx, fenceStartTimeout); err == nil {
+		cur, rev, err = st.Read(rctx, cfg.Host)
+		if err != nil && !isNotFound(err) {
+			f.log.Warn("lease record unreadable at start; starting from the durable state", "host", cfg.Host, "err", err)
+		}
+	} else {
+		f.log.Warn("lease bucket unreachable at start; starting from the durable state", "host", cfg.Host, "err", err)
+	}
+	cancel()
+	// 3. The Agent.
+	now := f.now()
+	a, rd, err := fencing.NewAgent(f.core, d, cur, rev, now)
+	if err != nil {
+		return nil, fmt.Errorf("fence: %w", err)
+	}
+	f.a = a
+	f.storeView()
+	f.perform(ctx, rd)
+	if m, err := loadMembers(f.membPath); err != nil {
+		f.log.Warn("membership cache unreadable", "err", err)
+	} else if len(m.Members) > 0 {
+		f.members, f.guard = m.Members, m.Guard
+		a.SetMembers(m.Members, m.Guard)
+	}
+	lctx, lcancel := context.WithTimeout(ctx, cfg.Libvirt.CallTimeout.D())
+	snap, err := hv.ListDomains(lctx)
+	lcancel()
+	if err != nil {
+		f.log.Warn("listing domains for fencing failed; retrying in the loop", "err", err)
+	} else {
+		f.perform(ctx, a.Domains(f.now(), toFenceDomains(snap)))
+	}
+	f.perform(ctx, a.Tick(f.now()))
+	f.afterIteration()
+	f.log.Info("fencing started", "host", cfg.Host, "state", string(a.State()), "action", fc.Action,
+		"backstop", string(f.core.Backstop()), "epoch", a.Epoch(), "paused", len(a.Paused()))
+	return f, nil
+}
+
+func isNotFound(err error) bool {
+	return err != nil && errors.Is(err, jetstream.ErrKeyNotFound)
+}
+
+// toFenceDomains maps a listing to the fencing inventory. Running means
+// "can run guest code": running, blocked, and being shut down (the guest
+// still runs its shutdown). Paused, shut off, crashed, PM-suspended cannot.
+func toFenceDomains(snap []lifecycle.DomainSnapshot) []fencing.Domain {
+	out := make([]fencing.Domain, 0, len(snap))
+	for _, s := range snap {
+		run := s.State == lifecycle.StateRunning || s.State == lifecycle.StateBlocked || s.State == lifecycle.StateShutdown
+		out = append(out, fencing.Domain{UUID: s.UUID, Running: run})
+	}
+	return out
+}
+
+// postDomains hands a full listing to the loop (the latest one wins).
+func (f *fencer) postDomains(snap []lifecycle.DomainSnapshot) {
+	ds := toFenceDomains(snap)
+	for {
+		select {
+		case f.domainsC <- ds:
+			return
+		default:
+		}
+		select {
+		case <-f.domainsC: // drop the older listing
+		default:
+		}
+	}
+}
+
+// relist asks the fencer to list the domains now (a domain started).
+func (f *fencer) relist() {
+	select {
+	case f.relistC <- struct{}{}:
+	default:
+	}
+}
+
+// healthy reports whether the fencing loop made progress recently.
+func (f *fencer) healthy() (bool, time.Duration) {
+	age := time.Since(time.Unix(0, f.progress.Load()))
+	return age <= FenceLoopStale, age
+}
+
+func (f *fencer) storeView() {
+	v := f.a.PeerView()
+	f.view.Store(&v)
+}
+
+// peerHandler is the peer endpoint, answering from the loop's snapshot.
+func (f *fencer) peerHandler() http.Handler {
+	return &peer.Handler{Host: f.host, Secret: f.secret, Relayer: f.store,
+		View: func() (fencing.PeerView, time.Time) { return *f.view.Load(), f.now() }}
+}
+
+// servePeers listens on fence.peer_listen.
+func (f *fencer) servePeers() (func(), error) {
+	ln, err := net.Listen("tcp", f.cfg.PeerListen)
+	if err != nil {
+		return nil, fmt.Errorf("fence.peer_listen %q: %w", f.cfg.PeerListen, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(peer.Path, f.peerHandler())
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 2 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			f.log.Error("peer endpoint failed", "err", err)
+		}
+	}()
+	f.log.Info("peer endpoint listening", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
+
+// run is the fencing loop. It returns when ctx ends, after its helpers.
+func (f *fencer) run(ctx context.Context) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	f.wg.Add(2)
+	go f.refreshMembers(ctx)
+	go f.publishEvents(ctx)
+	nextList := time.Time{}
+	for {
+		now := f.now()
+		wait := min(f.a.NextDeadline().Sub(now), FenceMaxTick)
+		if !nextList.IsZero() {
+			wait = min(wait, nextList.Sub(now))
+		}
+		resetTimer(timer, wait)
+		var rd fencing.Ready
+		select {
+		case <-ctx.Done():
+			f.wg.Wait()
+			return
+		case <-timer.C:
+			now = f.now()
+			if !now.Before(nextList) {
+				nextList = now.Add(f.relistEvery())
+				f.listAsync(ctx)
+			}
+			rd = f.a.Tick(now)
+		case fn := <-f.inbox:
+			rd = fn(f.now())
+		case ds := <-f.domainsC:
+			rd = f.a.Domains(f.now(), ds)
+		case <-f.relistC:
+			f.listAsync(ctx)
+		}
+		f.perform(ctx, rd)
+		f.afterIteration()
+	}
+}
+
+func (f *fencer) relistEvery() time.Duration {
+	switch f.a.State() {
+	case fencing.StateHealthy, fencing.StateStarting:
+		return fenceRelistIdle
+	}
+	return fenceRelistBusy
+}
+
+// listAsync lists the domains off the loop and posts the result.
+func (f *fencer) listAsync(ctx context.Context) {
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		snap, err := f.hv.ListDomains(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				f.log.Warn("listing domains for fencing failed", "err", err)
+			}
+			return
+		}
+		f.postDomains(snap)
+	}()
+}
+
+// afterIteration: the peer snapshot, the hardware watchdog, the progress
+// stamp, the gauges.
+func (f *fencer) afterIteration() {
+	now := f.now()
+	f.storeView()
+	if f.wd != nil {
+		st := f.wd.Feed(now, f.a.FeedWatchdog(now))
+		if st != f.wdLast {
+			lvl := slog.LevelWarn
+			if st == watchdog.Triggered || st == watchdog.Malfunction {
+				lvl = slog.LevelError
+			}
+			f.log.Log(context.Background(), lvl, "hardware watchdog state changed", "state", st.String(),
+				"from", f.wdLast.String(), "reason", string(f.a.Reason()), "err", f.wd.Err())
+			f.wdLast = st
+		}
+		f.stats.Watchdog.Store(int32(st))
+	}
+	s := string(f.a.State())
+	f.stats.State.Store(&s)
+	v := f.view.Load()
+	f.stats.LastAck.Store(v.LastAck.UnixNano())
+	f.stats.LeaseHeld.Store(f.a.LeaseHeld(now))
+	f.stats.PausedByHV.Store(int64(len(f.a.Paused())))
+	f.progress.Store(time.Now().UnixNano())
+}
+
+// post hands a result to the loop (from a helper goroutine).
+func (f *fencer) post(ctx context.Context, fn func(time.Time) fencing.Ready) {
+	select {
+	case f.inbox <- fn:
+	case <-ctx.Done():
+	}
+}
+
+// perform carries out rd in the order fencing.Ready prescribes.
+func (f *fencer) perform(ctx context.Context, rd fencing.Ready) {
+	if rd.Persist != nil {
+		if err := writeJSONAtomic(f.statePath, rd.Persist); err != nil {
+			// Fence anyway: a fence matters more than remembering it.
+			f.log.Error("fence state not persisted; fencing anyway", "host", f.host, "err", err)
+		}
+	}
+	if len(rd.Pause) > 0 {
+		f.log.Error("FENCING: pausing domains", "host", f.host, "domains", len(rd.Pause), "reason", string(f.a.Reason()))
+		for _, u := range rd.Pause {
+			f.fenceOp(ctx, "pause", u)
+		}
+	}
+	if len(rd.Destroy) > 0 {
+		f.log.Error("FENCING: destroying domains", "host", f.host, "domains", len(rd.Destroy), "reason", string(f.a.Reason()))
+		for _, u := range rd.Destroy {
+			f.fenceOp(ctx, "destroy", u)
+		}
+	}
+	if len(rd.Resume) > 0 {
+		f.log.Warn("rejoined: resuming the domains hvguard paused", "host", f.host, "domains", len(rd.Resume))
+		for _, u := range rd.Resume {
+			f.resume(ctx, u)
+		}
+	}
+	if len(rd.WouldFence) > 0 {
+		f.log.Warn("monitor only (fence.action none): would have fenced these domains", "host", f.host,
+			"domains", len(rd.WouldFence), "domain_uuids", rd.WouldFence, "reason", string(f.a.Reason()))
+	}
+	if rd.ResetHost {
+		f.stats.ResetRequested.Add(1)
+		f.log.Error("FENCING: RESETTING THE HOST (sysrq b)", "host", f.host, "reason", string(f.a.Reason()))
+		if err := f.reset(); err != nil {
+			f.stats.Alerts.Add(1)
+			f.log.Error("HOST RESET FAILED", "host", f.host, "err", err)
+		}
+	}
+	if rq := rd.Renew; rq != nil {
+		f.renew(ctx, *rq)
+	}
+	if pr := rd.AskPeers; pr != nil {
+		f.askPeers(ctx, *pr)
+	}
+	if rd.Reconcile {
+		f.reconcile(ctx, rd.ReconcileID, f.a.Paused())
+	}
+	if len(rd.LeftPaused) > 0 {
+		f.log.Error("released after a declaration: domains hvguard paused are LEFT PAUSED (evacuated elsewhere); the operator decides",
+			"host", f.host, "domain_uuids", rd.LeftPaused)
+	}
+	for _, tr := range rd.Transitions {
+		f.transition(tr, rd.WouldFence)
+	}
+	for _, al := range rd.Alerts {
+		f.stats.Alerts.Add(1)
+		f.log.Error("FENCING ALERT", "host", f.host, "reason", string(al.Reason), "detail", al.Detail, "state", string(f.a.State()))
+	}
+}
+
+// fenceOp pauses or destroys uuid off the loop (bounded concurrency) and
+// reports it with FenceDone. A domain already paused or off counts as done.
+func (f *fencer) fenceOp(ctx context.Context, op, uuid string) {
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		select {
+		case f.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		var err error
+		if op == "pause" {
+			err = f.hv.Suspend(ctx, uuid)
+			if err != nil {
+				if st, serr := f.hv.State(ctx, uuid); serr == nil && !canRun(st) {
+					err = nil // already paused, off or gone: it cannot run
+				}
+			}
+		} else {
+			err = f.hv.Destroy(ctx, uuid)
+			if errors.Is(err, libvirtx.ErrInvalidState) || errors.Is(err, libvirtx.ErrNoDomain) {
+				err = nil // already off (or gone)
+			}
+		}
+		<-f.sem
+		switch {
+		case err != nil:
+			f.stats.FenceOpErrors.Add(1)
+			f.log.Error("fence operation failed (retried)", "host", f.host, "domain_uuid", uuid, "op", op, "err", err)
+		case op == "pause":
+			f.stats.Paused.Add(1)
+		default:
+			f.stats.Destroyed.Add(1)
+		}
+		f.post(ctx, func(now time.Time) fencing.Ready { return f.a.FenceDone(now, uuid, err) })
+	}()
+}
+
+func canRun(st lifecycle.State) bool {
+	return st == lifecycle.StateRunning || st == lifecycle.StateBlocked || st == lifecycle.StateShutdown
+}
+
+func (f *fencer) resume(ctx context.Context, uuid string) {
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		select {
+		case f.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		err := f.hv.Resume(ctx, uuid)
+		<-f.sem
+		if err != nil && !errors.Is(err, libvirtx.ErrNoDomain) {
+			f.stats.FenceOpErrors.Add(1)
+			f.log.Error("resume after rejoin failed; resume it by hand", "host", f.host, "domain_uuid", uuid, "err", err)
+			return
+		}
+		f.stats.Resumed.Add(1)
+	}()
+}
+
+// renew sends req off the loop (natslease.Store.Renew) and reports back.
+func (f *fencer) renew(ctx context.Context, req fencing.RenewRequest) {
+	f.stats.Renewals.Add(1)
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		res := f.store.Renew(ctx, req, f.core.Timing.RenewTimeout)
+		if res.Outcome != fencing.RenewAcked {
+			f.stats.RenewFailures.Add(1)
+		}
+		f.post(ctx, func(now time.Time) fencing.Ready { return f.a.Renewed(now, req.Seq, res) })
+	}()
+}
+
+// askPeers runs a peer round, each question bounded by the round deadline.
+func (f *fencer) askPeers(ctx context.Context, pr fencing.PeerRound) {
+	left := pr.Deadline.Sub(f.now())
+	for _, p := range pr.Peers {
+		f.stats.PeersAsked.Add(1)
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			actx, cancel := context.WithTimeout(ctx, left)
+			ans, err := f.client.Ask(actx, p, pr)
+			cancel()
+			if int(ans.Kind) < len(f.stats.PeerAnswers) {
+				f.stats.PeerAnswers[ans.Kind].Add(1)
+			}
+			if err != nil {
+				f.log.Debug("peer unreachable", "host", f.host, "peer", p, "round", pr.ID, "err", err)
+			}
+			f.post(ctx, func(now time.Time) fencing.Ready { return f.a.PeerAnswered(now, pr.ID, p, ans) })
+		}()
+	}
+}
+
+// reconcile runs the rejoin hook off the loop, retrying until it succeeds
+// (the host stays fenced meanwhile), and reports Reconciled.
+func (f *fencer) reconcile(ctx context.Context, id uint64, paused []string) {
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		for {
+			drop, err := f.rec.Reconcile(ctx, slices.Clone(paused))
+			if err == nil {
+				if len(drop) > 0 {
+					f.log.Warn("reconciliation: these paused domains were evacuated and will not be resumed", "host", f.host, "domain_uuids", drop)
+				}
+				f.post(ctx, func(now time.Time) fencing.Ready { return f.a.Reconciled(now, id, drop) })
+				return
+			}
+			f.log.Error("rejoin reconciliation failed; staying fenced and retrying", "host", f.host, "err", err, "retry_in", reconcileRetry)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(reconcileRetry):
+			}
+		}
+	}()
+}
+
+// transition logs tr and publishes it as a fencing.FenceEvent on
+// proto.FenceSubject(host), best effort (core NATS; see docs/fencing.md:
+// the lease record is the authority, the event is for humans and tools).
+func (f *fencer) transition(tr fencing.Transition, would []string) {
+	f.stats.Transitions.Add(1)
+	lvl := slog.LevelWarn
+	switch tr.To {
+	case fencing.StateHealthy:
+		if tr.From == fencing.StateStarting {
+			lvl = slog.LevelInfo
+		}
+	case fencing.StateFencing, fencing.StateFenced, fencing.StateAwaitingRelease:
+		lvl = slog.LevelError
+	}
+	f.log.Log(context.Background(), lvl, "fence state transition", "host", f.host, "state", string(tr.To),
+		"from", string(tr.From), "reason", string(tr.Reason), "epoch", tr.Epoch, "detail", tr.Detail)
+	if f.onTrans != nil {
+		f.onTrans(tr)
+	}
+	if f.subject == "" {
+		return
+	}
+	ev := fencing.NewFenceEvent(f.host, f.core.BootID, tr, f.a.Paused(), would, time.Now())
+	select {
+	case f.events <- ev:
+	default:
+		f.log.Warn("fence event queue full; event dropped (logged above)", "host", f.host, "state", string(tr.To))
+	}
+}
+
+// fenceEventQueue bounds the fence events waiting to be published: a few
+// per fence; more means NATS has been unwritable for a long time and the
+// log has them anyway.
+const fenceEventQueue = 64
+
+// publishEvents publishes fence events off the loop: a core NATS publish
+// can block on a blackholed connection (measured: 1.3 s until the
+// outbound buffer limit), which must never stall fencing.
+func (f *fencer) publishEvents(ctx context.Context) {
+	defer f.wg.Done()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-f.events:
+			b, err := ev.Encode()
+			if err == nil {
+				err = f.nc.Publish(f.subject, b)
+			}
+			if err != nil {
+				f.log.Warn("fence event not published (logged above)", "host", f.host, "state", string(ev.To), "err", err)
+			}
+		}
+	}
+}
+
+// refreshMembers reads the bucket's membership and guard while NATS is
+// connected, caches them on disk, and hands them to the loop.
+func (f *fencer) refreshMembers(ctx context.Context) {
+	defer f.wg.Done()
+	for {
+		every := f.cfg.MembersRefresh.D()
+		if f.nc.IsConnected() && !f.readMembers(ctx) {
+			// No guard known yet (the controller publishes it after its
+			// first watch): without it the agent cannot be Held, so look
+			// again soon.
+			every = min(every, membersRetry)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(every):
+		}
+	}
+}
+
+// membersRetry is the membership refresh period while no valid guard has
+// been read yet.
+const membersRetry = time.Second
+
+// readMembers reports whether a valid guard was read.
+func (f *fencer) readMembers(ctx context.Context) bool {
+	st, err := f.store.get(ctx, natsReadTimeout)
+	if err != nil {
+		return false
+	}
+	m, g, err := st.Members(ctx)
+	if err != nil {
+		f.log.Warn("reading the lease bucket's membership failed; keeping the cached one", "err", err)
+		return false
+	}
+	f.post(ctx, func(time.Time) fencing.Ready {
+		if g.Valid() {
+			f.guard = g
+		}
+		f.members = m
+		f.a.SetMembers(f.members, f.guard)
+		if err := writeJSONAtomic(f.membPath, membersCache{Members: f.members, Guard: f.guard}); err != nil {
+			f.log.Warn("membership cache not written", "err", err)
+		}
+		return fencing.Ready{}
+	})
+	return g.Valid()
+}
+
+// shutdown disarms the hardware watchdog (magic close) on an orderly stop;
+// a triggered watchdog is left running (the fence it backs is incomplete).
+func (f *fencer) shutdown() {
+	if f.wd == nil {
+		return
+	}
+	if err := f.wd.Disarm(); err != nil {
+		f.log.Error("hardware watchdog not disarmed", "err", err)
+		return
+	}
+	f.log.Info("hardware watchdog disarmed (magic close)")
+}
+
+// fenceHV wraps the event loop's Hypervisor: every resync's listing is also
+// handed to the fencer (the fencing inventory follows the event loop).
+type fenceHV struct {
+	Hypervisor
+	f *fencer
+}
+
+func (h fenceHV) ListDomains(ctx context.Context) ([]lifecycle.DomainSnapshot, error) {
+	snap, err := h.Hypervisor.ListDomains(ctx)
+	if err == nil {
+		h.f.postDomains(snap)
+	}
+	return snap, err
+}

@@ -1,0 +1,193 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sys/unix"
+
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+)
+
+// bootNow is the fencing clock: CLOCK_BOOTTIME as a time.Time (nanoseconds
+// since boot, from the Unix epoch). Why this clock:
+//   - it is monotonic: NTP steps and operator `date` changes do not move
+//     it, so a lease can neither be stretched nor cut by a wall-clock jump;
+//   - unlike CLOCK_MONOTONIC it keeps counting while the host is suspended
+//     (ACPI S3, a paused VM running the hypervisor): a host resumed after
+//     30 s must see its lease 30 s older, exactly as the controller does;
+//   - it is shared by every process of one boot, so the lease age in the
+//     durable state (fence.json) survives an agent restart; the boot id
+//     tells boots apart (a new boot starts with no lease).
+//
+// The values are compared only with each other (Sub), never with wall time.
+func bootNow() time.Time {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		// Linux has had CLOCK_BOOTTIME since 2.6.39; this cannot happen
+		// on a supported kernel. MONOTONIC is the nearest safe clock.
+		_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	}
+	return time.Unix(ts.Sec, ts.Nsec).UTC()
+}
+
+// bootIDPath identifies this boot of the host.
+const bootIDPath = "/proc/sys/kernel/random/boot_id"
+
+func readBootID() (string, error) {
+	b, err := os.ReadFile(bootIDPath)
+	if err != nil {
+		return "", fmt.Errorf("boot id: %w", err)
+	}
+	return strings.TrimSpace(string(b)), nil
+}
+
+// Files in state_dir.
+const (
+	// fenceStateFile is the fencing.Durable (lease age, fence state, the
+	// set of domains hvguard paused).
+	fenceStateFile = "fence.json"
+	// fenceMembersFile caches the bucket membership and the controller's
+	// guard, for a restart while NATS is unreachable.
+	fenceMembersFile = "fence-members.json"
+)
+
+// writeJSONAtomic writes v to path via a temporary file and a rename: a
+// crash leaves the old or the new file, never a torn one. No fsync: only
+// an agent crash (not a host crash, which stops every domain anyway) must
+// be survived, and the page cache survives an agent crash.
+func writeJSONAtomic(path string, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("rename %s: %w", tmp, err)
+	}
+	return nil
+}
+
+// loadDurable reads the durable fence state (nil, nil when there is none).
+func loadDurable(path string) (*fencing.Durable, error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fence state %s: %w", path, err)
+	}
+	var d fencing.Durable
+	if err := json.Unmarshal(b, &d); err != nil {
+		return nil, fmt.Errorf("fence state %s: %w", path, err)
+	}
+	return &d, nil
+}
+
+// membersCache is fenceMembersFile.
+type membersCache struct {
+	Members []string      `json:"members"`
+	Guard   fencing.Guard `json:"guard"`
+}
+
+func loadMembers(path string) (membersCache, error) {
+	var m membersCache
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return m, nil
+	}
+	if err != nil {
+		return m, fmt.Errorf("fence members %s: %w", path, err)
+	}
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("fence members %s: %w", path, err)
+	}
+	return m, nil
+}
+
+// errNATSDown: the lease bucket cannot be opened while NATS is not
+// connected; a renewal then definitely did not happen.
+var errNATSDown = errors.New("nats not connected")
+
+// leaseStore opens the lease bucket lazily (NATS may be down at start) and
+// then is a natslease.Store. Safe for concurrent use.
+type leaseStore struct {
+	nc     *nats.Conn
+	create bool
+	mu     sync.Mutex
+	st     *natslease.Store
+}
+
+func (l *leaseStore) get(ctx context.Context, timeout time.Duration) (*natslease.Store, error) {
+	l.mu.Lock()
+	st := l.st
+	l.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	if !l.nc.IsConnected() {
+		return nil, errNATSDown
+	}
+	js, err := jetstream.New(l.nc)
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	kv, err := natslease.EnsureBucket(cctx, js, l.create)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.st == nil {
+		l.st = &natslease.Store{KV: kv}
+	}
+	return l.st, nil
+}
+
+// Renew is natslease.Store.Renew; a bucket that cannot be opened is a
+// renewal that definitely failed.
+func (l *leaseStore) Renew(ctx context.Context, req fencing.RenewRequest, timeout time.Duration) fencing.RenewResult {
+	st, err := l.get(ctx, timeout)
+	if err != nil {
+		return fencing.RenewResult{Outcome: fencing.RenewFailed}
+	}
+	return st.Renew(ctx, req, timeout)
+}
+
+// Relay implements peer.Relayer.
+func (l *leaseStore) Relay(ctx context.Context, req fencing.RenewRequest, timeout time.Duration) fencing.RenewResult {
+	st, err := l.get(ctx, timeout)
+	if err != nil {
+		return fencing.RenewResult{Outcome: fencing.RenewFailed}
+	}
+	return st.Relay(ctx, req, timeout)
+}
+
+// sysrqTrigger is the kernel's magic SysRq interface. Writes by root work
+// whatever kernel.sysrq says (that sysctl only governs the keyboard).
+const sysrqTrigger = "/proc/sysrq-trigger"
+
+// SysrqReset resets the host at once: sysrq 'b' reboots without syncing or
+// unmounting (like pulling the plug; SBD does the same). It returns only
+// if the write failed. The production value of Options.ResetHost.
+func SysrqReset() error {
+	if err := os.WriteFile(sysrqTrigger, []byte("b"), 0); err != nil {
+		return fmt.Errorf("host reset via %s: %w", sysrqTrigger, err)
+	}
+	return nil
+}
