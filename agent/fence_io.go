@@ -178,6 +178,12 @@ func (l *leaseStore) Relay(ctx context.Context, req fencing.RenewRequest, timeou
 	return st.Relay(ctx, req, timeout)
 }
 
+// ForbidResetEnv, set to 1, makes SysrqReset refuse: the tests that run the
+// real agent binary (test/netns, test/realvirt) set it as a second guard
+// behind their configuration (allow_reset false, action pause), because
+// /proc/sysrq-trigger is the machine's own even inside a network namespace.
+const ForbidResetEnv = "HVGUARD_FORBID_RESET"
+
 // sysrqTrigger is the kernel's magic SysRq interface. Writes by root work
 // whatever kernel.sysrq says (that sysctl only governs the keyboard).
 const sysrqTrigger = "/proc/sysrq-trigger"
@@ -186,6 +192,9 @@ const sysrqTrigger = "/proc/sysrq-trigger"
 // unmounting (like pulling the plug; SBD does the same). It returns only
 // if the write failed. The production value of Options.ResetHost.
 func SysrqReset() error {
+	if os.Getenv(ForbidResetEnv) == "1" {
+		return fmt.Errorf("host reset refused: %s=1 (a test run: never reset the test machine)", ForbidResetEnv)
+	}
 	if err := os.WriteFile(sysrqTrigger, []byte("b"), 0); err != nil {
 		return fmt.Errorf("host reset via %s: %w", sysrqTrigger, err)
 	}
