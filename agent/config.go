@@ -63,6 +63,9 @@ type Config struct {
 	Metrics   MetricsConfig   `yaml:"metrics"`
 	// Fence is self-fencing (off unless fence.enabled); see config_fence.go.
 	Fence FenceConfig `yaml:"fence"`
+	// Reconcile is the rejoin reconciliation with Nova (off unless
+	// reconcile.enabled); see config_reconcile.go.
+	Reconcile ReconcileConfig `yaml:"reconcile"`
 	// ShutdownTimeout bounds the graceful shutdown: how long SIGTERM waits
 	// for the outbox to drain to NATS. What is not sent stays on disk.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
@@ -181,6 +184,7 @@ func DefaultConfig() Config {
 		Outbox:          OutboxConfig{MaxBytes: DefaultOutboxMaxBytes, MaxEvents: DefaultOutboxMaxEvents},
 		Metrics:         MetricsConfig{Listen: DefaultMetricsListen},
 		Fence:           defaultFence(),
+		Reconcile:       defaultReconcile(),
 		ShutdownTimeout: Duration(DefaultShutdownTimeout),
 	}
 }
@@ -313,6 +317,7 @@ func (c *Config) Validate() error {
 	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
 	c.Fence.validate(bad)
+	c.Reconcile.validate(bad)
 	return errors.Join(errs...)
 }
 

@@ -19,6 +19,7 @@ import (
 	"hvguard/fencing/watchdog"
 	"hvguard/libvirtx"
 	"hvguard/proto"
+	"hvguard/reconcile"
 )
 
 // Version is set at build time (-ldflags -X hvguard/agent.Version=...).
@@ -68,6 +69,7 @@ type Daemon struct {
 	pub    *delivery.Publisher
 	loop   *Loop
 	fence  *fencer     // nil unless fence.enabled
+	rec    *reconciler // nil unless reconcile.enabled
 }
 
 // Run starts the agent and blocks until ctx is cancelled (SIGTERM), then
@@ -101,11 +103,35 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	}
 	defer d.lv.Close()
 
+	if cfg.Reconcile.Enabled {
+		// Rejoin reconciliation with Nova (issue 4) right after libvirt,
+		// before anything else acts on domains (fencing, the event loop).
+		// Its outcome never stops the start: a failed run is retried with
+		// backoff by d.rec.loop, and fencing keeps a fenced host fenced.
+		d.notify.Status("reconciling with Nova")
+		if d.rec, err = newReconciler(cfg, log, d.lv, cfg.Reconcile.Mode()); err != nil {
+			return err
+		}
+		d.rec.run(ctx, reconcile.TriggerStart)
+		if opts.Reconciler == nil {
+			opts.Reconciler, d.opts.Reconciler = d.rec, d.rec
+		}
+	}
+
 	d.notify.Status("connecting to NATS")
 	if err := d.connectNATS(); err != nil {
 		return err
 	}
 	defer d.nc.Close()
+
+	if d.rec != nil {
+		// Periodic runs and event publication; stopped before NATS and
+		// libvirt are closed.
+		recCtx, stopRec := context.WithCancel(context.Background())
+		recDone := make(chan struct{})
+		go func() { defer close(recDone); d.rec.loop(recCtx, d.nc) }()
+		defer func() { stopRec(); <-recDone }()
+	}
 
 	var hv Hypervisor = d.lv
 	if opts.WrapHypervisor != nil {

@@ -152,6 +152,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descPublished, os.Acked)
 	counter(descResent, os.Resent)
 	c.collectFence(ch)
+	c.collectReconcile(ch)
 }
 
 // metricsHandler serves /metrics (Prometheus) and /healthz (200 when the

@@ -21,14 +21,16 @@ const (
 	KindLifecycle = "lifecycle"
 	// KindFence is reserved for fencing messages (a later issue).
 	KindFence = "fence"
-	// KindReconcile is reserved for reconcile/resync messages (a later issue).
+	// KindReconcile: agent -> anyone, ReconcileEvent (a domain the rejoin
+	// reconciliation destroyed or would destroy), stored in the StreamName
+	// stream.
 	KindReconcile = "reconcile"
 
 	// LifecycleWildcard matches the lifecycle subjects of every host.
 	LifecycleWildcard = SubjectPrefix + ".*." + KindLifecycle
 	// FenceWildcard matches the (reserved) fence subjects of every host.
 	FenceWildcard = SubjectPrefix + ".*." + KindFence
-	// ReconcileWildcard matches the (reserved) reconcile subjects of every host.
+	// ReconcileWildcard matches the reconcile subjects of every host.
 	ReconcileWildcard = SubjectPrefix + ".*." + KindReconcile
 )
 
@@ -103,7 +105,7 @@ func FenceSubject(host string) (string, error) {
 	return hostSubject(host, KindFence)
 }
 
-// ReconcileSubject returns hvguard.v1.<HostToken(host)>.reconcile (reserved).
+// ReconcileSubject returns hvguard.v1.<HostToken(host)>.reconcile.
 func ReconcileSubject(host string) (string, error) {
 	return hostSubject(host, KindReconcile)
 }
@@ -128,7 +130,7 @@ func MsgID(host string, seq uint64) string {
 // configuration. The agent creates it (if allowed) or checks it exists; see
 // agent/delivery.EnsureStream. Recommended config, as `nats` CLI flags:
 //
-//	nats stream add HVGUARD_EVENTS --subjects 'hvguard.v1.*.lifecycle' \
+//	nats stream add HVGUARD_EVENTS --subjects 'hvguard.v1.*.lifecycle,hvguard.v1.*.reconcile' \
 //	  --storage file --retention limits --discard old \
 //	  --max-age 168h --max-bytes 1GiB --dupe-window 5m --replicas 3
 //
@@ -138,9 +140,11 @@ func MsgID(host string, seq uint64) string {
 // events go and the controller sees a seq hole and resyncs. Replicas 3 on a
 // 3-node cluster (1 for a single server).
 //
-// The fence and reconcile subjects are deliberately NOT in the stream: they
-// are expected to be request/reply, and a stream capturing a subject answers
-// requests on it with its own publish ack.
+// The reconcile subjects are in the stream (ReconcileEvent: a record of
+// domains powered off, kept for the same week; consumers of lifecycle events
+// filter on LifecycleWildcard). The fence subjects are deliberately NOT:
+// they are expected to be request/reply, and a stream capturing a subject
+// answers requests on it with its own publish ack.
 const (
 	StreamName = "HVGUARD_EVENTS"
 	// StreamDuplicatesWindow is how long JetStream remembers Nats-Msg-Ids.
@@ -160,5 +164,5 @@ const (
 
 // StreamSubjects returns the subjects the StreamName stream must capture.
 func StreamSubjects() []string {
-	return []string{LifecycleWildcard}
+	return []string{LifecycleWildcard, ReconcileWildcard}
 }

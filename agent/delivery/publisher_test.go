@@ -262,7 +262,7 @@ func TestEnsureStream(t *testing.T) {
 	defer cancel()
 
 	err = EnsureStream(ctx, js, false)
-	if err == nil || !strings.Contains(err.Error(), "nats stream add HVGUARD_EVENTS --subjects 'hvguard.v1.*.lifecycle'") {
+	if err == nil || !strings.Contains(err.Error(), "nats stream add HVGUARD_EVENTS --subjects 'hvguard.v1.*.lifecycle,hvguard.v1.*.reconcile'") {
 		t.Fatalf("EnsureStream(no stream, create=false) = %v", err)
 	}
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: proto.StreamName, Subjects: []string{"other.>"}}); err != nil {
@@ -271,6 +271,15 @@ func TestEnsureStream(t *testing.T) {
 	err = EnsureStream(ctx, js, false)
 	if err == nil || !strings.Contains(err.Error(), "do not capture") {
 		t.Fatalf("EnsureStream(wrong subjects) = %v", err)
+	}
+	// A stream provisioned before reconcile events existed (lifecycle
+	// only): checked, it names the missing subject; create updates it.
+	if _, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: proto.StreamName, Subjects: []string{proto.LifecycleWildcard}}); err != nil {
+		t.Fatal(err)
+	}
+	err = EnsureStream(ctx, js, false)
+	if err == nil || !strings.Contains(err.Error(), `do not capture "hvguard.v1.*.reconcile"`) {
+		t.Fatalf("EnsureStream(lifecycle only) = %v", err)
 	}
 	if err := EnsureStream(ctx, js, true); err != nil {
 		t.Fatalf("EnsureStream(create) = %v", err)

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"gopkg.in/yaml.v3"
 
@@ -43,6 +44,10 @@ Flags:
                        expired (fencing): writes a released lease record;
                        refuses while evacuations are not reconciled; the
                        agent then resumes nothing (see docs/fencing.md)
+  --status             print the last rejoin reconciliation with Nova
+                       (state_dir/reconcile-last.json): what was checked,
+                       found, destroyed and why not; exit 0 if it was OK,
+                       1 if not or none is recorded (see docs/reconcile.md)
   --log-level LEVEL    override log.level (debug, info, warn, error)
   --log-format FORMAT  override log.format (json, text)
   --version            print the version and exit
@@ -76,6 +81,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	format := fs.String("log-format", "", "")
 	version := fs.Bool("version", false, "")
 	unfence := fs.Bool("unfence", false, "")
+	status := fs.Bool("status", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -118,13 +124,24 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "%s: configuration is valid (host %s, libvirt %s)\n", *cfgPath, cfg.Host, cfg.Libvirt.URI)
 		return 0
 	}
+	if *status {
+		return printStatus(cfg, stdout, stderr, time.Now())
+	}
 	log, err := agent.NewLogger(stderr, cfg.Log)
 	if err != nil {
 		fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
 		return 1
 	}
 	if *unfence {
-		msg, err := agent.Unfence(context.Background(), cfg, log, nil)
+		// With reconcile.enabled, refuse while Nova shows stale copies of
+		// evacuated instances still running here (a report-mode run).
+		rec, closeRec, err := agent.NewUnfenceReconciler(context.Background(), cfg, log)
+		if err != nil {
+			fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
+			return 1
+		}
+		defer closeRec()
+		msg, err := agent.Unfence(context.Background(), cfg, log, rec)
 		if err != nil {
 			fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
 			return 1

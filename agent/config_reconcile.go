@@ -1,0 +1,139 @@
+package agent
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"hvguard/openstack"
+	"hvguard/reconcile"
+)
+
+// ReconcileConfig is the rejoin reconciliation with Nova (issue 4,
+// docs/reconcile.md): destroy the local copies of instances Nova evacuated
+// to another host while this node was cut off. Off by default: without an
+// OpenStack cloud configured the agent behaves exactly as before.
+type ReconcileConfig struct {
+	// Enabled turns reconciliation on (needs openstack.cloud).
+	Enabled bool `yaml:"enabled"`
+	// Action is destroy (power off stale copies, mark them) or report (only
+	// log and publish what would be destroyed).
+	Action string `yaml:"action"`
+	// Interval is the period of the periodic reconciliation.
+	Interval Duration `yaml:"interval"`
+	// Timeout bounds one reconciliation.
+	Timeout Duration `yaml:"timeout"`
+	// NovaHosts are this node's names in Nova (nova.conf [DEFAULT] host of
+	// its nova-compute). Empty: [host].
+	NovaHosts []string `yaml:"nova_hosts"`
+	// OpenStack selects the cloud in clouds.yaml.
+	OpenStack ReconcileOpenStackConfig `yaml:"openstack"`
+}
+
+// ReconcileOpenStackConfig selects and overrides a clouds.yaml entry; the
+// credentials stay in clouds.yaml/secure.yaml (read by gophercloud's own
+// loader, as the openstack CLI reads them).
+type ReconcileOpenStackConfig struct {
+	// Cloud is the clouds.yaml entry (like OS_CLOUD). Required when enabled.
+	Cloud string `yaml:"cloud"`
+	// CloudsFile is the clouds.yaml path; empty: the standard search
+	// (OS_CLIENT_CONFIG_FILE, ./clouds.yaml, ~/.config/openstack/,
+	// /etc/openstack/).
+	CloudsFile string `yaml:"clouds_file"`
+	// Region, Interface and CACert override the cloud's region_name,
+	// interface (public, internal, admin) and cacert.
+	Region    string `yaml:"region"`
+	Interface string `yaml:"interface"`
+	CACert    string `yaml:"cacert"`
+	// RequestTimeout bounds each HTTP request to keystone and Nova.
+	RequestTimeout Duration `yaml:"request_timeout"`
+}
+
+// Reconcile actions (reconcile.action).
+const (
+	ReconcileActionDestroy = "destroy"
+	ReconcileActionReport  = "report"
+)
+
+// Bounds of the reconcile section.
+const (
+	// MinReconcileInterval: a period below 10 s would make the periodic
+	// run (one listing per Nova host) a steady load on nova-api for no
+	// gain; rejoins do not wait for the period anyway.
+	MinReconcileInterval = 10 * time.Second
+	// MaxReconcileTimeout: a reconciliation holds a rejoining host fenced;
+	// longer than 10 min is a misconfiguration.
+	MaxReconcileTimeout = 10 * time.Minute
+)
+
+func defaultReconcile() ReconcileConfig {
+	return ReconcileConfig{
+		Enabled:   false,
+		Action:    ReconcileActionDestroy,
+		Interval:  Duration(reconcile.DefaultInterval),
+		Timeout:   Duration(reconcile.DefaultTimeout),
+		NovaHosts: []string{},
+		OpenStack: ReconcileOpenStackConfig{RequestTimeout: Duration(openstack.DefaultRequestTimeout)},
+	}
+}
+
+// Mode maps Action onto reconcile's mode.
+func (r ReconcileConfig) Mode() reconcile.Mode {
+	if r.Action == ReconcileActionReport {
+		return reconcile.ModeReport
+	}
+	return reconcile.ModeDestroy
+}
+
+// Hosts returns the Nova host names (NovaHosts, or [host]).
+func (r ReconcileConfig) Hosts(host string) []string {
+	if len(r.NovaHosts) > 0 {
+		return r.NovaHosts
+	}
+	return []string{host}
+}
+
+// OpenStackConfig is the openstack client's configuration.
+func (r ReconcileConfig) OpenStackConfig() openstack.Config {
+	o := r.OpenStack
+	return openstack.Config{Cloud: o.Cloud, CloudsFile: o.CloudsFile, Region: o.Region,
+		Interface: o.Interface, CACert: o.CACert, RequestTimeout: o.RequestTimeout.D()}
+}
+
+// validate reports every problem through bad. With enabled it also parses
+// clouds.yaml (openstack.New, no network): a cloud that cannot be loaded is
+// a configuration error (exit 78), not a run-time failure.
+func (r ReconcileConfig) validate(bad func(field string, val any, why string)) {
+	if r.Action != ReconcileActionDestroy && r.Action != ReconcileActionReport {
+		bad("reconcile.action", fmt.Sprintf("%q", r.Action), "must be destroy or report")
+	}
+	if r.Interval.D() < MinReconcileInterval {
+		bad("reconcile.interval", r.Interval.D(), fmt.Sprintf("must be at least %s", MinReconcileInterval))
+	}
+	if r.Timeout <= 0 || r.Timeout.D() > MaxReconcileTimeout {
+		bad("reconcile.timeout", r.Timeout.D(), fmt.Sprintf("must be positive and at most %s", MaxReconcileTimeout))
+	}
+	for i, h := range r.NovaHosts {
+		if !reconcile.ValidHostName(h) {
+			bad(fmt.Sprintf("reconcile.nova_hosts[%d]", i), fmt.Sprintf("%q", h), "must be a host name as Nova knows it")
+		}
+	}
+	if r.OpenStack.RequestTimeout <= 0 {
+		bad("reconcile.openstack.request_timeout", r.OpenStack.RequestTimeout.D(), "must be positive")
+	}
+	switch r.OpenStack.Interface {
+	case "", "public", "internal", "admin":
+	default:
+		bad("reconcile.openstack.interface", fmt.Sprintf("%q", r.OpenStack.Interface), "must be public, internal, admin or empty (the cloud's)")
+	}
+	if !r.Enabled {
+		return
+	}
+	if strings.TrimSpace(r.OpenStack.Cloud) == "" {
+		bad("reconcile.openstack.cloud", `""`, "required with reconcile.enabled: the clouds.yaml entry to use")
+		return
+	}
+	if _, err := openstack.New(r.OpenStackConfig(), nil); err != nil {
+		bad("reconcile.openstack", fmt.Sprintf("cloud %q (clouds_file %q)", r.OpenStack.Cloud, r.OpenStack.CloudsFile), err.Error())
+	}
+}
