@@ -55,6 +55,10 @@ type Options struct {
 	Reconciler        FenceReconciler
 	OpenWatchdog      func(path string) (watchdog.Device, error)
 	OnFenceTransition func(fencing.Transition)
+	// WrapFenceHypervisor, if set, wraps what fencing lists, pauses,
+	// destroys and resumes (tests on a shared libvirtd restrict fencing to
+	// their own domains with it; production fences every domain).
+	WrapFenceHypervisor func(FenceHypervisor) FenceHypervisor
 }
 
 // Daemon is a running agent.

@@ -166,6 +166,10 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 		inbox:   make(chan func(time.Time) fencing.Ready, 4096), domainsC: make(chan []fencing.Domain, 1),
 		relistC: make(chan struct{}, 1), events: make(chan fencing.FenceEvent, fenceEventQueue), sem: make(chan struct{}, fc.FenceConcurrency),
 	}
+	if opts.WrapFenceHypervisor != nil {
+		f.hv = opts.WrapFenceHypervisor(hv)
+		hv = f.hv
+	}
 	if f.reset == nil {
 		f.reset = SysrqReset
 	}
@@ -728,8 +732,8 @@ func (f *fencer) shutdown() {
 	f.log.Info("hardware watchdog disarmed (magic close)")
 }
 
-// fenceHV wraps the event loop's Hypervisor: every resync's listing is also
-// handed to the fencer (the fencing inventory follows the event loop).
+// fenceHV wraps the event loop's Hypervisor: every resync also makes the
+// fencer list the domains (the fencing inventory follows the event loop).
 type fenceHV struct {
 	Hypervisor
 	f *fencer
@@ -738,7 +742,9 @@ type fenceHV struct {
 func (h fenceHV) ListDomains(ctx context.Context) ([]lifecycle.DomainSnapshot, error) {
 	snap, err := h.Hypervisor.ListDomains(ctx)
 	if err == nil {
-		h.f.postDomains(snap)
+		// The fencer lists for itself (through Options.WrapFenceHypervisor,
+		// if set): one listing more per resync, and one inventory source.
+		h.f.relist()
 	}
 	return snap, err
 }
