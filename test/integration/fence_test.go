@@ -82,6 +82,7 @@ type fenceRig struct {
 	trans    []timedTransition
 	decs     []timedDecision
 	stopAgnt func() error
+	opts     agent.Options // extra options for startAgent
 }
 
 func newFenceRig(t *testing.T, fast bool, nDomains int) *fenceRig {
@@ -204,10 +205,10 @@ func (r *fenceRig) onTransition(tr fencing.Transition) {
 
 func (r *fenceRig) startAgent() {
 	r.t.Helper()
-	r.stopAgnt = startAgent(r.t, r.cfg, agent.Options{
-		ResetHost:         func() error { r.resets.Add(1); return nil },
-		OnFenceTransition: r.onTransition,
-	})
+	opts := r.opts
+	opts.ResetHost = func() error { r.resets.Add(1); return nil }
+	opts.OnFenceTransition = r.onTransition
+	r.stopAgnt = startAgent(r.t, r.cfg, opts)
 }
 
 func (r *fenceRig) state() fencing.State {

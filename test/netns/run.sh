@@ -3,6 +3,9 @@
 #   - test/netns: the hvguard-agent binary in its own network namespace,
 #     NATS in the root namespace over a veth pair (198.18.0.0/30), the link
 #     cut with `ip link set ... down` (fence) and brought back (heal);
+#   - test/netns softdog: the kernel softdog (soft_noboot=1 only) armed, fed
+#     and disarmed through the agent's watchdog code; skips where it cannot
+#     be loaded (containers);
 #   - test/integration TestFencePartitionDefaultTiming: the partition at the
 #     default constants (~35 s).
 # Usage (as root, from the repository root): bash test/netns/run.sh
@@ -14,5 +17,5 @@ GO=${GO:-go}
 bin=$(mktemp -d)/hvguard-agent
 trap 'rm -rf "$(dirname "$bin")"' EXIT
 $GO build -o "$bin" ./cmd/hvguard-agent
-HVGUARD_NETNS=1 HVGUARD_AGENT_BIN=$bin $GO test -count=1 -v -run 'TestFenceNetns' ./test/netns/
+HVGUARD_NETNS=1 HVGUARD_SOFTDOG=1 HVGUARD_AGENT_BIN=$bin $GO test -count=1 -v ./test/netns/
 HVGUARD_FENCE_DEFAULT_TIMING=1 $GO test -count=1 -v -run 'TestFencePartitionDefaultTiming' ./test/integration/
