@@ -1,0 +1,608 @@
+//go:build e2e
+
+// Package agente2e runs the issue 4 scenario through the WHOLE agent
+// (agent.Run: outbox, libvirt, the start reconciliation, NATS, the event
+// loop, the periodic reconciliation) against the real Nova of
+// test/e2e/openstack, holding the harness's scenario lock. `make e2e`
+// brings the harness up and runs it.
+package agente2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/tokens"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/agent"
+	"hvguard/agent/delivery/deliverytest"
+	"hvguard/libvirtx"
+	"hvguard/proto"
+	"hvguard/reconcile"
+	"hvguard/test/e2e/openstack/osharness"
+)
+
+// Scenario bounds.
+const (
+	// targetDestroy is the issue's target: rejoin/start → last evacuated
+	// duplicate destroyed.
+	targetDestroy = 5 * time.Second
+	// periodicInterval is the agent's reconcile.interval here (the
+	// minimum), so the migrated-back check does not wait a minute.
+	periodicInterval = agent.MinReconcileInterval
+	// keepOnNode1 servers stay on node1 (never evacuated).
+	keepOnNode1 = 2
+)
+
+func testLog(t *testing.T) *slog.Logger {
+	if os.Getenv("HVG_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// harnessClouds returns the harness's clouds.yaml, skipping (or, under
+// make e2e, failing) when it is absent.
+func harnessClouds(t *testing.T) string {
+	p := filepath.Join(osharness.WorkDir(), "clouds.yaml")
+	if _, err := os.Stat(p); err != nil {
+		if os.Getenv("HVG_E2E_REQUIRE") == "1" {
+			t.Fatalf("harness clouds.yaml %s: %v (make e2e brings the harness up first)", p, err)
+		}
+		t.Skipf("the OpenStack e2e harness is not up (%s: %v); run make e2e", p, err)
+	}
+	return p
+}
+
+// serverCounts is the list of scenario sizes: HVG_E2E_SERVERS ("10 200"),
+// default 10.
+func serverCounts(t *testing.T) []int {
+	s := os.Getenv("HVG_E2E_SERVERS")
+	if s == "" {
+		s = "10"
+	}
+	var out []int
+	for f := range strings.FieldsSeq(s) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n < keepOnNode1+2 {
+			t.Fatalf("HVG_E2E_SERVERS=%q: want numbers >= %d", s, keepOnNode1+2)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// TestAgentReconcileE2E: boot n servers on node1; stop node1's nova-compute
+// and force it down; evacuate all but keepOnNode1 to node2; node1's libvirt
+// (the test driver) still runs a domain per server plus a non-Nova one.
+//
+//  1. The agent starts while nova-api is stopped right after it answered
+//     the evacuation listing (mid-reconcile): nothing destroyed.
+//  2. nova-api back, the agent starts again: the evacuated copies are
+//     destroyed within seconds of the start (measured), the others
+//     untouched, one ReconcileEvent each on NATS.
+//  3. node1 restored, one evacuated server cold-migrated back (its domain
+//     runs here again): the next periodic run leaves it alone.
+func TestAgentReconcileE2E(t *testing.T) {
+	clouds := harnessClouds(t)
+	for _, n := range serverCounts(t) {
+		t.Run(fmt.Sprintf("servers=%d", n), func(t *testing.T) { scenario(t, clouds, n) })
+	}
+}
+
+func scenario(t *testing.T, clouds string, n int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	h, err := osharness.Connect(ctx, osharness.WorkDir())
+	if err != nil {
+		t.Fatalf("harness not reachable: %v", err)
+	}
+	unlock, err := h.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	step := func(what string, f func() error) {
+		t.Helper()
+		start := time.Now()
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		t.Logf("%s (%.1f s)", what, time.Since(start).Seconds())
+	}
+	if _, fd, err := h.ComputeState(ctx, "node1"); err != nil {
+		t.Fatal(err)
+	} else if fd {
+		step("restore node1 left forced down", func() error { return h.RestoreHost(ctx, "node1") })
+	}
+	restoreQuota := unlimitedQuota(t, ctx, h)
+
+	var ids []string
+	t.Cleanup(func() {
+		cctx, ccancel := context.WithTimeout(context.Background(), 15*time.Minute)
+		defer ccancel()
+		_ = h.StartAPI(cctx)
+		if _, fd, err := h.ComputeState(cctx, "node1"); err == nil && fd {
+			if err := h.RestoreHost(cctx, "node1"); err != nil {
+				t.Errorf("cleanup: restore node1: %v", err)
+			}
+		}
+		start := time.Now()
+		if err := deleteServers(cctx, h, ids); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+		t.Logf("cleanup: deleted %d servers (%.1f s)", len(ids), time.Since(start).Seconds())
+		restoreQuota()
+	})
+	step(fmt.Sprintf("boot %d servers on node1", n), func() (err error) {
+		ids, err = h.BootServers(ctx, n, "node1", fmt.Sprintf("hvg-agent-e2e-%d", time.Now().Unix()))
+		return err
+	})
+	evacuated, stay := ids[:n-keepOnNode1], ids[n-keepOnNode1:]
+	step("stop nova-compute on node1", func() error { return h.StopCompute(ctx, "node1") })
+	step("force node1 down", func() error { return h.ForceDown(ctx, "node1", true) })
+	step(fmt.Sprintf("evacuate %d servers to node2", len(evacuated)), func() error { return h.EvacuateAndWait(ctx, "node2", evacuated...) })
+
+	// node1 comes back: its libvirt (test:///default, shared by every
+	// connection of this process) still runs all of them.
+	c := libvirtConn(t)
+	for _, id := range ids {
+		defineNova(t, c, "instance-"+id[:8], id)
+	}
+	notNova := "6f1c2a9e-0000-4000-8000-0000000e2e01"
+	defineDomain(t, c, libvirtx.TestDomainXML("not-nova-e2e", notNova), notNova)
+	ns := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	state := t.TempDir()
+
+	// 1. nova-api stopped mid-reconcile (right after the listing).
+	px := newNovaProxy(t, func() {
+		if err := h.StopAPI(ctx); err != nil {
+			t.Errorf("stopping nova-api: %v", err)
+		}
+	})
+	stop := runAgent(t, config(t, ns.ClientURL(), state, px.clouds(t, clouds)))
+	st := status(t, state)
+	t.Logf("nova-api stopped mid-reconcile: %s", st.Report.Summary())
+	if st.Report.OK() || st.Report.Global != reconcile.ReasonNovaUnavailable || st.Report.Destroyed != 0 || px.listings.Load() != 1 {
+		t.Fatalf("Nova stopped mid-reconcile: %s (listings answered: %d)", st.Report.Summary(), px.listings.Load())
+	}
+	expectStates(t, c, "running", ids...)
+	stop()
+	step("start nova-api", func() error { return h.StartAPI(ctx) })
+
+	// 2. The agent starts again with Nova up: measure start → last
+	// evacuated duplicate destroyed.
+	cfg := config(t, ns.ClientURL(), state, clouds)
+	start := time.Now()
+	stop = runAgentAsync(t, cfg)
+	last := waitOff(t, c, evacuated, 60*time.Second)
+	took := last.Sub(start)
+	st = status(t, state)
+	t.Logf("agent start → last of %d evacuated duplicates destroyed: %v (reconciliation %v, %d API calls: %d evacuation records, %d lookups)",
+		len(evacuated), took.Round(time.Millisecond), st.Report.FinishedAt.Sub(st.Report.StartedAt).Round(time.Millisecond),
+		st.Report.APICalls, st.Report.Evacuations, st.Report.Candidates)
+	if !st.Report.OK() || st.Report.Trigger != reconcile.TriggerStart || st.Report.Destroyed != len(evacuated) {
+		t.Fatalf("start reconciliation: %s", st.Report.Summary())
+	}
+	if took > targetDestroy {
+		t.Errorf("start → last duplicate destroyed took %v (target ≤ %v)", took, targetDestroy)
+	}
+	expectStates(t, c, "running", append([]string{notNova}, stay...)...)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	evs := collectReconcile(t, nc, "node1", len(evacuated), 30*time.Second)
+	if len(evs) != len(evacuated) {
+		t.Fatalf("%d reconcile events, want %d", len(evs), len(evacuated))
+	}
+	want := map[string]bool{}
+	for _, id := range evacuated {
+		want[id] = true
+	}
+	for _, e := range evs {
+		if !want[e.DomainUUID] || e.Outcome != proto.ReconcileDestroyed || e.DestCompute != "node2" || e.ServerHost != "node2" || e.MigrationUUID == "" {
+			t.Errorf("event %+v", e)
+		}
+	}
+
+	// 3. node1 restored; one evacuated server migrated back, running here.
+	back := evacuated[0]
+	step("restore node1 (start nova-compute, clear forced_down)", func() error { return h.RestoreHost(ctx, "node1") })
+	step("cold-migrate "+back+" back to node1", func() error { return h.ColdMigrate(ctx, back, "node1") })
+	if err := c.Start(ctx, back); err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now()
+	deadline := after.Add(periodicInterval + 30*time.Second)
+	for {
+		st = status(t, state)
+		if st.Report.StartedAt.After(after) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no reconciliation after the migration back within %v: last %s", deadline.Sub(after), st.Report.Summary())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Logf("after migrate-back: %s", st.Report.Summary())
+	if !st.Report.OK() || st.Report.Destroyed != 0 || st.Report.Trigger != reconcile.TriggerPeriodic {
+		t.Fatalf("periodic after migrate-back: %s", st.Report.Summary())
+	}
+	for _, d := range st.Report.Results {
+		switch {
+		case d.UUID == back && d.Reason != reconcile.ReasonServerOnThisHost:
+			t.Errorf("migrated back: %s %s", d.Decision, d.Reason)
+		case d.UUID != back && want[d.UUID] && d.Reason != reconcile.ReasonAlreadyStopped:
+			t.Errorf("%s: %s %s", d.UUID, d.Decision, d.Reason)
+		}
+	}
+	expectStates(t, c, "running", append([]string{back, notNova}, stay...)...)
+	expectStates(t, c, "shutoff", evacuated[1:]...)
+	if err := stop(); err != nil {
+		t.Errorf("agent: %v", err)
+	}
+}
+
+func config(t *testing.T, natsURL, state, clouds string) agent.Config {
+	t.Helper()
+	cfg := agent.DefaultConfig()
+	cfg.Host = "node1"
+	cfg.StateDir = state
+	cfg.Libvirt.URI = "test:///default"
+	cfg.NATS.URLs = []string{natsURL}
+	cfg.NATS.ReadyTimeout = agent.Duration(2 * time.Second)
+	cfg.Metrics.Listen = ""
+	cfg.Reconcile.Enabled = true
+	cfg.Reconcile.Interval = agent.Duration(periodicInterval)
+	cfg.Reconcile.OpenStack.Cloud = osharness.CloudName
+	cfg.Reconcile.OpenStack.CloudsFile = clouds
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// runAgent runs agent.Run and waits until it is ready (the start
+// reconciliation is done by then). stop cancels it and waits.
+func runAgent(t *testing.T, cfg agent.Config) (stop func() error) {
+	t.Helper()
+	ready := make(chan struct{})
+	stop, done := startAgent(t, cfg, ready)
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("agent exited before ready: %v", err)
+	case <-time.After(2 * time.Minute):
+		t.Fatal("agent not ready after 2 min")
+	}
+	return stop
+}
+
+// runAgentAsync starts agent.Run without waiting.
+func runAgentAsync(t *testing.T, cfg agent.Config) (stop func() error) {
+	stop, _ = startAgent(t, cfg, nil)
+	return stop
+}
+
+func startAgent(t *testing.T, cfg agent.Config, ready chan struct{}) (stop func() error, done chan error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done = make(chan error, 1)
+	go func() { done <- agent.Run(ctx, cfg, testLog(t), agent.Options{Ready: ready}) }()
+	var once sync.Once
+	var err error
+	stop = func() error {
+		once.Do(func() {
+			cancel()
+			select {
+			case err = <-done:
+			case <-time.After(time.Minute):
+				err = fmt.Errorf("agent did not stop within a minute")
+			}
+		})
+		return err
+	}
+	t.Cleanup(func() { _ = stop() })
+	return stop, done
+}
+
+func status(t *testing.T, state string) agent.ReconcileStatus {
+	t.Helper()
+	st, err := agent.ReadReconcileStatus(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func libvirtConn(t *testing.T) *libvirtx.Conn {
+	t.Helper()
+	c, err := libvirtx.Dial(context.Background(), libvirtx.DefaultConfig("test:///default"), testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range c.Events() {
+		}
+	}()
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func defineNova(t *testing.T, c *libvirtx.Conn, name, uuid string) {
+	meta := fmt.Sprintf(`  <metadata>
+    <nova:instance xmlns:nova=%q>
+      <nova:package version="26.2.2"/>
+      <nova:name>%s</nova:name>
+    </nova:instance>
+  </metadata>
+</domain>`, reconcile.NovaNamespace, name)
+	defineDomain(t, c, strings.Replace(libvirtx.TestDomainXML(name, uuid), "</domain>", meta, 1), uuid)
+}
+
+func defineDomain(t *testing.T, c *libvirtx.Conn, xml, uuid string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := c.DefineXML(ctx, xml); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx, uuid); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = c.Destroy(context.Background(), uuid)
+		_ = c.Undefine(context.Background(), uuid)
+	})
+}
+
+func expectStates(t *testing.T, c *libvirtx.Conn, want string, uuids ...string) {
+	t.Helper()
+	for _, u := range uuids {
+		st, err := c.State(context.Background(), u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.String() != want {
+			t.Errorf("domain %s: %s, want %s", u, st, want)
+		}
+	}
+}
+
+// waitOff polls until every uuid is off and returns when the last one was
+// first seen off.
+func waitOff(t *testing.T, c *libvirtx.Conn, uuids []string, timeout time.Duration) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	left := map[string]bool{}
+	for _, u := range uuids {
+		left[u] = true
+	}
+	for {
+		now := time.Now()
+		for u := range left {
+			st, err := c.State(context.Background(), u)
+			if err == nil && st.Off() {
+				delete(left, u)
+			}
+		}
+		if len(left) == 0 {
+			return now
+		}
+		if now.After(deadline) {
+			t.Fatalf("%d of %d evacuated duplicates still not off after %v", len(left), len(uuids), timeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// collectReconcile reads host's reconcile subject from the stream.
+func collectReconcile(t *testing.T, nc *nats.Conn, host string, want int, timeout time.Duration) []proto.ReconcileEvent {
+	t.Helper()
+	subj, err := proto.ReconcileSubject(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var out []proto.ReconcileEvent
+	for ctx.Err() == nil && len(out) < want {
+		cons, err := js.OrderedConsumer(ctx, proto.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+		if err != nil {
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		out = out[:0]
+		for len(out) < want {
+			msg, err := cons.Next(jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				break
+			}
+			ev, err := proto.DecodeReconcile(msg.Data())
+			if err != nil {
+				t.Fatalf("undecodable reconcile event: %v", err)
+			}
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// novaProxy stands between the agent and the real keystone and Nova: the
+// agent's clouds.yaml points at its keystone side, whose token answers
+// have Nova's catalog URL rewritten to its Nova side. After Nova answered
+// the first evacuation listing it calls stop (stopping the real nova-api)
+// before passing the answer on: every later request finds nova-api gone,
+// and the proxy drops the connection, as a dead nova-api would.
+type novaProxy struct {
+	keystone, nova *http.Server
+	ksURL, novaURL string
+	listings       atomic.Int64
+}
+
+const (
+	realKeystone = "http://127.0.0.1:5000"
+	realNova     = "127.0.0.1:8774"
+)
+
+func newNovaProxy(t *testing.T, stop func()) *novaProxy {
+	p := &novaProxy{}
+	ksLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	novaLn, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.ksURL, p.novaURL = "http://"+ksLn.Addr().String(), novaLn.Addr().String()
+	ku, _ := url.Parse(realKeystone)
+	ks := httputil.NewSingleHostReverseProxy(ku)
+	ks.ModifyResponse = func(r *http.Response) error {
+		b, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return err
+		}
+		b = bytes.ReplaceAll(b, []byte(realNova), []byte(p.novaURL))
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		r.ContentLength = int64(len(b))
+		r.Header.Set("Content-Length", strconv.Itoa(len(b)))
+		return nil
+	}
+	nu, _ := url.Parse("http://" + realNova)
+	nv := httputil.NewSingleHostReverseProxy(nu)
+	var once sync.Once
+	nv.ModifyResponse = func(r *http.Response) error {
+		if strings.Contains(r.Request.URL.Path, "/os-migrations") && r.StatusCode == 200 {
+			p.listings.Add(1)
+			once.Do(stop)
+		}
+		return nil
+	}
+	nv.ErrorHandler = func(w http.ResponseWriter, _ *http.Request, _ error) {
+		if hj, ok := w.(http.Hijacker); ok {
+			if conn, _, err := hj.Hijack(); err == nil {
+				conn.Close()
+				return
+			}
+		}
+		w.WriteHeader(http.StatusBadGateway)
+	}
+	p.keystone, p.nova = &http.Server{Handler: ks}, &http.Server{Handler: nv}
+	go p.keystone.Serve(ksLn)
+	go p.nova.Serve(novaLn)
+	t.Cleanup(func() { p.keystone.Close(); p.nova.Close() })
+	return p
+}
+
+// clouds writes a clouds.yaml like the harness's, with auth_url on the proxy.
+func (p *novaProxy) clouds(t *testing.T, harness string) string {
+	b, err := os.ReadFile(harness)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = bytes.ReplaceAll(b, []byte(realKeystone), []byte(p.ksURL))
+	path := filepath.Join(t.TempDir(), "clouds.yaml")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// unlimitedQuota lifts the admin project's instance/cores/ram quota (Nova's
+// default allows 10 instances) and returns the restore.
+func unlimitedQuota(t *testing.T, ctx context.Context, h *osharness.Harness) func() {
+	t.Helper()
+	res, ok := h.Provider.GetAuthResult().(tokens.CreateResult)
+	if !ok {
+		t.Fatalf("auth result %T", h.Provider.GetAuthResult())
+	}
+	proj, err := res.ExtractProject()
+	if err != nil || proj == nil {
+		t.Fatalf("project of the token: %v", err)
+	}
+	var cur struct {
+		QuotaSet map[string]any `json:"quota_set"`
+	}
+	r, err := h.Raw(ctx, "GET", "", "/os-quota-sets/"+proj.ID, nil)
+	if err != nil || r.Status != 200 {
+		t.Fatalf("quota: %v %v", err, r)
+	}
+	if err := r.JSON(&cur); err != nil {
+		t.Fatal(err)
+	}
+	set := func(ctx context.Context, q map[string]any) error {
+		r, err := h.Raw(ctx, "PUT", "", "/os-quota-sets/"+proj.ID, map[string]any{"quota_set": q})
+		if err == nil && r.Status != 200 {
+			err = fmt.Errorf("PUT quota: HTTP %d: %s", r.Status, r.Body)
+		}
+		return err
+	}
+	if err := set(ctx, map[string]any{"instances": -1, "cores": -1, "ram": -1}); err != nil {
+		t.Fatal(err)
+	}
+	var defs struct {
+		QuotaSet map[string]any `json:"quota_set"`
+	}
+	if r, err := h.Raw(ctx, "GET", "", "/os-quota-sets/"+proj.ID+"/defaults", nil); err != nil || r.Status != 200 || r.JSON(&defs) != nil {
+		t.Fatalf("quota defaults: %v %v", err, r)
+	}
+	return func() {
+		rctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		old, same := map[string]any{}, true
+		for _, k := range []string{"instances", "cores", "ram"} {
+			old[k] = cur.QuotaSet[k]
+			same = same && fmt.Sprint(cur.QuotaSet[k]) == fmt.Sprint(defs.QuotaSet[k])
+		}
+		var err error
+		if same { // no project override before: remove ours
+			var r *osharness.Response
+			if r, err = h.Raw(rctx, "DELETE", "", "/os-quota-sets/"+proj.ID, nil); err == nil && r.Status != 202 && r.Status != 204 {
+				err = fmt.Errorf("DELETE quota: HTTP %d", r.Status)
+			}
+		} else {
+			err = set(rctx, old)
+		}
+		if err != nil {
+			t.Errorf("restoring quota: %v", err)
+		}
+	}
+}
+
+// deleteServers deletes all servers at once and waits until every one is
+// gone.
+func deleteServers(ctx context.Context, h *osharness.Harness, ids []string) error {
+	for _, id := range ids {
+		if r, err := h.Raw(ctx, "DELETE", "", "/servers/"+id, nil); err != nil || (r.Status != 204 && r.Status != 404) {
+			return fmt.Errorf("delete %s: %v %v", id, err, r)
+		}
+	}
+	for _, id := range ids {
+		if err := h.DeleteServer(ctx, id); err != nil {
+			return err
+		}
+	}
+	return nil
+}
