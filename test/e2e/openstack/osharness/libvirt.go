@@ -1,0 +1,176 @@
+package osharness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"github.com/gophercloud/gophercloud/v2/openstack"
+)
+
+// The optional libvirt-driver compute (libvirt-compute.sh up): host node3,
+// real QEMU/TCG guests in the machine's system libvirtd.
+const (
+	// LibvirtHost is the nova-compute host of libvirt-compute.sh.
+	LibvirtHost = "node3"
+	// LibvirtFlavor is the flavor it seeds: 256 MB, 1 vCPU, 1 GB.
+	LibvirtFlavor = "lv256"
+	// LibvirtImage is the root image it seeds (kernel_id, ramdisk_id and
+	// os_command_line point at the busybox guest of test/guest).
+	LibvirtImage = "hvg-lv-root"
+)
+
+// Timing of one server operation, as measured by the helpers.
+type Timing struct {
+	ID       string
+	Accepted time.Duration // the API call returned
+	Done     time.Duration // the server reached the wanted state with no task
+}
+
+// LibvirtUp reports nil if node3's nova-compute is up (libvirt-compute.sh
+// up has run), else an error naming what to do.
+func (h *Harness) LibvirtUp(ctx context.Context) error {
+	st, fd, err := h.ComputeState(ctx, LibvirtHost)
+	if err != nil {
+		return fmt.Errorf("%s: %w (run test/e2e/openstack/libvirt-compute.sh up)", LibvirtHost, err)
+	}
+	if st != "up" || fd {
+		return fmt.Errorf("nova-compute on %s is %s (forced down %v): run test/e2e/openstack/libvirt-compute.sh up", LibvirtHost, st, fd)
+	}
+	return nil
+}
+
+// imageID returns the id of the active image named name.
+func (h *Harness) imageID(ctx context.Context, name string) (string, error) {
+	var out struct {
+		Images []struct{ ID, Status string } `json:"images"`
+	}
+	ic, err := openstack.NewImageV2(h.Provider, h.Endpoints)
+	if err != nil {
+		return "", err
+	}
+	if _, err := ic.Get(ctx, ic.ServiceURL("images")+"?name="+url.QueryEscape(name), &out, nil); err != nil {
+		return "", err
+	}
+	for _, i := range out.Images {
+		if i.Status == "active" {
+			return i.ID, nil
+		}
+	}
+	return "", fmt.Errorf("no active image %q (run libvirt-compute.sh up)", name)
+}
+
+// BootLibvirt boots n real guests on node3 (flavor lv256, image
+// hvg-lv-root, networks none, 2.74 host), named prefix-0..n-1, and waits
+// until each is ACTIVE with no task. It returns their timings (boot = Done).
+func (h *Harness) BootLibvirt(ctx context.Context, n int, prefix string) ([]Timing, error) {
+	img, err := h.imageID(ctx, LibvirtImage)
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	ts := make([]Timing, 0, n)
+	for i := range n {
+		var out struct {
+			Server struct{ ID string } `json:"server"`
+		}
+		body := map[string]any{"server": map[string]any{
+			"name": fmt.Sprintf("%s-%d", prefix, i), "imageRef": img, "flavorRef": LibvirtFlavor,
+			"networks": "none", "host": LibvirtHost,
+		}}
+		if err := h.do(ctx, "POST", MVHostBoot, "/servers", body, &out, 202); err != nil {
+			return ts, err
+		}
+		ts = append(ts, Timing{ID: out.Server.ID, Accepted: time.Since(t0)})
+	}
+	return ts, h.waitAll(ctx, ts, t0, "ACTIVE")
+}
+
+// waitAll polls every server of ts until it has status and no task,
+// recording Done. One GET per pending server per second.
+func (h *Harness) waitAll(ctx context.Context, ts []Timing, t0 time.Time, status string) error {
+	left := len(ts)
+	return poll(ctx, fmt.Sprintf("%d servers %s", len(ts), status), func() (bool, error) {
+		for i := range ts {
+			if ts[i].Done != 0 {
+				continue
+			}
+			s, err := h.GetServer(ctx, ts[i].ID)
+			if err != nil {
+				return false, err
+			}
+			if s.Status == "ERROR" && status != "ERROR" {
+				return false, fatal{fmt.Errorf("server %s went to ERROR", ts[i].ID)}
+			}
+			if s.Status == status && s.TaskState == "" {
+				ts[i].Done = time.Since(t0)
+				left--
+			}
+		}
+		return left == 0, nil
+	})
+}
+
+// Reboot asks Nova for a soft (hard=false) or hard reboot of each server
+// (all requests first, then the waits), and waits until each is ACTIVE with
+// no task. Timings are from the first request.
+func (h *Harness) Reboot(ctx context.Context, hard bool, ids ...string) ([]Timing, error) {
+	typ := "SOFT"
+	if hard {
+		typ = "HARD"
+	}
+	return h.actionAndWait(ctx, map[string]any{"reboot": map[string]any{"type": typ}}, "ACTIVE", ids)
+}
+
+// StopServers calls the stop API (os-stop) on each server and waits until
+// each is SHUTOFF with no task.
+func (h *Harness) StopServers(ctx context.Context, ids ...string) ([]Timing, error) {
+	return h.actionAndWait(ctx, map[string]any{"os-stop": nil}, "SHUTOFF", ids)
+}
+
+// StartServers calls the start API (os-start) and waits for ACTIVE.
+func (h *Harness) StartServers(ctx context.Context, ids ...string) ([]Timing, error) {
+	return h.actionAndWait(ctx, map[string]any{"os-start": nil}, "ACTIVE", ids)
+}
+
+func (h *Harness) actionAndWait(ctx context.Context, action map[string]any, status string, ids []string) ([]Timing, error) {
+	t0 := time.Now()
+	ts := make([]Timing, 0, len(ids))
+	for _, id := range ids {
+		if err := h.do(ctx, "POST", "", "/servers/"+id+"/action", action, nil, 202); err != nil {
+			return ts, err
+		}
+		ts = append(ts, Timing{ID: id, Accepted: time.Since(t0)})
+	}
+	return ts, h.waitAll(ctx, ts, t0, status)
+}
+
+// WaitVMState waits until the server's vm_state is vm with no task (for
+// example "stopped" after Nova's power-state sync reacted to a virsh
+// destroy) and returns how long it took.
+func (h *Harness) WaitVMState(ctx context.Context, id, vm string) (time.Duration, error) {
+	t0 := time.Now()
+	err := poll(ctx, fmt.Sprintf("server %s vm_state %s", id, vm), func() (bool, error) {
+		s, err := h.GetServer(ctx, id)
+		return err == nil && s.VMState == vm && s.TaskState == "", err
+	})
+	return time.Since(t0), err
+}
+
+// DeleteLibvirtServers deletes every server on node3 whose name starts with
+// prefix ("" = all) and waits until they are gone.
+func (h *Harness) DeleteLibvirtServers(ctx context.Context, prefix string) error {
+	ss, err := h.ServersOnHost(ctx, LibvirtHost)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, s := range ss {
+		if prefix == "" || len(s.Name) >= len(prefix) && s.Name[:len(prefix)] == prefix {
+			errs = append(errs, h.DeleteServer(ctx, s.ID))
+		}
+	}
+	return errors.Join(errs...)
+}
