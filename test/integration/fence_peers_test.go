@@ -18,10 +18,10 @@ import (
 // other's peer endpoints on loopback (real HTTP, HMAC-signed), the five
 // test-renewed hosts have no endpoint.
 type peerPair struct {
-	r     *fenceRig
-	prxB  *fenceProxy
-	hostB string
-	mu    sync.Mutex
+	r      *fenceRig
+	prxB   *fenceProxy
+	hostB  string
+	mu     sync.Mutex
 	transB []fencing.Transition
 }
 
@@ -42,7 +42,8 @@ func newPeerPair(t *testing.T) *peerPair {
 	}
 	r.startAgent()
 	startAgent(t, cfgB, agent.Options{
-		ResetHost: func() error { r.resets.Add(1); return nil },
+		WrapFenceHypervisor: func(h agent.FenceHypervisor) agent.FenceHypervisor { return ownDomains{h, r.domains} },
+		ResetHost:           func() error { r.resets.Add(1); return nil },
 		OnFenceTransition: func(tr fencing.Transition) {
 			p.mu.Lock()
 			p.transB = append(p.transB, tr)
@@ -78,6 +79,7 @@ func (p *peerPair) historyB() string {
 // peer endpoint, B relays A's renewal into the bucket, A's lease stays
 // valid — it does not fence and the controller declares nothing.
 func TestFencePeerRelay(t *testing.T) {
+	t.Parallel()
 	p := newPeerPair(t)
 	r := p.r
 	r.prx.blackhole(true)
@@ -99,6 +101,7 @@ func TestFencePeerRelay(t *testing.T) {
 // so both are Held and nothing is paused; the controller sees 2 silent
 // hosts > 1 and holds too. After the heal both are healthy.
 func TestFenceMassOutageHeld(t *testing.T) {
+	t.Parallel()
 	p := newPeerPair(t)
 	r := p.r
 	r.prx.blackhole(true)

@@ -63,6 +63,26 @@ type timedTransition struct {
 	tr fencing.Transition
 }
 
+// ownDomains restricts an agent's fencing to its test's own domains: the
+// test driver (test:///default) is shared by every agent of this process,
+// so the fence tests can run in parallel without pausing each other's (or
+// the non-fence tests') domains. Production fences every domain.
+type ownDomains struct {
+	agent.FenceHypervisor
+	uuids []string
+}
+
+func (o ownDomains) ListDomains(ctx context.Context) ([]lifecycle.DomainSnapshot, error) {
+	all, err := o.FenceHypervisor.ListDomains(ctx)
+	var out []lifecycle.DomainSnapshot
+	for _, d := range all {
+		if slices.Contains(o.uuids, d.UUID) {
+			out = append(out, d)
+		}
+	}
+	return out, err
+}
+
 // fenceRig is one fencing agent (agent.Run, the whole daemon) connected to
 // a real embedded nats-server through a blackholing TCP proxy, running
 // test-driver domains, five healthy hosts kept renewed by the test, and
@@ -90,19 +110,6 @@ func newFenceRig(t *testing.T, fast bool, nDomains int) *fenceRig {
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	r := &fenceRig{t: t, prx: newFenceProxy(t, srv.Addr().String()), wl: workloadConn(t),
 		natsURL: srv.ClientURL(), host: "fence-h0.example.org", start: time.Now()}
-	// Whatever runs on the shared test driver now (its default "test"
-	// domain, too) is fenced with ours: put it back afterwards.
-	before, err := r.wl.ListDomains(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		for _, d := range before {
-			if d.State == lifecycle.StateRunning {
-				_ = r.wl.Resume(context.Background(), d.UUID)
-			}
-		}
-	})
 	for range nDomains {
 		u, _ := newDomain(t, r.wl, "fence")
 		r.domains = append(r.domains, u)
@@ -121,6 +128,8 @@ func newFenceRig(t *testing.T, fast bool, nDomains int) *fenceRig {
 	// Nobody listens there: the healthy hosts have no peer endpoint, so a
 	// cut-off agent hears from no peer (isolation), as a cut host would.
 	cfg.Fence.PeerURL = "http://127.0.0.1:9/{host}"
+	// Tests end with the link cut: do not wait 10 s to flush the outbox.
+	cfg.ShutdownTimeout = agent.Duration(time.Second)
 	if fast {
 		fastFence(&cfg.Fence)
 	}
@@ -206,6 +215,14 @@ func (r *fenceRig) onTransition(tr fencing.Transition) {
 func (r *fenceRig) startAgent() {
 	r.t.Helper()
 	opts := r.opts
+	wrap := opts.WrapFenceHypervisor
+	opts.WrapFenceHypervisor = func(h agent.FenceHypervisor) agent.FenceHypervisor {
+		var own agent.FenceHypervisor = ownDomains{h, r.domains}
+		if wrap != nil {
+			own = wrap(own)
+		}
+		return own
+	}
 	opts.ResetHost = func() error { r.resets.Add(1); return nil }
 	opts.OnFenceTransition = r.onTransition
 	r.stopAgnt = startAgent(r.t, r.cfg, opts)
@@ -289,6 +306,7 @@ func (r *fenceRig) reasons() []fencing.Reason {
 // declare it; the link heals before that: renewals land, the reconciliation
 // hook runs, exactly the paused domains are resumed, nothing is declared.
 func TestFencePartitionHealBeforeExpiry(t *testing.T) {
+	t.Parallel()
 	r := newFenceRig(t, true, fenceDomains(3))
 	r.startAgent()
 	r.waitState(fencing.StateHealthy, 10*time.Second)
@@ -327,6 +345,7 @@ func TestFencePartitionHealBeforeExpiry(t *testing.T) {
 // reports unreconciled evacuations, then releases: the agent takes its
 // lease over and leaves the domains paused for the operator.
 func TestFencePartitionHealAfterExpiry(t *testing.T) {
+	t.Parallel()
 	r := newFenceRig(t, true, fenceDomains(3))
 	r.startAgent()
 	r.waitState(fencing.StateHealthy, 10*time.Second)
@@ -416,6 +435,7 @@ func TestFencePartitionDefaultTiming(t *testing.T) {
 	if os.Getenv("HVGUARD_FENCE_DEFAULT_TIMING") != "1" {
 		t.Skip("default timing takes ~35 s; set HVGUARD_FENCE_DEFAULT_TIMING=1")
 	}
+	t.Parallel()
 	r := newFenceRig(t, false, fenceDomains(10))
 	r.startAgent()
 	r.waitState(fencing.StateHealthy, 20*time.Second)

@@ -85,6 +85,7 @@ func (h hungPause) Suspend(ctx context.Context, uuid string) error {
 // close). A second agent whose fence completes keeps feeding and is
 // disarmed by magic close on stop.
 func TestFenceWatchdogWiring(t *testing.T) {
+	t.Parallel()
 	r := newFenceRig(t, true, 2)
 	r.cfg.Fence.AllowReset = false
 	r.cfg.Fence.WatchdogDevice = "/dev/watchdog-test"
@@ -138,6 +139,7 @@ func TestFenceWatchdogWiring(t *testing.T) {
 // TestFenceWatchdogDisarmOnStop: a healthy agent with a watchdog disarms
 // it by magic close on an orderly stop.
 func TestFenceWatchdogDisarmOnStop(t *testing.T) {
+	t.Parallel()
 	r := newFenceRig(t, true, 1)
 	r.cfg.Fence.WatchdogDevice = "/dev/watchdog-test"
 	r.cfg.Fence.WatchdogTimeout = agent.Duration(time.Second)
