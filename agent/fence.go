@@ -659,6 +659,9 @@ func (f *fencer) publishEvents(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case ev := <-f.events:
+			if ctx.Err() != nil {
+				return // stopping: a blackholed connection would block each publish
+			}
 			b, err := ev.Encode()
 			if err == nil {
 				err = f.nc.Publish(f.subject, b)

@@ -28,6 +28,13 @@ type peerPair struct {
 func newPeerPair(t *testing.T) *peerPair {
 	r := newFenceRig(t, true, 2)
 	p := &peerPair{r: r, prxB: newFenceProxy(t, r.prx.target), hostB: "fence-h9.example.org"}
+	// ×0.2 instead of ×0.1: a relay is a CAS through a proxy plus HTTP,
+	// which 300 ms (peer_timeout at ×0.1) did not always cover with the
+	// other fence tests running in parallel on 2 cores.
+	f := &r.cfg.Fence
+	f.RenewInterval, f.RenewTimeout = agent.Duration(400*time.Millisecond), agent.Duration(400*time.Millisecond)
+	f.PeerTimeout, f.FenceDeadline = agent.Duration(600*time.Millisecond), agent.Duration(time.Second)
+	f.LeaseTTL, f.HeldRecheck = agent.Duration(3*time.Second), agent.Duration(time.Second)
 	portA, portB := deliverytest.FreePort(t), deliverytest.FreePort(t)
 	r.cfg.Fence.PeerListen = fmt.Sprintf("127.0.0.1:%d", portA)
 	r.cfg.Fence.PeerURLs = map[string]string{p.hostB: fmt.Sprintf("http://127.0.0.1:%d", portB)}
@@ -84,7 +91,7 @@ func TestFencePeerRelay(t *testing.T) {
 	r := p.r
 	r.prx.blackhole(true)
 	r.waitFor("relayed by B", 10*time.Second, func() bool { return slices.Contains(r.reasons(), fencing.ReasonRelayedByPeer) })
-	time.Sleep(4 * time.Second) // > lease_ttl + grace at this timing: A would be declared without the relays
+	time.Sleep(6 * time.Second) // > lease_ttl + grace at this timing: A would be declared without the relays
 	if slices.ContainsFunc(r.reasons(), func(x fencing.Reason) bool { return x == fencing.ReasonFenceComplete }) ||
 		!r.allDomains(lifecycle.StateRunning) {
 		t.Fatalf("A fenced although B relays\n%s", r.history())
@@ -106,9 +113,9 @@ func TestFenceMassOutageHeld(t *testing.T) {
 	r := p.r
 	r.prx.blackhole(true)
 	p.prxB.blackhole(true)
-	r.waitFor("A held", 10*time.Second, func() bool { return r.state() == fencing.StateHeld })
-	r.waitFor("B held", 10*time.Second, func() bool { return p.stateB() == fencing.StateHeld })
-	time.Sleep(4 * time.Second)
+	r.waitFor("A held", 15*time.Second, func() bool { return r.state() == fencing.StateHeld })
+	r.waitFor("B held", 15*time.Second, func() bool { return p.stateB() == fencing.StateHeld })
+	time.Sleep(6 * time.Second)
 	if !r.allDomains(lifecycle.StateRunning) || r.state() != fencing.StateHeld || p.stateB() != fencing.StateHeld {
 		t.Fatalf("A %s, B %s, domains running %v\n%s%s", r.state(), p.stateB(), r.allDomains(lifecycle.StateRunning), r.history(), p.historyB())
 	}
