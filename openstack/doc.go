@@ -23,6 +23,11 @@
 //   - ServerHosts(ctx, uuids): GET /servers/{uuid} per candidate, up to
 //     lookupConcurrency in flight; a 404 with Nova's itemNotFound body is an
 //     answer (Found=false), anything else that fails fails the call.
+//   - ServersOnHost(ctx, host) (servers.go, for stop classification):
+//     GET /servers/detail?all_tenants=1&host=<host>&limit=PageSize, paged
+//     by servers_links; every record's host must be host.
+//   - InstanceActions(ctx, uuid): GET /servers/{uuid}/os-instance-actions?
+//     limit=MaxActions, newest first; a null user_id is Nova itself.
 //
 // Decoding is strict (fields, types, null vs absent, duplicate keys,
 // trailing data, body and page caps); a failure is never a default value
