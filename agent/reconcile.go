@@ -90,6 +90,11 @@ type reconciler struct {
 	rearm    chan time.Duration // next periodic run after a run (latest wins)
 	publishC chan struct{}
 
+	// runMu serialises run: the runner serialises reconciliations, and
+	// this keeps their recording (status file, timer) in the same order,
+	// so an older report never overwrites a newer one.
+	runMu sync.Mutex
+
 	mu          sync.Mutex
 	pending     []proto.ReconcileEvent
 	lastSuccess time.Time
@@ -124,6 +129,8 @@ func newReconciler(cfg Config, log *slog.Logger, doms reconcile.Domains, mode re
 // are the start-up sequence, the reconciler's own goroutine and fencing's
 // hook goroutine.
 func (r *reconciler) run(ctx context.Context, trigger reconcile.Trigger) reconcile.Report {
+	r.runMu.Lock()
+	defer r.runMu.Unlock()
 	rep := r.runner.Run(ctx, trigger)
 	ok := rep.OK()
 	r.stats.run(trigger, ok)
