@@ -67,12 +67,18 @@ type domain struct {
 	// deferred DEFINED, held behind a pending stop to keep report order.
 	deferred   bool
 	deferredEv Event
-	check      uint64 // outstanding check token, 0 = none
-	checks     int    // checks issued for the current pending stop
-	deadline   time.Time
-	seq        uint64 // heap tie-break
-	hidx       int    // index in the timer heap, -1 if absent
-	mark       uint64 // resync generation
+	// undefined: an UNDEFINED arrived while the stop was pending and no
+	// DEFINED since. Nova's hard reboot undefines and redefines the domain
+	// between destroy and start, so an undefine is not proof that the stop
+	// is final; it is reported after the stop if the domain stays off.
+	undefined   bool
+	undefinedEv Event
+	check       uint64 // outstanding check token, 0 = none
+	checks      int    // checks issued for the current pending stop
+	deadline    time.Time
+	seq         uint64 // heap tie-break
+	hidx        int    // index in the timer heap, -1 if absent
+	mark        uint64 // resync generation
 }
 
 // Debouncer holds STOPPED/CRASHED events of each domain for a window and
@@ -289,14 +295,20 @@ func (d *Debouncer) observePending(dst []Decision, dom *domain, ev Event, now ti
 		// Nova's hard reboot redefines the domain between destroy and
 		// start. Hold the report behind the stop's so per-domain order
 		// follows the events; repeated DEFINEDs collapse into the last.
+		// A DEFINED voids an UNDEFINED held before it.
 		d.c.Deferred++
 		dom.deferred, dom.deferredEv = true, ev
+		dom.undefined, dom.undefinedEv = false, Event{}
 		return dst
 	case KindUndefined:
-		d.c.StopsUndefined++
-		dst = d.reportStop(dst, dom, ReasonUndefinedWithinWindow, StateGone)
-		dst = d.report(dst, dom, TransitionUndefined, ReasonEvent, StateGone, ev)
-		d.forget(dom)
+		// Nova's hard reboot is destroy, undefine, define, start (measured
+		// on a libvirt-driver nova-compute, test/e2e/openstack): hold the
+		// undefine behind the pending stop. If the domain comes back it
+		// is a reboot; if not, the check at window end finds it gone (or
+		// off) and the stop, then the undefine, are reported.
+		d.c.UndefinesHeld++
+		dom.undefined, dom.undefinedEv = true, ev
+		dom.deferred, dom.deferredEv = false, Event{}
 		return dst
 	}
 	return dst
@@ -363,8 +375,20 @@ func (d *Debouncer) flushDeferred(dst []Decision, dom *domain) []Decision {
 	return d.report(dst, dom, TransitionDefined, ReasonEvent, dom.phase.state(), ev)
 }
 
+// settleUndefine reports an UNDEFINED held behind the stop just reported
+// and forgets the domain.
+func (d *Debouncer) settleUndefine(dst []Decision, dom *domain) []Decision {
+	if !dom.undefined || d.doms[dom.uuid] != dom {
+		return dst
+	}
+	dst = d.report(dst, dom, TransitionUndefined, ReasonEvent, StateGone, dom.undefinedEv)
+	d.forget(dom)
+	return dst
+}
+
 // cancelStop suppresses the pending stop: the domain came back.
 func (d *Debouncer) cancelStop(dst []Decision, dom *domain, r Reason, p phase, absorb bool) []Decision {
+	dom.undefined, dom.undefinedEv = false, Event{}
 	d.endPending(dom)
 	dom.phase, dom.absorb, dom.shutdown = p, absorb, ""
 	dst = d.report(dst, dom, TransitionRebooted, r, p.state(), dom.cause)
@@ -415,6 +439,7 @@ func (d *Debouncer) AppendTick(dst []Decision, now time.Time) []Decision {
 			if dom.checks >= d.cfg.MaxChecks {
 				d.c.StopsCheckFailed++
 				dst = d.reportStop(dst, dom, ReasonStateCheckFailed, StateUnknown)
+				dst = d.settleUndefine(dst, dom)
 				continue
 			}
 		}
@@ -449,6 +474,7 @@ func (d *Debouncer) AppendResolve(dst []Decision, uuid string, check uint64, st 
 				d.c.SuppressedRunning++
 				d.endPending(dom)
 				dom.phase, dom.absorb, dom.shutdown = p, true, ""
+				dom.undefined, dom.undefinedEv = false, Event{}
 				dst = d.report(dst, dom, TransitionRebooted, ReasonRunningAtWindowEnd, st, dom.cause)
 				dom.cause = Event{}
 				return d.flushDeferred(dst, dom)
@@ -456,10 +482,15 @@ func (d *Debouncer) AppendResolve(dst []Decision, uuid string, check uint64, st 
 			d.c.StopsOffAtWindowEnd++
 			dst = d.reportStop(dst, dom, ReasonOffAtWindowEnd, st)
 			if st == StateGone {
-				dst = d.report(dst, dom, TransitionUndefined, ReasonOffAtWindowEnd, StateGone, Event{UUID: dom.uuid, Name: dom.name, Kind: KindUndefined, Event: "CHECK", Detail: "GONE", At: now})
+				ev := Event{UUID: dom.uuid, Name: dom.name, Kind: KindUndefined, Event: "CHECK", Detail: "GONE", At: now}
+				if dom.undefined {
+					ev = dom.undefinedEv
+				}
+				dst = d.report(dst, dom, TransitionUndefined, ReasonOffAtWindowEnd, StateGone, ev)
 				d.forget(dom)
+				return dst
 			}
-			return dst
+			return d.settleUndefine(dst, dom)
 		}
 	}
 	d.c.ChecksInconclusive++
@@ -468,7 +499,8 @@ func (d *Debouncer) AppendResolve(dst []Decision, uuid string, check uint64, st 
 		if err != nil {
 			st = StateUnknown
 		}
-		return d.reportStop(dst, dom, ReasonStateCheckFailed, st)
+		dst = d.reportStop(dst, dom, ReasonStateCheckFailed, st)
+		return d.settleUndefine(dst, dom)
 	}
 	dom.deadline = now.Add(d.cfg.RecheckInterval)
 	d.timers.push(dom)

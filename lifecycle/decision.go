@@ -144,14 +144,15 @@ func (d Decision) String() string {
 
 // Counters are cumulative counts for metrics. StopsPending is a gauge.
 type Counters struct {
-	Events      uint64 // events passed to Observe
-	Ignored     uint64 // events with an empty UUID or KindUnknown
-	Redundant   uint64 // events that changed nothing (duplicate stop, RESUMED while running, ...)
-	Folded      uint64 // STARTED events folded into an already reported start or reboot
-	Annotated   uint64 // SHUTDOWN events (annotate the next stop only)
-	Deferred    uint64 // DEFINED events held back behind a pending stop to keep order
-	StopsBegun  uint64 // pending stops opened (windows started)
-	StopsMerged uint64 // stop-like events merged into an already pending stop
+	Events        uint64 // events passed to Observe
+	Ignored       uint64 // events with an empty UUID or KindUnknown
+	Redundant     uint64 // events that changed nothing (duplicate stop, RESUMED while running, ...)
+	Folded        uint64 // STARTED events folded into an already reported start or reboot
+	Annotated     uint64 // SHUTDOWN events (annotate the next stop only)
+	Deferred      uint64 // DEFINED events held back behind a pending stop to keep order
+	UndefinesHeld uint64 // UNDEFINED events held behind a pending stop (Nova's hard reboot undefines and redefines)
+	StopsBegun    uint64 // pending stops opened (windows started)
+	StopsMerged   uint64 // stop-like events merged into an already pending stop
 
 	StopsPending int // gauge: stops currently pending (window, check or recheck)
 

@@ -33,8 +33,8 @@
 //     (running, blocked, paused, pmsuspended) with no error never yields a
 //     stop; it yields rebooted/running-at-window-end.
 //  3. Never lost, never held forever: a pending stop ends in exactly one of
-//     rebooted (an alive event or an alive check), stopped (off at the
-//     check, undefined, or ReasonStateCheckFailed after Config.MaxChecks
+//     rebooted (an alive event or an alive check), stopped (off or gone at
+//     the check, missing from a resync, or ReasonStateCheckFailed after Config.MaxChecks
 //     failed, inconclusive or unanswered checks). Driven only by Tick, it is
 //     reported no later than Window + MaxChecks*(CheckTimeout +
 //     RecheckInterval) after it began.
@@ -46,7 +46,8 @@
 //     slot, the last one wins) and reported right after the stop's outcome.
 //  6. Bounded memory: one fixed-size record per tracked domain, the heap
 //     holds at most one entry per domain (Pending() <= Len()), and a domain
-//     is forgotten on UNDEFINED, when a check answers StateGone, or when a
+//     is forgotten on UNDEFINED (after its pending stop settled), when a
+//     check answers StateGone, or when a
 //     Resync listing lacks it. Nothing grows with the number of events.
 //  7. Tokens: each OpCheckState carries a fresh token (strictly increasing);
 //     Resolve with any other token than the domain's outstanding one is
@@ -64,8 +65,12 @@
 //     REBOOT cancels it (reboot-event: on_crash=restart sends SUSPENDED,
 //     CRASHED, REBOOT, RESUMED, REBOOT); SUSPENDED/PMSUSPENDED prove a live
 //     QEMU process too, so they cancel it (suspended-within-window) and are
-//     then reported themselves; UNDEFINED reports it at once
-//     (undefined-within-window) then undefined.
+//     then reported themselves. UNDEFINED does not end it: Nova's hard
+//     reboot on the libvirt driver is destroy, undefine, define, start
+//     (measured, test/e2e/openstack), so the undefine is held; a later
+//     DEFINED voids it, a start cancels the stop as usual, and if the
+//     domain stays away the check finds it gone (or off) and the stop is
+//     reported, then the undefine.
 //   - A check answering StateShutdown (still has a live process, but is
 //     going down), an unclassified state or an error is inconclusive: the
 //     domain is checked again after RecheckInterval. An unanswered check

@@ -322,25 +322,59 @@ var scenarios = []struct {
 		observe PMSUSPENDED/MEMORY
 		expect a report pmsuspended event state=pmsuspended
 	`},
-	{"undefine during window", DefaultConfig(), `
+	{"undefine during window: held until the check finds it gone", DefaultConfig(), `
 		observe STOPPED/DESTROYED
 		advance 5s
 		observe UNDEFINED/REMOVED
-		expect a report stopped undefined-within-window state=gone cause=STOPPED/DESTROYED
-		expect a report undefined event state=gone
+		expect-none
+		advance 10s
+		expect a check
+		resolve gone
+		expect a report stopped off-at-window-end state=gone cause=STOPPED/DESTROYED
+		expect a report undefined off-at-window-end state=gone cause=UNDEFINED/REMOVED
 		len 0
 		pending 0
 		advance 60s
 	`},
-	{"undefine while a check is outstanding; late answer is stale", DefaultConfig(), `
+	{"undefine while a check is outstanding: the off answer reports the stop, then the undefine", DefaultConfig(), `
 		observe STOPPED/DESTROYED
 		advance 15s
 		expect a check
 		observe UNDEFINED/REMOVED
-		expect a report stopped undefined-within-window
-		expect a report undefined
+		expect-none
 		resolve shutoff
+		expect a report stopped off-at-window-end state=shutoff
+		expect a report undefined event state=gone cause=UNDEFINED/REMOVED
 		len 0
+	`},
+	{"Nova hard reboot on the libvirt driver: destroy, undefine, define, start", DefaultConfig(), `
+		observe STARTED/BOOTED
+		expect a report started
+		observe SHUTDOWN/HOST
+		observe STOPPED/DESTROYED
+		observe UNDEFINED/REMOVED
+		observe DEFINED/ADDED
+		observe RESUMED/UNPAUSED
+		expect a report rebooted resumed-within-window state=running cause=STOPPED/DESTROYED
+		expect a report defined
+		observe STARTED/BOOTED
+		expect-none
+		pending 0
+		len 1
+		advance 60s
+	`},
+	{"undefined and redefined but still off at window end: a stop, then the define", DefaultConfig(), `
+		observe STARTED/BOOTED
+		expect a report started
+		observe STOPPED/DESTROYED
+		observe UNDEFINED/REMOVED
+		observe DEFINED/ADDED
+		advance 15s
+		expect a check
+		resolve shutoff
+		expect a report stopped off-at-window-end state=shutoff
+		expect a report defined
+		len 1
 	`},
 	{"window 0: pass-through", cfgWith(func(c *Config) { c.Window = 0 }), `
 		observe SHUTDOWN/HOST

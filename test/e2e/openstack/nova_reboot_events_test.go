@@ -57,8 +57,9 @@ func TestNovaRebootEventsThroughDebouncerAndClassifier(t *testing.T) {
 		classify  string // the classifier's report, "" if no stop reached it
 	}{
 		{"soft", novaSoftReboot, "rebooted resumed-within-window", ""},
-		{"hard", novaHardReboot, "stopped undefined-within-window,undefined event,defined event,started event",
-			"report rebooted started-during-operation detail=destroyed task=reboot_started_hard vm=active"},
+		// The undefine is held behind the pending stop, so the redefine
+		// and start make it a reboot before any stop reaches the classifier.
+		{"hard", novaHardReboot, "rebooted resumed-within-window,defined event", ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			deb, err := lifecycle.New(lifecycle.DefaultConfig())
