@@ -93,6 +93,9 @@ up)
 	since="$(date -u +%Y-%m-%dT%H:%M:%S)"
 	spawn "$NAME" "$BIND/nova-compute" --config-file "$CONF" --log-file "$LOGD/$NAME.log"
 	FAIL_LOGS=("$LOGD/$NAME.log")
+	# a just-stopped compute still looks "up" for service_down_time (60 s):
+	# wait until its service record was refreshed after this start
+	wait_for "$WAIT" "$NAME to report to nova" osctl compute-reported "$LVHOST" "$since"
 	wait_for "$WAIT" "$NAME up in nova" osctl compute-up "$LVHOST"
 	# /os-hypervisors lists a compute node before its host mapping exists:
 	# map it once (a marker), as boots to an unmapped host fail.
