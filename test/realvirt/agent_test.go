@@ -105,6 +105,14 @@ func TestAgentQEMUReboots(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	nova.op("Start (soft reboot)", wl.Start)
+	nova.waitSerial("watching power button", 120*time.Second)
+
+	// Nova's hard reboot as the libvirt driver really does it (measured on
+	// a libvirt-driver nova-compute): destroy, undefine, define, start.
+	nova.op("Destroy (libvirt-driver hard reboot)", wl.Destroy)
+	nova.op("Undefine (libvirt-driver hard reboot)", wl.Undefine)
+	nova.define(guest.ModeIdle, "destroy")
+	nova.op("Start (libvirt-driver hard reboot)", wl.Start)
 
 	// Guest-initiated reboots: the second guest reboots every 3 s.
 	loop.define(guest.ModeRebootAfter(3), "destroy")
@@ -145,8 +153,11 @@ func TestAgentQEMUReboots(t *testing.T) {
 	if got[len(got)-1] != "stopped(off-at-window-end)" {
 		t.Errorf("last report %q, want stopped(off-at-window-end)", got[len(got)-1])
 	}
-	if n := countPrefix(got, "rebooted("); n < 2 {
-		t.Errorf("hard and soft reboot: %d rebooted reports, want 2: %v", n, got)
+	if n := countPrefix(got, "rebooted("); n < 3 {
+		t.Errorf("hard, soft and undefine/define reboots: %d rebooted reports, want 3: %v", n, got)
+	}
+	if n := countPrefix(got, "undefined("); n != 0 {
+		t.Errorf("the undefine inside a hard reboot was reported: %v", got)
 	}
 	loopGot := domainEvents(deliverytest.Collect(t, nc, host, 0, 10*time.Second).Events, loop.uuid)
 	t.Logf("looping guest: %v", loopGot)
