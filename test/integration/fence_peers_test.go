@@ -91,7 +91,7 @@ func TestFencePeerRelay(t *testing.T) {
 	r := p.r
 	r.prx.blackhole(true)
 	r.waitFor("relayed by B", 10*time.Second, func() bool { return slices.Contains(r.reasons(), fencing.ReasonRelayedByPeer) })
-	time.Sleep(6 * time.Second) // > lease_ttl + grace at this timing: A would be declared without the relays
+	time.Sleep(4 * time.Second) // relayed ~2 s after the cut: > lease_ttl + grace (3 + 2.06 s) by then; A would be declared without the relays
 	if slices.ContainsFunc(r.reasons(), func(x fencing.Reason) bool { return x == fencing.ReasonFenceComplete }) ||
 		!r.allDomains(lifecycle.StateRunning) {
 		t.Fatalf("A fenced although B relays\n%s", r.history())
@@ -115,7 +115,7 @@ func TestFenceMassOutageHeld(t *testing.T) {
 	p.prxB.blackhole(true)
 	r.waitFor("A held", 15*time.Second, func() bool { return r.state() == fencing.StateHeld })
 	r.waitFor("B held", 15*time.Second, func() bool { return p.stateB() == fencing.StateHeld })
-	time.Sleep(6 * time.Second)
+	time.Sleep(4 * time.Second) // past lease_ttl + grace (5.06 s) since the cut
 	if !r.allDomains(lifecycle.StateRunning) || r.state() != fencing.StateHeld || p.stateB() != fencing.StateHeld {
 		t.Fatalf("A %s, B %s, domains running %v\n%s%s", r.state(), p.stateB(), r.allDomains(lifecycle.StateRunning), r.history(), p.historyB())
 	}
