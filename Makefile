@@ -7,7 +7,7 @@ BIN := bin
 APT_DEPS := libvirt-dev pkg-config gcc git ca-certificates
 export CGO_ENABLED := 1
 
-.PHONY: help deps build run test test-go test-realvirt bench verify fuzz clean
+.PHONY: help deps build run test test-go test-realvirt test-netns bench verify fuzz clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
@@ -24,7 +24,7 @@ build: deps ## build the binaries into bin/
 run: build ## run the agent on embedded defaults (libvirt test driver, embedded NATS) with a scripted workload
 	$(BIN)/hvguard-demo
 
-test: deps test-go test-realvirt ## all tests: unit, integration (test driver + embedded NATS) and the real libvirtd/QEMU tier
+test: deps test-go test-realvirt test-netns ## all tests: unit, integration (test driver + embedded NATS), the real libvirtd/QEMU tier and the network-namespace fencing tier
 
 test-go: ## unit and integration tests (no daemons needed)
 	$(GO) vet ./...
@@ -32,6 +32,9 @@ test-go: ## unit and integration tests (no daemons needed)
 
 test-realvirt: ## real libvirtd tier: starts libvirtd, builds a tiny QEMU/TCG guest, runs cross-process/restart/guest tests
 	bash test/realvirt/run.sh
+
+test-netns: ## as root: the agent binary in its own network namespace, link cut with ip link (fence, heal), softdog, default-timing partition
+	bash test/netns/run.sh
 
 bench: deps ## benchmarks recorded in docs/BENCHMARKS.md
 	bash scripts/bench.sh
