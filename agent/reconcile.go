@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,6 +95,8 @@ type reconciler struct {
 	// this keeps their recording (status file, timer) in the same order,
 	// so an older report never overwrites a newer one.
 	runMu sync.Mutex
+
+	pubFailing bool // publish's failure streak (loop goroutine only): log once
 
 	mu          sync.Mutex
 	pending     []proto.ReconcileEvent
@@ -257,8 +260,16 @@ func (r *reconciler) publish(ctx context.Context, js jetstream.JetStream, subjec
 	r.pending = slices.DeleteFunc(r.pending, func(e proto.ReconcileEvent) bool { return done[e.MsgID()] })
 	left := len(r.pending)
 	r.mu.Unlock()
-	if perr != nil {
-		r.log.Warn("reconcile events not published yet; retrying", "host", r.host, "pending", left, "err", perr, "retry_in", reconcilePublishRetry)
+	switch {
+	case perr != nil && !r.pubFailing:
+		// Once per failure streak (retried every reconcilePublishRetry).
+		r.pubFailing = true
+		r.log.Warn("reconcile events not published yet; retrying (if the stream was provisioned by hand, it must capture "+
+			proto.ReconcileWildcard+": nats stream edit "+proto.StreamName+" --subjects '"+strings.Join(proto.StreamSubjects(), ",")+"')",
+			"host", r.host, "pending", left, "err", perr, "retry_in", reconcilePublishRetry)
+	case perr == nil && r.pubFailing:
+		r.pubFailing = false
+		r.log.Info("reconcile events published again", "host", r.host)
 	}
 	return left == 0
 }

@@ -162,7 +162,17 @@ const (
 	StreamMaxBytes = 1 << 30
 )
 
-// StreamSubjects returns the subjects the StreamName stream must capture.
+// RequiredStreamSubjects are the subjects an existing stream must capture
+// for the agent to use it: lifecycle only. A stream provisioned before
+// reconcile events existed keeps carrying lifecycle events after an
+// upgrade; only the reconcile events then fail to publish (the agent logs
+// the command that adds the subject).
+func RequiredStreamSubjects() []string {
+	return []string{LifecycleWildcard}
+}
+
+// StreamSubjects returns the subjects the StreamName stream should capture
+// (what the agent creates or updates it with).
 func StreamSubjects() []string {
 	return []string{LifecycleWildcard, ReconcileWildcard}
 }

@@ -131,7 +131,7 @@ func EnsureStream(ctx context.Context, js jetstream.JetStream, create bool) erro
 		return fmt.Errorf("ensure stream %s: %w", proto.StreamName, err)
 	}
 	have := s.CachedInfo().Config.Subjects
-	for _, want := range proto.StreamSubjects() {
+	for _, want := range proto.RequiredStreamSubjects() {
 		if !slices.ContainsFunc(have, func(h string) bool { return subjectCovers(h, want) }) {
 			return fmt.Errorf("ensure stream: JetStream stream %s has subjects %q, which do not capture %q; fix it with: nats stream edit %s --subjects '%s'",
 				proto.StreamName, have, want, proto.StreamName, strings.Join(proto.StreamSubjects(), ","))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -273,13 +274,13 @@ func TestEnsureStream(t *testing.T) {
 		t.Fatalf("EnsureStream(wrong subjects) = %v", err)
 	}
 	// A stream provisioned before reconcile events existed (lifecycle
-	// only): checked, it names the missing subject; create updates it.
+	// only) is still usable (an upgrade must not stop lifecycle delivery);
+	// create updates it to capture the reconcile subject too.
 	if _, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: proto.StreamName, Subjects: []string{proto.LifecycleWildcard}}); err != nil {
 		t.Fatal(err)
 	}
-	err = EnsureStream(ctx, js, false)
-	if err == nil || !strings.Contains(err.Error(), `do not capture "hvguard.v1.*.reconcile"`) {
-		t.Fatalf("EnsureStream(lifecycle only) = %v", err)
+	if err := EnsureStream(ctx, js, false); err != nil {
+		t.Fatalf("EnsureStream(lifecycle only, create=false) = %v", err)
 	}
 	if err := EnsureStream(ctx, js, true); err != nil {
 		t.Fatalf("EnsureStream(create) = %v", err)
@@ -292,6 +293,9 @@ func TestEnsureStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg := info.CachedInfo().Config
+	if !slices.Equal(cfg.Subjects, proto.StreamSubjects()) {
+		t.Fatalf("subjects after create = %v", cfg.Subjects)
+	}
 	if cfg.Storage != jetstream.FileStorage || cfg.Duplicates != proto.StreamDuplicatesWindow {
 		t.Fatalf("stream config = %+v", cfg)
 	}
