@@ -17,6 +17,7 @@ import (
 	"hvguard/controller"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
+	"hvguard/test/netcut"
 )
 
 // Compressed timing (every constant /10 of the defaults, same ratios) so a
@@ -36,7 +37,7 @@ func fastTiming() fencing.Timing {
 // real embedded nats-server with JetStream.
 type rig struct {
 	t        *testing.T
-	prx      *proxy
+	prx      *netcut.Proxy
 	agentKV  *natslease.Store
 	ctrlKV   *natslease.Store
 	agent    *fencing.Agent
@@ -52,9 +53,9 @@ type rig struct {
 
 func newRig(t *testing.T) *rig {
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
-	prx := newProxy(t, srv.Addr().String())
+	prx := netcut.New(t, srv.Addr().String())
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	anc, err := delivery.Connect("nats://"+prx.addr(), "agent-h0", log, nats.Timeout(time.Second))
+	anc, err := delivery.Connect("nats://"+prx.Addr(), "agent-h0", log, nats.Timeout(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,11 +250,11 @@ func TestPartitionHealAfterExpiry(t *testing.T) {
 		case !cut && el > 2*time.Second:
 			cut = true
 			r.logf("CUT")
-			r.prx.blackhole(true)
+			r.prx.Blackhole(true)
 		case cut && !healed && !r.declared.IsZero() && time.Since(r.declared) > 500*time.Millisecond:
 			healed = true
 			r.logf("HEAL")
-			r.prx.blackhole(false)
+			r.prx.Blackhole(false)
 		case healed && r.agent.State() == fencing.StateAwaitingRelease:
 			cancel()
 		}
@@ -285,11 +286,11 @@ func TestPartitionHealBeforeExpiry(t *testing.T) {
 		case !cut && el > 2*time.Second:
 			cut = true
 			r.logf("CUT")
-			r.prx.blackhole(true)
+			r.prx.Blackhole(true)
 		case cut && !healed && !r.fencedAt.IsZero():
 			healed = true
 			r.logf("HEAL")
-			r.prx.blackhole(false)
+			r.prx.Blackhole(false)
 		case healed && !r.resumed.IsZero() && done.IsZero():
 			done = time.Now()
 		case !done.IsZero() && time.Since(done) > 3*time.Second:

@@ -11,6 +11,7 @@ import (
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/fencing"
 	"hvguard/lifecycle"
+	"hvguard/test/netcut"
 )
 
 // peerPair is a fence rig (agent A behind r.prx) plus a second fencing
@@ -19,7 +20,7 @@ import (
 // test-renewed hosts have no endpoint.
 type peerPair struct {
 	r      *fenceRig
-	prxB   *fenceProxy
+	prxB   *netcut.Proxy
 	hostB  string
 	mu     sync.Mutex
 	transB []fencing.Transition
@@ -27,7 +28,7 @@ type peerPair struct {
 
 func newPeerPair(t *testing.T) *peerPair {
 	r := newFenceRig(t, true, 2)
-	p := &peerPair{r: r, prxB: newFenceProxy(t, r.prx.target), hostB: "fence-h9.example.org"}
+	p := &peerPair{r: r, prxB: netcut.New(t, r.prx.Target), hostB: "fence-h9.example.org"}
 	// ×0.2 instead of ×0.1: a relay is a CAS through a proxy plus HTTP,
 	// which 300 ms (peer_timeout at ×0.1) did not always cover with the
 	// other fence tests running in parallel on 2 cores.
@@ -41,7 +42,7 @@ func newPeerPair(t *testing.T) *peerPair {
 	cfgB := r.cfg
 	cfgB.Host = p.hostB
 	cfgB.StateDir = t.TempDir()
-	cfgB.NATS.URLs = []string{"nats://" + p.prxB.addr()}
+	cfgB.NATS.URLs = []string{"nats://" + p.prxB.Addr()}
 	cfgB.Fence.PeerListen = fmt.Sprintf("127.0.0.1:%d", portB)
 	cfgB.Fence.PeerURLs = map[string]string{r.host: fmt.Sprintf("http://127.0.0.1:%d", portA)}
 	if err := cfgB.Validate(); err != nil {
@@ -89,7 +90,7 @@ func TestFencePeerRelay(t *testing.T) {
 	t.Parallel()
 	p := newPeerPair(t)
 	r := p.r
-	r.prx.blackhole(true)
+	r.prx.Blackhole(true)
 	r.waitFor("relayed by B", 10*time.Second, func() bool { return slices.Contains(r.reasons(), fencing.ReasonRelayedByPeer) })
 	time.Sleep(4 * time.Second) // relayed ~2 s after the cut: > lease_ttl + grace (3 + 2.06 s) by then; A would be declared without the relays
 	if slices.ContainsFunc(r.reasons(), func(x fencing.Reason) bool { return x == fencing.ReasonFenceComplete }) ||
@@ -111,8 +112,8 @@ func TestFenceMassOutageHeld(t *testing.T) {
 	t.Parallel()
 	p := newPeerPair(t)
 	r := p.r
-	r.prx.blackhole(true)
-	p.prxB.blackhole(true)
+	r.prx.Blackhole(true)
+	p.prxB.Blackhole(true)
 	r.waitFor("A held", 15*time.Second, func() bool { return r.state() == fencing.StateHeld })
 	r.waitFor("B held", 15*time.Second, func() bool { return p.stateB() == fencing.StateHeld })
 	time.Sleep(4 * time.Second) // past lease_ttl + grace (5.06 s) since the cut
@@ -122,8 +123,8 @@ func TestFenceMassOutageHeld(t *testing.T) {
 	if at, _ := r.declared(); !at.IsZero() {
 		t.Fatalf("declared during a mass outage\n%s", r.history())
 	}
-	r.prx.blackhole(false)
-	p.prxB.blackhole(false)
+	r.prx.Blackhole(false)
+	p.prxB.Blackhole(false)
 	r.waitFor("A healthy", 10*time.Second, func() bool { return r.state() == fencing.StateHealthy })
 	r.waitFor("B healthy", 10*time.Second, func() bool { return p.stateB() == fencing.StateHealthy })
 	t.Logf("\n%s%s", r.history(), p.historyB())

@@ -24,6 +24,7 @@ import (
 	"hvguard/fencing/natslease"
 	"hvguard/libvirtx"
 	"hvguard/lifecycle"
+	"hvguard/test/netcut"
 )
 
 // fastFence compresses every fencing constant ten times (same ratios as
@@ -89,7 +90,7 @@ func (o ownDomains) ListDomains(ctx context.Context) ([]lifecycle.DomainSnapshot
 // the controller.Runner on a direct connection watching the same bucket.
 type fenceRig struct {
 	t        *testing.T
-	prx      *fenceProxy
+	prx      *netcut.Proxy
 	wl       *libvirtx.Conn
 	ctrl     *natslease.Store
 	natsURL  string // direct
@@ -108,7 +109,7 @@ type fenceRig struct {
 func newFenceRig(t *testing.T, fast bool, nDomains int) *fenceRig {
 	t.Helper()
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
-	r := &fenceRig{t: t, prx: newFenceProxy(t, srv.Addr().String()), wl: workloadConn(t),
+	r := &fenceRig{t: t, prx: netcut.New(t, srv.Addr().String()), wl: workloadConn(t),
 		natsURL: srv.ClientURL(), host: "fence-h0.example.org", start: time.Now()}
 	for range nDomains {
 		u, _ := newDomain(t, r.wl, "fence")
@@ -119,7 +120,7 @@ func newFenceRig(t *testing.T, fast bool, nDomains int) *fenceRig {
 	if err := os.WriteFile(secret, []byte("integration-test-shared-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg := agentConfig(t, r.host, "nats://"+r.prx.addr(), t.TempDir())
+	cfg := agentConfig(t, r.host, "nats://"+r.prx.Addr(), t.TempDir())
 	cfg.Fence.Enabled = true
 	cfg.Fence.Action = "pause"
 	cfg.Fence.AllowReset = true // backstop "reset"; the reset itself is a recorder
@@ -312,12 +313,12 @@ func TestFencePartitionHealBeforeExpiry(t *testing.T) {
 	r.waitState(fencing.StateHealthy, 10*time.Second)
 	time.Sleep(time.Second) // the controller sees renewals; the guard is published and read
 	cut := time.Now()
-	r.prx.blackhole(true)
+	r.prx.Blackhole(true)
 	paused := r.waitFor("all domains paused", 10*time.Second, func() bool { return r.allDomains(lifecycle.StatePaused) })
 	if at, _ := r.declared(); !at.IsZero() {
 		t.Fatalf("declared before the heal\n%s", r.history())
 	}
-	r.prx.blackhole(false)
+	r.prx.Blackhole(false)
 	healed := time.Now()
 	resumed := r.waitFor("all domains running again", 10*time.Second, func() bool { return r.allDomains(lifecycle.StateRunning) })
 	time.Sleep(3 * time.Second) // long enough for a (wrong) declaration to show
@@ -351,7 +352,7 @@ func TestFencePartitionHealAfterExpiry(t *testing.T) {
 	r.waitState(fencing.StateHealthy, 10*time.Second)
 	time.Sleep(time.Second)
 	cut := time.Now()
-	r.prx.blackhole(true)
+	r.prx.Blackhole(true)
 	paused := r.waitFor("all domains paused", 10*time.Second, func() bool { return r.allDomains(lifecycle.StatePaused) })
 	decl := r.waitFor("the controller's declaration", 15*time.Second, func() bool { at, _ := r.declared(); return !at.IsZero() })
 	declAt, running := r.declared()
@@ -363,7 +364,7 @@ func TestFencePartitionHealAfterExpiry(t *testing.T) {
 	}
 	_ = decl
 	time.Sleep(300 * time.Millisecond)
-	r.prx.blackhole(false)
+	r.prx.Blackhole(false)
 	r.waitState(fencing.StateAwaitingRelease, 10*time.Second)
 	time.Sleep(time.Second)
 	r.assertStaysFenced("after the heal")
@@ -441,7 +442,7 @@ func TestFencePartitionDefaultTiming(t *testing.T) {
 	r.waitState(fencing.StateHealthy, 20*time.Second)
 	time.Sleep(3 * time.Second)
 	cut := time.Now()
-	r.prx.blackhole(true)
+	r.prx.Blackhole(true)
 	paused := r.waitFor("all domains paused", 20*time.Second, func() bool { return r.allDomains(lifecycle.StatePaused) })
 	r.waitFor("the controller's declaration", 30*time.Second, func() bool { at, _ := r.declared(); return !at.IsZero() })
 	declAt, running := r.declared()

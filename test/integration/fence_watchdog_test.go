@@ -110,7 +110,7 @@ func TestFenceWatchdogWiring(t *testing.T) {
 	if dev.timeout != time.Second || dev.lastFeed().IsZero() || time.Since(dev.lastFeed()) > 500*time.Millisecond {
 		t.Fatalf("watchdog not armed/fed while healthy: timeout %s, last feed %v ago", dev.timeout, time.Since(dev.lastFeed()))
 	}
-	r.prx.blackhole(true)
+	r.prx.Blackhole(true)
 	r.waitFor("fence deadline missed", 10*time.Second, func() bool {
 		return slices.Contains(r.reasons(), fencing.ReasonFenceDeadlineMissedNoReset)
 	})

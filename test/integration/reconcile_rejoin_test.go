@@ -58,7 +58,7 @@ func TestFenceRejoinReconcile(t *testing.T) {
 	}
 	time.Sleep(time.Second) // the controller sees renewals; the guard is published and read
 
-	r.prx.blackhole(true)
+	r.prx.Blackhole(true)
 	r.waitFor("all domains paused", 10*time.Second, func() bool { return r.allDomains(lifecycle.StatePaused) })
 	// While the host is cut off, Nova evacuates most of its instances.
 	flags := make([]bool, n)
@@ -66,7 +66,7 @@ func TestFenceRejoinReconcile(t *testing.T) {
 		flags[i] = true
 	}
 	nova.Scenario(uuids, flags, openstack.PageSize)
-	r.prx.blackhole(false)
+	r.prx.Blackhole(false)
 	healed := time.Now()
 	destroyed := r.waitFor("evacuated copies off", 20*time.Second, func() bool { return statesAre(r.wl, evacuated, lifecycle.StateShutoff) })
 	resumed := r.waitFor("the others running", 20*time.Second, func() bool { return statesAre(r.wl, stay, lifecycle.StateRunning) })

@@ -24,6 +24,7 @@ import (
 	"hvguard/libvirtx"
 	"hvguard/lifecycle"
 	"hvguard/test/guest"
+	"hvguard/test/netcut"
 )
 
 // ownDomains restricts fencing to the test's own domains: the system
@@ -85,7 +86,7 @@ func TestFenceQEMUGuestsPauseAndResume(t *testing.T) {
 	}
 
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
-	prx := newFenceProxy(t, srv.Addr().String())
+	prx := netcut.New(t, srv.Addr().String())
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
 		t.Fatal(err)
@@ -110,7 +111,7 @@ func TestFenceQEMUGuestsPauseAndResume(t *testing.T) {
 	cfg.StateDir = t.TempDir()
 	cfg.Libvirt.URI = sysQEMUURI
 	cfg.Libvirt.CallTimeout = agent.Duration(60 * time.Second)
-	cfg.NATS.URLs = []string{"nats://" + prx.addr()}
+	cfg.NATS.URLs = []string{"nats://" + prx.Addr()}
 	cfg.Metrics.Listen = ""
 	f := &cfg.Fence
 	f.Enabled, f.Action, f.AllowReset = true, "pause", true
@@ -211,7 +212,7 @@ func TestFenceQEMUGuestsPauseAndResume(t *testing.T) {
 	time.Sleep(time.Second)
 
 	cut := time.Now()
-	prx.blackhole(true)
+	prx.Blackhole(true)
 	fenceAt := wait("fencing started", 10*time.Second, func() bool { return state() == fencing.StateFencing || state() == fencing.StateFenced })
 	paused := wait("all guests paused", 20*time.Second, func() bool { return all(lifecycle.StatePaused) })
 	mu.Lock()
@@ -220,7 +221,7 @@ func TestFenceQEMUGuestsPauseAndResume(t *testing.T) {
 	if !d.IsZero() {
 		t.Fatalf("declared before the heal")
 	}
-	prx.blackhole(false)
+	prx.Blackhole(false)
 	heal := time.Now()
 	resumed := wait("all guests running", 30*time.Second, func() bool { return all(lifecycle.StateRunning) })
 	time.Sleep(3 * time.Second)
