@@ -87,11 +87,17 @@ func TestAgentQEMUReboots(t *testing.T) {
 		t.Fatal("agent not ready")
 	}
 
+	// The console log is emptied before every start (QEMU is not running
+	// then), so waiting for the guest's "watching power button" line waits
+	// for THIS boot: a soft reboot's ACPI shutdown only works once the
+	// guest watches the button.
+	nova.resetSerial()
 	nova.op("Start", wl.Start)
 	nova.waitSerial("watching power button", 120*time.Second)
 
 	// Nova's hard reboot.
 	nova.op("Destroy (hard reboot)", wl.Destroy)
+	nova.resetSerial()
 	nova.op("Start (hard reboot)", wl.Start)
 	nova.waitSerial("watching power button", 120*time.Second)
 
@@ -104,6 +110,7 @@ func TestAgentQEMUReboots(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	nova.resetSerial()
 	nova.op("Start (soft reboot)", wl.Start)
 	nova.waitSerial("watching power button", 120*time.Second)
 
@@ -112,7 +119,9 @@ func TestAgentQEMUReboots(t *testing.T) {
 	nova.op("Destroy (libvirt-driver hard reboot)", wl.Destroy)
 	nova.op("Undefine (libvirt-driver hard reboot)", wl.Undefine)
 	nova.define(guest.ModeIdle, "destroy")
+	nova.resetSerial()
 	nova.op("Start (libvirt-driver hard reboot)", wl.Start)
+	nova.waitSerial("watching power button", 120*time.Second)
 
 	// Guest-initiated reboots: the second guest reboots every 3 s.
 	loop.define(guest.ModeRebootAfter(3), "destroy")
