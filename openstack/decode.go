@@ -136,36 +136,45 @@ type migrationsPage struct {
 // decodeMigrationsPage decodes one /os-migrations body at Microversion.
 func decodeMigrationsPage(body []byte, limit int) (migrationsPage, error) {
 	var p migrationsPage
+	var err error
+	p.Migrations, p.Next, p.NextMarker, err = decodePage(body, "migrations", "migration", limit, decodeMigration)
+	return p, err
+}
+
+// decodePage decodes one page of a paged Nova listing: the array under
+// field (at most limit items, each decoded strictly by item; what names one
+// item in errors) and the rel=next link under field+"_links".
+func decodePage[T any](body []byte, field, what string, limit int, item func(json.RawMessage) (T, error)) (out []T, next bool, marker string, err error) {
 	top, err := object(body)
 	if err != nil {
-		return p, err
+		return nil, false, "", err
 	}
-	raw, ok := top["migrations"]
+	raw, ok := top[field]
 	if !ok {
-		return p, errors.New(`field "migrations" missing`)
+		return nil, false, "", fmt.Errorf("field %q missing", field)
 	}
 	var items []json.RawMessage
 	if isNull(raw) || json.Unmarshal(raw, &items) != nil {
-		return p, fmt.Errorf(`field "migrations": want an array, got %s`, kindOf(raw))
+		return nil, false, "", fmt.Errorf("field %q: want an array, got %s", field, kindOf(raw))
 	}
 	if len(items) > limit {
-		return p, fmt.Errorf("page has %d migrations, more than the limit %d asked for", len(items), limit)
+		return nil, false, "", fmt.Errorf("page has %d %ss, more than the limit %d asked for", len(items), what, limit)
 	}
-	p.Migrations = make([]reconcile.Migration, 0, len(items))
+	out = make([]T, 0, len(items))
 	for i, it := range items {
-		m, err := decodeMigration(it)
+		v, err := item(it)
 		if err != nil {
-			return p, fmt.Errorf("migration %d: %w", i, err)
+			return nil, false, "", fmt.Errorf("%s %d: %w", what, i, err)
 		}
-		p.Migrations = append(p.Migrations, m)
+		out = append(out, v)
 	}
-	if raw, ok := top["migrations_links"]; ok {
-		p.Next, p.NextMarker, err = decodeLinks(raw)
+	if raw, ok := top[field+"_links"]; ok {
+		next, marker, err = decodeLinks(raw)
 		if err != nil {
-			return p, fmt.Errorf("migrations_links: %w", err)
+			return nil, false, "", fmt.Errorf("%s_links: %w", field, err)
 		}
 	}
-	return p, nil
+	return out, next, marker, nil
 }
 
 func decodeLinks(raw json.RawMessage) (next bool, marker string, err error) {

@@ -124,36 +124,9 @@ type serversPage struct {
 // decodeServersPage decodes one GET /servers/detail body at Microversion.
 func decodeServersPage(body []byte, limit int) (serversPage, error) {
 	var p serversPage
-	top, err := object(body)
-	if err != nil {
-		return p, err
-	}
-	raw, ok := top["servers"]
-	if !ok {
-		return p, errors.New(`field "servers" missing`)
-	}
-	var items []json.RawMessage
-	if isNull(raw) || json.Unmarshal(raw, &items) != nil {
-		return p, fmt.Errorf(`field "servers": want an array, got %s`, kindOf(raw))
-	}
-	if len(items) > limit {
-		return p, fmt.Errorf("page has %d servers, more than the limit %d asked for", len(items), limit)
-	}
-	p.Servers = make([]ServerState, 0, len(items))
-	for i, it := range items {
-		s, err := decodeServerState(it)
-		if err != nil {
-			return p, fmt.Errorf("server %d: %w", i, err)
-		}
-		p.Servers = append(p.Servers, s)
-	}
-	if raw, ok := top["servers_links"]; ok {
-		p.Next, p.NextMarker, err = decodeLinks(raw)
-		if err != nil {
-			return p, fmt.Errorf("servers_links: %w", err)
-		}
-	}
-	return p, nil
+	var err error
+	p.Servers, p.Next, p.NextMarker, err = decodePage(body, "servers", "server", limit, decodeServerState)
+	return p, err
 }
 
 // decodeServerState decodes one server of a servers/detail listing.
