@@ -141,7 +141,14 @@ for name in "$@"; do
 	in_root hvguard-agent --check-config
 	in_root systemctl start "$unit" # Type=notify: returns once READY=1 is sent
 	in_root systemctl is-active "$unit" >/dev/null || fail "not active after start"
-	status=$(prop "$unit" StatusText)
+	# READY=1 carries "degraded: libvirt connected, …"; the event loop's
+	# first heartbeat (≤ 1 s later) replaces it with the "libvirt up, …"
+	# summary. Wait for that rather than race it.
+	for _ in $(seq 50); do
+		status=$(prop "$unit" StatusText)
+		[[ "$status" == *"libvirt up"* ]] && break
+		sleep 0.1
+	done
 	echo "STATUS=$status"
 	[[ "$status" == *"libvirt up"* ]] || fail "agent not connected to libvirt under the sandbox"
 	http_get /healthz | tail -n1
