@@ -197,16 +197,20 @@ func ValidUUID(s string) bool {
 }
 
 // Encode validates e and returns its JSON encoding.
-func (e *LifecycleEvent) Encode() ([]byte, error) {
-	if err := e.Validate(); err != nil {
-		return nil, fmt.Errorf("encode lifecycle event: %w", err)
+func (e *LifecycleEvent) Encode() ([]byte, error) { return encode("lifecycle event", e) }
+
+// encode validates m and returns its JSON encoding, at most MaxMessageSize
+// bytes; what names the message kind in errors.
+func encode(what string, m interface{ Validate() error }) ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("encode %s: %w", what, err)
 	}
-	b, err := json.Marshal(e)
+	b, err := json.Marshal(m)
 	if err != nil {
-		return nil, fmt.Errorf("encode lifecycle event: %w", err)
+		return nil, fmt.Errorf("encode %s: %w", what, err)
 	}
 	if len(b) > MaxMessageSize {
-		return nil, fmt.Errorf("encode lifecycle event: %d bytes exceeds %d", len(b), MaxMessageSize)
+		return nil, fmt.Errorf("encode %s: %d bytes exceeds %d", what, len(b), MaxMessageSize)
 	}
 	return b, nil
 }

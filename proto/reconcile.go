@@ -110,19 +110,7 @@ func (e *ReconcileEvent) MsgID() string {
 }
 
 // Encode validates e and returns its JSON encoding.
-func (e *ReconcileEvent) Encode() ([]byte, error) {
-	if err := e.Validate(); err != nil {
-		return nil, fmt.Errorf("encode reconcile event: %w", err)
-	}
-	b, err := json.Marshal(e)
-	if err != nil {
-		return nil, fmt.Errorf("encode reconcile event: %w", err)
-	}
-	if len(b) > MaxMessageSize {
-		return nil, fmt.Errorf("encode reconcile event: %d bytes exceeds %d", len(b), MaxMessageSize)
-	}
-	return b, nil
-}
+func (e *ReconcileEvent) Encode() ([]byte, error) { return encode("reconcile event", e) }
 
 // DecodeReconcile decodes and validates one JSON reconcile message (unknown
 // fields ignored, as DecodeLifecycle).

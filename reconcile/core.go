@@ -3,6 +3,7 @@ package reconcile
 import (
 	"cmp"
 	"fmt"
+	"hvguard/proto"
 	"slices"
 	"strings"
 	"time"
@@ -73,26 +74,9 @@ func ValidHostName(name string) bool {
 }
 
 // ValidUUID reports whether s is a UUID in canonical lower-case 8-4-4-4-12
-// form, the form libvirtx and Nova use.
-func ValidUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
-				return false
-			}
-		}
-	}
-	return true
-}
+// form, the form libvirtx and Nova use. It is proto's check (one definition
+// for the whole project; proto is standard library only, like this core).
+func ValidUUID(s string) bool { return proto.ValidUUID(s) }
 
 // globalCheck returns the reason (and detail) why nothing at all may be
 // destroyed, or ReasonNone. The order is the order of the checks'
