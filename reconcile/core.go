@@ -3,10 +3,11 @@ package reconcile
 import (
 	"cmp"
 	"fmt"
-	"hvguard/proto"
 	"slices"
 	"strings"
 	"time"
+
+	"hvguard/proto"
 )
 
 // MaxClockSkew is how far in the future (relative to Input.Now) a Nova
