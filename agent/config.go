@@ -66,6 +66,12 @@ type Config struct {
 	// Reconcile is the rejoin reconciliation with Nova (off unless
 	// reconcile.enabled); see config_reconcile.go.
 	Reconcile ReconcileConfig `yaml:"reconcile"`
+	// Classification is Nova-aware stop classification (off unless
+	// classification.enabled); see config_classification.go.
+	Classification ClassificationConfig `yaml:"classification"`
+	// OpenStack is the cloud that reconcile and classification ask; see
+	// config_openstack.go.
+	OpenStack OpenStackConfig `yaml:"openstack"`
 	// ShutdownTimeout bounds the graceful shutdown: how long SIGTERM waits
 	// for the outbox to drain to NATS. What is not sent stays on disk.
 	ShutdownTimeout Duration `yaml:"shutdown_timeout"`
@@ -185,6 +191,8 @@ func DefaultConfig() Config {
 		Metrics:         MetricsConfig{Listen: DefaultMetricsListen},
 		Fence:           defaultFence(),
 		Reconcile:       defaultReconcile(),
+		Classification:  defaultClassification(),
+		OpenStack:       defaultOpenStack(),
 		ShutdownTimeout: Duration(DefaultShutdownTimeout),
 	}
 }
@@ -318,6 +326,8 @@ func (c *Config) Validate() error {
 	positive("shutdown_timeout", c.ShutdownTimeout)
 	c.Fence.validate(bad)
 	c.Reconcile.validate(bad)
+	c.Classification.validate(bad)
+	c.OpenStack.validate(c.needsOpenStack(), bad)
 	return errors.Join(errs...)
 }
 

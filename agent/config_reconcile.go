@@ -2,10 +2,8 @@ package agent
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
-	"hvguard/openstack"
 	"hvguard/reconcile"
 )
 
@@ -26,27 +24,6 @@ type ReconcileConfig struct {
 	// NovaHosts are this node's names in Nova (nova.conf [DEFAULT] host of
 	// its nova-compute). Empty: [host].
 	NovaHosts []string `yaml:"nova_hosts"`
-	// OpenStack selects the cloud in clouds.yaml.
-	OpenStack ReconcileOpenStackConfig `yaml:"openstack"`
-}
-
-// ReconcileOpenStackConfig selects and overrides a clouds.yaml entry; the
-// credentials stay in clouds.yaml/secure.yaml (read by gophercloud's own
-// loader, as the openstack CLI reads them).
-type ReconcileOpenStackConfig struct {
-	// Cloud is the clouds.yaml entry (like OS_CLOUD). Required when enabled.
-	Cloud string `yaml:"cloud"`
-	// CloudsFile is the clouds.yaml path; empty: the standard search
-	// (OS_CLIENT_CONFIG_FILE, ./clouds.yaml, ~/.config/openstack/,
-	// /etc/openstack/).
-	CloudsFile string `yaml:"clouds_file"`
-	// Region, Interface and CACert override the cloud's region_name,
-	// interface (public, internal, admin) and cacert.
-	Region    string `yaml:"region"`
-	Interface string `yaml:"interface"`
-	CACert    string `yaml:"cacert"`
-	// RequestTimeout bounds each HTTP request to keystone and Nova.
-	RequestTimeout Duration `yaml:"request_timeout"`
 }
 
 // Reconcile actions (reconcile.action).
@@ -73,7 +50,6 @@ func defaultReconcile() ReconcileConfig {
 		Interval:  Duration(reconcile.DefaultInterval),
 		Timeout:   Duration(reconcile.DefaultTimeout),
 		NovaHosts: []string{},
-		OpenStack: ReconcileOpenStackConfig{RequestTimeout: Duration(openstack.DefaultRequestTimeout)},
 	}
 }
 
@@ -93,16 +69,8 @@ func (r ReconcileConfig) Hosts(host string) []string {
 	return []string{host}
 }
 
-// OpenStackConfig is the openstack client's configuration.
-func (r ReconcileConfig) OpenStackConfig() openstack.Config {
-	o := r.OpenStack
-	return openstack.Config{Cloud: o.Cloud, CloudsFile: o.CloudsFile, Region: o.Region,
-		Interface: o.Interface, CACert: o.CACert, RequestTimeout: o.RequestTimeout.D()}
-}
-
-// validate reports every problem through bad. With enabled it also parses
-// clouds.yaml (openstack.New, no network): a cloud that cannot be loaded is
-// a configuration error (exit 78), not a run-time failure.
+// validate reports every problem through bad. The OpenStack connection
+// (required when enabled) is checked by OpenStackConfig.validate.
 func (r ReconcileConfig) validate(bad func(field string, val any, why string)) {
 	if r.Action != ReconcileActionDestroy && r.Action != ReconcileActionReport {
 		bad("reconcile.action", fmt.Sprintf("%q", r.Action), "must be destroy or report")
@@ -117,23 +85,5 @@ func (r ReconcileConfig) validate(bad func(field string, val any, why string)) {
 		if !reconcile.ValidHostName(h) {
 			bad(fmt.Sprintf("reconcile.nova_hosts[%d]", i), fmt.Sprintf("%q", h), "must be a host name as Nova knows it")
 		}
-	}
-	if r.OpenStack.RequestTimeout <= 0 {
-		bad("reconcile.openstack.request_timeout", r.OpenStack.RequestTimeout.D(), "must be positive")
-	}
-	switch r.OpenStack.Interface {
-	case "", "public", "internal", "admin":
-	default:
-		bad("reconcile.openstack.interface", fmt.Sprintf("%q", r.OpenStack.Interface), "must be public, internal, admin or empty (the cloud's)")
-	}
-	if !r.Enabled {
-		return
-	}
-	if strings.TrimSpace(r.OpenStack.Cloud) == "" {
-		bad("reconcile.openstack.cloud", `""`, "required with reconcile.enabled: the clouds.yaml entry to use")
-		return
-	}
-	if _, err := openstack.New(r.OpenStackConfig(), nil); err != nil {
-		bad("reconcile.openstack", fmt.Sprintf("cloud %q (clouds_file %q)", r.OpenStack.Cloud, r.OpenStack.CloudsFile), err.Error())
 	}
 }

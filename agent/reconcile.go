@@ -109,9 +109,9 @@ type reconciler struct {
 func newReconciler(cfg Config, log *slog.Logger, doms reconcile.Domains, mode reconcile.Mode) (*reconciler, error) {
 	rc := cfg.Reconcile
 	log = log.With("component", "reconcile")
-	nova, err := openstack.New(rc.OpenStackConfig(), log)
+	nova, err := openstack.New(cfg.OpenStack.Client(), log)
 	if err != nil {
-		return nil, fmt.Errorf("reconcile.openstack: %w", err)
+		return nil, fmt.Errorf("openstack: %w", err)
 	}
 	runner, err := reconcile.NewRunner(reconcile.RunnerConfig{
 		Hosts: rc.Hosts(cfg.Host), Mode: mode, Interval: rc.Interval.D(), Timeout: rc.Timeout.D(),

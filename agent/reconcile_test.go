@@ -105,9 +105,9 @@ func recConfig(t *testing.T, natsURL, clouds string) Config {
 	cfg.NATS.ReadyTimeout = Duration(2 * time.Second)
 	cfg.Metrics.Listen = fmt.Sprintf("127.0.0.1:%d", deliverytest.FreePort(t))
 	cfg.Reconcile.Enabled = true
-	cfg.Reconcile.OpenStack.Cloud = "test"
-	cfg.Reconcile.OpenStack.CloudsFile = clouds
-	cfg.Reconcile.OpenStack.RequestTimeout = Duration(2 * time.Second)
+	cfg.OpenStack.Cloud = "test"
+	cfg.OpenStack.CloudsFile = clouds
+	cfg.OpenStack.RequestTimeout = Duration(2 * time.Second)
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -404,12 +404,12 @@ func TestReconcileConfigValidation(t *testing.T) {
 	cfg.Host = "node1"
 	cfg.Reconcile.Enabled = true
 	err := cfg.Validate()
-	if err == nil || !strings.Contains(err.Error(), "reconcile.openstack.cloud") {
+	if err == nil || !strings.Contains(err.Error(), `openstack.cloud: "": required with reconcile.enabled`) {
 		t.Fatalf("enabled without a cloud: %v", err)
 	}
-	cfg.Reconcile.OpenStack.Cloud = "nope"
-	cfg.Reconcile.OpenStack.CloudsFile = filepath.Join(t.TempDir(), "missing.yaml")
-	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "reconcile.openstack") {
+	cfg.OpenStack.Cloud = "nope"
+	cfg.OpenStack.CloudsFile = filepath.Join(t.TempDir(), "missing.yaml")
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), `openstack: cloud "nope"`) {
 		t.Fatalf("missing clouds.yaml: %v", err)
 	}
 	cfg = DefaultConfig()
@@ -418,9 +418,9 @@ func TestReconcileConfigValidation(t *testing.T) {
 	cfg.Reconcile.Interval = Duration(time.Second)
 	cfg.Reconcile.Timeout = 0
 	cfg.Reconcile.NovaHosts = []string{"bad host"}
-	cfg.Reconcile.OpenStack.Interface = "private"
+	cfg.OpenStack.Interface = "private"
 	err = cfg.Validate()
-	for _, want := range []string{`reconcile.action: "nuke"`, "reconcile.interval: 1s", "reconcile.timeout: 0s", `reconcile.nova_hosts[0]: "bad host"`, `reconcile.openstack.interface: "private"`} {
+	for _, want := range []string{`reconcile.action: "nuke"`, "reconcile.interval: 1s", "reconcile.timeout: 0s", `reconcile.nova_hosts[0]: "bad host"`, `openstack.interface: "private"`} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("want %q in %v", want, err)
 		}

@@ -45,9 +45,9 @@ func TestFenceRejoinReconcile(t *testing.T) {
 	nova.Scenario(uuids, make([]bool, n), openstack.PageSize) // nothing evacuated yet
 	r.cfg.Reconcile.Enabled = true
 	r.cfg.Reconcile.NovaHosts = []string{"node1"}
-	r.cfg.Reconcile.OpenStack.Cloud = "test"
-	r.cfg.Reconcile.OpenStack.CloudsFile = nova.CloudsYAML(t)
-	r.cfg.Reconcile.OpenStack.RequestTimeout = agent.Duration(2 * time.Second)
+	r.cfg.OpenStack.Cloud = "test"
+	r.cfg.OpenStack.CloudsFile = nova.CloudsYAML(t)
+	r.cfg.OpenStack.RequestTimeout = agent.Duration(2 * time.Second)
 	if err := r.cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -316,8 +316,8 @@ func config(t *testing.T, natsURL, state, clouds string) agent.Config {
 	cfg.Metrics.Listen = ""
 	cfg.Reconcile.Enabled = true
 	cfg.Reconcile.Interval = agent.Duration(periodicInterval)
-	cfg.Reconcile.OpenStack.Cloud = osharness.CloudName
-	cfg.Reconcile.OpenStack.CloudsFile = clouds
+	cfg.OpenStack.Cloud = osharness.CloudName
+	cfg.OpenStack.CloudsFile = clouds
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
