@@ -25,7 +25,8 @@
 //     answer (Found=false), anything else that fails fails the call.
 //   - ServersOnHost(ctx, host) (servers.go, for stop classification):
 //     GET /servers/detail?all_tenants=1&host=<host>&limit=PageSize, paged
-//     by servers_links; every record's host must be host.
+//     by servers_links; every record's host must be host. ServersOn wraps
+//     it as lookups for the reconcile runner's destination listings.
 //   - InstanceActions(ctx, uuid): GET /servers/{uuid}/os-instance-actions?
 //     limit=MaxActions, newest first; a null user_id is Nova itself.
 //

@@ -153,3 +153,23 @@ func (c *Client) server(ctx context.Context, uuid string) (reconcile.ServerLooku
 	}
 	return s, nil
 }
+
+// ServersOn lists every server Nova places on host (ServersOnHost: one
+// paged GET /servers/detail?all_tenants=1&host=<host>) as lookups keyed by
+// UUID. The reconcile runner uses it for a destination that received
+// several of this host's evacuated instances: a server listed there carries
+// the same OS-EXT-SRV-ATTR:host and task_state a GET /servers/{id} would
+// return, so one listing replaces one request per server. Every listed
+// server's host was checked to be host; any failure is an error, never a
+// partial map.
+func (c *Client) ServersOn(ctx context.Context, host string) (map[string]reconcile.ServerLookup, error) {
+	ss, err := c.ServersOnHost(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]reconcile.ServerLookup, len(ss))
+	for _, s := range ss {
+		out[s.ID] = reconcile.ServerLookup{Found: true, Host: s.Host, Status: s.Status, VMState: s.VMState, TaskState: s.TaskState}
+	}
+	return out, nil
+}

@@ -231,3 +231,44 @@ func TestContractInstanceActions(t *testing.T) {
 		})
 	}
 }
+
+// TestServersOn: the reconcile runner's destination listing maps every
+// server of a recorded real listing (and of generated pages, followed to
+// the last) to a lookup with that host; a failing listing is an error,
+// never a partial map.
+func TestServersOn(t *testing.T) {
+	_, c := lvReplay(t, lvActive)
+	ss, err := c.ServersOnHost(context.Background(), "node3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.ServersOn(context.Background(), "node3")
+	if err != nil || len(got) != len(ss) || len(ss) == 0 {
+		t.Fatalf("%d lookups for %d servers: %v", len(got), len(ss), err)
+	}
+	for _, s := range ss {
+		if g := got[s.ID]; !g.Found || g.Host != "node3" || g.TaskState != "" || g.VMState != "active" || g.Status != "ACTIVE" {
+			t.Fatalf("%s: %+v", s.ID, g)
+		}
+	}
+
+	s := openstacktest.New(t)
+	uuids := make([]string, 7)
+	ev := make([]bool, len(uuids))
+	for i := range uuids {
+		uuids[i], ev[i] = fmt.Sprintf("6f1c2a9e-0000-4000-8000-%012d", i), i != 3
+	}
+	s.Scenario(uuids, ev, 2) // 6 on node2: pages of 2, 2, 2, 0
+	gc, err := New(Config{Cloud: "test", CloudsFile: s.CloudsYAML(t), RequestTimeout: 2 * time.Second, PageSize: 2}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	on, err := gc.ServersOn(context.Background(), "node2")
+	if err != nil || len(on) != 6 || on[uuids[3]].Found || s.NovaRequests() != 4 {
+		t.Fatalf("%d servers in %d requests (%v): %v", len(on), s.NovaRequests(), err, on)
+	}
+	s.FailAll(openstacktest.Fault500)
+	if on, err := gc.ServersOn(context.Background(), "node2"); err == nil || on != nil {
+		t.Fatalf("a failing listing gave %v, %v", on, err)
+	}
+}

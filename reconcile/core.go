@@ -175,6 +175,62 @@ func Candidates(in Input) []string {
 	return slices.Compact(out)
 }
 
+// MinListingCandidates is how many candidates must share a destination
+// before the runner lists that destination's servers (one paged
+// servers/detail?host=<dest>) instead of looking each candidate up (one
+// GET /servers/{id} each). Measured on the real Nova (docs/reconcile.md):
+// a lookup costs ~25 ms on a single-worker nova-api, a listing page of
+// 200 servers ~0.3 s; below three candidates the lookups are cheaper than
+// listing a destination that may hold many other servers.
+const MinListingCandidates = 3
+
+// LookupPlan says how the caller looks up the candidates' current hosts.
+type LookupPlan struct {
+	// ByDest maps a destination host (as Nova wrote it in the newest
+	// evacuation record, lower case) to the candidates evacuated there, for
+	// destinations with at least MinListingCandidates of them. A candidate
+	// listed on its destination with that host is as good as a lookup
+	// (the same OS-EXT-SRV-ATTR:host and task_state fields of the same
+	// instance record); one missing from the listing is not evidence of
+	// anything and must be looked up singly.
+	ByDest map[string][]string
+	// Single are the candidates to look up one by one (sorted).
+	Single []string
+}
+
+// PlanLookups groups Candidates(in) by the destination of their newest
+// evacuation from this host. It is pure and returns an empty plan when
+// Candidates does.
+func PlanLookups(in Input) LookupPlan {
+	cands := Candidates(in)
+	if len(cands) == 0 {
+		return LookupPlan{}
+	}
+	hosts := newHostSet(in.Hosts)
+	evac := byInstance(in.Evacuations)
+	byDest := map[string][]string{}
+	for _, u := range cands {
+		dest := strings.ToLower(evac[u][0].DestCompute)
+		// No destination, or this host as destination: Decide skips these
+		// whatever the lookup says; keep them on the single path so the
+		// plan never lists this host's own servers.
+		if dest == "" || hosts.has(dest) || !ValidHostName(dest) {
+			dest = ""
+		}
+		byDest[dest] = append(byDest[dest], u)
+	}
+	plan := LookupPlan{ByDest: map[string][]string{}}
+	for dest, us := range byDest {
+		if dest != "" && len(us) >= MinListingCandidates {
+			plan.ByDest[dest] = us
+		} else {
+			plan.Single = append(plan.Single, us...)
+		}
+	}
+	slices.Sort(plan.Single)
+	return plan
+}
+
 // Decide returns one decision per domain. It is pure: the same Input gives
 // the same Result. See doc.go for the rules and invariants.
 func Decide(in Input) Result {

@@ -378,3 +378,30 @@ func FuzzParseNovaMetadata(f *testing.F) {
 		_, _ = ParseMark(s)
 	})
 }
+
+func TestPlanLookups(t *testing.T) {
+	in := baseInput()
+	in.Hosts = []string{"node1", "node1.example"}
+	for i := 1; i <= 9; i++ {
+		in.Domains = append(in.Domains, nova(i))
+	}
+	in.Evacuations = []Migration{
+		evac(1, 1, "done", "node2"), evac(2, 2, "done", "NODE2"), evac(3, 3, "accepted", "node2"), // three to node2 (case folded): listed
+		evac(4, 4, "done", "node3"), evac(5, 5, "done", "node3"), // two to node3: below MinListingCandidates
+		evac(6, 6, "done", ""),                                   // no destination
+		evac(7, 7, "done", "node1.example"),                      // this host as destination
+		evac(8, 8, "done", "node4"), evac(9, 8, "done", "node2"), // newest (id 9) went to node2
+	}
+	p := PlanLookups(in)
+	if len(p.ByDest) != 1 || strings.Join(p.ByDest["node2"], ",") != strings.Join([]string{uuidN(1), uuidN(2), uuidN(3), uuidN(8)}, ",") {
+		t.Fatalf("ByDest %v", p.ByDest)
+	}
+	if strings.Join(p.Single, ",") != strings.Join([]string{uuidN(4), uuidN(5), uuidN(6), uuidN(7)}, ",") {
+		t.Fatalf("Single %v", p.Single)
+	}
+	// Domain 9 has no evacuation: not a candidate at all.
+	in.EvacuationsComplete = false
+	if p := PlanLookups(in); len(p.ByDest)+len(p.Single) != 0 {
+		t.Fatalf("a global problem must plan nothing: %+v", p)
+	}
+}

@@ -75,9 +75,14 @@
 //
 // # Periodic cost
 //
-// One filtered, paged listing per host name; one GET per candidate (local
+// One filtered, paged listing per host name. Then the candidates (local
 // Nova instances with an evacuation record from this host: stale copies and
-// servers evacuated and migrated back, whose old record stays). Stale
+// servers evacuated and migrated back, whose old record stays) are found
+// where their newest evacuation sent them: one paged servers listing per
+// destination that received at least MinListingCandidates of them
+// (PlanLookups), one GET per remaining candidate (few destinations, or not
+// found on its destination: moved on, back, or deleted). A rejoin after a
+// whole host was evacuated is O(pages), not O(domains). Stale
 // copies that an earlier run stopped and marked for the same migration, and
 // that are still off, are not looked up again (ReasonAlreadyStopped), so
 // after a rejoin the periodic run is one request per page.

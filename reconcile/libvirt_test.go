@@ -83,8 +83,10 @@ type fakeNova struct {
 	servers map[string]reconcile.ServerLookup
 	listErr error
 	getErr  error
+	onErr   error // ServersOn fails with it
 	calls   uint64
 	asked   [][]string
+	listed  []string // hosts ServersOn listed
 }
 
 func (f *fakeNova) ListEvacuationsFrom(_ context.Context, host string) ([]reconcile.Migration, error) {
@@ -108,6 +110,24 @@ func (f *fakeNova) ServerHosts(_ context.Context, uuids []string) (map[string]re
 	out := map[string]reconcile.ServerLookup{}
 	for _, u := range uuids {
 		out[u] = f.servers[u] // zero value: Found=false (404)
+	}
+	return out, nil
+}
+
+// ServersOn lists the servers whose host is host (one call, as one page).
+func (f *fakeNova) ServersOn(_ context.Context, host string) (map[string]reconcile.ServerLookup, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls++
+	f.listed = append(f.listed, host)
+	if f.onErr != nil {
+		return nil, f.onErr
+	}
+	out := map[string]reconcile.ServerLookup{}
+	for u, s := range f.servers {
+		if s.Found && strings.EqualFold(s.Host, host) {
+			out[u] = s
+		}
 	}
 	return out, nil
 }

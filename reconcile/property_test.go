@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -252,4 +253,34 @@ func destroys(r Result) map[string]bool {
 		}
 	}
 	return out
+}
+
+// TestPropertyPlanPartitionsCandidates: the lookup plan asks about exactly
+// the candidates, each once, lists only destinations that are not this
+// host and have at least MinListingCandidates candidates, each of which
+// went there in its newest evacuation.
+func TestPropertyPlanPartitionsCandidates(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		in := genInput(t)
+		want := Candidates(in)
+		p := PlanLookups(in)
+		evac := byInstance(in.Evacuations)
+		var got []string
+		got = append(got, p.Single...)
+		for dest, us := range p.ByDest {
+			if ours(in, dest) || len(us) < MinListingCandidates || dest != strings.ToLower(dest) {
+				t.Fatalf("listing %q for %d candidates", dest, len(us))
+			}
+			for _, u := range us {
+				if !strings.EqualFold(evac[u][0].DestCompute, dest) {
+					t.Fatalf("%s listed on %s but its newest evacuation went to %s", u, dest, evac[u][0].DestCompute)
+				}
+			}
+			got = append(got, us...)
+		}
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			t.Fatalf("plan covers %v, candidates %v", got, want)
+		}
+	})
 }

@@ -117,7 +117,9 @@ type Report struct {
 	Domains       int `json:"domains"`        // local domains listed
 	NovaInstances int `json:"nova_instances"` // of which carry Nova metadata
 	Evacuations   int `json:"evacuations"`    // evacuation records from this host (all pages)
-	Candidates    int `json:"candidates"`     // servers looked up
+	Candidates    int `json:"candidates"`     // servers whose host was asked (evacuated from here, not already stopped)
+	Listings      int `json:"listings"`       // destination hosts listed (servers/detail?host=)
+	Lookups       int `json:"lookups"`        // servers looked up one by one (GET /servers/{id})
 	Destroyed     int `json:"destroyed"`      // powered off (OutcomeDestroyed)
 	AlreadyOff    int `json:"already_off"`    // stale but already off
 	WouldDestroy  int `json:"would_destroy"`  // report mode
@@ -194,8 +196,8 @@ func (r *Report) Events() []Event {
 
 // Summary is a one-line human summary of the report.
 func (r *Report) Summary() string {
-	s := fmt.Sprintf("reconcile %s (%s): %d domains, %d nova instances, %d evacuations, %d candidates; destroyed %d, already off %d, would destroy %d, kept %d, skipped %d, failed %d; %d API calls in %s",
-		r.Trigger, r.Mode, r.Domains, r.NovaInstances, r.Evacuations, r.Candidates, r.Destroyed, r.AlreadyOff, r.WouldDestroy,
+	s := fmt.Sprintf("reconcile %s (%s): %d domains, %d nova instances, %d evacuations, %d candidates (%d destinations listed, %d looked up); destroyed %d, already off %d, would destroy %d, kept %d, skipped %d, failed %d; %d API calls in %s",
+		r.Trigger, r.Mode, r.Domains, r.NovaInstances, r.Evacuations, r.Candidates, r.Listings, r.Lookups, r.Destroyed, r.AlreadyOff, r.WouldDestroy,
 		r.Kept, r.Skipped, r.Failed, r.APICalls, r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond))
 	if r.Global != ReasonNone {
 		s += fmt.Sprintf("; NOTHING DESTROYED: %s: %s", r.Global, r.GlobalDetail)

@@ -1,10 +1,12 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -20,6 +22,10 @@ type Nova interface {
 	// ServerHosts looks up each server: an entry per UUID (Found=false for
 	// a 404), or an error if any lookup failed otherwise.
 	ServerHosts(ctx context.Context, uuids []string) (map[string]ServerLookup, error)
+	// ServersOn lists every server Nova places on host (all pages), keyed
+	// by UUID, each with host = that host; or an error: never a partial
+	// list.
+	ServersOn(ctx context.Context, host string) (map[string]ServerLookup, error)
 	// Calls returns the number of API requests made so far (monotonic).
 	Calls() uint64
 }
@@ -49,6 +55,9 @@ const (
 	// destroys): destroying 200 QEMU processes one at a time takes
 	// seconds; 8 at once keeps libvirtd responsive.
 	actionConcurrency = 8
+	// listingConcurrency bounds destination listings in flight: a
+	// servers/detail page is heavier for nova-api than a lookup.
+	listingConcurrency = 2
 )
 
 // RunnerConfig configures a Runner.
@@ -204,15 +213,64 @@ func (r *Runner) gather(ctx context.Context, in *Input, rep *Report) Result {
 	}
 	rep.Evacuations = len(in.Evacuations)
 
-	if cands := Candidates(*in); len(cands) > 0 {
-		rep.Candidates = len(cands)
-		servers, err := r.nova.ServerHosts(ctx, cands)
+	if plan := PlanLookups(*in); len(plan.ByDest)+len(plan.Single) > 0 {
+		servers, err := r.lookUp(ctx, plan, rep)
 		if err != nil {
 			in.NovaFailure, in.NovaDetail = reasonOf(err), err.Error()
 		}
 		in.Servers = servers
 	}
 	return Decide(*in)
+}
+
+// lookUp finds the candidates' current hosts: one listing per destination
+// that received at least MinListingCandidates of them (O(pages), not one
+// request per server), then a lookup for each candidate not found on its
+// destination and for the rest. Any failure fails the whole call: the
+// caller never decides from a partial set.
+func (r *Runner) lookUp(ctx context.Context, plan LookupPlan, rep *Report) (map[string]ServerLookup, error) {
+	dests := slices.Sorted(maps.Keys(plan.ByDest))
+	single := slices.Clone(plan.Single)
+	rep.Candidates, rep.Listings = len(single), len(dests)
+	for _, us := range plan.ByDest {
+		rep.Candidates += len(us)
+	}
+	out := make(map[string]ServerLookup)
+	var (
+		mu       sync.Mutex
+		firstErr error
+	)
+	forEachN(len(dests), listingConcurrency, func(i int) {
+		on, err := r.nova.ServersOn(ctx, dests[i])
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			firstErr = cmp.Or(firstErr, err)
+			return
+		}
+		for _, u := range plan.ByDest[dests[i]] {
+			if s, ok := on[u]; ok {
+				out[u] = s
+			} else {
+				single = append(single, u) // moved on, back, or deleted: ask Nova about it alone
+			}
+		}
+	})
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	if len(single) > 0 {
+		slices.Sort(single)
+		rep.Lookups = len(single)
+		got, err := r.nova.ServerHosts(ctx, single)
+		if err != nil {
+			return nil, err
+		}
+		for u, s := range got {
+			out[u] = s
+		}
+	}
+	return out, nil
 }
 
 // markedMigration returns the migration id of the domain's hvguard mark,
@@ -339,11 +397,14 @@ func (r *Runner) finish(rep *Report, calls0 uint64) {
 }
 
 // forEach runs fn(0..n-1) with at most actionConcurrency in flight.
-func forEach(n int, fn func(i int)) {
+func forEach(n int, fn func(i int)) { forEachN(n, actionConcurrency, fn) }
+
+// forEachN runs fn(0..n-1) with at most limit in flight.
+func forEachN(n, limit int, fn func(i int)) {
 	if n == 0 {
 		return
 	}
-	sem := make(chan struct{}, actionConcurrency)
+	sem := make(chan struct{}, limit)
 	var wg sync.WaitGroup
 	for i := range n {
 		sem <- struct{}{}

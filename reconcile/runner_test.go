@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,9 +98,14 @@ func TestRunnerDestroysOnlyEvacuatedElsewhere(t *testing.T) {
 	if rep.Domains != 6 || rep.NovaInstances != 5 || rep.Evacuations != 5 || rep.Candidates != 4 || rep.Destroyed != 1 || rep.AlreadyOff != 1 || rep.Skipped != 1 {
 		t.Fatalf("counts: %s", rep.Summary())
 	}
-	// Only the Nova instances with an evacuation record were looked up.
-	if len(nova.asked) != 1 || len(nova.asked[0]) != 4 {
-		t.Fatalf("servers asked: %v", nova.asked)
+	// Only the Nova instances with an evacuation record were asked about:
+	// the four evacuated to node2 by one listing of node2, then the two not
+	// found there (migrated back; deleted) one by one.
+	if !slices.Equal(nova.listed, []string{"node2"}) || len(nova.asked) != 1 || !slices.Equal(nova.asked[0], []string{uuidN(2), uuidN(6)}) {
+		t.Fatalf("listed %v, looked up %v", nova.listed, nova.asked)
+	}
+	if rep.Listings != 1 || rep.Lookups != 2 || rep.APICalls != 4 {
+		t.Fatalf("listings/lookups/calls: %s", rep.Summary())
 	}
 	// The marks say why.
 	for _, u := range []string{uuidN(1), uuidN(5)} {
@@ -197,10 +203,15 @@ func TestRunnerNovaFailureDestroysNothing(t *testing.T) {
 		{"listing partial", reasonErr{reconcile.ReasonPartialData}, nil, reconcile.ReasonPartialData},
 		{"lookup fails mid-reconcile", nil, reasonErr{reconcile.ReasonNovaUnavailable}, reconcile.ReasonNovaUnavailable},
 		{"lookup malformed", nil, reasonErr{reconcile.ReasonMalformedData}, reconcile.ReasonMalformedData},
+		{"destination listing unreachable", nil, nil, reconcile.ReasonNovaUnavailable},
+		{"destination listing too large", nil, nil, reconcile.ReasonPartialData},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			doms, nova := scenario(t)
 			nova.listErr, nova.getErr = c.listErr, c.getErr
+			if c.listErr == nil && c.getErr == nil {
+				nova.onErr = reasonErr{c.want}
+			}
 			r := newRunner(t, doms.Conn, nova, reconcile.ModeDestroy, func() time.Time { return t0 })
 			rep := r.Run(context.Background(), reconcile.TriggerRejoin)
 			if rep.OK() || rep.Global != c.want || rep.Destroyed+rep.AlreadyOff != 0 {
@@ -215,10 +226,26 @@ func TestRunnerNovaFailureDestroysNothing(t *testing.T) {
 			if rep.RetryIn != reconcile.RetryMin || rep.ConsecutiveFailures != 1 {
 				t.Fatalf("backoff: %v after %d failures", rep.RetryIn, rep.ConsecutiveFailures)
 			}
-			if c.listErr != nil && len(nova.asked) != 0 {
-				t.Fatalf("servers looked up after the listing failed: %v", nova.asked)
+			if (c.listErr != nil || nova.onErr != nil) && len(nova.asked) != 0 {
+				t.Fatalf("servers looked up after a listing failed: %v", nova.asked)
 			}
 		})
+	}
+}
+
+// TestRunnerListedServerInTransition: a candidate found on its destination
+// with a task state is skipped like a looked-up one (a live migration back
+// to this host may be under way); the others listed there are destroyed.
+func TestRunnerListedServerInTransition(t *testing.T) {
+	doms, nova := scenario(t)
+	nova.servers[uuidN(1)] = reconcile.ServerLookup{Found: true, Host: "node2", Status: "MIGRATING", TaskState: "migrating"}
+	r := newRunner(t, doms.Conn, nova, reconcile.ModeDestroy, func() time.Time { return t0 })
+	rep := r.Run(context.Background(), reconcile.TriggerRejoin)
+	if d := result(t, rep, uuidN(1)); d.Decision != reconcile.DecisionSkip || d.Reason != reconcile.ReasonServerInTransition || stateOf(t, doms.Conn, uuidN(1)) != "running" {
+		t.Fatalf("in transition: %s/%s; %s", d.Decision, d.Reason, rep.Summary())
+	}
+	if d := result(t, rep, uuidN(5)); d.Outcome != reconcile.OutcomeAlreadyOff || rep.Listings != 1 {
+		t.Fatalf("the rest of the listing: %s; %s", d.Outcome, rep.Summary())
 	}
 }
 

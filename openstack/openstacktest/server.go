@@ -380,6 +380,12 @@ func NovaHeader() http.Header {
 // ServerBody renders a GET /servers/{id} body at 2.59 (the fields hvguard
 // reads plus a few others, as Nova writes them). host "" is null.
 func ServerBody(id, host, status, task string) []byte {
+	return []byte(`{"server": ` + serverJSON(id, host, status, task) + `}`)
+}
+
+// serverJSON renders one server object as Nova 2.59 writes it in
+// GET /servers/{id} and in GET /servers/detail.
+func serverJSON(id, host, status, task string) string {
 	q := func(s string) string {
 		if s == "" {
 			return "null"
@@ -387,15 +393,37 @@ func ServerBody(id, host, status, task string) []byte {
 		b, _ := json.Marshal(s)
 		return string(b)
 	}
-	return []byte(fmt.Sprintf(`{"server": {"id": %q, "name": "vm", "status": %q, "tenant_id": "p1", "OS-EXT-SRV-ATTR:host": %s, "OS-EXT-SRV-ATTR:hypervisor_hostname": %s, "OS-EXT-STS:task_state": %s, "OS-EXT-STS:vm_state": "active", "OS-EXT-STS:power_state": 1, "addresses": {}, "metadata": {}}}`,
-		id, status, q(host), q(host), q(task)))
+	return fmt.Sprintf(`{"id": %q, "name": "vm", "status": %q, "tenant_id": "p1", "OS-EXT-SRV-ATTR:host": %s, "OS-EXT-SRV-ATTR:hypervisor_hostname": %s, "OS-EXT-STS:task_state": %s, "OS-EXT-STS:vm_state": "active", "OS-EXT-STS:power_state": 1, "addresses": {}, "metadata": {}}`,
+		id, status, q(host), q(host), q(task))
+}
+
+// ServersDetailPage renders a GET /servers/detail body at 2.59 for servers
+// (ids) ACTIVE on host without a task, with a next link (marker = the last
+// id) when next is true, as Nova does.
+func ServersDetailPage(ids []string, host string, next bool, base string, limit int) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"servers": [`)
+	for i, id := range ids {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(serverJSON(id, host, "ACTIVE", ""))
+	}
+	b.WriteString("]")
+	if next && len(ids) > 0 {
+		fmt.Fprintf(&b, `, "servers_links": [{"rel": "next", "href": "%s/v2.1/servers/detail?all_tenants=1&host=%s&limit=%d&marker=%s"}]`, base, host, limit, ids[len(ids)-1])
+	}
+	b.WriteString("}")
+	return b.Bytes()
 }
 
 // Scenario fills s with a generated Nova: n servers whose instances were on
 // node1; those with evacuated[i] true were evacuated (status done) to node2
-// and are on node2, the others are on node1. Pages of pageSize.
+// and are on node2, the others are on node1. Pages of pageSize, for the
+// evacuation listing and for node2's servers/detail listing alike.
 func (s *Server) Scenario(uuids []string, evacuated []bool, pageSize int) {
 	var ms []Migration
+	var onNode2 []string
 	id := 0
 	for i, u := range uuids {
 		host := "node1"
@@ -404,24 +432,41 @@ func (s *Server) Scenario(uuids []string, evacuated []bool, pageSize int) {
 			ms = append(ms, Migration{ID: id, UUID: fmt.Sprintf("bbbbbbbb-0000-4000-8000-%012d", id), Instance: u, Source: "node1",
 				Dest: "node2", Status: "done", Type: "evacuation", Created: "2026-11-29T17:00:00.000000"})
 			host = "node2"
+			onNode2 = append(onNode2, u)
 		}
 		s.Route("/v2.1/servers/"+u, Recorded{Status: 200, Header: NovaHeader(), Body: ServerBody(u, host, "ACTIVE", "")})
 	}
+	s.routePages(len(onNode2), pageSize, func(start, end int, full bool) (url.Values, []byte) {
+		page := onNode2[start:end]
+		q := url.Values{"all_tenants": {"1"}, "host": {"node2"}, "limit": {fmt.Sprint(pageSize)}}
+		if start > 0 {
+			q.Set("marker", onNode2[start-1])
+		}
+		return q, ServersDetailPage(page, "node2", full, s.URL, pageSize)
+	}, "/v2.1/servers/detail?")
 	// Nova lists newest first at >= 2.59.
 	sort.Slice(ms, func(a, b int) bool { return ms[a].ID > ms[b].ID })
-	marker := ""
-	for start := 0; ; start += pageSize {
-		end := min(start+pageSize, len(ms))
-		page := ms[start:end]
+	s.routePages(len(ms), pageSize, func(start, end int, full bool) (url.Values, []byte) {
 		q := url.Values{"source_compute": {"node1"}, "migration_type": {"evacuation"}, "limit": {fmt.Sprint(pageSize)}}
-		if marker != "" {
-			q.Set("marker", marker)
+		if start > 0 {
+			q.Set("marker", ms[start-1].UUID)
 		}
-		full := len(page) == pageSize
-		s.Route("/v2.1/os-migrations?"+q.Encode(), Recorded{Status: 200, Header: NovaHeader(), Body: MigrationsPage(page, full, s.URL, pageSize)})
+		return q, MigrationsPage(ms[start:end], full, s.URL, pageSize)
+	}, "/v2.1/os-migrations?")
+}
+
+// routePages routes the pages of an n-item listing as Nova pages it: pages
+// of pageSize, a next link on every full page, so the last page is short
+// (empty when n is a multiple of pageSize). page renders the query and the
+// body of items [start, end).
+func (s *Server) routePages(n, pageSize int, page func(start, end int, full bool) (url.Values, []byte), prefix string) {
+	for start := 0; ; start += pageSize {
+		end := min(start+pageSize, n)
+		full := end-start == pageSize
+		q, body := page(start, end, full)
+		s.Route(prefix+q.Encode(), Recorded{Status: 200, Header: NovaHeader(), Body: body})
 		if !full {
 			return
 		}
-		marker = page[len(page)-1].UUID
 	}
 }
