@@ -11,8 +11,11 @@
 //     the few hundred bytes per event a binary encoding would save;
 //   - schema evolution is by optional fields: a v1 reader ignores fields it
 //     does not know, and a v1 writer omits fields it does not set. A field
-//     that may be absent must have a zero value that means "not set" (a
-//     later optional "classification" field is planned this way).
+//     that may be absent must have a zero value that means "not set". The
+//     Nova classification of stops ("classification",
+//     "classification_reason", issue 6) was added this way within schema 1:
+//     optional, omitted when not classified, and no transition changed
+//     meaning (a held Nova reboot is still a "rebooted"), so no v2.
 //
 // Every message carries "schema". SchemaVersion changes only for an
 // incompatible change (a field removed, or its meaning changed); such a
@@ -31,6 +34,9 @@
 //   - Anything DecodeLifecycle accepts passes Validate, and re-encodes (Encode)
 //     to bytes that decode to the same value (times normalised to UTC).
 //   - Encode never produces a message DecodeLifecycle would reject.
+//   - classification and classification_reason are set together or not at
+//     all, only on "stopped" (never "rebooted") and "rebooted" (only
+//     "rebooted") events; the reason is a short [a-z0-9-] token.
 //   - HostToken and TokenToHost are inverse bijections between valid RFC 1123
 //     host names and subject tokens; anything else is rejected, never passed
 //     through into a subject.

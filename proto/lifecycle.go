@@ -52,6 +52,59 @@ func (t Transition) Valid() bool {
 	return false
 }
 
+// Classification is what a reported stop was in Nova's light (Nova-aware
+// stop classification, docs/classification.md). Set only on "stopped" and
+// "rebooted" events of an agent with classification enabled; absent
+// otherwise.
+type Classification string
+
+// Classifications.
+const (
+	// ClassificationRebooted: the domain went down and came back (a Nova
+	// operation completed, or libvirt showed it running again while the
+	// stop was classified). Only on a "rebooted" event.
+	ClassificationRebooted Classification = "rebooted"
+	// ClassificationStoppedByNova: Nova stopped it on purpose (stop API,
+	// shelve, suspend, delete, moved away) or still operates on it after
+	// the agent's maximum hold. A recovery controller leaves it alone.
+	ClassificationStoppedByNova Classification = "stopped-by-nova"
+	// ClassificationStoppedUnexpectedly: nothing Nova did explains it: the
+	// stop a recovery controller acts on.
+	ClassificationStoppedUnexpectedly Classification = "stopped-unexpectedly"
+	// ClassificationUnknown: no Nova view could be used (unreachable, slow,
+	// the agent stopping); reported when the debouncer alone would have.
+	ClassificationUnknown Classification = "unknown"
+)
+
+// Valid reports whether c is one of the known classifications.
+func (c Classification) Valid() bool {
+	switch c {
+	case ClassificationRebooted, ClassificationStoppedByNova, ClassificationStoppedUnexpectedly, ClassificationUnknown:
+		return true
+	}
+	return false
+}
+
+// MaxClassificationReason bounds classification_reason: the reasons are
+// short typed tokens ("nova-synced-stop"); a consumer may use them as metric
+// labels, so an unbounded value is refused rather than passed on.
+const MaxClassificationReason = 64
+
+// validReasonToken reports whether s is a non-empty lower-case token of
+// letters, digits and '-' of at most MaxClassificationReason bytes.
+func validReasonToken(s string) bool {
+	if s == "" || len(s) > MaxClassificationReason {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
 // LifecycleEvent is one lifecycle event of one domain on one host, or a gap
 // marker (Transition == TransitionGap) for that host.
 //
@@ -89,6 +142,14 @@ type LifecycleEvent struct {
 	OccurredAt time.Time `json:"occurred_at"`
 	// ObservedAt is when the agent decided and reported this event.
 	ObservedAt time.Time `json:"observed_at"`
+	// Classification and ClassificationReason are Nova's view of a stop
+	// (schema 1 optional fields, added compatibly: absent = not
+	// classified). Present together or not at all; only on "stopped"
+	// (stopped-by-nova, stopped-unexpectedly, unknown) and "rebooted"
+	// (rebooted) events. The reason is a typed token such as
+	// "nova-synced-stop" (docs/classification.md lists them).
+	Classification       Classification `json:"classification,omitempty"`
+	ClassificationReason string         `json:"classification_reason,omitempty"`
 	// Gap marker fields; zero (and omitted) for domain events.
 	GapFirstSeq uint64 `json:"gap_first_seq,omitempty"`
 	GapLastSeq  uint64 `json:"gap_last_seq,omitempty"`
@@ -135,6 +196,9 @@ func (e *LifecycleEvent) Validate() error {
 	if err := checkTime("observed_at", e.ObservedAt); err != nil {
 		return err
 	}
+	if err := e.validateClassification(); err != nil {
+		return err
+	}
 	if e.Transition == TransitionGap {
 		return e.validateGap()
 	}
@@ -143,6 +207,23 @@ func (e *LifecycleEvent) Validate() error {
 	}
 	if e.GapFirstSeq != 0 || e.GapLastSeq != 0 || e.GapCount != 0 {
 		return fmt.Errorf("gap_first_seq/gap_last_seq/gap_count: set on a %q event (only allowed on %q)", e.Transition, TransitionGap)
+	}
+	return nil
+}
+
+func (e *LifecycleEvent) validateClassification() error {
+	if e.Classification == "" && e.ClassificationReason == "" {
+		return nil
+	}
+	switch {
+	case !e.Classification.Valid():
+		return fmt.Errorf("classification: unknown value %s", quote(string(e.Classification)))
+	case !validReasonToken(e.ClassificationReason):
+		return fmt.Errorf("classification_reason: %s: must be a token of a-z, 0-9 and '-', 1 to %d bytes, with classification", quote(e.ClassificationReason), MaxClassificationReason)
+	case e.Transition == TransitionRebooted && e.Classification != ClassificationRebooted,
+		e.Transition == TransitionStopped && e.Classification == ClassificationRebooted,
+		e.Transition != TransitionStopped && e.Transition != TransitionRebooted:
+		return fmt.Errorf("classification: %q on a %q event (rebooted only on rebooted, the others only on stopped)", e.Classification, e.Transition)
 	}
 	return nil
 }

@@ -60,6 +60,30 @@ func TestValidate(t *testing.T) {
 		{"gap last < first", func(e *LifecycleEvent) { e.GapLastSeq = 9 }, true, "gap_last_seq: 9 is below gap_first_seq 10"},
 		{"gap last >= seq", func(e *LifecycleEvent) { e.GapLastSeq = 20; e.GapCount = 11 }, true, "gap_last_seq: 20 is not below the marker's seq 20"},
 		{"gap count wrong", func(e *LifecycleEvent) { e.GapCount = 3 }, true, "gap_count: 3 does not match"},
+		{"classified stop", func(e *LifecycleEvent) {
+			e.Classification, e.ClassificationReason = ClassificationStoppedUnexpectedly, "nova-synced-stop"
+		}, false, ""},
+		{"classified reboot", func(e *LifecycleEvent) {
+			e.Transition, e.Classification, e.ClassificationReason = TransitionRebooted, ClassificationRebooted, "operation-completed"
+		}, false, ""},
+		{"classification unknown value", func(e *LifecycleEvent) { e.Classification, e.ClassificationReason = "planned", "x" }, false, `classification: unknown value "planned"`},
+		{"classification without reason", func(e *LifecycleEvent) { e.Classification = ClassificationUnknown }, false, `classification_reason: "": must be a token`},
+		{"reason without classification", func(e *LifecycleEvent) { e.ClassificationReason = "nova-slow" }, false, `classification: unknown value ""`},
+		{"reason too long", func(e *LifecycleEvent) {
+			e.Classification, e.ClassificationReason = ClassificationUnknown, strings.Repeat("a", MaxClassificationReason+1)
+		}, false, "classification_reason:"},
+		{"reason max length", func(e *LifecycleEvent) {
+			e.Classification, e.ClassificationReason = ClassificationUnknown, strings.Repeat("a", MaxClassificationReason)
+		}, false, ""},
+		{"reason charset", func(e *LifecycleEvent) { e.Classification, e.ClassificationReason = ClassificationUnknown, "Nova Slow" }, false, `classification_reason: "Nova Slow"`},
+		{"rebooted classification on stop", func(e *LifecycleEvent) { e.Classification, e.ClassificationReason = ClassificationRebooted, "x" }, false, `classification: "rebooted" on a "stopped" event`},
+		{"stop classification on reboot", func(e *LifecycleEvent) {
+			e.Transition, e.Classification, e.ClassificationReason = TransitionRebooted, ClassificationUnknown, "nova-slow"
+		}, false, `classification: "unknown" on a "rebooted" event`},
+		{"classification on start", func(e *LifecycleEvent) {
+			e.Transition, e.Classification, e.ClassificationReason = TransitionStarted, ClassificationUnknown, "nova-slow"
+		}, false, `on a "started" event`},
+		{"classification on gap", func(e *LifecycleEvent) { e.Classification, e.ClassificationReason = ClassificationUnknown, "nova-slow" }, true, `on a "gap" event`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -82,8 +106,14 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+func classifiedEvent() LifecycleEvent {
+	e := validEvent()
+	e.Classification, e.ClassificationReason = ClassificationStoppedByNova, "stop-requested"
+	return e
+}
+
 func TestRoundTrip(t *testing.T) {
-	for _, e := range []LifecycleEvent{validEvent(), validGap()} {
+	for _, e := range []LifecycleEvent{validEvent(), validGap(), classifiedEvent()} {
 		b, err := e.Encode()
 		if err != nil {
 			t.Fatal(err)
@@ -108,6 +138,16 @@ func TestEncodeFieldNames(t *testing.T) {
 	if string(b) != want {
 		t.Fatalf("Encode:\n got %s\nwant %s", b, want)
 	}
+	// Classified: the two optional fields, after the v1 fields a v1
+	// reader knows.
+	e = classifiedEvent()
+	if b, err = e.Encode(); err != nil {
+		t.Fatal(err)
+	}
+	want = strings.TrimSuffix(want, "}") + `,"classification":"stopped-by-nova","classification_reason":"stop-requested"}`
+	if string(b) != want {
+		t.Fatalf("Encode classified:\n got %s\nwant %s", b, want)
+	}
 }
 
 func TestEncodeRejectsInvalid(t *testing.T) {
@@ -124,7 +164,11 @@ func TestDecode(t *testing.T) {
 		name, in, wantErr string
 	}{
 		{"valid", good + `}`, ""},
-		{"unknown field tolerated", good + `,"classification":"planned"}`, ""},
+		{"unknown field tolerated", good + `,"nova_task":"planned"}`, ""},
+		{"classified", strings.Replace(good, `"started"`, `"stopped"`, 1) + `,"classification":"unknown","classification_reason":"agent-stopping"}`, ""},
+		{"classification unknown value", strings.Replace(good, `"started"`, `"stopped"`, 1) + `,"classification":"planned","classification_reason":"x"}`, `classification: unknown value "planned"`},
+		{"classification not a string", good + `,"classification":{"x":1}}`, "classification"},
+		{"classification reason empty", strings.Replace(good, `"started"`, `"stopped"`, 1) + `,"classification":"unknown","classification_reason":""}`, "classification_reason"},
 		{"trailing whitespace", good + "}\n", ""},
 		{"trailing data", good + `}{}`, "trailing data"},
 		{"trailing garbage", good + `}x`, "trailing data"},
@@ -227,7 +271,7 @@ func TestSubjects(t *testing.T) {
 }
 
 func FuzzDecodeLifecycle(f *testing.F) {
-	for _, e := range []LifecycleEvent{validEvent(), validGap()} {
+	for _, e := range []LifecycleEvent{validEvent(), validGap(), classifiedEvent()} {
 		b, err := e.Encode()
 		if err != nil {
 			f.Fatal(err)
@@ -239,6 +283,7 @@ func FuzzDecodeLifecycle(f *testing.F) {
 	for _, seed := range []string{
 		// Unknown field, offsets, escapes, case-insensitive and duplicate keys.
 		`{"schema":1,"host":"h-1.x","seq":18446744073709551615,"domain_uuid":"0b9f6a1e-5d3c-4c1e-9a8e-7f2b1c3d4e5f","transition":"rebooted","occurred_at":"1970-01-01T00:00:00+00:00","observed_at":"2026-01-01T00:00:00.999999999-12:00","classification":{"x":[1,2]}}`,
+		`{"schema":1,"host":"h","seq":5,"domain_uuid":"0b9f6a1e-5d3c-4c1e-9a8e-7f2b1c3d4e5f","transition":"rebooted","occurred_at":"2026-01-01T00:00:00Z","observed_at":"2026-01-01T00:00:00Z","classification":"rebooted","classification_reason":"started-during-operation","Classification_Reason":"x"}`,
 		`{"SCHEMA":1,"Host":"h","seq":2,"seq":3,"domain_uuid":"0b9f6a1e-5d3c-4c1e-9a8e-7f2b1c3d4e5f","transition":"started","reason":"\u00e9\ud83d\ude00","occurred_at":"2026-01-01T00:00:00Z","observed_at":"2026-01-01T00:00:00Z"}`,
 		`{"schema":1,"host":"h","seq":9,"transition":"gap","occurred_at":"2026-01-01T00:00:00Z","observed_at":"2026-01-01T00:00:00Z","gap_first_seq":1,"gap_last_seq":8,"gap_count":8}`,
 	} {
