@@ -53,6 +53,11 @@ type Loop struct {
 	// them (see fresh).
 	touched map[string]struct{}
 
+	// cls is Nova-aware stop classification (nil: off, the debouncer's
+	// reports are published as they are); see classify.go.
+	cls      *classifying
+	clsStats *ClassifyStats
+
 	knownPath string    // where the debouncer's beliefs are persisted ("" = not)
 	dirty     bool      // reports since the last save
 	savedAt   time.Time // last save
@@ -107,6 +112,9 @@ type LoopConfig struct {
 	// KnownPath is the file that keeps what the agent last reported about
 	// each domain across restarts (state_dir/domains.json); "" disables.
 	KnownPath string
+	// Classify turns Nova-aware stop classification on; nil: off, reports
+	// are exactly the debouncer's.
+	Classify *ClassifyConfig
 }
 
 // NewLoop builds the loop. now is the clock (time.Now in production).
@@ -133,7 +141,15 @@ func NewLoop(cfg LoopConfig, hv Hypervisor, sink Sink, log *slog.Logger, now fun
 			log.Info("restored known domain states", "domains", len(known), "path", cfg.KnownPath)
 		}
 	}
+	var cls *classifying
+	if cfg.Classify != nil {
+		if cls, err = newClassifying(cfg.Classify); err != nil {
+			return nil, err
+		}
+	}
 	return &Loop{
+		cls:          cls,
+		clsStats:     &ClassifyStats{},
 		knownPath:    cfg.KnownPath,
 		host:         cfg.Host,
 		log:          log,
@@ -152,6 +168,12 @@ func NewLoop(cfg LoopConfig, hv Hypervisor, sink Sink, log *slog.Logger, now fun
 // Stats returns the loop's live counters.
 func (l *Loop) Stats() *LoopStats { return l.stats }
 
+// ClassifyStats returns classification's live counters (zero when off).
+func (l *Loop) ClassifyStats() *ClassifyStats { return l.clsStats }
+
+// Classifying reports whether classification is on.
+func (l *Loop) Classifying() bool { return l.cls != nil }
+
 // Run drives the loop until ctx is cancelled. It starts with a full resync
 // (the debouncer learns every domain) and returns nil on cancellation after
 // every in-flight check has finished.
@@ -168,18 +190,20 @@ func (l *Loop) Run(ctx context.Context) error {
 	l.startResync(ctx)
 	events := l.hv.Events()
 	resync := l.hv.ResyncNeeded()
+	var clsResults <-chan clsResult // nil (never ready) when classification is off
+	if l.cls != nil {
+		clsResults = l.cls.results
+	}
 	var ds []lifecycle.Decision
 	for {
 		ds = ds[:0]
 		select {
 		case <-ctx.Done():
-			l.wg.Wait()
-			l.saveKnown(true)
+			l.stop(ctx)
 			return nil
 		case ev, ok := <-events:
 			if !ok {
-				l.wg.Wait()
-				l.saveKnown(true)
+				l.stop(ctx)
 				return errors.New("libvirt event channel closed")
 			}
 			// Take what else is already queued (bounded), so a burst
@@ -217,8 +241,14 @@ func (l *Loop) Run(ctx context.Context) error {
 			}
 		case r := <-l.checkResults:
 			ds = append(ds, l.deb.Resolve(r.uuid, r.check, r.state, r.err, l.now())...)
+		case r := <-clsResults:
+			l.answer(ctx, r)
 		case <-timer.C:
-			ds = append(ds, l.deb.Tick(l.now())...)
+			now := l.now()
+			ds = append(ds, l.deb.Tick(now)...)
+			if l.cls != nil {
+				l.handleCls(ctx, l.cls.cls.Tick(now))
+			}
 		case <-ticker.C:
 			// The heartbeat is sent from here, the loop whose progress
 			// it proves: a wedged loop stops feeding systemd's watchdog.
@@ -230,10 +260,35 @@ func (l *Loop) Run(ctx context.Context) error {
 		l.handle(ctx, ds)
 		l.stats.LastLoop.Store(l.now().UnixNano())
 		l.stats.Tracked.Store(int64(l.deb.Len()))
-		if next, ok := l.deb.NextDeadline(); ok {
+		if next, ok := l.nextDeadline(); ok {
 			resetTimer(timer, next.Sub(l.now()))
 		}
 	}
+}
+
+// nextDeadline is the earlier of the debouncer's and the classifier's.
+func (l *Loop) nextDeadline() (time.Time, bool) {
+	next, ok := l.deb.NextDeadline()
+	if l.cls == nil {
+		return next, ok
+	}
+	l.clsStats.Classifying.Store(int64(l.cls.cls.Pending()))
+	if c, cok := l.cls.cls.NextDeadline(); cok && (!ok || c.Before(next)) {
+		return c, true
+	}
+	return next, ok
+}
+
+// stop ends Run: waits for the checks and queries in flight, publishes the
+// stops still being classified (unknown, agent-stopping) and saves the
+// known states.
+func (l *Loop) stop(ctx context.Context) {
+	l.wg.Wait()
+	l.drainCls(ctx)
+	if l.cls != nil {
+		l.clsStats.Classifying.Store(0)
+	}
+	l.saveKnown(true)
 }
 
 // EventBatch bounds the events taken from libvirt's hand-off per loop
@@ -304,7 +359,7 @@ func (l *Loop) handle(ctx context.Context, ds []lifecycle.Decision) {
 		case lifecycle.OpCheckState:
 			l.check(ctx, d.UUID, d.Check)
 		case lifecycle.OpReport:
-			l.report(d)
+			l.report(ctx, d)
 		}
 	}
 }
@@ -333,7 +388,20 @@ func (l *Loop) check(ctx context.Context, uuid string, token uint64) {
 	}()
 }
 
-func (l *Loop) report(d *lifecycle.Decision) {
+// report publishes a debouncer report, or, with classification on, holds
+// a stop for classification (and keeps the domain's later reports behind
+// it).
+func (l *Loop) report(ctx context.Context, d *lifecycle.Decision) {
+	l.dirty = true
+	if l.cls != nil && l.route(ctx, d) {
+		return
+	}
+	l.publish(d, "", "")
+}
+
+// publish appends the report to the sink, with the stop's classification
+// ("" = not classified).
+func (l *Loop) publish(d *lifecycle.Decision, cl proto.Classification, clReason string) {
 	now := l.now()
 	ev := proto.LifecycleEvent{
 		Schema:        proto.SchemaVersion,
@@ -347,6 +415,9 @@ func (l *Loop) report(d *lifecycle.Decision) {
 		LibvirtDetail: d.Cause.Detail,
 		OccurredAt:    d.Cause.At,
 		ObservedAt:    now,
+
+		Classification:       cl,
+		ClassificationReason: clReason,
 	}
 	if ev.OccurredAt.IsZero() {
 		ev.OccurredAt = now
@@ -355,7 +426,6 @@ func (l *Loop) report(d *lifecycle.Decision) {
 		l.stats.suppressed(string(d.Reason))
 	}
 	l.stats.Reports[transitionIndex(ev.Transition)].Add(1)
-	l.dirty = true
 	if err := l.sink.Append(&ev); err != nil {
 		// The outbox counts and announces what it could not keep and
 		// writes a gap marker; the loop must not stop for it.
@@ -374,7 +444,8 @@ func (l *Loop) report(d *lifecycle.Decision) {
 		l.log.Log(context.Background(), lvl, "reported",
 			"domain_uuid", d.UUID, "domain", d.Name, "transition", string(d.Transition),
 			"reason", string(d.Reason), "state", d.State.String(), "seq", ev.Seq,
-			"libvirt_event", d.Cause.Event, "libvirt_detail", d.Cause.Detail)
+			"libvirt_event", d.Cause.Event, "libvirt_detail", d.Cause.Detail,
+			"classification", string(cl), "classification_reason", clReason)
 	}
 	if l.OnReport != nil {
 		l.OnReport(ev)
@@ -391,11 +462,35 @@ func (l *Loop) saveKnown(force bool) {
 	if !force && now.Sub(l.savedAt) < KnownSaveInterval {
 		return
 	}
-	if err := saveKnown(l.knownPath, l.deb.Known(), now); err != nil {
+	if err := saveKnown(l.knownPath, l.known(), now); err != nil {
 		l.log.Error("saving known domain states failed", "path", l.knownPath, "err", err)
 		return
 	}
 	l.dirty, l.savedAt = false, now
+}
+
+// known is what to persist: the debouncer's beliefs, except that a domain
+// whose stop is held for classification (not yet published) is saved as
+// running, what consumers last heard. After a crash mid-hold the start's
+// resync then finds it off and reports the stop again: never lost.
+func (l *Loop) known() []lifecycle.DomainSnapshot {
+	k := l.deb.Known()
+	if l.cls == nil || len(l.cls.held) == 0 {
+		return k
+	}
+	seen := map[string]bool{}
+	for i := range k {
+		if _, ok := l.cls.held[k[i].UUID]; ok {
+			k[i].State = lifecycle.StateRunning
+			seen[k[i].UUID] = true
+		}
+	}
+	for uuid, d := range l.cls.held {
+		if !seen[uuid] { // undefined since, the undefine queued behind the stop
+			k = append(k, lifecycle.DomainSnapshot{UUID: uuid, Name: d.Name, State: lifecycle.StateRunning})
+		}
+	}
+	return k
 }
 
 // transitions lists the reported transitions in metric order.

@@ -18,6 +18,7 @@ import (
 	"hvguard/fencing"
 	"hvguard/fencing/watchdog"
 	"hvguard/libvirtx"
+	"hvguard/openstack"
 	"hvguard/proto"
 	"hvguard/reconcile"
 )
@@ -163,11 +164,22 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		defer func() { stopFence(); <-fenceDone; d.fence.shutdown() }()
 		hv = fenceHV{Hypervisor: hv, f: d.fence}
 	}
+	var cls *ClassifyConfig
+	if cfg.Classification.Enabled {
+		// Nova-aware stop classification (issue 6): the client is built
+		// here (no network); Nova is asked only when a stop's window ends.
+		nova, err := openstack.New(cfg.OpenStack.Client(), log.With("component", "classify"))
+		if err != nil {
+			return fmt.Errorf("openstack: %w", err)
+		}
+		cls = &ClassifyConfig{Core: cfg.Classification.Core(), Nova: nova, NovaHost: cfg.Classification.Host(cfg.Host)}
+	}
 	d.loop, err = NewLoop(LoopConfig{
 		Host:             cfg.Host,
 		Lifecycle:        cfg.Lifecycle.core(),
 		CheckConcurrency: cfg.Lifecycle.CheckConcurrency,
 		KnownPath:        filepath.Join(cfg.StateDir, "domains.json"),
+		Classify:         cls,
 	}, hv, ob, log, opts.Now)
 	if err != nil {
 		return fmt.Errorf("lifecycle: %w", err)

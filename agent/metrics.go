@@ -2,6 +2,8 @@ package agent
 
 import (
 	"net/http"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +35,12 @@ var (
 	descResent     = prometheus.NewDesc("hvguard_resent_total", "Events sent again after an error or timeout (deduplicated by message ID).", nil, nil)
 	descDropped    = prometheus.NewDesc("hvguard_outbox_dropped_total", "Events dropped because the outbox was full (each gap is announced by a gap marker).", nil, nil)
 	descGaps       = prometheus.NewDesc("hvguard_outbox_gap_markers_total", "Gap markers written.", nil, nil)
+
+	// Classification (only with classification.enabled).
+	descClassified  = prometheus.NewDesc("hvguard_stop_classifications_total", "Stops reported with a Nova classification, by classification (rebooted, stopped-by-nova, stopped-unexpectedly, unknown) and reason.", []string{"classification", "reason"}, nil)
+	descClassifying = prometheus.NewDesc("hvguard_stops_classifying", "Stops held back while they are classified (waiting for Nova or held for a Nova operation).", nil, nil)
+	descHolds       = prometheus.NewDesc("hvguard_stop_holds_total", "Stops held because a Nova operation explained them, by Nova task_state.", []string{"task"}, nil)
+	descNovaQueries = prometheus.NewDesc("hvguard_nova_queries_total", "Nova queries for classification, by kind (servers, actions) and result (ok, error, timeout).", []string{"kind", "result"}, nil)
 
 	// Fencing (only with fence.enabled).
 	descFenceState    = prometheus.NewDesc("hvguard_fence_state", "1 for the current fencing state (starting, healthy, suspect, asking-peers, held, fencing, fenced, rejoining, awaiting-release).", []string{"state"}, nil)
@@ -153,6 +161,25 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descResent, os.Resent)
 	c.collectFence(ch)
 	c.collectReconcile(ch)
+	c.collectClassify(ch)
+}
+
+func (c collector) collectClassify(ch chan<- prometheus.Metric) {
+	if !c.d.loop.Classifying() {
+		return
+	}
+	s := c.d.loop.ClassifyStats()
+	cnt := func(desc *prometheus.Desc, m *sync.Map) {
+		m.Range(func(k, v any) bool {
+			labels := strings.SplitN(k.(string), "/", 2)
+			ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(v.(*atomic.Uint64).Load()), labels...)
+			return true
+		})
+	}
+	cnt(descClassified, &s.Classifications)
+	cnt(descHolds, &s.Holds)
+	cnt(descNovaQueries, &s.NovaQueries)
+	ch <- prometheus.MustNewConstMetric(descClassifying, prometheus.GaugeValue, float64(s.Classifying.Load()))
 }
 
 // metricsHandler serves /metrics (Prometheus) and /healthz (200 when the

@@ -221,6 +221,19 @@ func (c *Classifier) Alive(uuid string, now time.Time) []Decision {
 	return c.out
 }
 
+// Drain reports every stop still being classified as unknown with reason
+// agent-stopping, in deterministic order, and forgets them: the caller is
+// shutting down and must not lose a stop it was holding. Queries in flight
+// are abandoned (their answers are stale).
+func (c *Classifier) Drain(now time.Time) []Decision {
+	c.out = c.out[:0]
+	for _, p := range c.sorted() {
+		c.report(p, Unknown, ReasonAgentStopping, now)
+	}
+	c.inflight = 0
+	return c.out
+}
+
 // Tick advances time: timeouts, polls of held stops, bounds.
 func (c *Classifier) Tick(now time.Time) []Decision {
 	c.out = c.out[:0]

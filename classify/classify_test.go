@@ -267,3 +267,37 @@ func TestTaskStates(t *testing.T) {
 		t.Errorf("%d task states (Nova 26 has 42), %d explaining", len(taskExplains), n)
 	}
 }
+
+// Drain reports every stop still being classified (waiting for Nova or
+// held) as unknown agent-stopping, in order, and leaves nothing behind: a
+// shutting-down agent loses no stop.
+func TestDrain(t *testing.T) {
+	c, _ := New(Config{})
+	a, b := "00000000-0000-4000-8000-00000000000a", "00000000-0000-4000-8000-00000000000b"
+	ds := c.Add(Stop{UUID: a, Detail: DetailDestroyed, Began: t0}, t0.Add(15*time.Second))
+	tok := ds[0].Token
+	c.Add(Stop{UUID: b, Detail: DetailShutdown, Began: t0.Add(time.Second)}, t0.Add(15*time.Second))
+	ds = c.ServersResult(tok, []Server{{UUID: a, VMState: VMActive, TaskState: TaskRebootStartedHard, PowerState: PowerShutdown}}, nil, t0.Add(15*time.Second))
+	if c.Pending() != 1 { // b: not listed → stopped-by-nova; a: held
+		t.Fatalf("pending %d after %v", c.Pending(), ds)
+	}
+	c.Add(Stop{UUID: b, Detail: DetailShutdown, Began: t0.Add(20 * time.Second)}, t0.Add(35*time.Second))
+	ds = c.Drain(t0.Add(36 * time.Second))
+	var got []string
+	for _, d := range ds {
+		got = append(got, d.UUID[len(d.UUID)-1:]+" "+d.String())
+	}
+	want := []string{
+		"a report unknown agent-stopping detail=destroyed task=reboot_started_hard vm=active",
+		"b report unknown agent-stopping detail=shutdown-by-guest",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("Drain:\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if c.Pending() != 0 {
+		t.Fatalf("pending %d after Drain", c.Pending())
+	}
+	if _, ok := c.NextDeadline(); ok {
+		t.Fatal("a deadline after Drain")
+	}
+}

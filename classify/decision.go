@@ -99,6 +99,9 @@ const (
 	// ReasonNovaLost: held, and no successful Nova view for
 	// Config.NovaLostAfter.
 	ReasonNovaLost Reason = "nova-lost-while-held"
+	// ReasonAgentStopping: the caller is shutting down (Drain) before the
+	// stop was classified; it is reported rather than lost.
+	ReasonAgentStopping Reason = "agent-stopping"
 )
 
 // Op says what the caller must do with a Decision.

@@ -63,7 +63,8 @@
 //     operation that explains the stop — powering-off excepted when Nova
 //     itself (no user) or a request after the stop is behind it.
 //  4. Unknown iff no Nova view could be used: the reasons nova-unavailable,
-//     nova-slow and nova-lost-while-held, and only they, give unknown; every
+//     nova-slow and nova-lost-while-held (and agent-stopping, from Drain
+//     when the caller shuts down), and only they, give unknown; every
 //     other report rests on a listing requested at or after the stop began
 //     (or on libvirt showing the domain alive).
 //  5. Fresh enough: a listing is used for a stop only if it was requested at

@@ -262,6 +262,10 @@ func TestRebootsAreNotStops(t *testing.T) {
 		if e.Host != host || e.Schema != proto.SchemaVersion || e.ObservedAt.Before(e.OccurredAt) {
 			t.Errorf("malformed event %+v", e)
 		}
+		// Classification off (the default): the debouncer's reports only.
+		if e.Classification != "" || e.ClassificationReason != "" {
+			t.Errorf("classified event with classification disabled: %+v", e)
+		}
 	}
 }
 
