@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -117,6 +118,16 @@ func run(ctx context.Context, window, lag time.Duration, verbose bool) error {
 	cfg.Lifecycle.Window = agent.Duration(window)
 	cfg.NATS.URLs = []string{ns.ClientURL()}
 	cfg.Metrics.Listen = "127.0.0.1:0"
+	// Nova-aware stop classification against an OpenStack that is not
+	// there (its keystone refuses connections): every real stop is
+	// reported after the window as without Nova, classification unknown.
+	clouds, err := absentCloud(tmp)
+	if err != nil {
+		return err
+	}
+	cfg.Classification.Enabled = true
+	cfg.OpenStack.Cloud = "absent"
+	cfg.OpenStack.CloudsFile = clouds
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -124,7 +135,8 @@ func run(ctx context.Context, window, lag time.Duration, verbose bool) error {
 	say := func(format string, a ...any) {
 		fmt.Printf("%s  %s\n", time.Now().Format("15:04:05.0"), fmt.Sprintf(format, a...))
 	}
-	fmt.Printf("hvguard demo: NATS %s, libvirt %s, stop window %s (agent default 15s)\n\n", ns.ClientURL(), cfg.Libvirt.URI, window)
+	fmt.Printf("hvguard demo: NATS %s, libvirt %s, stop window %s (agent default 15s),\n", ns.ClientURL(), cfg.Libvirt.URI, window)
+	fmt.Printf("              stop classification on, its OpenStack absent (Nova unreachable: stops are classified unknown)\n\n")
 
 	// The workload's own connection to the same in-process test driver:
 	// test:///default is shared by every connection of this process.
@@ -164,9 +176,13 @@ func run(ctx context.Context, window, lag time.Duration, verbose bool) error {
 		}
 		t.seen[msgID] = true
 		t.byDomain[ev.DomainName] = append(t.byDomain[ev.DomainName], ev)
-		fmt.Printf("%s  CONTROLLER <- seq=%-3d %-8s %-10s reason=%s state=%s (libvirt %s/%s)%s\n",
+		cl := ""
+		if ev.Classification != "" {
+			cl = fmt.Sprintf(" classification=%s/%s", ev.Classification, ev.ClassificationReason)
+		}
+		fmt.Printf("%s  CONTROLLER <- seq=%-3d %-8s %-10s reason=%s state=%s (libvirt %s/%s)%s%s\n",
 			time.Now().Format("15:04:05.0"), ev.Seq, ev.DomainName, strings.ToUpper(string(ev.Transition)),
-			ev.Reason, ev.State, ev.LibvirtEvent, ev.LibvirtDetail, explain(ev))
+			ev.Reason, ev.State, ev.LibvirtEvent, ev.LibvirtDetail, cl, explain(ev))
 	})
 	if err != nil {
 		return err
@@ -228,6 +244,20 @@ func run(ctx context.Context, window, lag time.Duration, verbose bool) error {
 	return t.verdict(uuids)
 }
 
+// absentCloud writes a clouds.yaml whose keystone is a local port nothing
+// listens on (taken, then released), so every Nova query is refused.
+func absentCloud(dir string) (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	p := filepath.Join(dir, "clouds.yaml")
+	y := fmt.Sprintf("clouds:\n  absent:\n    auth:\n      auth_url: http://%s/v3\n      username: admin\n      password: demo\n      project_name: admin\n      user_domain_name: Default\n      project_domain_name: Default\n    region_name: RegionOne\n    identity_api_version: 3\n", addr)
+	return p, os.WriteFile(p, []byte(y), 0o600)
+}
+
 // explain annotates the reports a newcomer should notice.
 func explain(ev proto.LifecycleEvent) string {
 	switch {
@@ -235,6 +265,8 @@ func explain(ev proto.LifecycleEvent) string {
 		return "\n             ↳ SUPPRESSED STOP: libvirt said STOPPED, no start event came within the window, but the domain was running when hvguard checked"
 	case ev.Transition == proto.TransitionRebooted && ev.Reason != "reboot-event":
 		return "\n             ↳ SUPPRESSED STOP: libvirt said STOPPED, then the domain started again within the window"
+	case ev.Transition == proto.TransitionStopped && ev.Classification == proto.ClassificationUnknown:
+		return "\n             ↳ REAL STOP: still off when the window ended — reported once; Nova could not be asked, so classification unknown"
 	case ev.Transition == proto.TransitionStopped:
 		return "\n             ↳ REAL STOP: still off when the window ended — reported once"
 	}
@@ -278,7 +310,11 @@ func (t *tally) verdict(uuids map[string]string) error {
 	for _, n := range []string{"web-1", "db-1", "cache-1", "batch-1"} {
 		var parts []string
 		for _, ev := range t.byDomain[n] {
-			parts = append(parts, fmt.Sprintf("%s(%s)", ev.Transition, ev.Reason))
+			p := fmt.Sprintf("%s(%s)", ev.Transition, ev.Reason)
+			if ev.Classification != "" {
+				p += "[" + string(ev.Classification) + "/" + ev.ClassificationReason + "]"
+			}
+			parts = append(parts, p)
 		}
 		fmt.Printf("  %-8s %s\n", n, strings.Join(parts, " → "))
 	}
@@ -293,6 +329,11 @@ func (t *tally) verdict(uuids map[string]string) error {
 	if c := count("batch-1", proto.TransitionStopped); c != 1 {
 		problems = append(problems, fmt.Sprintf("batch-1: real stop reported %d times, want once", c))
 	}
+	for _, ev := range t.byDomain["batch-1"] {
+		if ev.Transition == proto.TransitionStopped && ev.Classification != proto.ClassificationUnknown {
+			problems = append(problems, fmt.Sprintf("batch-1: stop classified %q, want unknown (Nova absent)", ev.Classification))
+		}
+	}
 	if t.dups > 0 {
 		fmt.Printf("  (%d duplicate deliveries dropped by message ID)\n", t.dups)
 	}
@@ -301,7 +342,7 @@ func (t *tally) verdict(uuids map[string]string) error {
 		return errors.New("demo expectations failed: " + strings.Join(problems, "; "))
 	}
 	fmt.Println("OK: 3 reboots, none reported as a stop (one of them only thanks to the real-state check);")
-	fmt.Println("    the real stop of batch-1 reported exactly once, after the window.")
+	fmt.Println("    the real stop of batch-1 reported exactly once, after the window, classified unknown (Nova absent).")
 	return nil
 }
 
