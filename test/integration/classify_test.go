@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,6 +44,9 @@ var (
 	novaActive     = novaState{"ACTIVE", "active", "", 1}
 	novaHardReboot = novaState{"HARD_REBOOT", "active", "reboot_started_hard", 4}
 	novaStopped    = novaState{"SHUTOFF", "stopped", "", 4}
+	// novaRebootFailed: Nova's reboot raised (manager.py reboot_instance
+	// sets vm_state error), the domain left off.
+	novaRebootFailed = novaState{"ERROR", "error", "", 4}
 )
 
 func newFakeNova(t *testing.T, host string) *fakeNova {
@@ -319,4 +323,73 @@ func TestClassifyShutdownMidHold(t *testing.T) {
 	})
 	checkContiguous(t, evs)
 	expectOne(t, evs, map[string]string{a: "stopped(off-at-window-end)[unknown/agent-stopping]"})
+}
+
+// TestClassifySIGKILLMidHold: the agent (a child process) is killed with
+// SIGKILL while a stop is held for a Nova hard reboot in flight, and
+// started again on the same state directory. domains.json kept the held
+// domain running, so the restart's resync finds it off and the stop goes
+// through classification again (held while Nova still shows the reboot),
+// then is reported once with its classification; the stop reported before
+// the kill is not reported again; seqs are contiguous across the restart.
+func TestClassifySIGKILLMidHold(t *testing.T) {
+	ns := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	state := stateDir(t)
+	host := childClsHost
+	const (
+		held  = "5e1d7c3a-0000-4000-8000-0000000000c1"
+		crash = "5e1d7c3a-0000-4000-8000-0000000000c2"
+	)
+	domains := func(st string) string {
+		return childDomainsEnv + "=" + held + ",cls-held," + st + " " + crash + ",cls-crash," + st
+	}
+	nova := newFakeNova(t, host)
+	nova.set(held, novaHardReboot) // the held domain's destroy is Nova's hard reboot
+	nova.set(crash, novaActive)
+	clouds := childCloudsEnv + "=" + nova.CloudsYAML(t)
+	nc := natsConn(t, ns.ClientURL())
+	stops := func(evs []proto.LifecycleEvent, uuid string) int { return len(stopsAndReboots(classified(evs, uuid))) }
+
+	first := startChild(t, childClassify, ns.ClientURL(), state, clouds, domains("running"))
+	waitFor(t, nc, host, func(evs []proto.LifecycleEvent) bool { return len(evs) >= 2 }) // defined(resync) of both
+	first.destroy(t, held)
+	first.destroy(t, crash)
+	// Both windows end together: one listing answers both, the crash is
+	// reported, the reboot held.
+	waitFor(t, nc, host, func(evs []proto.LifecycleEvent) bool { return stops(evs, crash) == 1 })
+	time.Sleep(2*agent.KnownSaveInterval + 500*time.Millisecond) // domains.json written since the hold
+	evs := deliverytest.Collect(t, nc, host, 0, time.Second).Events
+	if got := stopsAndReboots(classified(evs, held)); len(got) != 0 {
+		t.Fatalf("held stop reported before the kill: %v", got)
+	}
+	first.kill(t)
+	queried := nova.NovaRequests()
+
+	// The restarted agent's host: both domains off (the reboot has not
+	// brought the domain back), Nova still in the reboot.
+	second := startChild(t, childClassify, ns.ClientURL(), state, clouds, domains("shutoff"))
+	time.Sleep(testWindow + 2*time.Second)
+	evs = deliverytest.Collect(t, nc, host, 0, time.Second).Events
+	if got := stopsAndReboots(classified(evs, held)); len(got) != 0 {
+		t.Fatalf("stop reported after the restart while Nova still reboots: %v", got)
+	}
+	if nova.NovaRequests() == queried {
+		t.Fatal("the restarted agent did not ask Nova about the stop")
+	}
+	nova.set(held, novaRebootFailed)
+	evs = waitFor(t, nc, host, func(evs []proto.LifecycleEvent) bool { return stops(evs, held) == 1 })
+	time.Sleep(2 * testWindow) // any wrong later report arrives
+	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.cmd.Wait(); err != nil {
+		t.Fatalf("graceful stop of the second agent: %v", err)
+	}
+	evs = deliverytest.Collect(t, nc, host, len(evs), 5*time.Second).Events
+	checkContiguous(t, evs)
+	expectOne(t, evs, map[string]string{
+		crash: "stopped(off-at-window-end)[stopped-unexpectedly/no-operation]",
+		held:  "stopped(off-at-window-end)[stopped-unexpectedly/nova-error]",
+	})
+	t.Logf("stream: %v", summarize(evs))
 }

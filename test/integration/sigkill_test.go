@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -19,18 +20,32 @@ import (
 	"hvguard/proto"
 )
 
-// The child process: this test binary re-executed with childEnv set runs the
-// agent (test driver + the parent's NATS) and a workload that flaps one
-// domain forever, printing "REPORTED <seq>" for every event the agent has
-// durably appended to its outbox. The parent kills it with SIGKILL.
+// The child process: this test binary re-executed with childEnv set to a
+// scenario runs the agent (test driver + the parent's NATS) with a workload,
+// printing "REPORTED <seq>" for every event the agent has durably appended
+// to its outbox. The parent kills it with SIGKILL. libvirt's test driver
+// lives in the child's process, so the domains a restarted child must find
+// are given to it (childDomainsEnv) and defined before its agent starts.
 const (
-	childEnv      = "HVGUARD_IT_CHILD"
+	childEnv      = "HVGUARD_IT_CHILD" // scenario: childFlap, childClassify
 	childNATSEnv  = "HVGUARD_IT_NATS"
 	childStateEnv = "HVGUARD_IT_STATE"
 	childHost     = "it-sigkill"
+
+	// childFlap flaps one domain forever (TestSIGKILLLosesNothing).
+	childFlap = "flap"
+	// childClassify runs the agent with classification on against the
+	// clouds file in childCloudsEnv, defines childDomainsEnv's domains
+	// ("uuid,name,running|shutoff" separated by spaces) before the agent
+	// starts, then destroys the domains named on stdin ("destroy <uuid>").
+	childClassify   = "classify"
+	childCloudsEnv  = "HVGUARD_IT_CLOUDS"
+	childDomainsEnv = "HVGUARD_IT_DOMAINS"
+	childClsHost    = "it-sigkill-cls"
 )
 
 func childMain() int {
+	scenario := os.Getenv(childEnv)
 	cfg := agent.DefaultConfig()
 	cfg.Host = childHost
 	cfg.StateDir = os.Getenv(childStateEnv)
@@ -38,12 +53,30 @@ func childMain() int {
 	cfg.Lifecycle.Window = agent.Duration(testWindow)
 	cfg.NATS.URLs = []string{os.Getenv(childNATSEnv)}
 	cfg.Metrics.Listen = ""
+	if scenario == childClassify {
+		cfg.Host = childClsHost
+		cfg.Lifecycle.RecheckInterval = agent.Duration(100 * time.Millisecond)
+		cfg.Classification.Enabled = true
+		cfg.OpenStack.Cloud = "test"
+		cfg.OpenStack.CloudsFile = os.Getenv(childCloudsEnv)
+		cfg.OpenStack.RequestTimeout = agent.Duration(2 * time.Second)
+		cfg.Classification.QueryTimeout = agent.Duration(agent.MinQueryTimeout)
+	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
+	wl, err := libvirtx.Dial(ctx, libvirtx.DefaultConfig("test:///default"), quietLog())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "child workload:", err)
+		return 2
+	}
+	if err := childDefine(ctx, wl, os.Getenv(childDomainsEnv)); err != nil {
+		fmt.Fprintln(os.Stderr, "child define:", err)
+		return 2
+	}
 	out := bufio.NewWriter(os.Stdout)
 	reported := make(chan uint64, 1<<16)
 	ready := make(chan struct{})
@@ -63,21 +96,17 @@ func childMain() int {
 		}
 	}()
 	<-ready
-	wl, err := libvirtx.Dial(ctx, libvirtx.DefaultConfig("test:///default"), quietLog())
+	switch scenario {
+	case childFlap:
+		err = childFlapVictim(ctx, wl)
+	case childClassify:
+		err = childObey(ctx, wl)
+	default:
+		err = fmt.Errorf("unknown scenario %q", scenario)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "child workload:", err)
 		return 2
-	}
-	const uuid = "7a3b9c1d-0000-4000-8000-00000000000a"
-	if _, err := wl.DefineXML(ctx, libvirtx.TestDomainXML("victim", uuid)); err != nil {
-		fmt.Fprintln(os.Stderr, "child define:", err)
-		return 2
-	}
-	_ = wl.Start(ctx, uuid)
-	for ctx.Err() == nil {
-		_ = wl.Suspend(ctx, uuid)
-		_ = wl.Resume(ctx, uuid)
-		time.Sleep(2 * time.Millisecond)
 	}
 	if err := <-done; err != nil {
 		fmt.Fprintln(os.Stderr, "child agent:", err)
@@ -86,24 +115,92 @@ func childMain() int {
 	return 0
 }
 
+// childDefine defines the domains of spec ("uuid,name,running|shutoff"
+// separated by spaces) and starts the running ones.
+func childDefine(ctx context.Context, wl *libvirtx.Conn, spec string) error {
+	for _, d := range strings.Fields(spec) {
+		f := strings.Split(d, ",")
+		if len(f) != 3 {
+			return fmt.Errorf("domain %q: want uuid,name,state", d)
+		}
+		if _, err := wl.DefineXML(ctx, libvirtx.TestDomainXML(f[1], f[0])); err != nil {
+			return err
+		}
+		if f[2] == "running" {
+			if err := wl.Start(ctx, f[0]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// childFlapVictim suspends and resumes one domain until ctx ends.
+func childFlapVictim(ctx context.Context, wl *libvirtx.Conn) error {
+	const uuid = "7a3b9c1d-0000-4000-8000-00000000000a"
+	if _, err := wl.DefineXML(ctx, libvirtx.TestDomainXML("victim", uuid)); err != nil {
+		return err
+	}
+	_ = wl.Start(ctx, uuid)
+	for ctx.Err() == nil {
+		_ = wl.Suspend(ctx, uuid)
+		_ = wl.Resume(ctx, uuid)
+		time.Sleep(2 * time.Millisecond)
+	}
+	return nil
+}
+
+// childObey destroys the domains the parent names on stdin until ctx ends.
+func childObey(ctx context.Context, wl *libvirtx.Conn) error {
+	lines := make(chan string)
+	go func() {
+		sc := bufio.NewScanner(os.Stdin)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case l := <-lines:
+			uuid, ok := strings.CutPrefix(l, "destroy ")
+			if !ok {
+				return fmt.Errorf("unknown command %q", l)
+			}
+			if err := wl.Destroy(ctx, uuid); err != nil {
+				return err
+			}
+		}
+	}
+}
+
 type child struct {
 	cmd      *exec.Cmd
+	stdin    io.WriteCloser
 	reported chan uint64
 }
 
-func startChild(t *testing.T, natsURL, state string) *child {
+// startChild runs the agent of scenario in a child process on NATS at
+// natsURL and state directory state; env adds "KEY=value" settings.
+func startChild(t *testing.T, scenario, natsURL, state string, env ...string) *child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1", childNATSEnv+"="+natsURL, childStateEnv+"="+state)
+	cmd.Env = append(os.Environ(), childEnv+"="+scenario, childNATSEnv+"="+natsURL, childStateEnv+"="+state)
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	c := &child{cmd: cmd, reported: make(chan uint64, 1<<20)}
+	c := &child{cmd: cmd, stdin: stdin, reported: make(chan uint64, 1<<20)}
 	go func() {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
@@ -117,6 +214,23 @@ func startChild(t *testing.T, natsURL, state string) *child {
 	}()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	return c
+}
+
+// destroy has the child destroy the domain uuid.
+func (c *child) destroy(t *testing.T, uuid string) {
+	t.Helper()
+	if _, err := fmt.Fprintf(c.stdin, "destroy %s\n", uuid); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// kill ends the child with SIGKILL.
+func (c *child) kill(t *testing.T) {
+	t.Helper()
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.cmd.Wait()
 }
 
 // waitReports collects reported seqs until n have arrived.
@@ -146,17 +260,14 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	ns := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	state := stateDir(t)
 
-	first := startChild(t, ns.ClientURL(), state)
+	first := startChild(t, childFlap, ns.ClientURL(), state)
 	before := first.waitReports(t, 300)
-	if err := first.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = first.cmd.Wait()
+	first.kill(t)
 	for s := range first.reported { // lines flushed before the kill
 		before = append(before, s)
 	}
 
-	second := startChild(t, ns.ClientURL(), state)
+	second := startChild(t, childFlap, ns.ClientURL(), state)
 	after := second.waitReports(t, 100)
 	if err := second.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
