@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"hvguard/openstack"
@@ -37,6 +38,21 @@ func defaultOpenStack() OpenStackConfig {
 func (o OpenStackConfig) Client() openstack.Config {
 	return openstack.Config{Cloud: o.Cloud, CloudsFile: o.CloudsFile, Region: o.Region,
 		Interface: o.Interface, CACert: o.CACert, RequestTimeout: o.RequestTimeout.D()}
+}
+
+// newNova builds the one OpenStack client the agent's features share
+// (reconcile and classification: one keystone token, one connection pool;
+// the client is safe for concurrent use), or nil when no enabled feature
+// asks Nova. It parses clouds.yaml and does not contact keystone or Nova.
+func newNova(cfg Config, log *slog.Logger) (*openstack.Client, error) {
+	if cfg.needsOpenStack() == "" {
+		return nil, nil
+	}
+	nova, err := openstack.New(cfg.OpenStack.Client(), log.With("component", "openstack"))
+	if err != nil {
+		return nil, fmt.Errorf("openstack: %w", err)
+	}
+	return nova, nil
 }
 
 // needsOpenStack names the enabled features that ask Nova ("" = none).

@@ -18,7 +18,6 @@ import (
 	"hvguard/fencing"
 	"hvguard/fencing/watchdog"
 	"hvguard/libvirtx"
-	"hvguard/openstack"
 	"hvguard/proto"
 	"hvguard/reconcile"
 )
@@ -108,13 +107,19 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	}
 	defer d.lv.Close()
 
+	// One OpenStack client for every feature that asks Nova (nil when
+	// none does): built here, no network; it authenticates on first use.
+	nova, err := newNova(cfg, log)
+	if err != nil {
+		return err
+	}
 	if cfg.Reconcile.Enabled {
 		// Rejoin reconciliation with Nova (issue 4) right after libvirt,
 		// before anything else acts on domains (fencing, the event loop).
 		// Its outcome never stops the start: a failed run is retried with
 		// backoff by d.rec.loop, and fencing keeps a fenced host fenced.
 		d.notify.Status("reconciling with Nova")
-		if d.rec, err = newReconciler(cfg, log, d.lv, cfg.Reconcile.Mode()); err != nil {
+		if d.rec, err = newReconciler(cfg, log, nova, d.lv, cfg.Reconcile.Mode()); err != nil {
 			return err
 		}
 		d.rec.run(ctx, reconcile.TriggerStart)
@@ -166,12 +171,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	}
 	var cls *ClassifyConfig
 	if cfg.Classification.Enabled {
-		// Nova-aware stop classification (issue 6): the client is built
-		// here (no network); Nova is asked only when a stop's window ends.
-		nova, err := openstack.New(cfg.OpenStack.Client(), log.With("component", "classify"))
-		if err != nil {
-			return fmt.Errorf("openstack: %w", err)
-		}
+		// Nova-aware stop classification (issue 6) on the shared client:
+		// Nova is asked only when a stop's window ends.
 		cls = &ClassifyConfig{Core: cfg.Classification.Core(), Nova: nova, NovaHost: cfg.Classification.Host(cfg.Host)}
 	}
 	d.loop, err = NewLoop(LoopConfig{

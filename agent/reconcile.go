@@ -105,14 +105,14 @@ type reconciler struct {
 	rejoinFail  bool
 }
 
-// newReconciler builds the Nova client (no network) and the runner.
-func newReconciler(cfg Config, log *slog.Logger, doms reconcile.Domains, mode reconcile.Mode) (*reconciler, error) {
+// newReconciler builds the runner on nova, the agent's one OpenStack
+// client (newNova).
+func newReconciler(cfg Config, log *slog.Logger, nova *openstack.Client, doms reconcile.Domains, mode reconcile.Mode) (*reconciler, error) {
+	if nova == nil {
+		return nil, errors.New("reconcile: no OpenStack client")
+	}
 	rc := cfg.Reconcile
 	log = log.With("component", "reconcile")
-	nova, err := openstack.New(cfg.OpenStack.Client(), log)
-	if err != nil {
-		return nil, fmt.Errorf("openstack: %w", err)
-	}
 	runner, err := reconcile.NewRunner(reconcile.RunnerConfig{
 		Hosts: rc.Hosts(cfg.Host), Mode: mode, Interval: rc.Interval.D(), Timeout: rc.Timeout.D(),
 		ErrNoMetadata: libvirtx.ErrNoMetadata, ErrNotRunning: libvirtx.ErrInvalidState,
@@ -369,7 +369,12 @@ func NewUnfenceReconciler(ctx context.Context, cfg Config, log *slog.Logger) (re
 		for range lv.Events() {
 		}
 	}()
-	r, err := newReconciler(cfg, log, lv, reconcile.ModeReport)
+	nova, err := newNova(cfg, log)
+	if err != nil {
+		lv.Close()
+		return nil, nil, err
+	}
+	r, err := newReconciler(cfg, log, nova, lv, reconcile.ModeReport)
 	if err != nil {
 		lv.Close()
 		return nil, nil, err

@@ -328,7 +328,11 @@ func TestReconcileHook(t *testing.T) {
 	c := recDomains(t)
 	nova := recNova(t)
 	cfg := recConfig(t, "nats://127.0.0.1:1", nova.CloudsYAML(t))
-	r, err := newReconciler(cfg, recTestLog(), c, reconcile.ModeDestroy)
+	client, err := newNova(cfg, recTestLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := newReconciler(cfg, recTestLog(), client, c, reconcile.ModeDestroy)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -393,3 +393,34 @@ func TestClassifySIGKILLMidHold(t *testing.T) {
 	})
 	t.Logf("stream: %v", summarize(evs))
 }
+
+// TestClassifyAndReconcileShareOneClient: with reconciliation and
+// classification both on, the start reconciliation and a stop's
+// classification ask Nova through the agent's one OpenStack client: one
+// keystone token between them.
+func TestClassifyAndReconcileShareOneClient(t *testing.T) {
+	ns := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	wl := workloadConn(t)
+	host := "it-cls4.example.org"
+	a, _ := newDomain(t, wl, "cls-shared")
+	nova := newFakeNova(t, host)
+	nova.set(a, novaActive)
+	nova.Route(fmt.Sprintf("/v2.1/os-migrations?source_compute=%s&migration_type=evacuation&limit=%d", host, openstack.PageSize),
+		openstacktest.Recorded{Status: 200, Header: openstacktest.NovaHeader(), Body: openstacktest.MigrationsPage(nil, false, nova.URL, openstack.PageSize)})
+	var cfg agent.Config
+	startClassifying(t, nova, ns.ClientURL(), host, func(c *agent.Config) {
+		c.Reconcile.Enabled = true
+		c.Reconcile.Action = agent.ReconcileActionReport
+		cfg = *c
+	})
+	if st, err := agent.ReadReconcileStatus(cfg.StateDir); err != nil || !st.Report.OK() {
+		t.Fatalf("start reconciliation: %v %s", err, st.Report.Summary())
+	}
+	nc := natsConn(t, ns.ClientURL())
+	must(t, wl.Destroy(context.Background(), a))
+	evs := waitFor(t, nc, host, func(evs []proto.LifecycleEvent) bool { return len(stopsAndReboots(classified(evs, a))) == 1 })
+	expectOne(t, evs, map[string]string{a: "stopped(off-at-window-end)[stopped-unexpectedly/no-operation]"})
+	if n := nova.Tokens(); n != 1 {
+		t.Errorf("%d keystone tokens for reconcile and classification, want 1 (one shared client); Nova requests: %v", n, nova.Requests())
+	}
+}
