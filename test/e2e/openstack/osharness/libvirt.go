@@ -1,10 +1,14 @@
 package osharness
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2/openstack"
@@ -160,17 +164,57 @@ func (h *Harness) WaitVMState(ctx context.Context, id, vm string) (time.Duration
 }
 
 // DeleteLibvirtServers deletes every server on node3 whose name starts with
-// prefix ("" = all) and waits until they are gone.
+// prefix ("" = all): all DELETE requests first, then it waits until every
+// one is gone.
 func (h *Harness) DeleteLibvirtServers(ctx context.Context, prefix string) error {
 	ss, err := h.ServersOnHost(ctx, LibvirtHost)
 	if err != nil {
 		return err
 	}
-	var errs []error
+	var ids []string
 	for _, s := range ss {
-		if prefix == "" || len(s.Name) >= len(prefix) && s.Name[:len(prefix)] == prefix {
-			errs = append(errs, h.DeleteServer(ctx, s.ID))
+		if strings.HasPrefix(s.Name, prefix) {
+			ids = append(ids, s.ID)
 		}
 	}
-	return errors.Join(errs...)
+	return h.DeleteServers(ctx, ids...)
+}
+
+// ConsoleLog is the serial console log of a node3 guest: Nova's libvirt
+// driver has virtlogd write it to instances/<uuid>/console.log with
+// append='off', so every QEMU start (boot, soft or hard reboot, start)
+// begins it afresh.
+func (h *Harness) ConsoleLog(id string) string {
+	return filepath.Join(h.WorkDir, "data", "nova-"+LibvirtHost, "instances", id, "console.log")
+}
+
+// GuestReadyMark is the line the test guest's /init prints once it watches
+// the ACPI power button (test/guest/init). Before it, a soft reboot's ACPI
+// shutdown is ignored and Nova falls back to a hard reboot after
+// wait_soft_reboot_seconds (120 s).
+const GuestReadyMark = "hvg: watching power button"
+
+// WaitGuestsReady waits until the console log of every server shows
+// GuestReadyMark, i.e. the guest's current boot has finished. Call it after
+// Nova reports the server ACTIVE (the log is restarted by then). It returns
+// how long each took from the call.
+func (h *Harness) WaitGuestsReady(ctx context.Context, ids ...string) (map[string]time.Duration, error) {
+	t0 := time.Now()
+	took := make(map[string]time.Duration, len(ids))
+	err := poll(ctx, fmt.Sprintf("%d guests' consoles to show %q", len(ids), GuestReadyMark), func() (bool, error) {
+		for _, id := range ids {
+			if _, ok := took[id]; ok {
+				continue
+			}
+			b, err := os.ReadFile(h.ConsoleLog(id))
+			if err != nil && !errors.Is(err, os.ErrNotExist) {
+				return false, fatal{err}
+			}
+			if bytes.Contains(b, []byte(GuestReadyMark)) {
+				took[id] = time.Since(t0)
+			}
+		}
+		return len(took) == len(ids), nil
+	})
+	return took, err
 }

@@ -511,16 +511,31 @@ func (h *Harness) ColdMigrate(ctx context.Context, id, host string) error {
 
 // DeleteServer deletes the server and waits until GET answers 404.
 func (h *Harness) DeleteServer(ctx context.Context, id string) error {
-	if err := h.do(ctx, "DELETE", "", "/servers/"+id, nil, nil, 204, 404); err != nil {
+	return h.DeleteServers(ctx, id)
+}
+
+// DeleteServers sends every DELETE first, then waits until GET answers 404
+// for each.
+func (h *Harness) DeleteServers(ctx context.Context, ids ...string) error {
+	var errs []error
+	for _, id := range ids {
+		errs = append(errs, h.do(ctx, "DELETE", "", "/servers/"+id, nil, nil, 204, 404))
+	}
+	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	return poll(ctx, "server "+id+" gone", func() (bool, error) {
-		r, err := h.Raw(ctx, "GET", "", "/servers/"+id, nil)
-		if err != nil {
-			return false, err
+	for _, id := range ids {
+		if err := poll(ctx, "server "+id+" gone", func() (bool, error) {
+			r, err := h.Raw(ctx, "GET", "", "/servers/"+id, nil)
+			if err != nil {
+				return false, err
+			}
+			return r.Status == 404, nil
+		}); err != nil {
+			return err
 		}
-		return r.Status == 404, nil
-	})
+	}
+	return nil
 }
 
 // RestoreHost brings host back to normal after an evacuation test: starts
