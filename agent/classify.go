@@ -193,24 +193,6 @@ func (l *Loop) drainCls(ctx context.Context) {
 	l.handleCls(ctx, l.cls.cls.Drain(l.now()))
 }
 
-// toServers maps the client's listing onto the classifier's values.
-func toServers(ss []openstack.ServerState) []classify.Server {
-	out := make([]classify.Server, len(ss))
-	for i, s := range ss {
-		out[i] = classify.Server{UUID: s.ID, VMState: classify.VMState(s.VMState), TaskState: classify.TaskState(s.TaskState),
-			PowerState: classify.PowerState(s.PowerState)}
-	}
-	return out
-}
-
-func toActions(as []openstack.InstanceAction) []classify.Action {
-	out := make([]classify.Action, len(as))
-	for i, a := range as {
-		out[i] = classify.Action{Name: a.Action, UserID: a.UserID, Start: a.StartTime}
-	}
-	return out
-}
-
 // novaQuery runs q off the loop with a context bounded by the classifier's
 // QueryTimeout, counts it and hands the answer to the loop.
 func (l *Loop) novaQuery(ctx context.Context, kind string, q func(ctx context.Context) clsResult) {
@@ -244,14 +226,14 @@ func (l *Loop) novaQuery(ctx context.Context, kind string, q func(ctx context.Co
 func (l *Loop) queryServers(ctx context.Context, token uint64) {
 	l.novaQuery(ctx, "servers", func(ctx context.Context) clsResult {
 		ss, err := l.cls.nova.ServersOnHost(ctx, l.cls.novaHost)
-		return clsResult{token: token, servers: toServers(ss), err: err}
+		return clsResult{token: token, servers: openstack.ClassifyServers(ss), err: err}
 	})
 }
 
 func (l *Loop) queryActions(ctx context.Context, token uint64, uuid string) {
 	l.novaQuery(ctx, "actions", func(ctx context.Context) clsResult {
 		as, err := l.cls.nova.InstanceActions(ctx, uuid)
-		return clsResult{token: token, uuid: uuid, actions: toActions(as), err: err}
+		return clsResult{token: token, uuid: uuid, actions: openstack.ClassifyActions(as), err: err}
 	})
 }
 

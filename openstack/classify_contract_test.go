@@ -12,27 +12,9 @@ import (
 	"hvguard/openstack/openstacktest"
 )
 
-// toClassify is the mapping the agent uses: the client's answers as the
-// classifier's plain values.
-func toClassify(ss []openstack.ServerState) []classify.Server {
-	out := make([]classify.Server, len(ss))
-	for i, s := range ss {
-		out[i] = classify.Server{UUID: s.ID, VMState: classify.VMState(s.VMState), TaskState: classify.TaskState(s.TaskState),
-			PowerState: classify.PowerState(s.PowerState)}
-	}
-	return out
-}
-
-func actionsToClassify(as []openstack.InstanceAction) []classify.Action {
-	out := make([]classify.Action, len(as))
-	for i, a := range as {
-		out[i] = classify.Action{Name: a.Action, UserID: a.UserID, Start: a.StartTime}
-	}
-	return out
-}
-
 // TestRecordedThroughClassifier feeds Nova's real answers (libvirt-driver
-// compute, Nova 26.2.2) through the client into the classifier: a soft and
+// compute, Nova 26.2.2) through the client and the mapping the agent uses
+// (ClassifyServers, ClassifyActions) into the classifier: a soft and
 // a hard reboot in flight are held; the stop API is stopped-by-nova;
 // virsh destroy after Nova's own sync stopped it is stopped-unexpectedly.
 func TestRecordedThroughClassifier(t *testing.T) {
@@ -104,13 +86,13 @@ func TestRecordedThroughClassifier(t *testing.T) {
 			k, _ := classify.New(classify.Config{})
 			now := began.Add(15 * time.Second)
 			ds := k.Add(classify.Stop{UUID: uuid, Detail: classify.DetailShutdown, Began: began}, now)
-			ds = k.ServersResult(ds[0].Token, toClassify(ss), nil, now)
+			ds = k.ServersResult(ds[0].Token, openstack.ClassifyServers(ss), nil, now)
 			if len(ds) == 1 && ds[0].Op == classify.OpQueryActions {
 				as, err := cl.InstanceActions(ctx, uuid)
 				if err != nil {
 					t.Fatal(err)
 				}
-				ds = k.ActionsResult(ds[0].Token, uuid, actionsToClassify(as), nil, now)
+				ds = k.ActionsResult(ds[0].Token, uuid, openstack.ClassifyActions(as), nil, now)
 			}
 			if len(ds) != 1 || ds[0].String() != c.want {
 				t.Fatalf("got %v, want %s", ds, c.want)
@@ -133,7 +115,7 @@ func TestRecordedThroughClassifier(t *testing.T) {
 		now := novaBegan.Add(17 * time.Second)
 		ds := k.Add(classify.Stop{UUID: uuid, Detail: classify.DetailDestroyed, Began: novaBegan}, now)
 		ds = k.ServersResult(ds[0].Token, []classify.Server{{UUID: uuid, VMState: classify.VMStopped, PowerState: classify.PowerShutdown}}, nil, now)
-		ds = k.ActionsResult(ds[0].Token, uuid, actionsToClassify(as), nil, now)
+		ds = k.ActionsResult(ds[0].Token, uuid, openstack.ClassifyActions(as), nil, now)
 		if len(ds) != 1 || ds[0].String() != "report stopped-unexpectedly nova-synced-stop detail=destroyed vm=stopped" {
 			t.Fatalf("got %v", ds)
 		}

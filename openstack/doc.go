@@ -29,6 +29,8 @@
 //     it as lookups for the reconcile runner's destination listings.
 //   - InstanceActions(ctx, uuid): GET /servers/{uuid}/os-instance-actions?
 //     limit=MaxActions, newest first; a null user_id is Nova itself.
+//     ClassifyServers and ClassifyActions map both answers onto package
+//     classify's values (the agent and the contract tests share them).
 //
 // Decoding is strict (fields, types, null vs absent, duplicate keys,
 // trailing data, body and page caps); a failure is never a default value

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	cls "hvguard/classify" // not "classify": errors.go's classify maps errors
 	"hvguard/reconcile"
 )
 
@@ -172,6 +173,26 @@ func decodeServerState(raw json.RawMessage) (ServerState, error) {
 		return s, fmt.Errorf("field %q: want an integer 0..7, got %s", attrPowerState, trimBody(praw))
 	}
 	return s, nil
+}
+
+// ClassifyServers is a ServersOnHost listing as package classify's values
+// (classify is stdlib-only: the mapping lives with the client).
+func ClassifyServers(ss []ServerState) []cls.Server {
+	out := make([]cls.Server, len(ss))
+	for i, s := range ss {
+		out[i] = cls.Server{UUID: s.ID, VMState: cls.VMState(s.VMState), TaskState: cls.TaskState(s.TaskState),
+			PowerState: cls.PowerState(s.PowerState)}
+	}
+	return out
+}
+
+// ClassifyActions is an InstanceActions answer as package classify's values.
+func ClassifyActions(as []InstanceAction) []cls.Action {
+	out := make([]cls.Action, len(as))
+	for i, a := range as {
+		out[i] = cls.Action{Name: a.Action, UserID: a.UserID, Start: a.StartTime}
+	}
+	return out
 }
 
 // InstanceAction is one entry of GET /servers/{id}/os-instance-actions.
