@@ -18,6 +18,7 @@ sys.path.insert(0, __file__.rsplit("/", 1)[0])
 from osctl import get, session  # noqa: E402  (same directory)
 
 CMDLINE = "console=ttyS0 quiet panic=1"
+PROJECT = "hvg-lv"
 
 
 def ready(sess, host):
@@ -55,8 +56,22 @@ def image(sess, name, path, disk, container, props):
     return img["id"]
 
 
+def project(sess):
+    from keystoneclient.v3 import client as ks_client  # only here: slow import
+    ks = ks_client.Client(session=sess, interface="public")
+    projs = ks.projects.list(name=PROJECT)
+    p = projs[0] if projs else ks.projects.create(PROJECT, "default", description="hvguard libvirt-driver storms")
+    admin = ks.users.list(name="admin")[0]
+    role = ks.roles.list(name="admin")[0]
+    ks.roles.grant(role, user=admin, project=p)
+    r = sess.put("/os-quota-sets/%s" % p.id, endpoint_filter={"service_type": "compute", "interface": "public"},
+                 json={"quota_set": {"instances": -1, "cores": -1, "ram": -1}})
+    r.raise_for_status()
+
+
 def seed(sess, kernel, initrd):
     ep = {"service_type": "compute", "interface": "public"}
+    project(sess)
     r = get(sess, "compute", "/flavors/lv256", "2.1")
     if r.status_code == 404:
         sess.post("/flavors", endpoint_filter=ep, json={"flavor": {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/gophercloud/gophercloud/v2/openstack"
+	"github.com/gophercloud/gophercloud/v2/openstack/config/clouds"
 )
 
 // The optional libvirt-driver compute (libvirt-compute.sh up): host node3,
@@ -24,7 +25,18 @@ const (
 	// LibvirtImage is the root image it seeds (kernel_id, ramdisk_id and
 	// os_command_line point at the busybox guest of test/guest).
 	LibvirtImage = "hvg-lv-root"
+	// LibvirtProject is the project libvirt-compute.sh up seeds (admin has
+	// the admin role there, no Nova quota): storms boot their guests there,
+	// clear of the admin project's quota that other tests lift and restore.
+	LibvirtProject = "hvg-lv"
 )
+
+// ConnectLibvirt is Connect with the token scoped to LibvirtProject: servers
+// it boots belong to that project; as admin it still sees and acts on every
+// project's servers.
+func ConnectLibvirt(ctx context.Context, workDir string) (*Harness, error) {
+	return Connect(ctx, workDir, clouds.WithProjectName(LibvirtProject))
+}
 
 // Timing of one server operation, as measured by the helpers.
 type Timing struct {

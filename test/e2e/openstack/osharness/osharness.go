@@ -74,10 +74,11 @@ type Harness struct {
 	Endpoints gophercloud.EndpointOpts
 }
 
-// Connect authenticates as admin with workDir/clouds.yaml.
-func Connect(ctx context.Context, workDir string) (*Harness, error) {
-	ao, eo, _, err := clouds.Parse(clouds.WithCloudName(CloudName),
-		clouds.WithLocations(filepath.Join(workDir, "clouds.yaml")))
+// Connect authenticates as admin with workDir/clouds.yaml; opts override
+// it (ConnectLibvirt scopes the token to another project).
+func Connect(ctx context.Context, workDir string, opts ...clouds.ParseOption) (*Harness, error) {
+	ao, eo, _, err := clouds.Parse(append([]clouds.ParseOption{clouds.WithCloudName(CloudName),
+		clouds.WithLocations(filepath.Join(workDir, "clouds.yaml"))}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("clouds.yaml: %w", err)
 	}
