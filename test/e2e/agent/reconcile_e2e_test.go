@@ -19,6 +19,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,10 +33,13 @@ import (
 
 	"hvguard/agent"
 	"hvguard/agent/delivery/deliverytest"
+	"hvguard/fencing"
 	"hvguard/libvirtx"
+	"hvguard/openstack"
 	"hvguard/proto"
 	"hvguard/reconcile"
 	"hvguard/test/e2e/openstack/osharness"
+	"hvguard/test/netcut"
 )
 
 // Scenario bounds.
@@ -123,7 +127,9 @@ func scenario(t *testing.T, clouds string, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer unlock()
+	// Registered first, so it runs last: the cleanups below (deleting the
+	// servers, restoring the quota) still hold the scenario lock.
+	t.Cleanup(unlock)
 	step := func(what string, f func() error) {
 		t.Helper()
 		start := time.Now()
@@ -150,7 +156,7 @@ func scenario(t *testing.T, clouds string, n int) {
 			}
 		}
 		start := time.Now()
-		if err := deleteServers(cctx, h, ids); err != nil {
+		if err := h.DeleteServers(cctx, ids...); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 		t.Logf("cleanup: deleted %d servers (%.1f s)", len(ids), time.Since(start).Seconds())
@@ -161,12 +167,9 @@ func scenario(t *testing.T, clouds string, n int) {
 		return err
 	})
 	evacuated, stay := ids[:n-keepOnNode1], ids[n-keepOnNode1:]
-	step("stop nova-compute on node1", func() error { return h.StopCompute(ctx, "node1") })
-	step("force node1 down", func() error { return h.ForceDown(ctx, "node1", true) })
-	step(fmt.Sprintf("evacuate %d servers to node2", len(evacuated)), func() error { return h.EvacuateAndWait(ctx, "node2", evacuated...) })
 
-	// node1 comes back: its libvirt (test:///default, shared by every
-	// connection of this process) still runs all of them.
+	// node1's libvirt (test:///default, shared by every connection of this
+	// process) runs all of them, and a domain that is not Nova's.
 	c := libvirtConn(t)
 	for _, id := range ids {
 		defineNova(t, c, "instance-"+id[:8], id)
@@ -175,6 +178,26 @@ func scenario(t *testing.T, clouds string, n int) {
 	defineDomain(t, c, libvirtx.TestDomainXML("not-nova-e2e", notNova), notNova)
 	ns := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	state := t.TempDir()
+
+	// 0. The mission's path: node1 is cut off from NATS, fences itself
+	// (pauses every domain), its servers are evacuated meanwhile; the link
+	// heals, the lease is renewed (never declared: no controller runs
+	// here), and the rejoin reconciliation destroys the evacuated copies
+	// before fencing resumes the rest. Measured: lease renewed → last
+	// evacuated duplicate destroyed (the benchmark).
+	rejoinStep(t, ctx, h, step, c, ns.Addr().String(), state, clouds, evacuated, append([]string{notNova}, stay...))
+
+	// Same-run baseline of the rejoin figure: the candidates' hosts asked
+	// the old way (one GET /servers/{id} each) beside one listing of node2.
+	lookupBaseline(t, ctx, clouds, evacuated)
+
+	// The stale copies run again (as after a reboot of node1 with
+	// autostarting domains) for the start-trigger steps below.
+	for _, id := range evacuated {
+		if err := c.Start(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	// 1. nova-api stopped mid-reconcile (right after the listing).
 	px := newNovaProxy(t, func() {
@@ -200,9 +223,9 @@ func scenario(t *testing.T, clouds string, n int) {
 	last := waitOff(t, c, evacuated, 60*time.Second)
 	took := last.Sub(start)
 	st = status(t, state)
-	t.Logf("agent start → last of %d evacuated duplicates destroyed: %v (reconciliation %v, %d API calls: %d evacuation records, %d lookups)",
+	t.Logf("agent start → last of %d evacuated duplicates destroyed: %v (reconciliation %v, %d API calls: %d evacuation records, %d candidates, %d destinations listed, %d lookups)",
 		len(evacuated), took.Round(time.Millisecond), st.Report.FinishedAt.Sub(st.Report.StartedAt).Round(time.Millisecond),
-		st.Report.APICalls, st.Report.Evacuations, st.Report.Candidates)
+		st.Report.APICalls, st.Report.Evacuations, st.Report.Candidates, st.Report.Listings, st.Report.Lookups)
 	if !st.Report.OK() || st.Report.Trigger != reconcile.TriggerStart || st.Report.Destroyed != len(evacuated) {
 		t.Fatalf("start reconciliation: %s", st.Report.Summary())
 	}
@@ -295,6 +318,153 @@ func scenario(t *testing.T, clouds string, n int) {
 	}
 }
 
+// rejoinStep is step 0 of the scenario (see scenario). ids run on node1's
+// libvirt; evacuated are evacuated to node2 while the agent is fenced;
+// kept (the rest, and the non-Nova domain) must be resumed.
+func rejoinStep(t *testing.T, ctx context.Context, h *osharness.Harness, step func(string, func() error), c *libvirtx.Conn,
+	natsAddr, state, clouds string, evacuated, kept []string) {
+	t.Helper()
+	link := netcut.New(t, natsAddr)
+	cfg := config(t, "nats://"+link.Addr(), state, clouds)
+	fenceConfig(t, &cfg)
+	fence := newFenceLog()
+	stop := runAgentOpts(t, cfg, agent.Options{
+		OnFenceTransition: fence.add,
+		ResetHost:         func() error { t.Error("fencing escalated to a host reset"); return nil },
+	})
+	st := status(t, state)
+	if !st.Report.OK() || st.Report.Destroyed != 0 {
+		t.Fatalf("start reconciliation before the cut: %s", st.Report.Summary())
+	}
+
+	link.Blackhole(true)
+	cut := time.Now()
+	fenced := fence.wait(t, fencing.StateFenced, time.Minute)
+	expectStates(t, c, "paused", append(slices.Clone(evacuated), kept...)...)
+	t.Logf("NATS cut → fenced (all domains paused) in %.2f s", fenced.Sub(cut).Seconds())
+	step("stop nova-compute on node1", func() error { return h.StopCompute(ctx, "node1") })
+	step("force node1 down", func() error { return h.ForceDown(ctx, "node1", true) })
+	step(fmt.Sprintf("evacuate %d servers to node2", len(evacuated)), func() error { return h.EvacuateAndWait(ctx, "node2", evacuated...) })
+
+	link.Blackhole(false)
+	renewed := fence.wait(t, fencing.StateRejoining, time.Minute)
+	last := waitOff(t, c, evacuated, failDestroy)
+	took := last.Sub(renewed)
+	fence.wait(t, fencing.StateHealthy, time.Minute)
+	st = status(t, state)
+	t.Logf("rejoin: lease renewed → last of %d evacuated duplicates destroyed: %v (reconciliation %v, %d API calls: %d evacuation records, %d candidates, %d destinations listed, %d lookups)",
+		len(evacuated), took.Round(time.Millisecond), st.Report.FinishedAt.Sub(st.Report.StartedAt).Round(time.Millisecond),
+		st.Report.APICalls, st.Report.Evacuations, st.Report.Candidates, st.Report.Listings, st.Report.Lookups)
+	if !st.Report.OK() || st.Report.Trigger != reconcile.TriggerRejoin || st.Report.Destroyed != len(evacuated) {
+		t.Fatalf("rejoin reconciliation: %s", st.Report.Summary())
+	}
+	checkTarget(t, "rejoin", took)
+	expectStates(t, c, "shutoff", evacuated...)
+	expectStates(t, c, "running", kept...) // resumed by fencing after the reconciliation
+	if err := stop(); err != nil {
+		t.Errorf("agent: %v", err)
+	}
+}
+
+// lookupBaseline times, against the real Nova, what the runner replaced:
+// one GET /servers/{id} per evacuated server (ServerHosts, 4 in flight),
+// beside what it does now: one paged listing of their destination
+// (ServersOn). Both must say every server is on node2.
+func lookupBaseline(t *testing.T, ctx context.Context, clouds string, evacuated []string) {
+	t.Helper()
+	cl, err := openstack.New(openstack.Config{Cloud: osharness.CloudName, CloudsFile: clouds}, testLog(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.ListEvacuationsFrom(ctx, "node1"); err != nil { // token, warm connection
+		t.Fatal(err)
+	}
+	calls := cl.Calls()
+	start := time.Now()
+	one, err := cl.ServerHosts(ctx, evacuated)
+	perServer, perServerCalls := time.Since(start), cl.Calls()-calls
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls = cl.Calls()
+	start = time.Now()
+	listed, err := cl.ServersOn(ctx, "node2")
+	listing, listingCalls := time.Since(start), cl.Calls()-calls
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range evacuated {
+		if one[u].Host != "node2" || listed[u].Host != "node2" {
+			t.Fatalf("%s: lookup %+v, listing %+v", u, one[u], listed[u])
+		}
+	}
+	t.Logf("baseline: %d servers looked up one by one: %v in %d requests; one listing of node2 (%d servers): %v in %d requests",
+		len(evacuated), perServer.Round(time.Millisecond), perServerCalls, len(listed), listing.Round(time.Millisecond), listingCalls)
+}
+
+// fenceConfig turns fencing on with ×0.1 timing (fenced ~1 s after the
+// cut) and no peers (nobody listens at the peer URL: a cut-off host hears
+// from no peer, as a really isolated one would).
+func fenceConfig(t *testing.T, cfg *agent.Config) {
+	t.Helper()
+	secret := filepath.Join(t.TempDir(), "peer.secret")
+	if err := os.WriteFile(secret, []byte("e2e-test-shared-peer-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := &cfg.Fence
+	f.Enabled, f.Action, f.AllowReset = true, "pause", true
+	f.PeerSecretFile, f.PeerListen, f.PeerURL = secret, "127.0.0.1:0", "http://127.0.0.1:9/{host}"
+	f.RenewInterval = agent.Duration(200 * time.Millisecond)
+	f.RenewTimeout = agent.Duration(200 * time.Millisecond)
+	f.PeerTimeout = agent.Duration(300 * time.Millisecond)
+	f.FenceDeadline = agent.Duration(500 * time.Millisecond)
+	f.LeaseTTL = agent.Duration(1500 * time.Millisecond)
+	f.HeldRecheck = agent.Duration(500 * time.Millisecond)
+	f.MembersRefresh = agent.Duration(500 * time.Millisecond)
+	cfg.ShutdownTimeout = agent.Duration(time.Second)
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fenceLog records the agent's fence-state transitions.
+type fenceLog struct {
+	mu    sync.Mutex
+	trans []fencing.Transition
+	at    []time.Time
+}
+
+func newFenceLog() *fenceLog { return &fenceLog{} }
+
+func (l *fenceLog) add(tr fencing.Transition) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.trans, l.at = append(l.trans, tr), append(l.at, time.Now())
+}
+
+// wait returns when the agent first entered state to (wall clock at the
+// callback), failing after timeout.
+func (l *fenceLog) wait(t *testing.T, to fencing.State, timeout time.Duration) time.Time {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		l.mu.Lock()
+		for i, tr := range l.trans {
+			if tr.To == to {
+				at := l.at[i]
+				l.mu.Unlock()
+				return at
+			}
+		}
+		hist := fmt.Sprint(l.trans)
+		l.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("fencing never reached %s within %v: %s", to, timeout, hist)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func checkTarget(t *testing.T, what string, took time.Duration) {
 	t.Helper()
 	switch {
@@ -328,8 +498,15 @@ func config(t *testing.T, natsURL, state, clouds string) agent.Config {
 // reconciliation is done by then). stop cancels it and waits.
 func runAgent(t *testing.T, cfg agent.Config) (stop func() error) {
 	t.Helper()
+	return runAgentOpts(t, cfg, agent.Options{})
+}
+
+// runAgentOpts is runAgent with options (opts.Ready is set here).
+func runAgentOpts(t *testing.T, cfg agent.Config, opts agent.Options) (stop func() error) {
+	t.Helper()
 	ready := make(chan struct{})
-	stop, done := startAgent(t, cfg, ready)
+	opts.Ready = ready
+	stop, done := startAgent(t, cfg, opts)
 	select {
 	case <-ready:
 	case err := <-done:
@@ -342,14 +519,14 @@ func runAgent(t *testing.T, cfg agent.Config) (stop func() error) {
 
 // runAgentAsync starts agent.Run without waiting.
 func runAgentAsync(t *testing.T, cfg agent.Config) (stop func() error) {
-	stop, _ = startAgent(t, cfg, nil)
+	stop, _ = startAgent(t, cfg, agent.Options{})
 	return stop
 }
 
-func startAgent(t *testing.T, cfg agent.Config, ready chan struct{}) (stop func() error, done chan error) {
+func startAgent(t *testing.T, cfg agent.Config, opts agent.Options) (stop func() error, done chan error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done = make(chan error, 1)
-	go func() { done <- agent.Run(ctx, cfg, testLog(t), agent.Options{Ready: ready}) }()
+	go func() { done <- agent.Run(ctx, cfg, testLog(t), opts) }()
 	var once sync.Once
 	var err error
 	stop = func() error {
@@ -633,20 +810,4 @@ func unlimitedQuota(t *testing.T, ctx context.Context, h *osharness.Harness) fun
 			t.Errorf("restoring quota: %v", err)
 		}
 	}
-}
-
-// deleteServers deletes all servers at once and waits until every one is
-// gone.
-func deleteServers(ctx context.Context, h *osharness.Harness, ids []string) error {
-	for _, id := range ids {
-		if r, err := h.Raw(ctx, "DELETE", "", "/servers/"+id, nil); err != nil || (r.Status != 204 && r.Status != 404) {
-			return fmt.Errorf("delete %s: %v %v", id, err, r)
-		}
-	}
-	for _, id := range ids {
-		if err := h.DeleteServer(ctx, id); err != nil {
-			return err
-		}
-	}
-	return nil
 }
