@@ -113,6 +113,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if err != nil {
 		return err
 	}
+	if cfg.Classification.Enabled && !cfg.Reconcile.Enabled {
+		// Log in now, off the start path (the start reconciliation does it
+		// when reconcile is on): the first classified stop then waits for
+		// Nova's answer only, not for keystone too.
+		go func() {
+			if err := nova.Authenticate(ctx); err != nil {
+				log.Warn("OpenStack login at start failed; classification retries on its first query", "error", err.Error())
+			}
+		}()
+	}
 	if cfg.Reconcile.Enabled {
 		// Rejoin reconciliation with Nova (issue 4) right after libvirt,
 		// before anything else acts on domains (fencing, the event loop).

@@ -119,6 +119,17 @@ func (t countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	return t.next.RoundTrip(r)
 }
 
+// Authenticate gets a token now (and finds the compute endpoint) instead
+// of on the first request. Stop classification calls it at agent start so
+// that the first stop's query does not also wait for keystone: Nova has ~1 s
+// of the 16 s report target, and a cold keystone login took 1.3 s under a
+// reboot storm (docs/BENCHMARKS.md, issue 6). Safe to call concurrently
+// with requests; a no-op once authenticated.
+func (c *Client) Authenticate(ctx context.Context) error {
+	_, err := c.compute(ctx)
+	return err
+}
+
 // compute returns the authenticated compute client, authenticating first
 // if needed.
 func (c *Client) compute(ctx context.Context) (*gophercloud.ServiceClient, error) {

@@ -424,3 +424,23 @@ func TestClassifyAndReconcileShareOneClient(t *testing.T) {
 		t.Errorf("%d keystone tokens for reconcile and classification, want 1 (one shared client); Nova requests: %v", n, nova.Requests())
 	}
 }
+
+// TestClassifyLogsInAtStart: with classification on (and reconcile off),
+// the agent gets its keystone token at start, before any stop needs Nova,
+// so the first classification query waits for Nova only.
+func TestClassifyLogsInAtStart(t *testing.T) {
+	ns := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	host := "it-cls5.example.org"
+	nova := newFakeNova(t, host)
+	startClassifying(t, nova, ns.ClientURL(), host, nil)
+	deadline := time.Now().Add(10 * time.Second)
+	for nova.Tokens() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no keystone token 10 s after the agent started; requests: %v", nova.Requests())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := nova.NovaRequests(); n != 0 {
+		t.Fatalf("%d Nova requests without any stop", n)
+	}
+}
