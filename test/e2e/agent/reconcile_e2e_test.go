@@ -8,7 +8,6 @@
 package agente2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -326,6 +325,11 @@ func rejoinStep(t *testing.T, ctx context.Context, h *osharness.Harness, step fu
 	t.Helper()
 	link := netcut.New(t, natsAddr)
 	cfg := config(t, "nats://"+link.Addr(), state, clouds)
+	// Only the start and the rejoin reconcile here: a periodic run while
+	// fenced would already destroy the copies evacuated so far (it does, in
+	// production: Nova is reachable, only NATS is cut — a 200-server
+	// evacuation takes minutes here), leaving the rejoin little to measure.
+	cfg.Reconcile.Interval = agent.Duration(time.Hour)
 	fenceConfig(t, &cfg)
 	fence := newFenceLog()
 	stop := runAgentOpts(t, cfg, agent.Options{
@@ -360,7 +364,9 @@ func rejoinStep(t *testing.T, ctx context.Context, h *osharness.Harness, step fu
 	}
 	checkTarget(t, "rejoin", took)
 	expectStates(t, c, "shutoff", evacuated...)
-	expectStates(t, c, "running", kept...) // resumed by fencing after the reconciliation
+	// Resumed by fencing after the reconciliation (its resumes run after
+	// the transition to healthy, a few at a time).
+	waitStates(t, c, "running", 30*time.Second, kept...)
 	if err := stop(); err != nil {
 		t.Errorf("agent: %v", err)
 	}
@@ -606,6 +612,24 @@ func expectStates(t *testing.T, c *libvirtx.Conn, want string, uuids ...string) 
 	}
 }
 
+// waitStates polls until every uuid is in state want.
+func waitStates(t *testing.T, c *libvirtx.Conn, want string, timeout time.Duration, uuids ...string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for _, u := range uuids {
+		for {
+			st, err := c.State(context.Background(), u)
+			if err == nil && st.String() == want {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("domain %s: %v %v after %v, want %s", u, st, err, timeout, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
 // waitOff polls until every uuid is off and returns when the last one was
 // first seen off.
 func waitOff(t *testing.T, c *libvirtx.Conn, uuids []string, timeout time.Duration) time.Time {
@@ -670,49 +694,25 @@ func collectReconcile(t *testing.T, nc *nats.Conn, host string, want int, timeou
 }
 
 // novaProxy stands between the agent and the real keystone and Nova: the
-// agent's clouds.yaml points at its keystone side, whose token answers
-// have Nova's catalog URL rewritten to its Nova side. After Nova answered
-// the first evacuation listing it calls stop (stopping the real nova-api)
-// before passing the answer on: every later request finds nova-api gone,
-// and the proxy drops the connection, as a dead nova-api would.
+// agent's clouds.yaml points at a keystone front (osharness.KeystoneFront)
+// whose token answers send compute requests to this proxy. After Nova
+// answered the first evacuation listing it calls stop (stopping the real
+// nova-api) before passing the answer on: every later request finds
+// nova-api gone, and the proxy drops the connection, as a dead nova-api
+// would.
 type novaProxy struct {
-	keystone, nova *http.Server
-	ksURL, novaURL string
-	listings       atomic.Int64
+	ksURL    string
+	listings atomic.Int64
 }
-
-const (
-	realKeystone = "http://127.0.0.1:5000"
-	realNova     = "127.0.0.1:8774"
-)
 
 func newNovaProxy(t *testing.T, stop func()) *novaProxy {
 	p := &novaProxy{}
-	ksLn, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	novaLn, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.ksURL, p.novaURL = "http://"+ksLn.Addr().String(), novaLn.Addr().String()
-	ku, _ := url.Parse(realKeystone)
-	ks := httputil.NewSingleHostReverseProxy(ku)
-	ks.ModifyResponse = func(r *http.Response) error {
-		b, err := io.ReadAll(r.Body)
-		r.Body.Close()
-		if err != nil {
-			return err
-		}
-		b = bytes.ReplaceAll(b, []byte(realNova), []byte(p.novaURL))
-		r.Body = io.NopCloser(bytes.NewReader(b))
-		r.ContentLength = int64(len(b))
-		r.Header.Set("Content-Length", strconv.Itoa(len(b)))
-		return nil
-	}
-	nu, _ := url.Parse("http://" + realNova)
-	nv := httputil.NewSingleHostReverseProxy(nu)
+	p.ksURL = osharness.KeystoneFront(t, strings.TrimPrefix(osharness.KeystoneURL, "http://"), novaLn.Addr().String())
+	nv := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: osharness.NovaAddr})
 	var once sync.Once
 	nv.ModifyResponse = func(r *http.Response) error {
 		if strings.Contains(r.Request.URL.Path, "/os-migrations") && r.StatusCode == 200 {
@@ -730,25 +730,15 @@ func newNovaProxy(t *testing.T, stop func()) *novaProxy {
 		}
 		w.WriteHeader(http.StatusBadGateway)
 	}
-	p.keystone, p.nova = &http.Server{Handler: ks}, &http.Server{Handler: nv}
-	go p.keystone.Serve(ksLn)
-	go p.nova.Serve(novaLn)
-	t.Cleanup(func() { p.keystone.Close(); p.nova.Close() })
+	srv := &http.Server{Handler: nv}
+	go srv.Serve(novaLn)
+	t.Cleanup(func() { srv.Close() })
 	return p
 }
 
 // clouds writes a clouds.yaml like the harness's, with auth_url on the proxy.
 func (p *novaProxy) clouds(t *testing.T, harness string) string {
-	b, err := os.ReadFile(harness)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b = bytes.ReplaceAll(b, []byte(realKeystone), []byte(p.ksURL))
-	path := filepath.Join(t.TempDir(), "clouds.yaml")
-	if err := os.WriteFile(path, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return osharness.CloudsVia(t, harness, p.ksURL)
 }
 
 // unlimitedQuota lifts the admin project's instance/cores/ram quota (Nova's

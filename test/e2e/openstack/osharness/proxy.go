@@ -38,28 +38,7 @@ type APIProxy struct {
 func NewAPIProxy(t testing.TB) *APIProxy {
 	t.Helper()
 	p := &APIProxy{Keystone: netcut.New(t, "127.0.0.1:5000"), Nova: netcut.New(t, NovaAddr)}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.url = "http://" + ln.Addr().String()
-	ks := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: p.Keystone.Addr()})
-	ks.Transport = &http.Transport{DisableKeepAlives: true, DialContext: (&net.Dialer{}).DialContext}
-	ks.ModifyResponse = func(r *http.Response) error {
-		b, err := io.ReadAll(r.Body)
-		r.Body.Close()
-		if err != nil {
-			return err
-		}
-		b = bytes.ReplaceAll(b, []byte(NovaAddr), []byte(p.Nova.Addr()))
-		r.Body = io.NopCloser(bytes.NewReader(b))
-		r.ContentLength = int64(len(b))
-		r.Header.Set("Content-Length", strconv.Itoa(len(b)))
-		return nil
-	}
-	srv := &http.Server{Handler: ks}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
+	p.url = KeystoneFront(t, p.Keystone.Addr(), p.Nova.Addr())
 	return p
 }
 
@@ -74,14 +53,52 @@ func (p *APIProxy) Cut(on bool) {
 // proxy and returns its path.
 func (p *APIProxy) Clouds(t testing.TB, workDir string) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(workDir, "clouds.yaml"))
+	return CloudsVia(t, filepath.Join(workDir, "clouds.yaml"), p.url)
+}
+
+// KeystoneFront serves keystone (at keystoneAddr, host:port) on a new
+// local port and rewrites Nova's address in its answers (the token's
+// catalog) to novaAddr, so a client that authenticates through it sends
+// every compute request to novaAddr. It returns the front's URL; it is
+// closed when the test ends.
+func KeystoneFront(t testing.TB, keystoneAddr, novaAddr string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b = bytes.ReplaceAll(b, []byte(KeystoneURL), []byte(p.url))
-	path := filepath.Join(t.TempDir(), "clouds.yaml")
-	if err := os.WriteFile(path, b, 0o600); err != nil {
+	ks := httputil.NewSingleHostReverseProxy(&url.URL{Scheme: "http", Host: keystoneAddr})
+	ks.Transport = &http.Transport{DisableKeepAlives: true, DialContext: (&net.Dialer{}).DialContext}
+	ks.ModifyResponse = func(r *http.Response) error {
+		b, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			return err
+		}
+		b = bytes.ReplaceAll(b, []byte(NovaAddr), []byte(novaAddr))
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		r.ContentLength = int64(len(b))
+		r.Header.Set("Content-Length", strconv.Itoa(len(b)))
+		return nil
+	}
+	srv := &http.Server{Handler: ks}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + ln.Addr().String()
+}
+
+// CloudsVia writes a copy of the clouds.yaml at path whose auth_url is
+// keystoneURL (a KeystoneFront) and returns the copy's path.
+func CloudsVia(t testing.TB, path, keystoneURL string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return path
+	b = bytes.ReplaceAll(b, []byte(KeystoneURL), []byte(keystoneURL))
+	out := filepath.Join(t.TempDir(), "clouds.yaml")
+	if err := os.WriteFile(out, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
