@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/libvirtx"
@@ -152,43 +151,6 @@ func recState(t *testing.T, c *libvirtx.Conn, uuid string) string {
 	return st.String()
 }
 
-// collectReconcile reads the reconcile subject of host from the stream
-// until want events arrived or timeout.
-func collectReconcile(t *testing.T, nc *nats.Conn, host string, want int, timeout time.Duration) []proto.ReconcileEvent {
-	t.Helper()
-	subj, err := proto.ReconcileSubject(host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var out []proto.ReconcileEvent
-	for ctx.Err() == nil && len(out) < want {
-		cons, err := js.OrderedConsumer(ctx, proto.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
-		if err != nil { // the stream may not exist yet
-			time.Sleep(100 * time.Millisecond)
-			continue
-		}
-		out = out[:0]
-		for len(out) < want {
-			msg, err := cons.Next(jetstream.FetchMaxWait(time.Second))
-			if err != nil {
-				break
-			}
-			ev, err := proto.DecodeReconcile(msg.Data())
-			if err != nil {
-				t.Fatalf("undecodable reconcile event: %v: %s", err, msg.Data())
-			}
-			out = append(out, ev)
-		}
-	}
-	return out
-}
-
 // TestAgentStartReconciliation: the whole agent (Run) on the libvirt test
 // driver, an embedded JetStream and the replay Nova of recorded answers:
 // the start reconciliation destroys only the evacuated copy, publishes its
@@ -227,7 +189,7 @@ func TestAgentStartReconciliation(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	evs := collectReconcile(t, nc, "node1", 1, 15*time.Second)
+	evs := deliverytest.ReconcileEvents(t, nc, "node1", 1, 15*time.Second)
 	if len(evs) != 1 {
 		t.Fatalf("reconcile events: %+v", evs)
 	}
@@ -310,7 +272,14 @@ func TestAgentStartReconciliationNovaFaulting(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if st, err := ReadReconcileStatus(cfg.StateDir); err != nil || st.Report.Trigger != reconcile.TriggerRetry || !st.Report.OK() {
+	// The status file is written when the run has finished (after the
+	// destroy and the mark): wait for the retry's report, then judge it.
+	st, err = ReadReconcileStatus(cfg.StateDir)
+	for err == nil && st.Report.Trigger != reconcile.TriggerRetry && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		st, err = ReadReconcileStatus(cfg.StateDir)
+	}
+	if err != nil || st.Report.Trigger != reconcile.TriggerRetry || !st.Report.OK() {
 		t.Errorf("after the retry: %v %s", err, st.Report.Summary())
 	}
 	for _, u := range []string{recEvac2, recOnNode1, recNotNova} {

@@ -170,3 +170,42 @@ func Collect(t testing.TB, nc *nats.Conn, host string, want int, timeout time.Du
 		host, len(c.Events), c.StreamMsgs, want, timeout)
 	return c
 }
+
+// ReconcileEvents reads host's reconcile subject from the HVGUARD_EVENTS
+// stream (retrying while the stream does not exist yet) until want events
+// arrived or timeout, and returns what it read; an undecodable event fails
+// the test.
+func ReconcileEvents(t testing.TB, nc *nats.Conn, host string, want int, timeout time.Duration) []proto.ReconcileEvent {
+	t.Helper()
+	subj, err := proto.ReconcileSubject(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var out []proto.ReconcileEvent
+	for ctx.Err() == nil && len(out) < want {
+		cons, err := js.OrderedConsumer(ctx, proto.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
+		if err != nil { // the stream may not exist yet
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		out = out[:0]
+		for len(out) < want {
+			msg, err := cons.Next(jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				break
+			}
+			ev, err := proto.DecodeReconcile(msg.Data())
+			if err != nil {
+				t.Fatalf("undecodable reconcile event: %v: %s", err, msg.Data())
+			}
+			out = append(out, ev)
+		}
+	}
+	return out
+}

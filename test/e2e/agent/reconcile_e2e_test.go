@@ -28,7 +28,6 @@ import (
 
 	"github.com/gophercloud/gophercloud/v2/openstack/identity/v3/tokens"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/agent"
 	"hvguard/agent/delivery/deliverytest"
@@ -235,7 +234,7 @@ func scenario(t *testing.T, clouds string, n int) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	evs := collectReconcile(t, nc, "node1", len(evacuated), 30*time.Second)
+	evs := deliverytest.ReconcileEvents(t, nc, "node1", len(evacuated), 30*time.Second)
 	if len(evs) != len(evacuated) {
 		t.Fatalf("%d reconcile events, want %d", len(evs), len(evacuated))
 	}
@@ -655,42 +654,6 @@ func waitOff(t *testing.T, c *libvirtx.Conn, uuids []string, timeout time.Durati
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-}
-
-// collectReconcile reads host's reconcile subject from the stream.
-func collectReconcile(t *testing.T, nc *nats.Conn, host string, want int, timeout time.Duration) []proto.ReconcileEvent {
-	t.Helper()
-	subj, err := proto.ReconcileSubject(host)
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	var out []proto.ReconcileEvent
-	for ctx.Err() == nil && len(out) < want {
-		cons, err := js.OrderedConsumer(ctx, proto.StreamName, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subj}})
-		if err != nil {
-			time.Sleep(100 * time.Millisecond)
-			continue
-		}
-		out = out[:0]
-		for len(out) < want {
-			msg, err := cons.Next(jetstream.FetchMaxWait(time.Second))
-			if err != nil {
-				break
-			}
-			ev, err := proto.DecodeReconcile(msg.Data())
-			if err != nil {
-				t.Fatalf("undecodable reconcile event: %v", err)
-			}
-			out = append(out, ev)
-		}
-	}
-	return out
 }
 
 // novaProxy stands between the agent and the real keystone and Nova: the
