@@ -305,13 +305,7 @@ func decodeServer(body []byte, uuid string) (reconcile.ServerLookup, error) {
 	if s.Status, err = reqString(o, "status"); err != nil {
 		return s, err
 	}
-	if _, ok := o[attrHost]; !ok {
-		return s, fmt.Errorf("field %q missing: the credentials lack the policy to see a server's host (use an admin account)", attrHost)
-	}
-	if s.Host, err = optString(o, attrHost); err != nil {
-		return s, err
-	}
-	if s.TaskState, err = optString(o, attrTaskState); err != nil {
+	if s.Host, s.TaskState, err = hostAndTask(o); err != nil {
 		return s, err
 	}
 	if s.VMState, err = optString(o, attrVMState); err != nil {
@@ -337,4 +331,21 @@ func checkNotFound(body []byte) error {
 		return fmt.Errorf("itemNotFound: %w", err)
 	}
 	return nil
+}
+
+// hostAndTask reads a server's OS-EXT-SRV-ATTR:host and
+// OS-EXT-STS:task_state ("" when null). The host attribute must be
+// present: Nova omits it for credentials without the admin policy, and an
+// absent host must never read as "no host".
+func hostAndTask(o map[string]json.RawMessage) (host, task string, err error) {
+	if _, ok := o[attrHost]; !ok {
+		return "", "", fmt.Errorf("field %q missing: the credentials lack the policy to see a server's host (use an admin account)", attrHost)
+	}
+	if host, err = optString(o, attrHost); err != nil {
+		return "", "", err
+	}
+	if task, err = optString(o, attrTaskState); err != nil {
+		return "", "", err
+	}
+	return host, task, nil
 }

@@ -150,13 +150,7 @@ func decodeServerState(raw json.RawMessage) (ServerState, error) {
 	if s.Status == "" {
 		return s, errors.New("status is empty")
 	}
-	if _, ok := o[attrHost]; !ok {
-		return s, fmt.Errorf("field %q missing: the credentials lack the policy to see a server's host (use an admin account)", attrHost)
-	}
-	if s.Host, err = optString(o, attrHost); err != nil {
-		return s, err
-	}
-	if s.TaskState, err = optString(o, attrTaskState); err != nil {
+	if s.Host, s.TaskState, err = hostAndTask(o); err != nil {
 		return s, err
 	}
 	if s.VMState, err = reqString(o, attrVMState); err != nil {
