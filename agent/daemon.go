@@ -402,16 +402,22 @@ func (d *Daemon) serveMetrics() (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("metrics.listen %q: %w", d.cfg.Metrics.Listen, err)
 	}
-	srv := &http.Server{Handler: d.metricsHandler(), ReadHeaderTimeout: 5 * time.Second}
+	return serveHTTP(ln, d.metricsHandler(), 5*time.Second, d.log, "metrics"), nil
+}
+
+// serveHTTP serves handler on ln in the background (what names it in the
+// logs) and returns its stop: a graceful shutdown bounded by 2 s.
+func serveHTTP(ln net.Listener, handler http.Handler, readHeaderTimeout time.Duration, log *slog.Logger, what string) (stop func()) {
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: readHeaderTimeout}
 	go func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			d.log.Error("metrics server failed", "err", err)
+			log.Error(what+" failed", "err", err)
 		}
 	}()
-	d.log.Info("metrics listening", "addr", ln.Addr().String())
+	log.Info(what+" listening", "addr", ln.Addr().String())
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
-	}, nil
+	}
 }

@@ -318,18 +318,7 @@ func (f *fencer) servePeers() (func(), error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(peer.Path, f.peerHandler())
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 2 * time.Second}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			f.log.Error("peer endpoint failed", "err", err)
-		}
-	}()
-	f.log.Info("peer endpoint listening", "addr", ln.Addr().String())
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}, nil
+	return serveHTTP(ln, mux, 2*time.Second, f.log, "peer endpoint"), nil
 }
 
 // run is the fencing loop. It returns when ctx ends, after its helpers.
