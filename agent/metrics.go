@@ -10,6 +10,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"hvguard/agent/delivery"
 )
 
 // collector exposes the daemon's live counters at scrape time. Counters live
@@ -35,6 +37,7 @@ var (
 	descResent     = prometheus.NewDesc("hvguard_resent_total", "Events sent again after an error or timeout (deduplicated by message ID).", nil, nil)
 	descDropped    = prometheus.NewDesc("hvguard_outbox_dropped_total", "Events dropped because the outbox was full (each gap is announced by a gap marker).", nil, nil)
 	descGaps       = prometheus.NewDesc("hvguard_outbox_gap_markers_total", "Gap markers written.", nil, nil)
+	descDrift      = prometheus.NewDesc("hvguard_stream_settings_differing", "Settings of the existing HVGUARD_EVENTS stream that differ from hvguard's recommendation (left unchanged, logged at WARN), by risky (true: can cost events or duplicates).", []string{"risky"}, nil)
 
 	// Classification (only with classification.enabled).
 	descClassified  = prometheus.NewDesc("hvguard_stop_classifications_total", "Stops reported with a Nova classification, by classification (rebooted, stopped-by-nova, stopped-unexpectedly, unknown) and reason.", []string{"classification", "reason"}, nil)
@@ -159,6 +162,12 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	counter(descGaps, os.GapMarkers)
 	counter(descPublished, os.Acked)
 	counter(descResent, os.Resent)
+	var ps delivery.Stats
+	if d.pub != nil {
+		ps = d.pub.Stats()
+	}
+	gauge(descDrift, float64(ps.StreamDriftRisky), "true")
+	gauge(descDrift, float64(ps.StreamDrift-ps.StreamDriftRisky), "false")
 	c.collectFence(ch)
 	c.collectReconcile(ch)
 	c.collectClassify(ch)

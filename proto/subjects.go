@@ -127,7 +127,8 @@ func MsgID(host string, seq uint64) string {
 }
 
 // The JetStream stream holding lifecycle events, and its recommended
-// configuration. The agent creates it (if allowed) or checks it exists; see
+// configuration. The agent creates it when missing (if allowed) and never
+// changes an existing one (it reports settings that differ); see
 // agent/delivery.EnsureStream. Recommended config, as `nats` CLI flags:
 //
 //	nats stream add HVGUARD_EVENTS --subjects 'hvguard.v1.*.lifecycle,hvguard.v1.*.reconcile' \
@@ -165,14 +166,14 @@ const (
 // RequiredStreamSubjects are the subjects an existing stream must capture
 // for the agent to use it: lifecycle only. A stream provisioned before
 // reconcile events existed keeps carrying lifecycle events after an
-// upgrade; only the reconcile events then fail to publish (the agent logs
-// the command that adds the subject).
+// upgrade; only the reconcile events then fail to publish (the agent warns
+// at start and logs the command that adds the subject).
 func RequiredStreamSubjects() []string {
 	return []string{LifecycleWildcard}
 }
 
 // StreamSubjects returns the subjects the StreamName stream should capture
-// (what the agent creates or updates it with).
+// (what the agent creates it with).
 func StreamSubjects() []string {
 	return []string{LifecycleWildcard, ReconcileWildcard}
 }

@@ -78,6 +78,7 @@
 //
 // The agent's NATS user needs publish on hvguard.v1.<host-token>.lifecycle,
 // the JetStream API $JS.API.STREAM.INFO.HVGUARD_EVENTS (and
-// $JS.API.STREAM.CREATE/UPDATE.HVGUARD_EVENTS with CreateStream), and
+// $JS.API.STREAM.CREATE.HVGUARD_EVENTS with CreateStream, used only while
+// the stream is missing: an existing stream is never updated), and
 // subscribe on its inbox prefix for publish acks.
 package delivery

@@ -107,37 +107,150 @@ func StreamConfig(replicas int) jetstream.StreamConfig {
 }
 
 // EnsureStream makes sure the proto.StreamName stream exists and captures
-// the hvguard subjects. With create it creates the stream (1 replica) or
-// updates an existing one to the recommended config (keeping its replica
-// count). Without create it only checks, and the error tells the operator
-// exactly what to provision.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, create bool) error {
-	if create {
-		cfg := StreamConfig(1)
-		if s, err := js.Stream(ctx, proto.StreamName); err == nil {
-			cfg.Replicas = s.CachedInfo().Config.Replicas
-		}
-		if _, err := js.CreateOrUpdateStream(ctx, cfg); err != nil {
-			return fmt.Errorf("ensure stream %s: create or update: %w", proto.StreamName, err)
-		}
-		return nil
-	}
+// the subjects hvguard needs. It never changes an existing stream: with
+// create it creates a missing one (StreamConfig(1)); an existing one is
+// only read (an operator's limits, replicas and added subjects are theirs,
+// and the agent then needs no stream-admin rights), and every setting that
+// differs from StreamConfig is returned as a StreamDrift for the caller to
+// report. A stream that does not capture proto.RequiredStreamSubjects is an
+// error naming the command that adds them; one that lacks only the
+// optional reconcile subject is usable and reported as drift (with a Risk).
+func EnsureStream(ctx context.Context, js jetstream.JetStream, create bool) ([]StreamDrift, error) {
 	s, err := js.Stream(ctx, proto.StreamName)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return fmt.Errorf("ensure stream: JetStream stream %s does not exist and this agent may not create it; provision it with: %s",
-			proto.StreamName, provisionCommand())
-	}
-	if err != nil {
-		return fmt.Errorf("ensure stream %s: %w", proto.StreamName, err)
-	}
-	have := s.CachedInfo().Config.Subjects
-	for _, want := range proto.RequiredStreamSubjects() {
-		if !slices.ContainsFunc(have, func(h string) bool { return subjectCovers(h, want) }) {
-			return fmt.Errorf("ensure stream: JetStream stream %s has subjects %q, which do not capture %q; fix it with: nats stream edit %s --subjects '%s'",
-				proto.StreamName, have, want, proto.StreamName, strings.Join(proto.StreamSubjects(), ","))
+		if !create {
+			return nil, fmt.Errorf("ensure stream: JetStream stream %s does not exist and this agent may not create it; provision it with: %s",
+				proto.StreamName, provisionCommand())
+		}
+		s, err = js.CreateStream(ctx, StreamConfig(1))
+		if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			// Created meanwhile (another agent, an operator): use theirs.
+			s, err = js.Stream(ctx, proto.StreamName)
+		} else if err != nil {
+			return nil, fmt.Errorf("ensure stream %s: create: %w", proto.StreamName, err)
 		}
 	}
-	return nil
+	if err != nil {
+		return nil, fmt.Errorf("ensure stream %s: %w", proto.StreamName, err)
+	}
+	have := s.CachedInfo().Config
+	for _, want := range proto.RequiredStreamSubjects() {
+		if !covered(have.Subjects, want) {
+			return nil, fmt.Errorf("ensure stream: JetStream stream %s has subjects %q, which do not capture %q; the agent does not change an existing stream: add it with: %s",
+				proto.StreamName, have.Subjects, want, editSubjectsCommand(have.Subjects))
+		}
+	}
+	return streamDrift(have), nil
+}
+
+// StreamDrift is one setting of the existing stream that differs from
+// StreamConfig. The agent reports it and leaves it as it is.
+type StreamDrift struct {
+	// Setting is the setting's name as in `nats stream info` JSON, e.g.
+	// "max_age" or "subjects".
+	Setting string
+	// Have is the stream's value, Want the recommended one.
+	Have, Want string
+	// Risk says what the difference can cost hvguard's delivery, or is
+	// empty when it costs nothing (bigger limits, more subjects).
+	Risk string
+	// Fix is the command that sets the recommended value, when Risk is set.
+	Fix string
+}
+
+// streamDrift compares an existing stream's config with StreamConfig.
+// Replicas, description and settings StreamConfig leaves at the server's
+// default but an operator may tune without affecting hvguard are not
+// compared.
+func streamDrift(have jetstream.StreamConfig) []StreamDrift {
+	want := StreamConfig(have.Replicas)
+	var d []StreamDrift
+	add := func(setting, h, w, risk, fix string) {
+		if risk == "" {
+			fix = ""
+		}
+		d = append(d, StreamDrift{Setting: setting, Have: h, Want: w, Risk: risk, Fix: fix})
+	}
+	edit := "nats stream edit " + proto.StreamName
+	var missing []string
+	for _, w := range want.Subjects {
+		if !covered(have.Subjects, w) {
+			missing = append(missing, w)
+		}
+	}
+	extra := slices.ContainsFunc(have.Subjects, func(h string) bool { return !slices.Contains(want.Subjects, h) })
+	if len(missing) > 0 || extra {
+		risk := ""
+		if len(missing) > 0 {
+			risk = fmt.Sprintf("%q not captured: those events cannot be stored (publishes fail and are retried)", missing)
+		}
+		add("subjects", strings.Join(have.Subjects, ","), strings.Join(want.Subjects, ","), risk, editSubjectsCommand(have.Subjects))
+	}
+	if have.Storage != want.Storage {
+		add("storage", have.Storage.String(), want.Storage.String(), "events are lost when the NATS servers restart",
+			"recreate the stream with --storage file (storage cannot be edited)")
+	}
+	if have.Retention != want.Retention {
+		add("retention", have.Retention.String(), want.Retention.String(),
+			"events can be removed before every consumer has read them",
+			"recreate the stream with --retention limits (retention cannot be edited)")
+	}
+	if have.Discard != want.Discard {
+		add("discard", have.Discard.String(), want.Discard.String(),
+			"a full stream refuses new events instead of dropping the oldest: the agents' outboxes fill",
+			edit+" --discard old")
+	}
+	limit := func(setting string, h, w int64, format func(int64) string, risk, flag string) {
+		if h == w {
+			return
+		}
+		if h > w || h <= 0 { // bigger, or unlimited (-1 / 0 for max_age)
+			risk = ""
+		}
+		add(setting, format(h), format(w), risk, edit+" "+flag+" "+format(w))
+	}
+	dur := func(v int64) string { return time.Duration(v).String() }
+	num := func(v int64) string { return fmt.Sprint(v) }
+	limit("max_age", int64(have.MaxAge), int64(want.MaxAge), dur,
+		"a controller away longer than this misses events (it then sees a seq hole and resyncs)", "--max-age")
+	limit("max_bytes", have.MaxBytes, want.MaxBytes, num,
+		"the oldest events go sooner: a controller away for long sees seq holes and resyncs", "--max-bytes")
+	if have.Duplicates < want.Duplicates {
+		add("duplicate_window", have.Duplicates.String(), want.Duplicates.String(),
+			"re-sends after a NATS outage longer than this can be stored twice (consumers drop them by seq)",
+			edit+" --dupe-window "+want.Duplicates.String())
+	} else if have.Duplicates != want.Duplicates {
+		add("duplicate_window", have.Duplicates.String(), want.Duplicates.String(), "", "")
+	}
+	if have.MaxMsgs > 0 {
+		add("max_msgs", num(have.MaxMsgs), "-1", "the oldest events go sooner: a controller away for long sees seq holes and resyncs", edit+" --max-msgs -1")
+	}
+	if have.MaxMsgsPerSubject > 0 {
+		add("max_msgs_per_subject", num(have.MaxMsgsPerSubject), "-1",
+			"each host's older events are removed as soon as it has this many: consumers see seq holes", edit+" --max-msgs-per-subject -1")
+	}
+	if have.MaxMsgSize > 0 && have.MaxMsgSize < proto.MaxMessageSize {
+		add("max_msg_size", num(int64(have.MaxMsgSize)), "-1",
+			fmt.Sprintf("events up to %d bytes are refused", proto.MaxMessageSize), edit+" --max-msg-size -1")
+	}
+	return d
+}
+
+// covered reports whether one of the stream subjects captures want.
+func covered(subjects []string, want string) bool {
+	return slices.ContainsFunc(subjects, func(h string) bool { return subjectCovers(h, want) })
+}
+
+// editSubjectsCommand is the `nats stream edit` command that adds the
+// missing hvguard subjects to have, keeping the subjects already there.
+func editSubjectsCommand(have []string) string {
+	subjects := slices.Clone(have)
+	for _, w := range proto.StreamSubjects() {
+		if !covered(subjects, w) {
+			subjects = append(subjects, w)
+		}
+	}
+	return fmt.Sprintf("nats stream edit %s --subjects '%s'", proto.StreamName, strings.Join(subjects, ","))
 }
 
 func provisionCommand() string {

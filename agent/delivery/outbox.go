@@ -849,18 +849,22 @@ func (o *Outbox) Stats() Stats {
 
 // Stats are counters (since the process started) and gauges for metrics.
 type Stats struct {
-	Appended    uint64 // events accepted by Append (gap markers not included)
-	Published   uint64 // records published for the first time
-	Resent      uint64 // records published again after an error or restart rewind
-	Acked       uint64 // records acked by JetStream and removed from the outbox
-	DupAcks     uint64 // acks JetStream flagged as duplicates (already stored)
-	Dropped     uint64 // events dropped because the outbox was full (or a write failed)
-	GapMarkers  uint64 // gap markers appended
-	Corrupt     uint64 // corrupt records skipped when the outbox was opened
-	Depth       int    // unacked records in the outbox
-	Bytes       int64  // bytes of unacked records (headers included)
-	NextSeq     uint64 // next seq to be assigned
-	PendingGap  bool   // events were dropped and their gap marker is not yet appended
-	LastError   string // last error seen (outbox or publish); "" if none
-	LastErrorAt time.Time
+	Appended   uint64 // events accepted by Append (gap markers not included)
+	Published  uint64 // records published for the first time
+	Resent     uint64 // records published again after an error or restart rewind
+	Acked      uint64 // records acked by JetStream and removed from the outbox
+	DupAcks    uint64 // acks JetStream flagged as duplicates (already stored)
+	Dropped    uint64 // events dropped because the outbox was full (or a write failed)
+	GapMarkers uint64 // gap markers appended
+	Corrupt    uint64 // corrupt records skipped when the outbox was opened
+	Depth      int    // unacked records in the outbox
+	Bytes      int64  // bytes of unacked records (headers included)
+	NextSeq    uint64 // next seq to be assigned
+	PendingGap bool   // events were dropped and their gap marker is not yet appended
+	// StreamDrift counts the stream's settings that differ from
+	// StreamConfig (left unchanged, logged at WARN), StreamDriftRisky those
+	// of them that can cost events or duplicates (StreamDrift.Risk).
+	StreamDrift, StreamDriftRisky int
+	LastError                     string // last error seen (outbox or publish); "" if none
+	LastErrorAt                   time.Time
 }

@@ -51,10 +51,12 @@ type PublisherConfig struct {
 	Window int
 	// AckTimeout bounds the wait for one publish ack.
 	AckTimeout time.Duration
-	// CreateStream lets Run create (or update) the proto.StreamName stream.
-	// Without it Run only checks that the stream exists and captures the
-	// lifecycle subjects, and logs at ERROR what to provision until it does.
-	// Either way the agent's NATS user needs $JS.API.STREAM.INFO.HVGUARD_EVENTS.
+	// CreateStream lets Run create the proto.StreamName stream when it is
+	// missing. An existing stream is never changed, with or without it:
+	// Run checks that it captures the lifecycle subjects (logging at ERROR
+	// what to provision until it does) and logs at WARN each setting that
+	// differs from StreamConfig (EnsureStream). Either way the agent's NATS
+	// user needs $JS.API.STREAM.INFO.HVGUARD_EVENTS.
 	CreateStream bool
 }
 
@@ -73,6 +75,7 @@ type Publisher struct {
 	published uint64
 	resent    uint64
 	dupAcks   uint64
+	drift     []StreamDrift
 	lastErr   string
 	lastErrAt time.Time
 }
@@ -241,10 +244,12 @@ func (p *Publisher) ensureStream(ctx context.Context) error {
 	backoff, lastMsg := retryBackoffMin, ""
 	for {
 		cctx, cancel := context.WithTimeout(ctx, streamCheckTimeout)
-		err := notConnected(EnsureStream(cctx, p.js, p.cfg.CreateStream))
+		drift, err := EnsureStream(cctx, p.js, p.cfg.CreateStream)
+		err = notConnected(err)
 		cancel()
 		if err == nil {
-			p.log.Info("stream ready", "stream", proto.StreamName, "created_if_missing", p.cfg.CreateStream)
+			p.log.Info("stream ready", "stream", proto.StreamName, "created_if_missing", p.cfg.CreateStream, "settings_differing", len(drift))
+			p.reportDrift(drift)
 			return nil
 		}
 		if ctx.Err() != nil {
@@ -261,6 +266,22 @@ func (p *Publisher) ensureStream(ctx context.Context) error {
 		case <-time.After(backoff):
 		}
 		backoff = min(2*backoff, streamRetryMax)
+	}
+}
+
+// reportDrift logs each setting of the stream that differs from
+// StreamConfig at WARN (the agent leaves it as it is) and keeps them for
+// Stats.
+func (p *Publisher) reportDrift(drift []StreamDrift) {
+	p.mu.Lock()
+	p.drift = drift
+	p.mu.Unlock()
+	for _, d := range drift {
+		args := []any{"stream", proto.StreamName, "setting", d.Setting, "have", d.Have, "recommended", d.Want}
+		if d.Risk != "" {
+			args = append(args, "risk", d.Risk, "fix", d.Fix)
+		}
+		p.log.Warn("JetStream stream setting differs from hvguard's recommendation; left unchanged", args...)
 	}
 }
 
@@ -307,6 +328,12 @@ func (p *Publisher) Stats() Stats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s.Published, s.Resent, s.DupAcks = p.published, p.resent, p.dupAcks
+	s.StreamDrift = len(p.drift)
+	for _, d := range p.drift {
+		if d.Risk != "" {
+			s.StreamDriftRisky++
+		}
+	}
 	if p.lastErrAt.After(s.LastErrorAt) {
 		s.LastError, s.LastErrorAt = p.lastErr, p.lastErrAt
 	}

@@ -41,7 +41,7 @@ func ensureStream(t testing.TB, nc *nats.Conn) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := EnsureStream(ctx, js, true); err != nil {
+	if _, err := EnsureStream(ctx, js, true); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -253,42 +253,57 @@ func TestFlushTimeoutReportsRemaining(t *testing.T) {
 }
 
 func TestEnsureStream(t *testing.T) {
-	s := deliverytest.StartJetStream(t, t.TempDir(), -1)
-	nc := connectTest(t, s)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-
-	err = EnsureStream(ctx, js, false)
+	_, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
+	_, err := EnsureStream(ctx, js, false)
 	if err == nil || !strings.Contains(err.Error(), "nats stream add HVGUARD_EVENTS --subjects 'hvguard.v1.*.lifecycle,hvguard.v1.*.reconcile'") {
 		t.Fatalf("EnsureStream(no stream, create=false) = %v", err)
 	}
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: proto.StreamName, Subjects: []string{"other.>"}}); err != nil {
 		t.Fatal(err)
 	}
-	err = EnsureStream(ctx, js, false)
-	if err == nil || !strings.Contains(err.Error(), "do not capture") {
-		t.Fatalf("EnsureStream(wrong subjects) = %v", err)
+	for _, create := range []bool{false, true} {
+		_, err = EnsureStream(ctx, js, create)
+		if err == nil || !strings.Contains(err.Error(), "do not capture") ||
+			!strings.Contains(err.Error(), "nats stream edit HVGUARD_EVENTS --subjects 'other.>,hvguard.v1.*.lifecycle,hvguard.v1.*.reconcile'") {
+			t.Fatalf("EnsureStream(wrong subjects, create=%v) = %v", create, err)
+		}
 	}
 	// A stream provisioned before reconcile events existed (lifecycle
-	// only) is still usable (an upgrade must not stop lifecycle delivery);
-	// create updates it to capture the reconcile subject too.
+	// only) is still usable (an upgrade must not stop lifecycle delivery),
+	// with or without create, and is not changed: the missing subject is
+	// reported as drift with its risk and the command that adds it.
 	if _, err := js.UpdateStream(ctx, jetstream.StreamConfig{Name: proto.StreamName, Subjects: []string{proto.LifecycleWildcard}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := EnsureStream(ctx, js, false); err != nil {
-		t.Fatalf("EnsureStream(lifecycle only, create=false) = %v", err)
-	}
-	if err := EnsureStream(ctx, js, true); err != nil {
-		t.Fatalf("EnsureStream(create) = %v", err)
-	}
-	if err := EnsureStream(ctx, js, false); err != nil {
-		t.Fatalf("EnsureStream(after create) = %v", err)
+	for _, create := range []bool{false, true} {
+		drift, err := EnsureStream(ctx, js, create)
+		if err != nil {
+			t.Fatalf("EnsureStream(lifecycle only, create=%v) = %v", create, err)
+		}
+		i := slices.IndexFunc(drift, func(d StreamDrift) bool { return d.Setting == "subjects" })
+		if i < 0 || !strings.Contains(drift[i].Risk, proto.ReconcileWildcard) ||
+			drift[i].Fix != "nats stream edit HVGUARD_EVENTS --subjects 'hvguard.v1.*.lifecycle,hvguard.v1.*.reconcile'" {
+			t.Fatalf("EnsureStream(lifecycle only, create=%v): drift %+v", create, drift)
+		}
 	}
 	info, err := js.Stream(ctx, proto.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg := info.CachedInfo().Config; !slices.Equal(cfg.Subjects, []string{proto.LifecycleWildcard}) {
+		t.Fatalf("subjects after EnsureStream = %v, want the operator's unchanged", cfg.Subjects)
+	}
+	// Missing: create makes it with the recommended config, no drift.
+	if err := js.DeleteStream(ctx, proto.StreamName); err != nil {
+		t.Fatal(err)
+	}
+	if drift, err := EnsureStream(ctx, js, true); err != nil || len(drift) != 0 {
+		t.Fatalf("EnsureStream(create, missing) = %+v, %v", drift, err)
+	}
+	if drift, err := EnsureStream(ctx, js, false); err != nil || len(drift) != 0 {
+		t.Fatalf("EnsureStream(after create) = %+v, %v", drift, err)
+	}
+	info, err = js.Stream(ctx, proto.StreamName)
 	if err != nil {
 		t.Fatal(err)
 	}

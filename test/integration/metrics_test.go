@@ -81,6 +81,12 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Errorf("%s = %v, want ≥ %v", series, v, min)
 		}
 	}
+	// The agent created the stream: nothing differs from the recommendation.
+	for _, series := range []string{`hvguard_stream_settings_differing{risky="true"}`, `hvguard_stream_settings_differing{risky="false"}`} {
+		if v := metric(body, series); v != 0 {
+			t.Errorf("%s = %v, want 0", series, v)
+		}
+	}
 	if v := metric(body, `hvguard_reports_total{transition="stopped"}`); v != 0 {
 		t.Errorf("a hard reboot counted as %v stops", v)
 	}

@@ -49,6 +49,25 @@ func StartJetStream(t testing.TB, storeDir string, port int) *server.Server {
 	return s
 }
 
+// JetStream connects to s (closed when the test ends) and returns the
+// connection, its JetStream context and a context bounded by ReadyTimeout
+// for the test's JetStream API calls.
+func JetStream(t testing.TB, s *server.Server) (*nats.Conn, jetstream.JetStream, context.Context) {
+	t.Helper()
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), ReadyTimeout)
+	t.Cleanup(cancel)
+	return nc, js, ctx
+}
+
 // StopServer shuts s down and waits until it has released its port and
 // store, so a new server can be started on them.
 func StopServer(s *server.Server) {
