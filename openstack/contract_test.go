@@ -66,7 +66,7 @@ func TestContractListEvacuations(t *testing.T) {
 	}
 	m := ms[1]
 	want := reconcile.Migration{ID: 1, UUID: recMig1, InstanceUUID: recEvac1, SourceCompute: "node1", DestCompute: "node2",
-		DestHost: "192.168.0.1", Status: "done", Type: "evacuation",
+		DestHost: "192.168.0.1", SourceNode: "node1", DestNode: "node2", Status: "done", Type: "evacuation",
 		CreatedAt: time.Date(2026, 11, 29, 19, 14, 53, 0, time.UTC), UpdatedAt: time.Date(2026, 11, 29, 19, 14, 56, 0, time.UTC)}
 	if m != want {
 		t.Fatalf("decoded\n %+v\nwant\n %+v", m, want)

@@ -238,6 +238,8 @@ func decodeMigration(raw json.RawMessage) (reconcile.Migration, error) {
 		{"source_compute", &m.SourceCompute, false},
 		{"dest_compute", &m.DestCompute, true},
 		{"dest_host", &m.DestHost, true},
+		{"source_node", &m.SourceNode, true},
+		{"dest_node", &m.DestNode, true},
 		{"status", &m.Status, false},
 		{"migration_type", &m.Type, false},
 		{"created_at", &created, false},

@@ -90,6 +90,22 @@ func TestRunnerContract(t *testing.T) {
 			t.Fatalf("retry: %s", rep.Summary())
 		}
 	})
+	t.Run("stale host name: the server back here under its new name", func(t *testing.T) {
+		// Issue 10 item 9: nova_hosts still says node1, Nova's service
+		// here was renamed node1-new and recEvac1's server came back to
+		// it; the evacuation record from node1 (recorded) stays.
+		s, c, r := setup(t)
+		s.Route("/v2.1/servers/"+recEvac1, openstacktest.Recorded{Status: 200, Header: openstacktest.NovaHeader(),
+			Body: openstacktest.ServerBody(recEvac1, "node1-new", "ACTIVE", "")})
+		rep := r.Run(context.Background(), reconcile.TriggerStart)
+		if !rep.OK() || rep.Destroyed != 0 || stateOf(t, c, recEvac1) != "running" {
+			t.Fatalf("%s", rep.Summary())
+		}
+		d := result(t, rep, recEvac1)
+		if d.Reason != reconcile.ReasonServerNotOnDestination || d.Evidence.DestCompute != "node2" || d.Evidence.DestNode != "node2" || d.Evidence.ServerHost != "node1-new" {
+			t.Fatalf("%+v %+v", d, d.Evidence)
+		}
+	})
 	t.Run("keystone down", func(t *testing.T) {
 		s, c, r := setup(t)
 		s.KeystoneDown(true)

@@ -243,8 +243,10 @@ func Decide(in Input) Result {
 		count[d.UUID]++
 	}
 	var evac map[string][]Migration
+	var nodes hostSet
 	if global == ReasonNone {
 		evac = byInstance(in.Evacuations)
+		nodes = sourceNodes(in.Evacuations)
 	}
 	for _, d := range in.Domains {
 		dd := DomainDecision{UUID: d.UUID, Name: d.Name, Active: d.Active}
@@ -260,12 +262,22 @@ func Decide(in Input) Result {
 		case global != ReasonNone:
 			dd.Decision, dd.Reason, dd.Detail = DecisionSkip, global, detail
 		default:
-			decideInstance(&dd, d, evac[d.UUID], in.Servers, hosts)
+			decideInstance(&dd, d, evac[d.UUID], in.Servers, hosts, nodes)
 		}
 		res.Decisions = append(res.Decisions, dd)
 	}
 	slices.SortStableFunc(res.Decisions, func(a, b DomainDecision) int { return strings.Compare(a.UUID, b.UUID) })
 	return res
+}
+
+// sourceNodes returns the compute node names Nova recorded as the source of
+// the evacuations from this host: this machine's node (hypervisor) names.
+func sourceNodes(ms []Migration) hostSet {
+	var nodes []string
+	for _, m := range ms {
+		nodes = append(nodes, m.SourceNode)
+	}
+	return newHostSet(nodes)
 }
 
 // alreadyStopped: an earlier reconciliation destroyed (or found off) and
@@ -275,8 +287,9 @@ func alreadyStopped(d Domain, newest Migration) bool {
 }
 
 // decideInstance decides for a Nova instance with no global problem; ms
-// are its evacuations from this host, newest first.
-func decideInstance(dd *DomainDecision, d Domain, ms []Migration, servers map[string]ServerLookup, hosts hostSet) {
+// are its evacuations from this host, newest first; nodes are this
+// machine's node names (sourceNodes).
+func decideInstance(dd *DomainDecision, d Domain, ms []Migration, servers map[string]ServerLookup, hosts, nodes hostSet) {
 	if len(ms) == 0 {
 		dd.Decision, dd.Reason = DecisionKeep, ReasonNoEvacuation
 		return
@@ -289,6 +302,7 @@ func decideInstance(dd *DomainDecision, d Domain, ms []Migration, servers map[st
 		SourceCompute:   newest.SourceCompute,
 		DestCompute:     newest.DestCompute,
 		DestHost:        newest.DestHost,
+		DestNode:        newest.DestNode,
 		MigratedAt:      newest.CreatedAt,
 		Evacuations:     len(ms),
 	}
@@ -328,6 +342,11 @@ func decideInstance(dd *DomainDecision, d Domain, ms []Migration, servers map[st
 			dd.Detail = fmt.Sprintf("migration %d names this host as destination", m.ID)
 			return
 		}
+		if m.DestNode != "" && nodes.has(m.DestNode) {
+			dd.Decision, dd.Reason = DecisionSkip, ReasonMigrationDestIsThisHost
+			dd.Detail = fmt.Sprintf("migration %d went to node %q, this machine's node (a source node of the evacuations from this host), under the host name %q", m.ID, m.DestNode, m.DestCompute)
+			return
+		}
 	}
 	if !evacuatedStatus(newest.Status) {
 		dd.Decision, dd.Reason = DecisionSkip, ReasonMigrationStatusNotEvacuated
@@ -336,6 +355,14 @@ func decideInstance(dd *DomainDecision, d Domain, ms []Migration, servers map[st
 	}
 	if newest.DestCompute == "" {
 		dd.Decision, dd.Reason = DecisionSkip, ReasonMigrationNoDestination
+		return
+	}
+	if !strings.EqualFold(s.Host, newest.DestCompute) {
+		// Only the destination is known not to be this host: any other
+		// host may be this node under a name missing from Hosts.
+		dd.Decision, dd.Reason = DecisionSkip, ReasonServerNotOnDestination
+		dd.Detail = fmt.Sprintf("the server is on %q, its newest evacuation %d sent it to %q: it moved on, or %q is this node under a Nova name missing from nova_hosts",
+			s.Host, newest.ID, newest.DestCompute, s.Host)
 		return
 	}
 	dd.Decision, dd.Reason = DecisionDestroy, ReasonEvacuatedElsewhere

@@ -20,6 +20,7 @@ func evac(id int, inst int, status, dest string) Migration {
 	return Migration{
 		ID: int64(id), UUID: fmt.Sprintf("aaaaaaaa-0000-4000-8000-%012d", id), InstanceUUID: uuidN(inst),
 		SourceCompute: "node1", DestCompute: dest, DestHost: "192.168.0.1", Status: status, Type: "evacuation",
+		SourceNode: "node1.example.org", DestNode: dest + ".example.org",
 		CreatedAt: t0.Add(-time.Hour + time.Duration(id)*time.Second), UpdatedAt: t0.Add(-time.Minute),
 	}
 }
@@ -66,11 +67,44 @@ func TestDecideTable(t *testing.T) {
 			in.Evacuations = []Migration{evac(10, 1, "completed", "node2")}
 			in.Servers = map[string]ServerLookup{uuidN(1): on("node2")}
 		}, DecisionDestroy, ReasonEvacuatedElsewhere, ReasonNone, false},
-		{"server elsewhere later (node3) still destroys", func(in *Input) {
+		{"server host differs from the destination only by case", func(in *Input) {
+			d1(in)
+			in.Evacuations = []Migration{evac(10, 1, "done", "node2")}
+			in.Servers = map[string]ServerLookup{uuidN(1): on("NODE2")}
+		}, DecisionDestroy, ReasonEvacuatedElsewhere, ReasonNone, false},
+		{"server moved on (node3): not proven elsewhere", func(in *Input) {
 			d1(in)
 			in.Evacuations = []Migration{evac(10, 1, "done", "node2")}
 			in.Servers = map[string]ServerLookup{uuidN(1): on("node3")}
-		}, DecisionDestroy, ReasonEvacuatedElsewhere, ReasonNone, false},
+		}, DecisionSkip, ReasonServerNotOnDestination, ReasonNone, false},
+		{"stale host name: server back here under its new name", func(in *Input) {
+			d1(in)
+			in.Evacuations = []Migration{evac(10, 1, "completed", "node2")}
+			in.Servers = map[string]ServerLookup{uuidN(1): on("node1-new")}
+		}, DecisionSkip, ReasonServerNotOnDestination, ReasonNone, false},
+		{"evacuated to this machine under its new host name (dest node = source node)", func(in *Input) {
+			d1(in)
+			m := evac(10, 1, "done", "node1-new")
+			m.DestNode = "NODE1.example.org"
+			in.Evacuations = []Migration{m}
+			in.Servers = map[string]ServerLookup{uuidN(1): on("node1-new")}
+		}, DecisionSkip, ReasonMigrationDestIsThisHost, ReasonNone, false},
+		{"older record went to this machine's node", func(in *Input) {
+			d1(in)
+			m := evac(10, 1, "completed", "node1-new")
+			m.DestNode = "node1.example.org"
+			in.Evacuations = []Migration{m, evac(11, 1, "done", "node2")}
+			in.Servers = map[string]ServerLookup{uuidN(1): on("node2")}
+		}, DecisionSkip, ReasonMigrationDestIsThisHost, ReasonNone, false},
+		{"another instance's record names this machine's node as source", func(in *Input) {
+			d1(in)
+			m := evac(10, 1, "done", "node2")
+			m.DestNode = "hv-b"
+			o := evac(11, 2, "done", "node3")
+			o.SourceNode = "hv-b"
+			in.Evacuations = []Migration{m, o}
+			in.Servers = map[string]ServerLookup{uuidN(1): on("node2")}
+		}, DecisionSkip, ReasonMigrationDestIsThisHost, ReasonNone, false},
 		{"not a nova instance", func(in *Input) {
 			in.Domains = []Domain{{UUID: uuidN(1), Nova: NotNova, Active: true}}
 			in.Evacuations = []Migration{evac(10, 1, "done", "node2")}
@@ -403,5 +437,21 @@ func TestPlanLookups(t *testing.T) {
 	in.EvacuationsComplete = false
 	if p := PlanLookups(in); len(p.ByDest)+len(p.Single) != 0 {
 		t.Fatalf("a global problem must plan nothing: %+v", p)
+	}
+}
+
+// TestDecideStaleHostNameAfterRename (issue 10 item 9): this node was
+// "node1" in Nova and is configured so (nova_hosts: [node1]); an instance
+// was evacuated from node1 to node2 long ago (completed). Nova's service
+// on this node was since renamed "node1-new" and the server came back
+// here under that name: the domain here is the live instance. Nothing in
+// Nova's data says node1-new is another node, so it must not be destroyed.
+func TestDecideStaleHostNameAfterRename(t *testing.T) {
+	in := baseInput()
+	in.Domains = []Domain{nova(1)}
+	in.Evacuations = []Migration{evac(10, 1, "completed", "node2")}
+	in.Servers = map[string]ServerLookup{uuidN(1): on("node1-new")}
+	if d := only(t, Decide(in)); d.Decision == DecisionDestroy {
+		t.Fatalf("destroyed the running instance: %+v %+v", d, d.Evidence)
 	}
 }

@@ -32,20 +32,28 @@
 //     — cleaned up by a nova-compute start), it has a destination, and no
 //     record of this instance names this host as destination.
 //  2. Nova's current host of the server (OS-EXT-SRV-ATTR:host) is set and
-//     is another host, and the server has no task state (not migrating,
-//     rebuilding, resizing: its host may be about to change — a live
-//     migration back to this host has a domain here while the host is
-//     still the other one).
+//     is the newest evacuation's destination, and the server has no task
+//     state (not migrating, rebuilding, resizing: its host may be about to
+//     change — a live migration back to this host has a domain here while
+//     the host is still the other one). "Another host" is not enough: a
+//     host name missing from Hosts may be this very node (nova-compute
+//     renamed, nova_hosts stale), and the server back here under that name
+//     is the live instance (issue 10). The destination is known not to be
+//     this node: it is not one of Hosts, and no evacuation record of the
+//     instance went to a compute node (dest_node) that Nova records as
+//     this host's (a source_node of the evacuations from this host; for
+//     libvirt the machine's host name, which a CONF.host rename keeps).
 //
 // # Invariants (what must always hold; property-tested)
 //
 //   - Never Destroy without both pieces of evidence; the Evidence of a
 //     Destroy names the migration (id, uuid, status, destination) and the
-//     server's host.
+//     server's host, which is that destination.
 //   - Any ambiguity about one domain is a Skip for that domain (metadata
 //     unreadable, server 404, host null, task state set, destination this
-//     host, no destination, newest evacuation not in an evacuated status
-//     while the server is elsewhere, lookup missing).
+//     host or this node, no destination, newest evacuation not in an
+//     evacuated status while the server is elsewhere, server on a host
+//     other than that destination, lookup missing).
 //   - A global ambiguity is no Destroy at all: Nova or keystone unreachable,
 //     timeouts, 5xx, authentication failure (ReasonNovaUnavailable); 4xx
 //     (ReasonNovaRejected); an answer of unexpected shape or at another

@@ -62,6 +62,8 @@ func genInput(t *rapid.T) Input {
 			Status:        rapid.SampledFrom(statuses).Draw(t, "status"),
 			Type:          "evacuation",
 			CreatedAt:     t0.Add(time.Duration(rapid.IntRange(-120, 0).Draw(t, "created")) * time.Minute),
+			SourceNode:    rapid.SampledFrom([]string{"hv1", "HV1", ""}).Draw(t, "srcNode"),
+			DestNode:      rapid.SampledFrom([]string{"hv1", "hv2", "hv3", ""}).Draw(t, "dstNode"),
 		}
 		if chance(t, "oddMigration", 0.05) {
 			m.SourceCompute = rapid.SampledFrom(hostNames).Draw(t, "src")
@@ -119,9 +121,9 @@ func ours(in Input, name string) bool {
 // TestPropertyNoDestroyWithoutBothEvidence: whatever Nova answers, a
 // Destroy has (1) an evacuation of that instance from this host in an
 // evacuated status, the newest of its evacuations, with a destination that
-// is not this host, and no record naming this host as destination; and (2)
-// the server found on another host with no task state; and no global
-// ambiguity at all.
+// is not this host, and no record naming this host as destination (nor a
+// node Nova records as this host's source node); and (2) the server found
+// on that destination with no task state; and no global ambiguity at all.
 func TestPropertyNoDestroyWithoutBothEvidence(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		in := genInput(t)
@@ -181,6 +183,11 @@ func TestPropertyNoDestroyWithoutBothEvidence(t *testing.T) {
 				if ours(in, m.DestCompute) {
 					t.Fatalf("destroy although a record names this host as destination: %+v", m)
 				}
+				for _, o := range in.Evacuations {
+					if m.DestNode != "" && strings.EqualFold(m.DestNode, o.SourceNode) {
+						t.Fatalf("destroy although a record went to this machine's node: %+v (source node of %+v)", m, o)
+					}
+				}
 				if newest == nil || m.CreatedAt.After(newest.CreatedAt) || (m.CreatedAt.Equal(newest.CreatedAt) && m.ID > newest.ID) {
 					newest = m
 				}
@@ -198,6 +205,11 @@ func TestPropertyNoDestroyWithoutBothEvidence(t *testing.T) {
 			}
 			if d.Evidence.ServerHost != s.Host {
 				t.Fatalf("evidence server host %q, server %q", d.Evidence.ServerHost, s.Host)
+			}
+			// ... and that host is where the newest evacuation sent it (any
+			// other host may be this node under another Nova name).
+			if !strings.EqualFold(s.Host, newest.DestCompute) {
+				t.Fatalf("destroy although the server is on %q, not on the newest evacuation's destination %q", s.Host, newest.DestCompute)
 			}
 		}
 	})

@@ -60,7 +60,7 @@ const (
 
 	// ReasonEvacuatedElsewhere: Nova lists an evacuation of this instance
 	// from this host in an evacuated status, and the server's current host
-	// is another host.
+	// is that evacuation's destination (another host, another node).
 	ReasonEvacuatedElsewhere
 
 	// Keep.
@@ -94,7 +94,10 @@ const (
 	// compute (not scheduled yet) although the server is on another host.
 	ReasonMigrationNoDestination
 	// ReasonMigrationDestIsThisHost: an evacuation record of this instance
-	// names this host as its destination as well as its source.
+	// names this host as its destination as well as its source, or its
+	// destination node (dest_node) is a node Nova records as this host's
+	// (the source_node of an evacuation from this host): this machine
+	// under another host name.
 	ReasonMigrationDestIsThisHost
 	// ReasonServerNotFound: Nova answered 404 for the server.
 	ReasonServerNotFound
@@ -104,6 +107,12 @@ const (
 	// ReasonServerInTransition: the server has a task state (migrating,
 	// rebuilding, resize_finish, …): its host may be about to change.
 	ReasonServerInTransition
+	// ReasonServerNotOnDestination: the server is on another host than the
+	// one its newest evacuation from this host sent it to. It may have
+	// moved on, or that host may be this node under a Nova name missing
+	// from Hosts (a renamed nova-compute): Nova's data does not prove the
+	// domain here is not the live instance (issue 10).
+	ReasonServerNotOnDestination
 	// ReasonServerLookupMissing: the caller did not supply the server's
 	// lookup result for a domain that needed one.
 	ReasonServerLookupMissing
@@ -150,6 +159,7 @@ var reasonNames = [...]string{
 	ReasonServerNotFound:              "server-not-found",
 	ReasonServerHostUnknown:           "server-host-unknown",
 	ReasonServerInTransition:          "server-in-transition",
+	ReasonServerNotOnDestination:      "server-not-on-destination",
 	ReasonServerLookupMissing:         "server-lookup-missing",
 	ReasonNovaUnavailable:             "nova-unavailable",
 	ReasonNovaRejected:                "nova-rejected",
@@ -212,16 +222,21 @@ type Domain struct {
 // Migration is one record of Nova's /os-migrations, as far as the core
 // needs it. Times are UTC; UpdatedAt is zero when Nova says null.
 type Migration struct {
-	ID            int64     `json:"id"`
-	UUID          string    `json:"uuid"`
-	InstanceUUID  string    `json:"instance_uuid"`
-	SourceCompute string    `json:"source_compute"`
-	DestCompute   string    `json:"dest_compute,omitempty"` // "" when null (not yet scheduled, or failed scheduling)
-	DestHost      string    `json:"dest_host,omitempty"`
-	Status        string    `json:"status"`
-	Type          string    `json:"migration_type"`
-	CreatedAt     time.Time `json:"created_at"`
-	UpdatedAt     time.Time `json:"updated_at,omitzero"`
+	ID            int64  `json:"id"`
+	UUID          string `json:"uuid"`
+	InstanceUUID  string `json:"instance_uuid"`
+	SourceCompute string `json:"source_compute"`
+	DestCompute   string `json:"dest_compute,omitempty"` // "" when null (not yet scheduled, or failed scheduling)
+	DestHost      string `json:"dest_host,omitempty"`
+	// SourceNode and DestNode are the hypervisor (compute node) names,
+	// "" when null; for libvirt the machine's host name, which does not
+	// change when nova-compute's host name (CONF.host) does.
+	SourceNode string    `json:"source_node,omitempty"`
+	DestNode   string    `json:"dest_node,omitempty"`
+	Status     string    `json:"status"`
+	Type       string    `json:"migration_type"`
+	CreatedAt  time.Time `json:"created_at"`
+	UpdatedAt  time.Time `json:"updated_at,omitzero"`
 }
 
 // ServerLookup is Nova's answer about one server.
@@ -268,6 +283,7 @@ type Evidence struct {
 	SourceCompute   string    `json:"source_compute,omitempty"`
 	DestCompute     string    `json:"dest_compute,omitempty"`
 	DestHost        string    `json:"dest_host,omitempty"`
+	DestNode        string    `json:"dest_node,omitempty"`
 	MigratedAt      time.Time `json:"migrated_at,omitzero"`  // the migration's created_at
 	Evacuations     int       `json:"evacuations,omitempty"` // evacuation records of this instance from this host
 	ServerFound     bool      `json:"server_found,omitempty"`
