@@ -28,6 +28,10 @@ var ErrUnreconciled = errors.New("unreconciled evacuations")
 // renewals land again rejoins by itself, after reconciliation).
 var ErrNotDeclared = errors.New("host is not declared expired")
 
+// ErrNoRecord is returned by Unfence when the host's lease key holds no
+// record (never written, deleted or purged).
+var ErrNoRecord = errors.New("no lease record")
+
 // Unfence is the operator's explicit release (`hvguard-agent --unfence`):
 // it writes a `released` record of the declaration's epoch by CAS on the
 // declaration's revision. The running agent then takes the lease over with
@@ -66,6 +70,15 @@ func Unfence(ctx context.Context, cfg Config, log *slog.Logger, rec FenceReconci
 	}
 	st := &natslease.Store{KV: kv}
 	cur, rev, err := st.Read(ctx, cfg.Host)
+	if isNotFound(err) {
+		// Deleted or purged (docs/fencing.md, "Key deleted"): nothing to
+		// release yet. A fenced agent that finds its key deleted writes an
+		// expired record of its own when it reaches NATS; a healthy one
+		// re-creates its active record.
+		return "", fmt.Errorf("unfence: %s has no lease record (deleted or purged): the agent re-creates it when it reaches NATS — "+
+			"as an expired record if it was fenced or its lease had lapsed (run --unfence again then), as an active one if it was healthy: %w",
+			cfg.Host, ErrNoRecord)
+	}
 	if err != nil {
 		return "", fmt.Errorf("unfence: %w", err)
 	}

@@ -132,6 +132,8 @@ func (r *Runner) perform(ctx context.Context, log *slog.Logger, d Decision) {
 		log.Error("REFUSING host: its constants cannot be honoured; it will never be declared expired", "host", d.Host, "reason", d.Reason)
 	case OpRefusedDue:
 		log.Error("refused host is silent and will NOT be declared", "host", d.Host, "reason", d.Reason)
+	case OpLeaseDeleted:
+		log.Error("LEASE KEY DELETED: host unprotected, it will not be declared until its agent re-creates the key", "host", d.Host, "reason", d.Reason)
 	case OpHeldBack:
 		log.Warn("host due but held back by the mass-failure guard", "host", d.Host)
 	default:

@@ -98,9 +98,13 @@ const (
 	OpHeldBack
 	// OpRefusedDue: Host is due but refused (once per silence).
 	OpRefusedDue
+	// OpLeaseDeleted: Host's key was deleted or purged: it is unprotected
+	// (never declared while its key is absent) until its agent re-creates
+	// the key. Log loudly.
+	OpLeaseDeleted
 )
 
-var opNames = [...]string{"declare", "release", "hold-started", "hold-ended", "refuse", "held-back", "refused-due"}
+var opNames = [...]string{"declare", "release", "hold-started", "hold-ended", "refuse", "held-back", "refused-due", "lease-deleted"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -142,6 +146,9 @@ type hostState struct {
 	refused    string
 	heldBack   bool
 	saidDue    bool
+	// deleted: the key was deleted or purged at revision rev (see
+	// observeDeleted); rec is the last record seen before.
+	deleted bool
 }
 
 // Tracker is the controller's lease tracker: pure, time passed in,
@@ -222,15 +229,19 @@ func (t *Tracker) WatchStarted(now time.Time) {
 func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord) []Decision {
 	t.out = t.out[:0]
 	if rec == nil {
-		delete(t.hosts, host)
+		t.observeDeleted(now, host, rev)
 		return t.out
 	}
 	h := t.hosts[host]
-	if h == nil {
+	switch {
+	case h != nil && rev <= h.rev:
+		return t.out // stale delivery
+	case h != nil && h.deleted:
+		h = t.recreated(now, h)
+		t.hosts[host] = h
+	case h == nil:
 		h = &hostState{lastSeen: now}
 		t.hosts[host] = h
-	} else if rev <= h.rev {
-		return t.out // stale delivery
 	}
 	prev := h.rec
 	h.rev, h.rec = rev, *rec
@@ -269,8 +280,16 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	return t.out
 }
 
-// Members returns the number of hosts tracked.
-func (t *Tracker) Members() int { return len(t.hosts) }
+// Members returns the number of hosts tracked (keys deleted not counted).
+func (t *Tracker) Members() int {
+	n := 0
+	for _, h := range t.hosts {
+		if !h.deleted {
+			n++
+		}
+	}
+	return n
+}
 
 // Hosts returns the tracked hosts, sorted.
 func (t *Tracker) Hosts() []string {
@@ -286,13 +305,13 @@ func (t *Tracker) Hosts() []string {
 // the tracker's threshold never uses more members than published here, so
 // an agent relying on it never expects a hold the controller does not do.
 func (t *Tracker) Guard() fencing.Guard {
-	t.published = len(t.hosts)
+	t.published = t.Members()
 	return fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare, Window: t.cfg.GuardWindow, Members: t.published}
 }
 
 // Threshold returns the current guard threshold.
 func (t *Tracker) Threshold() int {
-	n := len(t.hosts)
+	n := t.Members()
 	if t.published > 0 {
 		n = min(n, t.published)
 	}
@@ -345,7 +364,7 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 	}
 	for _, name := range t.Hosts() {
 		h := t.hosts[name]
-		if h.rec.State != fencing.LeaseActive && h.rec.State != fencing.LeaseReleased {
+		if h.deleted || h.rec.State != fencing.LeaseActive && h.rec.State != fencing.LeaseReleased {
 			continue
 		}
 		if h.rec.State == fencing.LeaseReleased {
@@ -387,6 +406,9 @@ func (t *Tracker) Release(host, reason string) (Decision, error) {
 	if h == nil {
 		return Decision{}, fmt.Errorf("release %s: unknown host", host)
 	}
+	if h.deleted {
+		return Decision{}, fmt.Errorf("release %s: its lease key was deleted (nothing to release: the agent re-creates it)", host)
+	}
 	if h.rec.State != fencing.LeaseExpired {
 		return Decision{}, fmt.Errorf("release %s: lease is %s, not expired", host, h.rec.State)
 	}
@@ -401,7 +423,7 @@ func (t *Tracker) Release(host, reason string) (Decision, error) {
 func (t *Tracker) NextDeadline(now time.Time) time.Time {
 	next := now.Add(time.Second)
 	for _, h := range t.hosts {
-		if h.rec.State == fencing.LeaseActive {
+		if h.rec.State == fencing.LeaseActive && !h.deleted {
 			if d := h.lastSeen.Add(h.rec.Timing.LeaseTTL + h.grace); d.After(now) && d.Before(next) {
 				next = d
 			}

@@ -168,3 +168,56 @@ func TestRelease(t *testing.T) {
 		t.Fatalf("%+v %v", d, err)
 	}
 }
+
+// TestDeletedKeyNeverDeclaredButCounted: a host whose key is deleted is
+// never declared (no record to CAS), said once (lease-deleted), no longer
+// a member (the threshold shrinks at once), but keeps counting as silent
+// for the guard until its key is re-created — then it is tracked again as
+// a new observation (its clock restarts) and its silence counts one more
+// guard window. A stale delivery of an older record is ignored.
+func TestDeletedKeyNeverDeclaredButCounted(t *testing.T) {
+	tr := newTracker(t, 50)
+	if d := tr.Observe(t0, "h7", 100, nil); len(d) != 1 || d[0].Op != OpLeaseDeleted || d[0].Host != "h7" {
+		t.Fatalf("delete: %s", ops(d))
+	}
+	if tr.Members() != 49 {
+		t.Fatalf("members %d, want 49", tr.Members())
+	}
+	if d := tr.Observe(t0.Add(time.Second), "h7", 50, rec("h7", fencing.BackstopReset)); len(d) != 0 || tr.Members() != 49 {
+		t.Fatalf("stale record re-added the host: %s, %d members", ops(d), tr.Members())
+	}
+	// Everyone else renews; h7 is silent: counted, never declared.
+	for s := 1; s <= 120; s++ {
+		now := t0.Add(time.Duration(s) * time.Second)
+		for i := range 50 {
+			if i != 7 {
+				tr.Observe(now, fmt.Sprintf("h%d", i), uint64(100+s*100+i), rec(fmt.Sprintf("h%d", i), fencing.BackstopReset))
+			}
+		}
+		for _, d := range tr.Tick(now) {
+			if d.Op == OpDeclare {
+				t.Fatalf("%s: declared %s", now.Sub(t0), d.Host)
+			}
+		}
+		if s >= 5 && tr.Silent(now) != 1 {
+			t.Fatalf("%s: silent %d, want 1 (the deleted host)", now.Sub(t0), tr.Silent(now))
+		}
+	}
+	if _, err := tr.Release("h7", "x"); err == nil {
+		t.Fatal("released a deleted host")
+	}
+	// Re-created: tracked again from now; its silence counts for one more
+	// window.
+	now := t0.Add(121 * time.Second)
+	tr.Observe(now, "h7", 100000, rec("h7", fencing.BackstopReset))
+	if tr.Members() != 50 || tr.Silent(now) != 1 {
+		t.Fatalf("re-created: members %d, silent %d (want 50, 1: its silence counts one more window)", tr.Members(), tr.Silent(now))
+	}
+	if err := tr.Forget("h7"); err == nil {
+		t.Fatal("forgot a host whose key exists")
+	}
+	tr.Observe(now.Add(time.Second), "h7", 100001, nil)
+	if err := tr.Forget("h7"); err != nil || tr.Silent(now.Add(2*time.Second)) != 0 {
+		t.Fatalf("forget: %v, silent %d", err, tr.Silent(now.Add(2*time.Second)))
+	}
+}

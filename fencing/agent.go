@@ -76,6 +76,13 @@ type Agent struct {
 	reconcileID uint64
 	rejoinDecl  bool // the rejoin follows a declaration (release)
 
+	// selfDecl: the key was found deleted while unsafe (keydelete.go);
+	// renewals re-create it as an expired record by CAS on declRev until
+	// one lands. selfDeclSeqs are those writes' seqs.
+	selfDecl     bool
+	declRev      uint64
+	selfDeclSeqs map[uint64]bool
+
 	r Ready
 }
 
@@ -345,6 +352,8 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 	case PeerRelayFailed:
 		if ans.Current != nil && ans.Current.State == LeaseActive {
 			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Current: ans.Current})
+		} else if ans.KeyAbsent {
+			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict})
 		}
 	case PeerCannotRenew:
 		a.confirmed[peer] = now
@@ -503,7 +512,12 @@ func (a *Agent) step(now time.Time) {
 	// within about a second.
 	doubt := a.state != StateHealthy && a.state != StateStarting && a.state != StateRejoining
 	if (a.inflight == 0 || doubt) && !now.Before(a.nextRenew) {
-		req := a.newRenewal(now)
+		var req RenewRequest
+		if a.selfDecl {
+			req = a.selfDeclaration(now)
+		} else {
+			req = a.newRenewal(now)
+		}
 		a.r.Renew = &req
 		a.inflight, a.inflightT = req.Seq, now.Add(t.RenewTimeout)
 		a.nextRenew = now.Add(t.RenewInterval)
@@ -568,6 +582,10 @@ func (a *Agent) renewFailed(now time.Time, reason Reason) {
 }
 
 func (a *Agent) renewResult(now time.Time, seq uint64, res RenewResult) {
+	if a.selfDeclSeqs[seq] {
+		a.selfDeclResult(now, seq, res)
+		return
+	}
 	switch res.Outcome {
 	case RenewAcked:
 		a.landed(now, seq, res.Revision, ReasonRenewed)
@@ -642,9 +660,9 @@ func (a *Agent) startRejoin(now time.Time, reason Reason) {
 func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 	cur := res.Current
 	if cur == nil {
-		// The key was deleted (operator): create it again.
-		a.rev = 0
+		// The key holds no record: deleted or purged (keydelete.go).
 		a.renewFailed(now, ReasonRenewFailed)
+		a.keyDeleted(now)
 		return
 	}
 	if cur.Host != a.cfg.Host {

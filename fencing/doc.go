@@ -66,4 +66,9 @@
 //  7. Restart: Durable carries the lease age, the fence/held/declared
 //     state and the paused set; a restarted agent resumes the same
 //     deadlines and never resumes a domain it did not record.
+//  8. Key deleted: a conflict showing no record (a delete or purge marker)
+//     makes the next write a create. Only an agent holding its lease and
+//     not fencing/fenced re-creates its active record; any other declares
+//     itself (an expired record of the next epoch, never overwritten by a
+//     renewal) and waits for the ordinary release (keydelete.go).
 package fencing

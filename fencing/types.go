@@ -71,6 +71,10 @@ const (
 	ReasonResumedAfterReconcile                Reason = "ResumedAfterReconcile"
 	ReasonReleased                             Reason = "ReleasedAfterDeclaration"
 	ReasonReleasedReconciled                   Reason = "ReleasedAndReconciled"
+	// Lease key deleted or purged (keydelete.go).
+	ReasonLeaseKeyDeletedRecreated    Reason = "LeaseKeyDeletedRecreated"
+	ReasonLeaseKeyDeletedWhileFenced  Reason = "LeaseKeyDeletedWhileFencedOrLapsed"
+	ReasonSelfDeclaredAfterKeyDeleted Reason = "SelfDeclaredAfterKeyDeleted"
 )
 
 // Transition is one fence-state transition, to be published.
@@ -218,6 +222,10 @@ type PeerAnswer struct {
 	Kind     PeerAnswerKind
 	Revision uint64
 	Current  *LeaseRecord
+	// KeyAbsent (PeerRelayFailed): the relay's CAS was rejected because
+	// the key holds no record at all (deleted or purged by an operator),
+	// exactly as a RenewConflict with Current nil.
+	KeyAbsent bool
 }
 
 // PeerStatus is what this agent answers a peer that asks.

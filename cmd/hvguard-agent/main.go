@@ -41,9 +41,11 @@ Flags:
                        and exit (0 = valid, 78 = invalid)
   --print-defaults     print the built-in default configuration as YAML and exit
   --unfence            release this host after the controller declared it
-                       expired (fencing): writes a released lease record;
-                       refuses while evacuations are not reconciled; the
-                       agent then resumes nothing (see docs/fencing.md)
+                       expired (fencing), or after the agent declared itself
+                       because its lease key was deleted while it was
+                       fenced: writes a released lease record; refuses
+                       while evacuations are not reconciled; the agent then
+                       resumes nothing (see docs/fencing.md)
   --status             print the last rejoin reconciliation with Nova
                        (state_dir/reconcile-last.json): what was checked,
                        found, destroyed and why not; exit 0 if it was OK,

@@ -81,8 +81,10 @@ func hostOf(k string) string {
 	return h
 }
 
-// Renew performs req (a CAS of req.Record on req.Revision, 0: create) with
-// timeout and classifies the outcome for fencing.Agent.Renewed. It is also
+// Renew performs req (a CAS of req.Record on req.Revision; 0: create, which
+// also succeeds over the marker a delete or purge left) with timeout and
+// classifies the outcome for fencing.Agent.Renewed. A conflict with a key
+// that holds no record (deleted, purged, never written) has Current nil. It is also
 // the relay a peer performs for another host (the relay contract — retry
 // once on a conflict with the asker's own active record of the same epoch
 // — is Relay).
@@ -126,12 +128,21 @@ func (s *Store) cas(ctx context.Context, host string, rev uint64, rec fencing.Le
 		return fencing.RenewResult{Outcome: fencing.RenewFailed}
 	}
 	cctx, cancel := context.WithTimeout(ctx, timeout)
-	n, err := s.KV.Update(cctx, key(host), b, rev)
+	var n uint64
+	if rev == 0 {
+		// Create, not Update on revision 0: a key that was deleted or
+		// purged keeps a marker at its own revision, and an Update on 0
+		// fails on it forever. Create writes by CAS on the marker's
+		// revision (or on nothing), and never over a record.
+		n, err = s.KV.Create(cctx, key(host), b)
+	} else {
+		n, err = s.KV.Update(cctx, key(host), b, rev)
+	}
 	cancel()
 	switch {
 	case err == nil:
 		return fencing.RenewResult{Outcome: fencing.RenewAcked, Revision: n}
-	case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists):
+	case isConflict(err):
 		cur, crev, gerr := s.Read(ctx, host)
 		if gerr != nil && !errors.Is(gerr, jetstream.ErrKeyNotFound) {
 			// The conflict is certain, the current value unknown: the
@@ -144,6 +155,18 @@ func (s *Store) cas(ctx context.Context, host string, rev uint64, rec fencing.Le
 	}
 	// Timeouts and anything unclassified: the write may still land.
 	return fencing.RenewResult{Outcome: fencing.RenewTimedOut}
+}
+
+// isConflict reports a CAS rejection: the key's last revision was not the
+// expected one (codes 10071 and, on replicated streams, 10164, however the
+// client wrapped them), or Create found a record.
+func isConflict(err error) bool {
+	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
+		return true
+	}
+	var api *jetstream.APIError
+	return errors.As(err, &api) &&
+		(api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence || api.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
 }
 
 // definitelyNotSent reports errors after which the write cannot land: not

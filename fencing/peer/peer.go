@@ -57,7 +57,10 @@ type Answer struct {
 	Kind     fencing.PeerAnswerKind `json:"kind"`
 	Revision uint64                 `json:"revision,omitempty"`
 	Current  *fencing.LeaseRecord   `json:"current,omitempty"`
-	SentAt   time.Time              `json:"sent_at"`
+	// KeyAbsent: the relay was rejected because the asker's key holds no
+	// record (deleted or purged): fencing.PeerAnswer.KeyAbsent.
+	KeyAbsent bool      `json:"key_absent,omitempty"`
+	SentAt    time.Time `json:"sent_at"`
 }
 
 // Relayer performs a relayed renewal (natslease.Store.Relay).
@@ -139,6 +142,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			ans.Kind, ans.Revision = fencing.PeerRelayed, res.Revision
 		case fencing.RenewConflict:
 			ans.Revision, ans.Current = res.Revision, res.Current
+			ans.KeyAbsent = res.Current == nil
 		}
 	}
 	ans.SentAt = h.wall()
@@ -214,5 +218,5 @@ func (c *Client) Ask(ctx context.Context, peer string, rd fencing.PeerRound) (fe
 	if ans.From != peer || ans.To != c.Host || ans.Round != rd.ID || !fresh(ans.SentAt, c.wall()) {
 		return unreachable, fmt.Errorf("peer %s: answer for another round, host or time", peer)
 	}
-	return fencing.PeerAnswer{Kind: ans.Kind, Revision: ans.Revision, Current: ans.Current}, nil
+	return fencing.PeerAnswer{Kind: ans.Kind, Revision: ans.Revision, Current: ans.Current, KeyAbsent: ans.KeyAbsent}, nil
 }

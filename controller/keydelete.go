@@ -1,0 +1,60 @@
+package controller
+
+import (
+	"fmt"
+	"time"
+)
+
+// A host whose lease key was deleted or purged (docs/fencing.md, "Key
+// deleted"). There is no record to declare by CAS, so the host is never
+// declared while its key is absent: it is unprotected, which the tracker
+// says once (OpLeaseDeleted). It is not forgotten, though: its agent may
+// still run, cut off and unaware of the delete, Held by its peers and
+// confirming their holds; if the controller stopped counting it, the
+// others' silence alone could fall to the threshold and the controller
+// would declare hosts that are Held. So a deleted host keeps counting
+// toward the mass-failure guard exactly as a host whose renewals stopped
+// at its last observed record (silent from suspect_after on, until its key
+// comes back, then for one more guard window), but not toward the
+// membership (N: a delete shrinks it, which lowers the threshold at once).
+// When the agent re-creates its key, the host is tracked again as a new
+// observation (its clock restarts). Forget drops a deleted host for good
+// (decommissioned: withdraw or stop its agent first).
+
+// observeDeleted records that host's key was deleted or purged at rev.
+func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
+	h := t.hosts[host]
+	if h == nil || h.deleted || rev <= h.rev {
+		return // unknown, already deleted, or a stale delivery
+	}
+	h.deleted, h.rev = true, rev
+	h.declaring = time.Time{}
+	t.out = append(t.out, Decision{Op: OpLeaseDeleted, Host: host, Reason: fmt.Sprintf(
+		"lease-deleted: host unprotected: its key was deleted or purged (last record %s, epoch %d); never declared until its agent re-creates it; it keeps counting toward the mass-failure guard",
+		h.rec.State, h.rec.Epoch)})
+}
+
+// recreated returns the state of a deleted host whose key holds a record
+// again: a new observation, whose silence while deleted (if it counted)
+// ends now and counts for one more guard window.
+func (t *Tracker) recreated(now time.Time, old *hostState) *hostState {
+	h := &hostState{lastSeen: now, rev: old.rev}
+	if t.counted(old, now) {
+		h.silentEnd = now
+	}
+	return h
+}
+
+// Forget drops a host whose key was deleted (decommissioned for good); it
+// no longer counts toward the guard. It refuses a host whose key exists.
+func (t *Tracker) Forget(host string) error {
+	h := t.hosts[host]
+	switch {
+	case h == nil:
+		return fmt.Errorf("forget %s: unknown host", host)
+	case !h.deleted:
+		return fmt.Errorf("forget %s: its lease key exists (delete it first)", host)
+	}
+	delete(t.hosts, host)
+	return nil
+}
