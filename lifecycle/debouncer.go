@@ -55,6 +55,14 @@ func phaseOf(s State) (p phase, ok bool) {
 type domain struct {
 	uuid, name string
 	phase      phase
+	// learnedOff: phase is off because a listing or a Seed said so, not
+	// because this Debouncer reported the stop (a domain first learnt
+	// from a resync listing it off, or believed off from domains.json).
+	// A STOPPED/CRASHED delivered now is a stop nobody was told about —
+	// the event may predate the listing that found the domain off (the
+	// agent's first listing races the events) — so it opens a pending
+	// stop instead of being dropped as already reported.
+	learnedOff bool
 	// absorb: the next STARTED belongs to a start or reboot already
 	// reported (real QEMU sends RESUMED then STARTED; a check found the
 	// domain alive before its late start events arrived).
@@ -204,9 +212,12 @@ func (d *Debouncer) AppendObserve(dst []Decision, ev Event, now time.Time) []Dec
 	switch ev.Kind {
 	case KindStopped, KindCrashed:
 		dom.absorb = false
-		if dom.phase == phaseOff {
+		if dom.phase == phaseOff && !dom.learnedOff {
 			d.c.Redundant++ // this stop was already reported
 			return dst
+		}
+		if dom.learnedOff {
+			d.c.StopsOfLearnedOff++
 		}
 		return d.beginStop(dst, dom, ev, now)
 	case KindShutdown:
@@ -336,6 +347,7 @@ func mergeDetail(merged, detail string) string {
 
 // beginStop opens a pending stop (or, with Window 0, reports it at once).
 func (d *Debouncer) beginStop(dst []Decision, dom *domain, cause Event, now time.Time) []Decision {
+	dom.learnedOff = false // this stop is reported (or suppressed) by this Debouncer
 	if d.cfg.Window == 0 {
 		d.c.StopsReported++
 		d.c.StopsPassThrough++
@@ -512,7 +524,10 @@ func (d *Debouncer) AppendResolve(dst []Decision, uuid string, check uint64, st 
 // survive untouched (their check reads the real state anyway). For other
 // domains:
 //   - unknown domain: learnt, reported defined (ReasonResync, State = its
-//     listed state), so consumers learn every domain exactly once;
+//     listed state), so consumers learn every domain exactly once; one
+//     listed off is "learnt off": a STOPPED/CRASHED delivered later (the
+//     stop raced the listing) opens a pending stop instead of being
+//     dropped as already reported;
 //   - believed alive (or unplaced), listed off: a stop begins, taking the
 //     same window/check path as a STOPPED event (Cause.Event "RESYNC");
 //   - believed off, listed alive: started (ReasonResync); later start
@@ -536,6 +551,7 @@ func (d *Debouncer) AppendResync(dst []Decision, snap []DomainSnapshot, now time
 		if dom == nil {
 			dom = &domain{uuid: s.UUID, name: s.Name, hidx: -1}
 			dom.phase, _ = phaseOf(s.State)
+			dom.learnedOff = dom.phase == phaseOff
 			d.doms[s.UUID] = dom
 			dom.mark = d.gen
 			cause.Kind = KindDefined

@@ -153,6 +153,10 @@ type Counters struct {
 	UndefinesHeld uint64 // UNDEFINED events held behind a pending stop (Nova's hard reboot undefines and redefines)
 	StopsBegun    uint64 // pending stops opened (windows started)
 	StopsMerged   uint64 // stop-like events merged into an already pending stop
+	// StopsOfLearnedOff: pending stops opened by a STOPPED/CRASHED of a
+	// domain believed off only from a listing or a Seed (the stop raced
+	// the listing: never reported, so not redundant).
+	StopsOfLearnedOff uint64
 
 	StopsPending int // gauge: stops currently pending (window, check or recheck)
 

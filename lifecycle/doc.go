@@ -28,7 +28,11 @@
 //  1. Stop-once: a stop is reported (TransitionStopped) at most once until
 //     the domain is reported alive again (started, rebooted, resumed,
 //     suspended, pmsuspended) or forgotten. STOPPED/CRASHED for a domain
-//     already reported off are redundant and ignored.
+//     whose stop was already reported (or that was defined while watched
+//     and never ran) are redundant and ignored. Never lost: a domain
+//     believed off only because a listing or a Seed said so ("learnt off")
+//     had its stop reported by nobody in this run, so its STOPPED/CRASHED
+//     opens a pending stop like any other.
 //  2. No false stop from a check: a Resolve answering an alive state
 //     (running, blocked, paused, pmsuspended) with no error never yields a
 //     stop; it yields rebooted/running-at-window-end.
@@ -93,7 +97,14 @@
 //     (reason pass-through, state shutoff or crashed), still once.
 //   - Resync (after events may have been lost) reports an unknown domain as
 //     defined (reason resync, State = listed state) so consumers learn each
-//     domain once; sends a domain listed off but believed alive through the
+//     domain once. The listing races the events: an event delivered after
+//     the listing may predate it. A domain learnt off this way (or seeded
+//     off) whose STOPPED/CRASHED arrives afterwards stopped while the
+//     listing was taken (no STOPPED comes for a domain that did not run
+//     since the events were registered): the stop goes through the window
+//     and is reported once (Counters.StopsOfLearnedOff); a domain merely
+//     off that never runs gets its defined and nothing else. Resync also
+//     sends a domain listed off but believed alive through the
 //     normal window/check path; reports started/suspended/resumed/
 //     pmsuspended for other listed changes; leaves pending stops alone (their
 //     check reads the state anyway); reports a missing domain undefined

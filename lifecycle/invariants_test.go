@@ -48,13 +48,18 @@ func (d *Debouncer) checkInvariants() error {
 // belief tracks, per domain, what the reports said; it detects a stop
 // reported twice and reports out of event order.
 type belief struct {
-	off     map[string]bool // last report left the domain off
+	off map[string]bool // last report left the domain off
+	// stop: a stop was reported since the domain was last reported alive
+	// (or learnt). A defined report with an off state (a resync learning
+	// a domain) is not a stop: the stop that took the domain off may still
+	// be reported, once (doc.go, "learnt off").
+	stop    map[string]bool
 	lastAt  map[string]int64
 	stopped map[string]int // stopped reports
 }
 
 func newBelief() *belief {
-	return &belief{off: map[string]bool{}, lastAt: map[string]int64{}, stopped: map[string]int{}}
+	return &belief{off: map[string]bool{}, stop: map[string]bool{}, lastAt: map[string]int64{}, stopped: map[string]int{}}
 }
 
 // apply folds one decision in; it returns an error for a stop reported
@@ -71,21 +76,22 @@ func (b *belief) apply(dc Decision) error {
 	b.lastAt[dc.UUID] = at
 	switch dc.Transition {
 	case TransitionStopped:
-		if b.off[dc.UUID] {
+		if b.stop[dc.UUID] {
 			return fmt.Errorf("%s: stop reported twice: %v", dc.UUID, dc)
 		}
-		b.off[dc.UUID] = true
+		b.off[dc.UUID], b.stop[dc.UUID] = true, true
 		b.stopped[dc.UUID]++
 	case TransitionUndefined:
 		delete(b.off, dc.UUID)
+		delete(b.stop, dc.UUID)
 	case TransitionDefined:
 		if dc.State.Off() {
 			b.off[dc.UUID] = true
 		} else if dc.State.Alive() {
-			b.off[dc.UUID] = false
+			b.off[dc.UUID], b.stop[dc.UUID] = false, false
 		}
 	default: // started, rebooted, resumed, suspended, pmsuspended
-		b.off[dc.UUID] = false
+		b.off[dc.UUID], b.stop[dc.UUID] = false, false
 	}
 	return nil
 }

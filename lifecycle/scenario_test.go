@@ -65,6 +65,7 @@ func (h *harness) take(ds []Decision) {
 //	resolve STATE|error [dom]     answer dom's latest check
 //	resolve-stale STATE [dom]     answer with dom's previous token
 //	resync dom=state,...          Resync with that listing ("-" = empty)
+//	seed dom=state,...            Seed with those beliefs (a restart)
 //	expect DECISION-PREFIX        next decision must start with it (dom first)
 //	expect-none                   no decision left unmatched
 //	len N / pending N             Len() / Pending()
@@ -109,7 +110,7 @@ func (h *harness) step(line string) {
 			h.t.Fatalf("%q: unknown state", line)
 		}
 		h.take(h.d.AppendResolve(h.buf[:0], u, tok, st, err, h.now))
-	case "resync":
+	case "resync", "seed":
 		var snap []DomainSnapshot
 		if f[1] != "-" {
 			for _, kv := range strings.Split(f[1], ",") {
@@ -120,6 +121,12 @@ func (h *harness) step(line string) {
 				}
 				snap = append(snap, DomainSnapshot{UUID: u, Name: "instance-" + u, State: st})
 			}
+		}
+		if f[0] == "seed" {
+			if err := h.d.Seed(snap); err != nil {
+				h.t.Fatalf("%q: %v", line, err)
+			}
+			return
 		}
 		h.take(h.d.AppendResync(h.buf[:0], snap, h.now))
 	case "expect":
@@ -546,6 +553,76 @@ var scenarios = []struct {
 		expect a check
 		resolve running
 		expect a report rebooted running-at-window-end
+	`},
+	// Issue 10 item 6: the agent's first listing races the events. A
+	// domain the agent never knew that stops while the listing is taken is
+	// listed off, but its STOPPED is delivered after the listing: the stop
+	// was never reported (the listing only said "defined, off"), so it must
+	// go through the window and be reported, once.
+	{"stop racing the first listing of a domain never known is reported", DefaultConfig(), `
+		resync a=shutoff
+		expect a report defined resync state=shutoff
+		observe SHUTDOWN/HOST
+		observe STOPPED/DESTROYED
+		pending 1
+		advance 15s
+		expect a check window-end cause=STOPPED/DESTROYED shutdown=HOST
+		resolve shutoff
+		expect a report stopped off-at-window-end state=shutoff cause=STOPPED/DESTROYED
+		observe STOPPED/DESTROYED
+		advance 60s
+		expect-none
+	`},
+	{"stop racing the first listing, domain back within the window: rebooted", DefaultConfig(), `
+		resync a=shutoff
+		expect a report defined resync state=shutoff
+		observe STOPPED/DESTROYED
+		advance 2s
+		observe STARTED/BOOTED
+		expect a report rebooted started-within-window state=running
+		advance 60s
+	`},
+	// The opposite risk: a domain that was merely off at start and never
+	// ran gets no STOPPED, so nothing but its defined (resync) is reported,
+	// however many listings follow.
+	{"domain off at start that never runs: defined only", DefaultConfig(), `
+		resync a=shutoff,b=crashed
+		expect a report defined resync state=shutoff
+		expect b report defined resync state=crashed
+		advance 60s
+		resync a=shutoff,b=shutoff
+		advance 60s
+		pending 0
+	`},
+	// After a restart the beliefs come from domains.json (Seed): a domain
+	// believed off that ran meanwhile and stops while the first listing is
+	// taken is the same race; the stop reported before the restart was an
+	// earlier one.
+	{"stop racing the first listing after a restart (seeded off) is reported", DefaultConfig(), `
+		seed a=shutoff,b=running
+		resync a=shutoff,b=running
+		expect-none
+		observe STOPPED/DESTROYED
+		advance 15s
+		expect a check window-end cause=STOPPED/DESTROYED
+		resolve shutoff
+		expect a report stopped off-at-window-end state=shutoff
+	`},
+	// A stop this debouncer reported itself is never reported again by a
+	// late or repeated STOPPED, with or without a listing in between.
+	{"stop reported by the debouncer: later STOPPED is redundant", DefaultConfig(), `
+		resync a=running
+		expect a report defined resync state=running
+		resync a=shutoff
+		advance 15s
+		expect a check window-end cause=RESYNC/shutoff
+		resolve shutoff
+		expect a report stopped off-at-window-end
+		observe STOPPED/DESTROYED
+		resync a=shutoff
+		observe CRASHED/PANICKED
+		advance 60s
+		pending 0
 	`},
 	{"resync with window 0 reports the stop at once", cfgWith(func(c *Config) { c.Window = 0 }), `
 		observe STARTED/BOOTED

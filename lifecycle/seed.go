@@ -34,7 +34,9 @@ var ErrNotEmpty = errors.New("lifecycle: Seed on a debouncer that already tracks
 // Seed sets the Debouncer's beliefs from a previous Known without reporting
 // anything. It is only valid before any other call. Rows with an empty UUID
 // or a state that does not place a domain (unknown, nostate, shutdown) are
-// skipped.
+// skipped. A domain seeded off is learnt off (see AppendResync): the stop
+// reported before the restart was an earlier one, so a STOPPED delivered in
+// this run is reported.
 func (d *Debouncer) Seed(known []DomainSnapshot) error {
 	if len(d.doms) > 0 {
 		return ErrNotEmpty
@@ -44,7 +46,9 @@ func (d *Debouncer) Seed(known []DomainSnapshot) error {
 		if s.UUID == "" || !ok {
 			continue
 		}
-		d.doms[s.UUID] = &domain{uuid: s.UUID, name: s.Name, phase: p, hidx: -1}
+		// Believed off from the file: a STOPPED delivered now is a later
+		// stop than the one reported before the restart (learnedOff).
+		d.doms[s.UUID] = &domain{uuid: s.UUID, name: s.Name, phase: p, hidx: -1, learnedOff: p == phaseOff}
 	}
 	return nil
 }
