@@ -69,6 +69,11 @@ type Loop struct {
 	HeartbeatEvery time.Duration
 	// OnReport, if set, is called after each event is appended (demo, tests).
 	OnReport func(proto.LifecycleEvent)
+	// OnResync, if set, is called on the loop after each full domain
+	// listing has been applied and its reports handed on, with the number
+	// of domains listed (tests: the first call means the loop knows every
+	// domain; see Options.OnResync).
+	OnResync func(domains int)
 
 	wg sync.WaitGroup
 }
@@ -197,6 +202,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	var ds []lifecycle.Decision
 	for {
 		ds = ds[:0]
+		resynced := -1 // domains listed by a resync applied in this iteration
 		select {
 		case <-ctx.Done():
 			l.stop(ctx)
@@ -233,6 +239,7 @@ func (l *Loop) Run(ctx context.Context) error {
 			} else {
 				l.stats.Resyncs.Add(1)
 				ds = append(ds, l.deb.Resync(l.fresh(r.snap), l.now())...)
+				resynced = len(r.snap)
 				l.log.Info("resync done", "domains", len(r.snap))
 			}
 			if l.resyncAgain {
@@ -258,6 +265,9 @@ func (l *Loop) Run(ctx context.Context) error {
 			l.saveKnown(false)
 		}
 		l.handle(ctx, ds)
+		if resynced >= 0 && l.OnResync != nil {
+			l.OnResync(resynced)
+		}
 		l.stats.LastLoop.Store(l.now().UnixNano())
 		l.stats.Tracked.Store(int64(l.deb.Len()))
 		if next, ok := l.nextDeadline(); ok {

@@ -42,8 +42,14 @@ type Options struct {
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 	// Ready is closed once the daemon is ready (libvirt connected, NATS
-	// connected or degraded).
+	// connected or degraded). The event loop's first domain listing may
+	// still be in flight then (READY does not wait for it): tests that act
+	// on domains right after Ready wait for OnResync too.
 	Ready chan<- struct{}
+	// OnResync is called on the event loop after each full domain listing
+	// has been applied (the first one at start), with the number of
+	// domains listed. hvguard_resyncs_total counts the same.
+	OnResync func(domains int)
 
 	// Fencing (fence.enabled; see fence.go). ResetHost resets the host;
 	// nil means SysrqReset (tests inject a recorder: never reset a test
@@ -200,6 +206,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if opts.OnReport != nil {
 		d.loop.OnReport = opts.OnReport
 	}
+	d.loop.OnResync = opts.OnResync
 	if d.fence != nil {
 		// A domain that starts (or resumes) is fenced at once while fenced.
 		onReport := d.loop.OnReport

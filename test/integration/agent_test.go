@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,22 +87,32 @@ func agentConfig(t *testing.T, host, natsURL, stateDir string) agent.Config {
 	return cfg
 }
 
-// startAgent runs agent.Run until the test ends and waits until it is ready.
+// startAgent runs agent.Run until the test ends and waits until it is
+// ready and its event loop has applied the first domain listing: READY may
+// come before that listing, and a test acting on a domain in between races
+// it (the agent learns the domain from the listing or from the events,
+// whichever comes first, and reports differently).
 func startAgent(t *testing.T, cfg agent.Config, opts agent.Options) (stop func() error) {
 	t.Helper()
 	ready := make(chan struct{})
 	opts.Ready = ready
+	listed := firstListing(&opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- agent.Run(ctx, cfg, quietLog(), opts) }()
-	select {
-	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("agent exited before ready: %v", err)
-	case <-time.After(20 * time.Second):
-		cancel()
-		t.Fatal("agent not ready after 20s")
+	for _, w := range []struct {
+		what string
+		ch   <-chan struct{}
+	}{{"ready", ready}, {"done with its first domain listing", listed}} {
+		select {
+		case <-w.ch:
+		case err := <-done:
+			cancel()
+			t.Fatalf("agent exited before %s: %v", w.what, err)
+		case <-time.After(20 * time.Second):
+			cancel()
+			t.Fatalf("agent not %s after 20s", w.what)
+		}
 	}
 	var stopped atomic.Bool
 	stop = func() error {
@@ -118,6 +129,21 @@ func startAgent(t *testing.T, cfg agent.Config, opts agent.Options) (stop func()
 	}
 	t.Cleanup(func() { _ = stop() })
 	return stop
+}
+
+// firstListing chains opts.OnResync with a channel closed once the event
+// loop has applied its first domain listing.
+func firstListing(opts *agent.Options) <-chan struct{} {
+	listed := make(chan struct{})
+	var once sync.Once
+	next := opts.OnResync
+	opts.OnResync = func(domains int) {
+		if next != nil {
+			next(domains)
+		}
+		once.Do(func() { close(listed) })
+	}
+	return listed
 }
 
 func natsConn(t *testing.T, url string) *nats.Conn {

@@ -81,12 +81,12 @@ func childMain() int {
 	reported := make(chan uint64, 1<<16)
 	ready := make(chan struct{})
 	done := make(chan error, 1)
-	go func() {
-		done <- agent.Run(ctx, cfg, quietLog(), agent.Options{
-			Ready:    ready,
-			OnReport: func(ev proto.LifecycleEvent) { reported <- ev.Seq },
-		})
-	}()
+	opts := agent.Options{
+		Ready:    ready,
+		OnReport: func(ev proto.LifecycleEvent) { reported <- ev.Seq },
+	}
+	listed := firstListing(&opts)
+	go func() { done <- agent.Run(ctx, cfg, quietLog(), opts) }()
 	go func() {
 		for seq := range reported {
 			fmt.Fprintf(out, "REPORTED %d\n", seq)
@@ -96,6 +96,7 @@ func childMain() int {
 		}
 	}()
 	<-ready
+	<-listed // the workload acts on domains: not before the agent knows them
 	switch scenario {
 	case childFlap:
 		err = childFlapVictim(ctx, wl)
