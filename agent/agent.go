@@ -283,6 +283,7 @@ func (l *Loop) nextDeadline() (time.Time, bool) {
 		return next, ok
 	}
 	l.clsStats.Classifying.Store(int64(l.cls.cls.Pending()))
+	l.clsStats.Queued.Store(int64(l.cls.queued()))
 	if c, cok := l.cls.cls.NextDeadline(); cok && (!ok || c.Before(next)) {
 		return c, true
 	}
@@ -297,6 +298,7 @@ func (l *Loop) stop(ctx context.Context) {
 	l.drainCls(ctx)
 	if l.cls != nil {
 		l.clsStats.Classifying.Store(0)
+		l.clsStats.Queued.Store(0)
 	}
 	l.saveKnown(true)
 }

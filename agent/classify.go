@@ -61,6 +61,11 @@ type classifying struct {
 	held  map[string]lifecycle.Decision
 	after map[string][]lifecycle.Decision
 	alive map[string]lifecycle.Decision
+	// draining: the loop is shutting down (drainCls); a stop reported now
+	// (one that was queued behind a drained stop) is published at once as
+	// unknown/agent-stopping instead of starting a classification that
+	// could never end.
+	draining bool
 }
 
 // clsResultBuffer bounds the Nova answers waiting for the loop: at most one
@@ -91,6 +96,18 @@ type ClassifyStats struct {
 	Holds           sync.Map // Nova task -> *atomic.Uint64
 	NovaQueries     sync.Map // "kind/result" -> *atomic.Uint64
 	Classifying     atomic.Int64
+	// Queued: reports of domains whose stop is being classified, waiting
+	// to be published after it (in order).
+	Queued atomic.Int64
+}
+
+// queued counts the reports waiting behind stops being classified.
+func (c *classifying) queued() int {
+	n := 0
+	for _, q := range c.after {
+		n += len(q)
+	}
+	return n
 }
 
 func count(m *sync.Map, key string) {
@@ -116,6 +133,10 @@ func (l *Loop) route(ctx context.Context, d *lifecycle.Decision) bool {
 	}
 	if d.Transition != lifecycle.TransitionStopped {
 		return false
+	}
+	if c.draining {
+		l.publishClassified(d, classify.Unknown, classify.ReasonAgentStopping, "queued", true)
+		return true
 	}
 	c.held[d.UUID] = *d
 	l.handleCls(ctx, c.cls.Add(classify.Stop{UUID: d.UUID, Detail: classify.ParseDetail(d.Cause.Detail), Began: d.Cause.At}, now))
@@ -159,7 +180,6 @@ func (l *Loop) reportClassified(ctx context.Context, x classify.Decision) {
 	if !ok {
 		return // cannot happen: every Add has its held report
 	}
-	count(&l.clsStats.Classifications, string(x.Classification)+"/"+string(x.Reason))
 	if x.Classification == classify.Rebooted {
 		d.Transition = lifecycle.TransitionRebooted
 		switch {
@@ -174,22 +194,31 @@ func (l *Loop) reportClassified(ctx context.Context, x classify.Decision) {
 			return q.Transition == lifecycle.TransitionUndefined || q.Transition == lifecycle.TransitionDefined
 		})
 	}
-	l.log.Info("stop classified", "domain_uuid", d.UUID, "domain", d.Name,
-		"classification", string(x.Classification), "classification_reason", string(x.Reason),
-		"libvirt_detail", d.Cause.Detail, "held", x.Held, "nova_task", string(x.Task), "nova_vm_state", string(x.VMState))
-	l.publish(&d, proto.Classification(x.Classification), string(x.Reason))
+	l.publishClassified(&d, x.Classification, x.Reason, "held", x.Held, "nova_task", string(x.Task), "nova_vm_state", string(x.VMState))
 	for i := range after {
 		l.report(ctx, &after[i])
 	}
 }
 
+// publishClassified counts, logs and publishes a stop (or the rebooted it
+// became) with its classification; attrs add to the log line.
+func (l *Loop) publishClassified(d *lifecycle.Decision, cl classify.Classification, r classify.Reason, attrs ...any) {
+	count(&l.clsStats.Classifications, string(cl)+"/"+string(r))
+	l.log.Info("stop classified", append([]any{"domain_uuid", d.UUID, "domain", d.Name,
+		"classification", string(cl), "classification_reason", string(r), "libvirt_detail", d.Cause.Detail}, attrs...)...)
+	l.publish(d, proto.Classification(cl), string(r))
+}
+
 // drainCls publishes every stop still being classified as unknown with
-// reason agent-stopping (graceful shutdown: a held stop is never lost).
-// Queries in flight are abandoned.
+// reason agent-stopping (graceful shutdown: a held stop is never lost),
+// each followed by the reports queued behind it, in order; a queued stop
+// is published at once as unknown/agent-stopping too (draining), not
+// classified again. Queries in flight are abandoned.
 func (l *Loop) drainCls(ctx context.Context) {
 	if l.cls == nil {
 		return
 	}
+	l.cls.draining = true
 	l.handleCls(ctx, l.cls.cls.Drain(l.now()))
 }
 

@@ -42,6 +42,7 @@ var (
 	// Classification (only with classification.enabled).
 	descClassified  = prometheus.NewDesc("hvguard_stop_classifications_total", "Stops reported with a Nova classification, by classification (rebooted, stopped-by-nova, stopped-unexpectedly, unknown) and reason.", []string{"classification", "reason"}, nil)
 	descClassifying = prometheus.NewDesc("hvguard_stops_classifying", "Stops held back while they are classified (waiting for Nova or held for a Nova operation).", nil, nil)
+	descQueued      = prometheus.NewDesc("hvguard_reports_queued", "Reports of domains whose stop is being classified, queued to be published after it (in order).", nil, nil)
 	descHolds       = prometheus.NewDesc("hvguard_stop_holds_total", "Stops held because a Nova operation explained them, by Nova task_state.", []string{"task"}, nil)
 	descNovaQueries = prometheus.NewDesc("hvguard_nova_queries_total", "Nova queries for classification, by kind (servers, actions) and result (ok, error, timeout).", []string{"kind", "result"}, nil)
 
@@ -189,6 +190,7 @@ func (c collector) collectClassify(ch chan<- prometheus.Metric) {
 	cnt(descHolds, &s.Holds)
 	cnt(descNovaQueries, &s.NovaQueries)
 	ch <- prometheus.MustNewConstMetric(descClassifying, prometheus.GaugeValue, float64(s.Classifying.Load()))
+	ch <- prometheus.MustNewConstMetric(descQueued, prometheus.GaugeValue, float64(s.Queued.Load()))
 }
 
 // metricsHandler serves /metrics (Prometheus) and /healthz (200 when the

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"hvguard/agent"
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/libvirtx"
+	"hvguard/lifecycle"
 	"hvguard/openstack"
 	"hvguard/openstack/openstacktest"
 	"hvguard/proto"
@@ -114,6 +117,11 @@ func (n *fakeNova) userStop(uuid string, start time.Time) {
 
 // startClassifying runs an agent with classification on against nova.
 func startClassifying(t *testing.T, nova *fakeNova, url, host string, tune func(*agent.Config)) func() error {
+	return startAgent(t, classifyingConfig(t, nova, url, host, tune), agent.Options{})
+}
+
+// classifyingConfig is the configuration of an agent classifying with nova.
+func classifyingConfig(t *testing.T, nova *fakeNova, url, host string, tune func(*agent.Config)) agent.Config {
 	cfg := agentConfig(t, host, url, stateDir(t))
 	cfg.Classification.Enabled = true
 	cfg.OpenStack.Cloud = "test"
@@ -126,7 +134,7 @@ func startClassifying(t *testing.T, nova *fakeNova, url, host string, tune func(
 	if tune != nil {
 		tune(&cfg) // test-only bounds below the validated ones
 	}
-	return startAgent(t, cfg, agent.Options{})
+	return cfg
 }
 
 // classified renders a domain's events as transition(reason)[classification/reason].
@@ -323,6 +331,69 @@ func TestClassifyShutdownMidHold(t *testing.T) {
 	})
 	checkContiguous(t, evs)
 	expectOne(t, evs, map[string]string{a: "stopped(off-at-window-end)[unknown/agent-stopping]"})
+}
+
+// TestClassifyShutdownPublishesQueuedStop (issue 10 item 10): a stop held
+// for a Nova hard reboot; the domain's start event is lost (libvirt's
+// hand-off overflowed), so its next reports — suspended, then a second stop
+// after its window — are not a start that ends the hold: they queue behind
+// the held stop. SIGTERM then publishes the held stop (unknown,
+// agent-stopping), the queued suspended and the queued stop, in order
+// (unknown, agent-stopping too). Before the fix the queued stop was handed
+// to the classifier again after the drain and never published.
+func TestClassifyShutdownPublishesQueuedStop(t *testing.T) {
+	ns := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	wl := workloadConn(t)
+	host := "it-cls6.example.org"
+	a, _ := newDomain(t, wl, "cls-queued")
+	nova := newFakeNova(t, host)
+	nova.set(a, novaHardReboot) // held for as long as the test runs (max_hold 5 min)
+	cfg := classifyingConfig(t, nova, ns.ClientURL(), host, nil)
+	url := fmt.Sprintf("http://127.0.0.1:%d/metrics", deliverytest.FreePort(t))
+	cfg.Metrics.Listen = strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/metrics")
+	var lose atomic.Bool
+	stop := startAgent(t, cfg, agent.Options{WrapHypervisor: func(hv agent.Hypervisor) agent.Hypervisor {
+		return newGatedHV(hv, a, nil, func(ev lifecycle.Event) bool {
+			return lose.Load() && ev.UUID == a && (ev.Kind == lifecycle.KindStarted || ev.Kind == lifecycle.KindResumed)
+		}, nil)
+	}})
+	nc := natsConn(t, ns.ClientURL())
+	ctx := context.Background()
+	waitMetric := func(series string, want float64) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for metric(scrape(t, url), series) != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s never reached %v", series, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+
+	must(t, wl.Destroy(ctx, a))
+	waitMetric("hvguard_stops_classifying", 1) // held: Nova shows the hard reboot
+	lose.Store(true)
+	must(t, wl.Start(ctx, a))   // STARTED lost
+	must(t, wl.Suspend(ctx, a)) // suspended: queued behind the held stop
+	must(t, wl.Destroy(ctx, a)) // a second stop: queued after its window
+	waitMetric("hvguard_reports_queued", 2)
+	before := deliverytest.Collect(t, nc, host, 0, time.Second).Events
+	if got := classified(before, a); !slices.Equal(got, []string{"defined(resync)"}) {
+		t.Fatalf("before the shutdown: %v, want only defined(resync)", got)
+	}
+
+	must(t, stop())
+	evs := deliverytest.Collect(t, nc, host, 3, 5*time.Second).Events
+	checkContiguous(t, evs)
+	want := []string{
+		"defined(resync)",
+		"stopped(off-at-window-end)[unknown/agent-stopping]",
+		"suspended(event)",
+		"stopped(off-at-window-end)[unknown/agent-stopping]",
+	}
+	if got := classified(evs, a); !slices.Equal(got, want) {
+		t.Errorf("after the shutdown: %v, want %v", got, want)
+	}
 }
 
 // TestClassifySIGKILLMidHold: the agent (a child process) is killed with
