@@ -15,7 +15,13 @@
 //     Nova classification of stops ("classification",
 //     "classification_reason", issue 6) was added this way within schema 1:
 //     optional, omitted when not classified, and no transition changed
-//     meaning (a held Nova reboot is still a "rebooted"), so no v2.
+//     meaning (a held Nova reboot is still a "rebooted"), so no v2. The
+//     "incarnation" (issue 10) was added the same way: optional, absent
+//     from older agents; an old consumer ignores it and behaves exactly as
+//     before (it cannot tell a reinstalled host's restarted seqs from
+//     duplicates, which is what the field is for); a new consumer reads an
+//     absent incarnation as the empty one. Its Msg-Id change needs no
+//     reader's cooperation: JetStream only compares Msg-Ids for equality.
 //
 // Every message carries "schema". SchemaVersion changes only for an
 // incompatible change (a field removed, or its meaning changed); such a
@@ -40,17 +46,39 @@
 //   - HostToken and TokenToHost are inverse bijections between valid RFC 1123
 //     host names and subject tokens; anything else is rejected, never passed
 //     through into a subject.
-//   - Per host, seq is strictly increasing across agent restarts; a hole in
-//     the sequence means events were lost (see TransitionGap) and the
-//     consumer must resync that host.
+//   - Per host and incarnation, seq is strictly increasing across agent
+//     restarts; a hole in the sequence means events were lost (see
+//     TransitionGap) and the consumer must resync that host. The agent's
+//     outbox draws its incarnation (NewIncarnation) when it is created and
+//     keeps it on disk with the last seq: losing the state directory
+//     loses both, so a new outbox starts again at seq 1 under a new
+//     incarnation, and its Msg-Ids (MsgID includes the incarnation) are
+//     new too: JetStream stores its events instead of dropping them as
+//     duplicates of the old outbox's.
 //
 // # Consumer rules
 //
-// A consumer keeps, per host, the last seq it processed and, for each
-// message: seq <= last: a duplicate (or a late re-send): drop it;
-// seq == last+1: process it; seq > last+1: events are missing (lost, or a
-// rare out-of-order re-send, see agent/delivery): resync the host from a
-// full listing, then process it. A gap marker is processed like any event
-// and also triggers a resync. JetStream's duplicate window (Nats-Msg-Id =
-// MsgID) removes most duplicates before they reach a consumer, but not all.
+// A consumer keeps, per host, the incarnation, the stream sequence of that
+// incarnation's first message, and the last seq it processed
+// (controller.Fleet implements these rules) and, for each message:
+//   - incarnation differs from the host's (including absent vs present)
+//     and the message stands later in the stream than the current
+//     incarnation's first message: the host's outbox was recreated (state
+//     directory lost, the agent purged and reinstalled, a disk swap) or
+//     first written by an agent with incarnations: the consumer's view of
+//     that host is stale and the new seqs are unrelated to the old: resync
+//     the host from a full listing, then follow the new incarnation from
+//     this message's seq. Incarnations are random, so only the stream
+//     orders them: a message of another incarnation that stands earlier
+//     (a redelivery) is old: drop it;
+//   - same incarnation: seq <= last: a duplicate (or a late re-send): drop
+//     it; seq == last+1: process it; seq > last+1: events are missing
+//     (lost, or a rare out-of-order re-send, see agent/delivery): resync
+//     the host from a full listing, then process it.
+//
+// A gap marker is processed like any event and also triggers a resync.
+// JetStream's duplicate window (Nats-Msg-Id = MsgID) removes most
+// duplicates before they reach a consumer, but not all. Incarnations that
+// alternate on one host in new messages mean two agents publish under one
+// host name: each change is a resync; alert on it.
 package proto

@@ -118,8 +118,15 @@ type LifecycleEvent struct {
 	Schema int `json:"schema"`
 	// Host is the compute host's RFC 1123 name (see HostToken).
 	Host string `json:"host"`
+	// Incarnation identifies the agent's outbox that assigned Seq: random,
+	// fixed when the outbox is created, kept with it on disk. Seq is
+	// strictly increasing within one incarnation only: a new incarnation
+	// (state directory lost, agent reinstalled) starts again at 1. Schema 1
+	// optional field (issue 10): absent (zero) from agents before it and
+	// from outboxes they created. See the package doc's consumer rules.
+	Incarnation Incarnation `json:"incarnation,omitempty"`
 	// Seq is the per-host sequence number, >= 1, strictly increasing across
-	// agent restarts. A hole means lost events.
+	// agent restarts within an incarnation. A hole means lost events.
 	Seq uint64 `json:"seq"`
 	// DomainUUID is the libvirt domain UUID (= Nova instance UUID) in
 	// canonical lower-case 8-4-4-4-12 form.

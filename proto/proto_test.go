@@ -1,6 +1,7 @@
 package proto
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,16 @@ func validEvent() LifecycleEvent {
 		LibvirtEvent: "STOPPED", LibvirtDetail: "DESTROYED",
 		OccurredAt: t0, ObservedAt: t1,
 	}
+}
+
+// testInc is an incarnation as an agent's outbox draws it.
+const testInc Incarnation = 0x9f3c2a1b4d5e6f70
+
+// incarnatedEvent is validEvent from an agent with incarnations (issue 10).
+func incarnatedEvent() LifecycleEvent {
+	e := validEvent()
+	e.Incarnation = testInc
+	return e
 }
 
 func validGap() LifecycleEvent {
@@ -44,6 +55,8 @@ func TestValidate(t *testing.T) {
 		{"host space", func(e *LifecycleEvent) { e.Host = "a b" }, false, `host: host name "a b" contains ' '`},
 		{"host wildcard", func(e *LifecycleEvent) { e.Host = "*" }, false, "host:"},
 		{"seq 0", func(e *LifecycleEvent) { e.Seq = 0 }, false, "seq: must be >= 1"},
+		{"incarnation", func(e *LifecycleEvent) { e.Incarnation = testInc }, false, ""},
+		{"incarnation on gap", func(e *LifecycleEvent) { e.Incarnation = testInc }, true, ""},
 		{"transition unknown", func(e *LifecycleEvent) { e.Transition = "exploded" }, false, `transition: unknown value "exploded"`},
 		{"transition empty", func(e *LifecycleEvent) { e.Transition = "" }, false, "transition: unknown value"},
 		{"uuid empty", func(e *LifecycleEvent) { e.DomainUUID = "" }, false, `domain_uuid: invalid UUID ""`},
@@ -113,7 +126,7 @@ func classifiedEvent() LifecycleEvent {
 }
 
 func TestRoundTrip(t *testing.T) {
-	for _, e := range []LifecycleEvent{validEvent(), validGap(), classifiedEvent()} {
+	for _, e := range []LifecycleEvent{validEvent(), validGap(), classifiedEvent(), incarnatedEvent()} {
 		b, err := e.Encode()
 		if err != nil {
 			t.Fatal(err)
@@ -148,6 +161,61 @@ func TestEncodeFieldNames(t *testing.T) {
 	if string(b) != want {
 		t.Fatalf("Encode classified:\n got %s\nwant %s", b, want)
 	}
+	// With an incarnation: a JSON string next to host and seq.
+	e = incarnatedEvent()
+	if b, err = e.Encode(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(string(b), `{"schema":1,"host":"cmp-01.az1.example.org","incarnation":"9f3c2a1b4d5e6f70","seq":42,`) {
+		t.Fatalf("Encode with incarnation: %s", b)
+	}
+}
+
+// TestIncarnationCompatible: the incarnation is a compatible schema 1
+// addition. An event without it (an older agent) decodes with the empty
+// incarnation; an event with it decodes in a reader that does not know the
+// field (an older consumer, simulated by the schema-1 fields it knew)
+// with every field it knows unchanged.
+func TestIncarnationCompatible(t *testing.T) {
+	old := validEvent()
+	b, err := old.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := DecodeLifecycle(b); err != nil || got.Incarnation != 0 || got != old {
+		t.Fatalf("event without incarnation: %+v, %v", got, err)
+	}
+	e := incarnatedEvent()
+	if b, err = e.Encode(); err != nil {
+		t.Fatal(err)
+	}
+	type oldReader struct {
+		Schema     int        `json:"schema"`
+		Host       string     `json:"host"`
+		Seq        uint64     `json:"seq"`
+		DomainUUID string     `json:"domain_uuid"`
+		Transition Transition `json:"transition"`
+	}
+	var r oldReader
+	if err := json.Unmarshal(b, &r); err != nil || r.Seq != e.Seq || r.Host != e.Host || r.DomainUUID != e.DomainUUID || r.Transition != e.Transition {
+		t.Fatalf("an older reader: %+v, %v", r, err)
+	}
+	// Not a number: 64-bit values do not survive JSON readers using doubles.
+	if _, err := DecodeLifecycle([]byte(strings.Replace(string(b), `"9f3c2a1b4d5e6f70"`, `11474839023424458608`, 1))); err == nil {
+		t.Fatal("a numeric incarnation was accepted")
+	}
+}
+
+// TestNewIncarnation: valid, and not the same twice.
+func TestNewIncarnation(t *testing.T) {
+	seen := map[Incarnation]bool{}
+	for range 100 {
+		i, err := NewIncarnation()
+		if err != nil || i == 0 || len(i.String()) != IncarnationLen || seen[i] {
+			t.Fatalf("NewIncarnation = %q, %v (seen before: %v)", i, err, seen[i])
+		}
+		seen[i] = true
+	}
 }
 
 func TestEncodeRejectsInvalid(t *testing.T) {
@@ -169,6 +237,14 @@ func TestDecode(t *testing.T) {
 		{"classification unknown value", strings.Replace(good, `"started"`, `"stopped"`, 1) + `,"classification":"planned","classification_reason":"x"}`, `classification: unknown value "planned"`},
 		{"classification not a string", good + `,"classification":{"x":1}}`, "classification"},
 		{"classification reason empty", strings.Replace(good, `"started"`, `"stopped"`, 1) + `,"classification":"unknown","classification_reason":""}`, "classification_reason"},
+		{"incarnation", strings.Replace(good, `"seq":1`, `"incarnation":"9f3c2a1b4d5e6f70","seq":1`, 1) + `}`, ""},
+		{"incarnation null", strings.Replace(good, `"seq":1`, `"incarnation":null,"seq":1`, 1) + `}`, ""},
+		{"incarnation short", strings.Replace(good, `"seq":1`, `"incarnation":"9f3c","seq":1`, 1) + `}`, `incarnation: "9f3c" is not 16 lower-case hex digits`},
+		{"incarnation upper case", strings.Replace(good, `"seq":1`, `"incarnation":"9F3C2A1B4D5E6F70","seq":1`, 1) + `}`, "incarnation: "},
+		{"incarnation long", strings.Replace(good, `"seq":1`, `"incarnation":"09f3c2a1b4d5e6f70","seq":1`, 1) + `}`, "incarnation: "},
+		{"incarnation signed", strings.Replace(good, `"seq":1`, `"incarnation":"+f3c2a1b4d5e6f70","seq":1`, 1) + `}`, "incarnation: "},
+		{"incarnation zero", strings.Replace(good, `"seq":1`, `"incarnation":"0000000000000000","seq":1`, 1) + `}`, `incarnation: "0000000000000000" is zero`},
+		{"incarnation number", strings.Replace(good, `"seq":1`, `"incarnation":11474839023424458608,"seq":1`, 1) + `}`, "incarnation"},
 		{"trailing whitespace", good + "}\n", ""},
 		{"trailing data", good + `}{}`, "trailing data"},
 		{"trailing garbage", good + `}x`, "trailing data"},
@@ -265,13 +341,19 @@ func TestSubjects(t *testing.T) {
 	if _, err := LifecycleSubject("a.*"); err == nil {
 		t.Fatal("LifecycleSubject accepted a wildcard host")
 	}
-	if got := MsgID("cmp-01.example", 17); got != "cmp-01.example:17" {
+	if got := MsgID("cmp-01.example", 0, 17); got != "cmp-01.example:17" {
+		t.Fatalf("MsgID (no incarnation) = %q", got)
+	}
+	if got := MsgID("cmp-01.example", testInc, 17); got != "cmp-01.example:9f3c2a1b4d5e6f70:17" {
 		t.Fatalf("MsgID = %q", got)
+	}
+	if MsgID("h", testInc, 1) == MsgID("h", 0xa1, 1) {
+		t.Fatal("two incarnations share a Msg-Id")
 	}
 }
 
 func FuzzDecodeLifecycle(f *testing.F) {
-	for _, e := range []LifecycleEvent{validEvent(), validGap(), classifiedEvent()} {
+	for _, e := range []LifecycleEvent{validEvent(), validGap(), classifiedEvent(), incarnatedEvent()} {
 		b, err := e.Encode()
 		if err != nil {
 			f.Fatal(err)
@@ -286,6 +368,13 @@ func FuzzDecodeLifecycle(f *testing.F) {
 		`{"schema":1,"host":"h","seq":5,"domain_uuid":"0b9f6a1e-5d3c-4c1e-9a8e-7f2b1c3d4e5f","transition":"rebooted","occurred_at":"2026-01-01T00:00:00Z","observed_at":"2026-01-01T00:00:00Z","classification":"rebooted","classification_reason":"started-during-operation","Classification_Reason":"x"}`,
 		`{"SCHEMA":1,"Host":"h","seq":2,"seq":3,"domain_uuid":"0b9f6a1e-5d3c-4c1e-9a8e-7f2b1c3d4e5f","transition":"started","reason":"\u00e9\ud83d\ude00","occurred_at":"2026-01-01T00:00:00Z","observed_at":"2026-01-01T00:00:00Z"}`,
 		`{"schema":1,"host":"h","seq":9,"transition":"gap","occurred_at":"2026-01-01T00:00:00Z","observed_at":"2026-01-01T00:00:00Z","gap_first_seq":1,"gap_last_seq":8,"gap_count":8}`,
+		// Incarnations: valid on a gap, upper case, a number, null, zero,
+		// duplicate keys differing by case.
+		`{"schema":1,"host":"h","incarnation":"0123456789abcdef","seq":9,"transition":"gap","occurred_at":"2026-01-01T00:00:00Z","observed_at":"2026-01-01T00:00:00Z","gap_first_seq":1,"gap_last_seq":8,"gap_count":8}`,
+		`{"schema":1,"host":"h","incarnation":"0123456789ABCDEF","seq":1,"domain_uuid":"0b9f6a1e-5d3c-4c1e-9a8e-7f2b1c3d4e5f","transition":"started","occurred_at":"2026-01-01T00:00:00Z","observed_at":"2026-01-01T00:00:00Z"}`,
+		`{"schema":1,"host":"h","incarnation":81985529216486895,"seq":1,"domain_uuid":"0b9f6a1e-5d3c-4c1e-9a8e-7f2b1c3d4e5f","transition":"started","occurred_at":"2026-01-01T00:00:00Z","observed_at":"2026-01-01T00:00:00Z"}`,
+		`{"schema":1,"host":"h","incarnation":null,"seq":1,"domain_uuid":"0b9f6a1e-5d3c-4c1e-9a8e-7f2b1c3d4e5f","transition":"started","occurred_at":"2026-01-01T00:00:00Z","observed_at":"2026-01-01T00:00:00Z"}`,
+		`{"schema":1,"host":"h","incarnation":"0000000000000000","Incarnation":"0000000000000001","seq":1,"domain_uuid":"0b9f6a1e-5d3c-4c1e-9a8e-7f2b1c3d4e5f","transition":"started","occurred_at":"2026-01-01T00:00:00Z","observed_at":"2026-01-01T00:00:00Z"}`,
 	} {
 		f.Add([]byte(seed))
 	}

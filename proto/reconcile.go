@@ -104,7 +104,11 @@ func (e *ReconcileEvent) Validate() error {
 
 // MsgID is the event's Nats-Msg-Id: one per (host, domain, migration,
 // outcome), so a re-published event is dropped by the stream's duplicate
-// window while a new outcome for the same domain is not.
+// window while a new outcome for the same domain is not. It names the fact,
+// not a position in a sequence, so it needs no incarnation (issue 10): an
+// agent whose state directory was lost can only publish the same fact
+// under the same ID (dropped within the window as the duplicate it is),
+// never another event under an old one.
 func (e *ReconcileEvent) MsgID() string {
 	return e.Host + ":reconcile:" + e.DomainUUID + ":" + e.MigrationUUID + ":" + string(e.Outcome)
 }

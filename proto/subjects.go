@@ -118,12 +118,19 @@ func hostSubject(host, kind string) (string, error) {
 	return SubjectPrefix + "." + tok + "." + kind, nil
 }
 
-// MsgID returns the JetStream Nats-Msg-Id of a host's event seq:
-// "<host>:<seq>". It is unique per (host, seq), so a re-sent event is
-// dropped by the stream's duplicate window, and consumers can dedupe on it.
-// (':' cannot occur in a host name, so the ID is unambiguous.)
-func MsgID(host string, seq uint64) string {
-	return host + ":" + strconv.FormatUint(seq, 10)
+// MsgID returns the JetStream Nats-Msg-Id of a host's event seq in
+// incarnation inc: "<host>:<incarnation>:<seq>", or "<host>:<seq>" without
+// one (zero) (outboxes created before incarnations existed keep the
+// Msg-Ids their events always had). It is unique per (host, incarnation,
+// seq), so a re-sent event is dropped by the stream's duplicate window,
+// while the events of a new incarnation, whose seqs start again at 1, are
+// not mistaken for the old ones (issue 10). ':' cannot occur in a host
+// name nor an incarnation, so the ID is unambiguous.
+func MsgID(host string, inc Incarnation, seq uint64) string {
+	if inc == 0 {
+		return host + ":" + strconv.FormatUint(seq, 10)
+	}
+	return host + ":" + inc.String() + ":" + strconv.FormatUint(seq, 10)
 }
 
 // The JetStream stream holding lifecycle events, and its recommended

@@ -26,6 +26,14 @@
 //     acked and its segments deleted: the last seq assigned is persisted in
 //     state.json before any segment is deleted, and events dropped because
 //     the outbox was full consume seqs too.
+//   - Every outbox has an incarnation (proto.Incarnation), drawn from
+//     crypto/rand when the outbox is created and kept in state.json: a lost
+//     state directory (reinstall, disk swap, a corrupt outbox removed) makes
+//     a new outbox whose seqs restart at 1 under a new incarnation, so its
+//     Msg-Ids differ from the old outbox's and JetStream stores its events
+//     instead of acking them as duplicates; consumers resync the host on
+//     the new incarnation. An outbox created by an agent from before
+//     incarnations keeps the empty one (and its Msg-Ids <host>:<seq>).
 //   - A seq is never visible outside the host before it is durable: the
 //     publisher sends only fsynced records, so a power loss cannot make the
 //     agent reuse a seq the stream has already seen.
@@ -45,7 +53,9 @@
 //
 // little-endian, each written with one write(2). A segment is sealed (fsynced)
 // at SegmentBytes and deleted once all its records are acked. state.json
-// holds the ack cursor, the last seq assigned and any pending gap; it is
+// holds the incarnation, the ack cursor, the last seq assigned and any
+// pending gap (without it, the incarnation is read from the last record,
+// or drawn anew when there is none); it is
 // replaced atomically (write tmp, fsync, rename, fsync dir), at most every
 // StatePersistInterval unless a segment is to be deleted or events were
 // dropped. A lagging cursor only causes re-sends, which JetStream drops by
@@ -63,7 +73,8 @@
 //
 // # Publishing
 //
-// Publisher.Run sends records with Nats-Msg-Id = proto.MsgID(host, seq),
+// Publisher.Run sends records with Nats-Msg-Id =
+// proto.MsgID(host, incarnation, seq),
 // up to Window in flight (PublishMsgAsync), and applies acks in order. On a
 // publish error, an ack error (the client fails pending acks on disconnect)
 // or an ack timeout it abandons everything in flight and re-sends from the

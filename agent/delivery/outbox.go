@@ -103,6 +103,9 @@ type Outbox struct {
 	dir string
 	cfg OutboxConfig
 	log *slog.Logger
+	// inc is the outbox's incarnation (see proto.Incarnation), fixed when
+	// the outbox is created: set by load, never changed after.
+	inc proto.Incarnation
 
 	syncMu sync.Mutex // serialises Sync
 
@@ -154,6 +157,10 @@ type gapState struct {
 
 // outboxState is persisted in state.json (write tmp, fsync, rename).
 type outboxState struct {
+	// Incarnation: drawn when the outbox was created; 0 (absent) for an outbox
+	// created by an agent from before incarnations (kept so: its seqs
+	// continue, and so do its Msg-Ids).
+	Incarnation proto.Incarnation `json:"incarnation,omitempty"`
 	// Acked: every record <= Acked has been acked.
 	Acked uint64 `json:"acked"`
 	// LastSeq: the highest seq assigned (to a record or a dropped event).
@@ -219,6 +226,7 @@ func OpenOutbox(dir string, cfg OutboxConfig, log *slog.Logger) (*Outbox, error)
 func (o *Outbox) load() error {
 	var st outboxState
 	b, err := os.ReadFile(filepath.Join(o.dir, stateFileName))
+	haveState := err == nil
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 	case err != nil:
@@ -227,7 +235,7 @@ func (o *Outbox) load() error {
 		if err := json.Unmarshal(b, &st); err != nil {
 			// state.json is only ever replaced by rename, so this is disk
 			// corruption; guessing the last seq could reuse seqs.
-			return fmt.Errorf("corrupt %s (remove the outbox directory to start over): %w", stateFileName, err)
+			return fmt.Errorf("corrupt %s (remove the outbox directory to start over: the new outbox is a new incarnation, consumers resync this host): %w", stateFileName, err)
 		}
 	}
 	_ = os.Remove(filepath.Join(o.dir, stateFileName+".tmp"))
@@ -266,6 +274,9 @@ func (o *Outbox) load() error {
 		o.gap = g
 		o.nextSeq = max(o.nextSeq, g.Last+1)
 	}
+	if err := o.loadIncarnation(st, haveState); err != nil {
+		return err
+	}
 	if n := len(o.pending); n > 0 {
 		o.log.Info("outbox replaying unacked events", "events", n, "bytes", o.pendingBytes,
 			"first_seq", o.pending[0].seq, "last_seq", o.pending[n-1].seq)
@@ -274,6 +285,43 @@ func (o *Outbox) load() error {
 	if err := o.persistLocked(); err != nil {
 		return err
 	}
+	return nil
+}
+
+// loadIncarnation sets o.inc once the state and the segments are loaded:
+// the state's; without a state file, that of the last record (a state file
+// lost while records remain); with neither, the outbox is new (or its
+// seqs start again at 1 anyway): a new incarnation.
+func (o *Outbox) loadIncarnation(st outboxState, haveState bool) error {
+	switch n := len(o.pending); {
+	case haveState:
+		o.inc = st.Incarnation
+		if o.inc == 0 {
+			o.log.Info("outbox created before incarnations: its events carry none (and keep their Msg-Ids) until the outbox is recreated")
+		}
+		return nil
+	case n > 0:
+		e := o.pending[n-1]
+		data := make([]byte, e.n)
+		if _, err := e.seg.f.ReadAt(data, e.off); err != nil {
+			return fmt.Errorf("read the incarnation of seq %d: %w", e.seq, err)
+		}
+		var rec struct {
+			Incarnation proto.Incarnation `json:"incarnation"`
+		}
+		if err := json.Unmarshal(data, &rec); err != nil {
+			return fmt.Errorf("read the incarnation of seq %d: %w", e.seq, err)
+		}
+		o.inc = rec.Incarnation
+		o.log.Warn("outbox state file missing; incarnation and seqs taken from the records", "incarnation", o.inc, "last_seq", e.seq)
+		return nil
+	}
+	inc, err := proto.NewIncarnation()
+	if err != nil {
+		return err
+	}
+	o.inc = inc
+	o.log.Info("new outbox: new incarnation; seqs start at 1 and consumers resync this host", "incarnation", inc, "first_seq", o.nextSeq)
 	return nil
 }
 
@@ -364,7 +412,8 @@ func parseRecord(b []byte, prev uint64) (seq uint64, n int, ok bool) {
 	return seq, n, true
 }
 
-// Append assigns ev.Seq (and fills ev.Schema and an empty ev.Host), and
+// Append assigns ev.Seq and ev.Incarnation (and fills ev.Schema and an
+// empty ev.Host), and
 // writes the event to the outbox. On return without error the event is in
 // the page cache (it survives the agent being killed) and will be fsynced
 // within SyncDelay (or by Sync).
@@ -382,6 +431,7 @@ func (o *Outbox) Append(ev *proto.LifecycleEvent) error {
 		return fmt.Errorf("outbox append: event host %q is not the outbox host %q", ev.Host, o.cfg.Host)
 	}
 	ev.Schema = proto.SchemaVersion
+	ev.Incarnation = o.inc
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
@@ -469,7 +519,7 @@ func (o *Outbox) dropLocked(ev *proto.LifecycleEvent, why string) {
 func (o *Outbox) appendGapMarkerLocked() error {
 	g := o.gap
 	m := proto.LifecycleEvent{
-		Schema: proto.SchemaVersion, Host: o.cfg.Host, Seq: o.nextSeq,
+		Schema: proto.SchemaVersion, Host: o.cfg.Host, Incarnation: o.inc, Seq: o.nextSeq,
 		Transition: proto.TransitionGap, Reason: GapReason,
 		OccurredAt: g.OccurredAt, ObservedAt: o.cfg.Now().UTC(),
 		GapFirstSeq: g.First, GapLastSeq: g.Last, GapCount: g.Count,
@@ -627,7 +677,7 @@ func (o *Outbox) persistLocked() error {
 // writeStateLocked atomically replaces state.json: write tmp, fsync,
 // rename, fsync the directory.
 func (o *Outbox) writeStateLocked() error {
-	st := outboxState{Acked: o.acked, LastSeq: o.nextSeq - 1, Gap: o.gap}
+	st := outboxState{Incarnation: o.inc, Acked: o.acked, LastSeq: o.nextSeq - 1, Gap: o.gap}
 	b, err := json.Marshal(st)
 	if err != nil {
 		return err
@@ -842,25 +892,26 @@ func (o *Outbox) Stats() Stats {
 		Appended: o.st.appended, Acked: o.st.acked, Dropped: o.st.dropped,
 		GapMarkers: o.st.gapMarkers, Corrupt: o.st.corrupt,
 		Depth: len(o.pending), Bytes: o.pendingBytes,
-		NextSeq: o.nextSeq, PendingGap: o.gap != nil,
+		Incarnation: o.inc, NextSeq: o.nextSeq, PendingGap: o.gap != nil,
 		LastError: o.st.lastErr, LastErrorAt: o.st.lastErrAt,
 	}
 }
 
 // Stats are counters (since the process started) and gauges for metrics.
 type Stats struct {
-	Appended   uint64 // events accepted by Append (gap markers not included)
-	Published  uint64 // records published for the first time
-	Resent     uint64 // records published again after an error or restart rewind
-	Acked      uint64 // records acked by JetStream and removed from the outbox
-	DupAcks    uint64 // acks JetStream flagged as duplicates (already stored)
-	Dropped    uint64 // events dropped because the outbox was full (or a write failed)
-	GapMarkers uint64 // gap markers appended
-	Corrupt    uint64 // corrupt records skipped when the outbox was opened
-	Depth      int    // unacked records in the outbox
-	Bytes      int64  // bytes of unacked records (headers included)
-	NextSeq    uint64 // next seq to be assigned
-	PendingGap bool   // events were dropped and their gap marker is not yet appended
+	Appended    uint64            // events accepted by Append (gap markers not included)
+	Published   uint64            // records published for the first time
+	Resent      uint64            // records published again after an error or restart rewind
+	Acked       uint64            // records acked by JetStream and removed from the outbox
+	DupAcks     uint64            // acks JetStream flagged as duplicates (already stored)
+	Dropped     uint64            // events dropped because the outbox was full (or a write failed)
+	GapMarkers  uint64            // gap markers appended
+	Corrupt     uint64            // corrupt records skipped when the outbox was opened
+	Depth       int               // unacked records in the outbox
+	Bytes       int64             // bytes of unacked records (headers included)
+	Incarnation proto.Incarnation // the outbox's incarnation (0 if created before incarnations)
+	NextSeq     uint64            // next seq to be assigned
+	PendingGap  bool              // events were dropped and their gap marker is not yet appended
 	// StreamDrift counts the stream's settings that differ from
 	// StreamConfig (left unchanged, logged at WARN), StreamDriftRisky those
 	// of them that can cost events or duplicates (StreamDrift.Risk).

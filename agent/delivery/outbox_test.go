@@ -330,7 +330,7 @@ func TestOutboxFullDropsThenGapMarker(t *testing.T) {
 	}
 	gap := evs[5]
 	want := proto.LifecycleEvent{
-		Schema: 1, Host: testHost, Seq: 16, Transition: proto.TransitionGap, Reason: GapReason,
+		Schema: 1, Host: testHost, Incarnation: o.Stats().Incarnation, Seq: 16, Transition: proto.TransitionGap, Reason: GapReason,
 		OccurredAt: testEvent(10).OccurredAt, ObservedAt: gap.ObservedAt,
 		GapFirstSeq: 11, GapLastSeq: 15, GapCount: 5,
 	}

@@ -173,7 +173,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 			sendErr := error(nil)
 			for _, r := range recs {
 				msg := &nats.Msg{Subject: p.subject, Data: r.Data, Header: nats.Header{}}
-				msg.Header.Set(jetstream.MsgIDHeader, proto.MsgID(p.host, r.Seq))
+				msg.Header.Set(jetstream.MsgIDHeader, proto.MsgID(p.host, p.ob.inc, r.Seq))
 				// No client-side retry on "no responders": a retried
 				// message could land after later ones; the rewind below
 				// re-sends in order instead.

@@ -103,7 +103,7 @@ func TestPublishEndToEnd(t *testing.T) {
 	if c.Duplicates != 0 {
 		t.Errorf("%d duplicates in the stream", c.Duplicates)
 	}
-	if c.Events[41] != *withSeq(testEvent(41), 42, c.Events[41].ObservedAt) {
+	if c.Events[41] != *withSeq(testEvent(41), o.Stats().Incarnation, 42, c.Events[41].ObservedAt) {
 		t.Errorf("event 42 = %+v", c.Events[41])
 	}
 	st := p.Stats()
@@ -112,8 +112,8 @@ func TestPublishEndToEnd(t *testing.T) {
 	}
 }
 
-func withSeq(ev *proto.LifecycleEvent, seq uint64, observed time.Time) *proto.LifecycleEvent {
-	ev.Schema, ev.Host, ev.Seq, ev.ObservedAt = 1, testHost, seq, observed
+func withSeq(ev *proto.LifecycleEvent, inc proto.Incarnation, seq uint64, observed time.Time) *proto.LifecycleEvent {
+	ev.Schema, ev.Host, ev.Incarnation, ev.Seq, ev.ObservedAt = 1, testHost, inc, seq, observed
 	return ev
 }
 

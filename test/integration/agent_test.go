@@ -53,6 +53,20 @@ func newDomain(t *testing.T, wl *libvirtx.Conn, prefix string) (uuid, name strin
 	return uuid, name
 }
 
+// flapDomain suspends and resumes the domain n times (2n events).
+func flapDomain(t *testing.T, wl *libvirtx.Conn, uuid string, n int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := 0; i < n; i++ {
+		if err := wl.Suspend(ctx, uuid); err != nil {
+			t.Fatal(err)
+		}
+		if err := wl.Resume(ctx, uuid); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 func workloadConn(t *testing.T) *libvirtx.Conn {
 	t.Helper()
 	wl, err := libvirtx.Dial(context.Background(), libvirtx.DefaultConfig("test:///default"), quietLog())
@@ -308,18 +322,7 @@ func TestNATSOutageLosesNothing(t *testing.T) {
 	host := "it-node2"
 	cfg := agentConfig(t, host, url, t.TempDir())
 	startAgent(t, cfg, agent.Options{})
-	ctx := context.Background()
-
-	flap := func(n int) {
-		for i := 0; i < n; i++ {
-			if err := wl.Suspend(ctx, uuid); err != nil {
-				t.Fatal(err)
-			}
-			if err := wl.Resume(ctx, uuid); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
+	flap := func(n int) { flapDomain(t, wl, uuid, n) }
 	flap(50) // 100 events while NATS is up
 	time.Sleep(200 * time.Millisecond)
 	deliverytest.StopServer(ns)

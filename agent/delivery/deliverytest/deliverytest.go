@@ -111,7 +111,7 @@ func (c Collected) Seqs() []uint64 {
 // events (by Nats-Msg-Id) and the stream has no more messages for the host,
 // or until timeout (then it fails the test, reporting what it got). Every
 // message must decode with proto.DecodeLifecycle and carry the Msg-Id
-// proto.MsgID(host, seq).
+// proto.MsgID(host, incarnation, seq).
 func Collect(t testing.TB, nc *nats.Conn, host string, want int, timeout time.Duration) Collected {
 	t.Helper()
 	subject, err := proto.LifecycleSubject(host)
@@ -169,8 +169,8 @@ func Collect(t testing.TB, nc *nats.Conn, host string, want int, timeout time.Du
 			if err != nil {
 				t.Fatalf("collect: stream message %q: %v", id, err)
 			}
-			if ev.Host != host || id != proto.MsgID(host, ev.Seq) {
-				t.Fatalf("collect: message with Msg-Id %q has host %q seq %d", id, ev.Host, ev.Seq)
+			if ev.Host != host || id != proto.MsgID(host, ev.Incarnation, ev.Seq) {
+				t.Fatalf("collect: message with Msg-Id %q has host %q incarnation %q seq %d", id, ev.Host, ev.Incarnation, ev.Seq)
 			}
 			c.Events = append(c.Events, ev)
 		}

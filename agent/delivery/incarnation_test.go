@@ -1,0 +1,139 @@
+package delivery
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"hvguard/agent/delivery/deliverytest"
+	"hvguard/proto"
+)
+
+// TestOutboxIncarnation: a new outbox draws an incarnation, keeps it across
+// reopens and stamps it on every record (gap markers included: see
+// TestOutboxFullDropsThenGapMarker); a new outbox in a wiped directory
+// starts again at seq 1 under another one.
+func TestOutboxIncarnation(t *testing.T) {
+	dir := t.TempDir()
+	o := openTest(t, dir, OutboxConfig{})
+	inc := o.Stats().Incarnation
+	if inc == 0 {
+		t.Fatalf("new outbox incarnation %q", inc)
+	}
+	appendN(t, o, 0, 3)
+	if evs := readAll(t, o); evs[2].Incarnation != inc || evs[2].Seq != 3 {
+		t.Fatalf("record %+v", evs[2])
+	}
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o = openTest(t, dir, OutboxConfig{})
+	if got := o.Stats().Incarnation; got != inc {
+		t.Fatalf("reopened: incarnation %q, want %q", got, inc)
+	}
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The state directory is lost.
+	if err := os.RemoveAll(filepath.Join(dir, "outbox")); err != nil {
+		t.Fatal(err)
+	}
+	o = openTest(t, dir, OutboxConfig{})
+	defer o.Close()
+	if got := o.Stats().Incarnation; got == inc || got == 0 {
+		t.Fatalf("recreated outbox: incarnation %q (old %q)", got, inc)
+	}
+	if seqs := appendN(t, o, 0, 1); seqs[0] != 1 {
+		t.Fatalf("recreated outbox: first seq %d", seqs[0])
+	}
+}
+
+// TestOutboxIncarnationWithoutState: state.json lost while unacked records
+// remain: the incarnation is the records' (their seqs continue).
+func TestOutboxIncarnationWithoutState(t *testing.T) {
+	dir := t.TempDir()
+	o := openTest(t, dir, OutboxConfig{})
+	inc := o.Stats().Incarnation
+	appendN(t, o, 0, 3)
+	o.crash()
+	if err := os.Remove(filepath.Join(dir, "outbox", stateFileName)); err != nil {
+		t.Fatal(err)
+	}
+	o = openTest(t, dir, OutboxConfig{})
+	defer o.Close()
+	if got := o.Stats().Incarnation; got != inc {
+		t.Fatalf("incarnation %q, want the records' %q", got, inc)
+	}
+	if seqs := appendN(t, o, 3, 1); seqs[0] != 4 {
+		t.Fatalf("next seq %d, want 4", seqs[0])
+	}
+}
+
+// TestOutboxCreatedBeforeIncarnations: an outbox whose state.json has no
+// incarnation (written by an agent from before them) keeps none: its seqs
+// continue, its events carry none and keep their Msg-Ids <host>:<seq>.
+func TestOutboxCreatedBeforeIncarnations(t *testing.T) {
+	dir := t.TempDir()
+	o := openTest(t, dir, OutboxConfig{})
+	appendN(t, o, 0, 2)
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "outbox", stateFileName)
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	delete(st, "incarnation")
+	if b, err = json.Marshal(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o = openTest(t, dir, OutboxConfig{})
+	defer o.Close()
+	if got := o.Stats().Incarnation; got != 0 {
+		t.Fatalf("legacy outbox incarnation %q", got)
+	}
+	ev := testEvent(9)
+	if err := o.Append(ev); err != nil || ev.Incarnation != 0 || ev.Seq != 3 {
+		t.Fatalf("legacy append: %+v, %v", ev, err)
+	}
+	if id := proto.MsgID(testHost, o.inc, 3); id != testHost+":3" {
+		t.Fatalf("legacy Msg-Id %q", id)
+	}
+}
+
+// TestPublishAfterOutboxLost (issue 10 item 7): the outbox is lost and a new
+// one publishes to the same stream within its duplicate window. Its seqs
+// restart at 1; every event must be stored, none acked as a duplicate.
+func TestPublishAfterOutboxLost(t *testing.T) {
+	nc, _, _ := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
+	ensureStream(t, nc)
+	for life := 1; life <= 2; life++ {
+		o := openTest(t, t.TempDir(), OutboxConfig{}) // a new state directory each life
+		p := runPublisher(t, nc, o, PublisherConfig{})
+		appendN(t, o, 0, 10)
+		flush(t, p)
+		if st := p.Stats(); st.DupAcks != 0 || st.Acked != 10 {
+			t.Fatalf("life %d: %d of 10 events acked as duplicates (stats %+v)", life, st.DupAcks, st)
+		}
+		if err := o.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := deliverytest.Collect(t, nc, testHost, 20, testTimeout)
+	if len(c.Events) != 20 || c.StreamMsgs != 20 {
+		t.Fatalf("stream holds %d events (%d messages), want 20", len(c.Events), c.StreamMsgs)
+	}
+	if a, b := c.Events[0].Incarnation, c.Events[10].Incarnation; a == b || c.Events[10].Seq != 1 {
+		t.Fatalf("lives: incarnations %q and %q, second life starts at seq %d", a, b, c.Events[10].Seq)
+	}
+}
