@@ -1,47 +1,22 @@
 package agent
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
+	"hvguard/daemonkit"
 	"hvguard/lifecycle"
 	"hvguard/proto"
 )
 
 // Duration is a time.Duration that reads and writes YAML as a Go duration
-// string ("15s", "500ms").
-type Duration time.Duration
-
-// UnmarshalYAML accepts a Go duration string.
-func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	var s string
-	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("line %d: want a duration such as \"15s\", got %q", n.Line, n.Value)
-	}
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return fmt.Errorf("line %d: want a duration such as \"15s\", got %q", n.Line, s)
-	}
-	*d = Duration(v)
-	return nil
-}
-
-// MarshalYAML writes the duration as a string.
-func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
-
-// D returns the value as a time.Duration.
-func (d Duration) D() time.Duration { return time.Duration(d) }
+// string ("15s", "500ms") (shared with the controller).
+type Duration = daemonkit.Duration
 
 // Config is the agent's configuration file (/etc/hvguard/agent.yaml).
 // Every field is documented in packaging/agent.yaml and in the README; the
@@ -78,10 +53,7 @@ type Config struct {
 }
 
 // LogConfig selects the log level and format.
-type LogConfig struct {
-	Level  string `yaml:"level"`  // debug, info, warn, error
-	Format string `yaml:"format"` // json or text
-}
+type LogConfig = daemonkit.LogConfig
 
 // LibvirtConfig is the libvirt connection.
 type LibvirtConfig struct {
@@ -113,17 +85,11 @@ type LifecycleConfig struct {
 	CheckConcurrency int `yaml:"check_concurrency"`
 }
 
-// NATSConfig is the connection to the NATS cluster the controller reads.
+// NATSConfig is the connection to the NATS cluster the controller reads
+// (urls, credentials, TLS, ready_timeout: shared with the controller).
 type NATSConfig struct {
-	URLs         []string `yaml:"urls"`
-	CredsFile    string   `yaml:"creds_file"`
-	CAFile       string   `yaml:"ca_file"`
-	CertFile     string   `yaml:"cert_file"`
-	KeyFile      string   `yaml:"key_file"`
-	CreateStream bool     `yaml:"create_stream"`
-	// ReadyTimeout is how long start-up waits for NATS before the agent
-	// declares itself ready in degraded mode (events buffered on disk).
-	ReadyTimeout Duration `yaml:"ready_timeout"`
+	daemonkit.NATSConfig `yaml:",inline"`
+	CreateStream         bool `yaml:"create_stream"`
 }
 
 // OutboxConfig bounds the on-disk outbox.
@@ -164,7 +130,7 @@ const (
 func DefaultConfig() Config {
 	return Config{
 		StateDir: DefaultStateDir,
-		Log:      LogConfig{Level: "info", Format: "json"},
+		Log:      daemonkit.DefaultLog(),
 		Libvirt: LibvirtConfig{
 			URI:               "qemu:///system",
 			KeepAliveInterval: Duration(5 * time.Second),
@@ -183,9 +149,11 @@ func DefaultConfig() Config {
 			CheckConcurrency: DefaultCheckConcurrency,
 		},
 		NATS: NATSConfig{
-			URLs:         []string{"nats://127.0.0.1:4222"},
+			NATSConfig: daemonkit.NATSConfig{
+				URLs:         []string{"nats://127.0.0.1:4222"},
+				ReadyTimeout: Duration(DefaultNATSReadyTimeout),
+			},
 			CreateStream: true,
-			ReadyTimeout: Duration(DefaultNATSReadyTimeout),
 		},
 		Outbox:          OutboxConfig{MaxBytes: DefaultOutboxMaxBytes, MaxEvents: DefaultOutboxMaxEvents},
 		Metrics:         MetricsConfig{Listen: DefaultMetricsListen},
@@ -199,31 +167,14 @@ func DefaultConfig() Config {
 
 // LoadConfig reads a YAML file over the defaults. Unknown fields are
 // rejected; the result is validated.
-func LoadConfig(path string) (Config, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
-	}
-	cfg, err := ParseConfig(data)
-	if err != nil {
-		return Config{}, fmt.Errorf("config %s: %w", path, err)
-	}
-	return cfg, nil
-}
+func LoadConfig(path string) (Config, error) { return daemonkit.LoadFile(path, ParseConfig) }
 
 // ParseConfig parses YAML over the defaults and validates the result.
-func ParseConfig(data []byte) (Config, error) {
-	cfg := DefaultConfig()
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-		return Config{}, err
-	}
-	if err := cfg.Complete(); err != nil {
-		return Config{}, err
-	}
-	return cfg, cfg.Validate()
-}
+func ParseConfig(data []byte) (Config, error) { return daemonkit.ParseYAML(data, DefaultConfig()) }
+
+// Logging is the log section (the command line's --log-level and
+// --log-format override it).
+func (c *Config) Logging() *daemonkit.LogConfig { return &c.Log }
 
 // Complete fills fields derived from the environment (the host name).
 func (c *Config) Complete() error {
@@ -240,30 +191,19 @@ func (c *Config) Complete() error {
 // Validate checks every field and returns all problems at once, each naming
 // the field and the bad value.
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(field string, val any, why string) {
-		errs = append(errs, fmt.Errorf("%s: %v: %s", field, val, why))
-	}
+	var p daemonkit.Problems
+	bad := p.Bad
 	if _, err := proto.HostToken(c.Host); err != nil {
 		bad("host", fmt.Sprintf("%q", c.Host), err.Error())
 	}
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
 		bad("state_dir", fmt.Sprintf("%q", c.StateDir), "must be an absolute path")
 	}
-	if _, err := ParseLevel(c.Log.Level); err != nil {
-		bad("log.level", fmt.Sprintf("%q", c.Log.Level), "must be debug, info, warn or error")
-	}
-	if c.Log.Format != "json" && c.Log.Format != "text" {
-		bad("log.format", fmt.Sprintf("%q", c.Log.Format), "must be json or text")
-	}
+	c.Log.Validate(bad)
 	if u, err := url.Parse(c.Libvirt.URI); err != nil || u.Scheme == "" {
 		bad("libvirt.uri", fmt.Sprintf("%q", c.Libvirt.URI), "must be a libvirt URI such as qemu:///system")
 	}
-	positive := func(field string, d Duration) {
-		if d <= 0 {
-			bad(field, d.D(), "must be positive")
-		}
-	}
+	positive := func(field string, d Duration) { daemonkit.Positive(bad, field, d) }
 	positive("libvirt.connect_timeout", c.Libvirt.ConnectTimeout)
 	positive("libvirt.reconnect_min", c.Libvirt.ReconnectMin)
 	positive("libvirt.reconnect_max", c.Libvirt.ReconnectMax)
@@ -290,45 +230,20 @@ func (c *Config) Validate() error {
 	if c.Lifecycle.CheckConcurrency < 1 {
 		bad("lifecycle.check_concurrency", c.Lifecycle.CheckConcurrency, "must be at least 1")
 	}
-	if len(c.NATS.URLs) == 0 {
-		bad("nats.urls", "[]", "at least one URL is required")
-	}
-	for i, s := range c.NATS.URLs {
-		if u, err := url.Parse(s); err != nil || (u.Scheme != "nats" && u.Scheme != "tls" && u.Scheme != "ws" && u.Scheme != "wss") || u.Host == "" {
-			bad(fmt.Sprintf("nats.urls[%d]", i), fmt.Sprintf("%q", s), "must be nats://host:port (or tls://, ws://, wss://)")
-		}
-	}
-	for field, p := range map[string]string{"nats.creds_file": c.NATS.CredsFile, "nats.ca_file": c.NATS.CAFile, "nats.cert_file": c.NATS.CertFile, "nats.key_file": c.NATS.KeyFile} {
-		if p == "" {
-			continue
-		}
-		if _, err := os.Stat(p); err != nil {
-			bad(field, fmt.Sprintf("%q", p), "cannot be read: "+errors.Unwrap(err).Error())
-		}
-	}
-	if (c.NATS.CertFile == "") != (c.NATS.KeyFile == "") {
-		bad("nats.cert_file", fmt.Sprintf("%q", c.NATS.CertFile), "cert_file and key_file go together")
-	}
-	if c.NATS.ReadyTimeout < 0 {
-		bad("nats.ready_timeout", c.NATS.ReadyTimeout.D(), "must not be negative")
-	}
+	c.NATS.NATSConfig.Validate(bad)
 	if c.Outbox.MaxBytes < 1<<20 {
 		bad("outbox.max_bytes", c.Outbox.MaxBytes, "must be at least 1048576 (1 MiB)")
 	}
 	if c.Outbox.MaxEvents < 100 {
 		bad("outbox.max_events", c.Outbox.MaxEvents, "must be at least 100")
 	}
-	if c.Metrics.Listen != "" {
-		if _, _, err := net.SplitHostPort(c.Metrics.Listen); err != nil {
-			bad("metrics.listen", fmt.Sprintf("%q", c.Metrics.Listen), "must be host:port or empty to disable")
-		}
-	}
+	daemonkit.ValidateListen(bad, "metrics.listen", c.Metrics.Listen)
 	positive("shutdown_timeout", c.ShutdownTimeout)
 	c.Fence.validate(bad)
 	c.Reconcile.validate(bad)
 	c.Classification.validate(bad)
-	c.OpenStack.validate(c.needsOpenStack(), bad)
-	return errors.Join(errs...)
+	c.OpenStack.Validate(c.needsOpenStack(), bad)
+	return p.Err()
 }
 
 // core is the debouncer configuration this section describes.
@@ -342,29 +257,7 @@ func (l LifecycleConfig) core() lifecycle.Config {
 }
 
 // ParseLevel maps a level name to slog's level.
-func ParseLevel(s string) (slog.Level, error) {
-	switch strings.ToLower(s) {
-	case "debug":
-		return slog.LevelDebug, nil
-	case "info", "":
-		return slog.LevelInfo, nil
-	case "warn", "warning":
-		return slog.LevelWarn, nil
-	case "error":
-		return slog.LevelError, nil
-	}
-	return 0, fmt.Errorf("unknown log level %q", s)
-}
+func ParseLevel(s string) (slog.Level, error) { return daemonkit.ParseLevel(s) }
 
 // NewLogger builds the agent's structured logger.
-func NewLogger(w io.Writer, lc LogConfig) (*slog.Logger, error) {
-	lvl, err := ParseLevel(lc.Level)
-	if err != nil {
-		return nil, err
-	}
-	opts := &slog.HandlerOptions{Level: lvl}
-	if lc.Format == "text" {
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	}
-	return slog.New(slog.NewJSONHandler(w, opts)), nil
-}
+func NewLogger(w io.Writer, lc LogConfig) (*slog.Logger, error) { return daemonkit.NewLogger(w, lc) }

@@ -2,11 +2,9 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"hvguard/agent/delivery"
+	"hvguard/daemonkit"
 	"hvguard/fencing"
 	"hvguard/fencing/watchdog"
 	"hvguard/libvirtx"
@@ -299,18 +298,9 @@ func (d *Daemon) dialLibvirt(ctx context.Context) error {
 }
 
 func (d *Daemon) connectNATS() error {
-	opts := delivery.ConnOptions(d.log)
-	if d.cfg.NATS.CredsFile != "" {
-		opts = append(opts, nats.UserCredentials(d.cfg.NATS.CredsFile))
-	}
-	if d.cfg.NATS.CAFile != "" {
-		opts = append(opts, nats.RootCAs(d.cfg.NATS.CAFile))
-	}
-	if d.cfg.NATS.CertFile != "" {
-		opts = append(opts, nats.ClientCert(d.cfg.NATS.CertFile, d.cfg.NATS.KeyFile))
-	}
+	opts := append(delivery.ConnOptions(d.log), d.cfg.NATS.Options()...)
 	opts = append(opts, nats.Name("hvguard-agent "+d.cfg.Host))
-	nc, err := nats.Connect(joinURLs(d.cfg.NATS.URLs), opts...)
+	nc, err := nats.Connect(d.cfg.NATS.URL(), opts...)
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
 	}
@@ -319,17 +309,6 @@ func (d *Daemon) connectNATS() error {
 		CreateStream: d.cfg.NATS.CreateStream,
 	}, d.log)
 	return err
-}
-
-func joinURLs(u []string) string {
-	s := ""
-	for i, x := range u {
-		if i > 0 {
-			s += ","
-		}
-		s += x
-	}
-	return s
 }
 
 // waitReady sends READY=1 once NATS is connected, or after
@@ -412,19 +391,5 @@ func (d *Daemon) serveMetrics() (func(), error) {
 	return serveHTTP(ln, d.metricsHandler(), 5*time.Second, d.log, "metrics"), nil
 }
 
-// serveHTTP serves handler on ln in the background (what names it in the
-// logs) and returns its stop: a graceful shutdown bounded by 2 s.
-func serveHTTP(ln net.Listener, handler http.Handler, readHeaderTimeout time.Duration, log *slog.Logger, what string) (stop func()) {
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: readHeaderTimeout}
-	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			log.Error(what+" failed", "err", err)
-		}
-	}()
-	log.Info(what+" listening", "addr", ln.Addr().String())
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-	}
-}
+// serveHTTP serves an endpoint (shared with the controller).
+var serveHTTP = daemonkit.ServeHTTP

@@ -13,33 +13,15 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"golang.org/x/sys/unix"
 
+	"hvguard/daemonkit"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 )
 
-// bootNow is the fencing clock: CLOCK_BOOTTIME as a time.Time (nanoseconds
-// since boot, from the Unix epoch). Why this clock:
-//   - it is monotonic: NTP steps and operator `date` changes do not move
-//     it, so a lease can neither be stretched nor cut by a wall-clock jump;
-//   - unlike CLOCK_MONOTONIC it keeps counting while the host is suspended
-//     (ACPI S3, a paused VM running the hypervisor): a host resumed after
-//     30 s must see its lease 30 s older, exactly as the controller does;
-//   - it is shared by every process of one boot, so the lease age in the
-//     durable state (fence.json) survives an agent restart; the boot id
-//     tells boots apart (a new boot starts with no lease).
-//
-// The values are compared only with each other (Sub), never with wall time.
-func bootNow() time.Time {
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
-		// Linux has had CLOCK_BOOTTIME since 2.6.39; this cannot happen
-		// on a supported kernel. MONOTONIC is the nearest safe clock.
-		_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	}
-	return time.Unix(ts.Sec, ts.Nsec).UTC()
-}
+// bootNow is the fencing clock, CLOCK_BOOTTIME (see daemonkit.BootNow for
+// why this clock).
+var bootNow = daemonkit.BootNow
 
 // bootIDPath identifies this boot of the host.
 const bootIDPath = "/proc/sys/kernel/random/boot_id"

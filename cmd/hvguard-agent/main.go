@@ -4,8 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -13,19 +11,16 @@ import (
 	"syscall"
 	"time"
 
-	"gopkg.in/yaml.v3"
-
 	"hvguard/agent"
+	"hvguard/daemonkit"
 )
 
 // DefaultConfigPath is where the packages install the configuration.
 const DefaultConfigPath = "/etc/hvguard/agent.yaml"
 
 // ExitConfig is the exit status for an unreadable or invalid configuration
-// (sysexits.h EX_CONFIG). The unit's RestartPreventExitStatus=78 stops
-// systemd from restarting an agent that cannot start until an operator fixes
-// the file.
-const ExitConfig = 78
+// (78, EX_CONFIG: systemd does not restart the agent).
+const ExitConfig = daemonkit.ExitConfig
 
 const usage = `hvguard-agent — reports libvirt domain lifecycle events to NATS JetStream,
 debounced per domain and checked against the domain's real state, so that a
@@ -73,56 +68,18 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("hvguard-agent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprintf(stderr, usage, DefaultConfigPath) }
-	cfgPath := fs.String("config", DefaultConfigPath, "")
-	check := fs.Bool("check-config", false, "")
-	defaults := fs.Bool("print-defaults", false, "")
-	level := fs.String("log-level", "", "")
-	format := fs.String("log-format", "", "")
-	version := fs.Bool("version", false, "")
-	unfence := fs.Bool("unfence", false, "")
-	status := fs.Bool("status", false, "")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	cli := daemonkit.NewCLI("hvguard-agent", DefaultConfigPath, stderr, func() { fmt.Fprintf(stderr, usage, DefaultConfigPath) })
+	unfence := cli.FS.Bool("unfence", false, "")
+	status := cli.FS.Bool("status", false, "")
+	if code, done := cli.Parse(args, stderr); done {
+		return code
 	}
-	// "--check-config PATH" is what operators type: accept it as
-	// "--config PATH --check-config" unless --config was given too.
-	if *check && fs.NArg() == 1 && !flagSet(fs, "config") {
-		*cfgPath = fs.Arg(0)
-	} else if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "hvguard-agent: unexpected argument %q (see --help)\n", fs.Arg(0))
-		return 2
+	cfg, code, done := daemonkit.Start(cli, stdout, stderr, agent.Version, agent.DefaultConfig(), agent.LoadConfig)
+	if done {
+		return code
 	}
-	switch {
-	case *version:
-		fmt.Fprintf(stdout, "hvguard-agent %s\n", agent.Version)
-		return 0
-	case *defaults:
-		out, _ := yaml.Marshal(agent.DefaultConfig())
-		_, _ = stdout.Write(out)
-		return 0
-	}
-	cfg, err := agent.LoadConfig(*cfgPath)
-	if err != nil {
-		fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
-		return ExitConfig
-	}
-	if *level != "" {
-		cfg.Log.Level = *level
-	}
-	if *format != "" {
-		cfg.Log.Format = *format
-	}
-	if err := cfg.Validate(); err != nil {
-		fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
-		return ExitConfig
-	}
-	if *check {
+	cfgPath := cli.Config
+	if *cli.Check {
 		fmt.Fprintf(stdout, "%s: configuration is valid (host %s, libvirt %s)\n", *cfgPath, cfg.Host, cfg.Libvirt.URI)
 		return 0
 	}
@@ -159,10 +116,4 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// flagSet reports whether the named flag was given on the command line.
-func flagSet(fs *flag.FlagSet, name string) (set bool) {
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }
