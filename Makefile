@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -X hvguard/agent.Version=$(VERSION)
+LDFLAGS := -X hvguard/agent.Version=$(VERSION) -X hvguard/controller/daemon.Version=$(VERSION)
 BIN := bin
 APT_DEPS := libvirt-dev pkg-config gcc git ca-certificates
 export CGO_ENABLED := 1

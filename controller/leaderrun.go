@@ -26,11 +26,42 @@ type LeaderRunner struct {
 	// OnChange, if set, is called (from Run's goroutine) on every election
 	// or deposition.
 	OnChange func(op LeaderOp)
+	// OnSynced, if set, is called (from Run's goroutine) each time the
+	// watch of LeaderKey has delivered the key's current value.
+	OnSynced func()
 
 	mu         sync.Mutex
 	leading    bool
 	validUntil time.Time
 	term       uint64
+	holder     string
+	holderTerm uint64
+	alive      time.Time
+}
+
+// Holder returns the lock's holder and term as the watch last showed them
+// ("" if none; safe for concurrent use).
+func (r *LeaderRunner) Holder() (string, uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.holder, r.holderTerm
+}
+
+// Alive returns when Run's goroutine last made progress, on Now's clock:
+// it goes round at least every RenewInterval/2 while watching, and every
+// RewatchDelay while the watch cannot be established (safe for concurrent
+// use; zero before Run).
+func (r *LeaderRunner) Alive() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.alive
+}
+
+func (r *LeaderRunner) markAlive() {
+	now := r.now()
+	r.mu.Lock()
+	r.alive = now
+	r.mu.Unlock()
 }
 
 func (r *LeaderRunner) now() time.Time {
@@ -62,6 +93,7 @@ func (r *LeaderRunner) Term() uint64 {
 func (r *LeaderRunner) publish() {
 	r.mu.Lock()
 	r.leading, r.validUntil, r.term = r.Core.Leading(), r.Core.ValidUntil(), r.Core.Term()
+	r.holder, r.holderTerm = r.Core.Holder()
 	r.mu.Unlock()
 }
 
@@ -95,6 +127,7 @@ func (r *LeaderRunner) Run(ctx context.Context) error {
 		}
 	}()
 	for ctx.Err() == nil {
+		r.markAlive()
 		w, err := r.KV.Watch(ctx, LeaderKey)
 		if err != nil {
 			log.Error("leader lock watch failed; not taking the lock until it is back", "err", err)
@@ -128,6 +161,7 @@ func (r *LeaderRunner) loop(ctx context.Context, log *slog.Logger, w jetstream.K
 	defer timer.Stop()
 	started := false
 	for {
+		r.markAlive()
 		select {
 		case <-ctx.Done():
 			return
@@ -143,6 +177,9 @@ func (r *LeaderRunner) loop(ctx context.Context, log *slog.Logger, w jetstream.K
 					r.Core.WatchStarted(now)
 					// No value before the marker: the key is absent.
 					r.perform(ctx, log, r.Core.Observe(now, 0, nil), done)
+				}
+				if r.OnSynced != nil {
+					r.OnSynced()
 				}
 				continue
 			}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"hvguard/fencing/natslease"
@@ -33,9 +34,57 @@ type Runner struct {
 	// Now is the controller's clock (time.Now if nil).
 	Now func() time.Time
 	// OnDecision, if set, is called with every decision after it was
-	// performed (tests, metrics).
+	// performed (tests, metrics); a write not made because MayAct said no
+	// is reported with ErrNotActing.
 	OnDecision func(Decision, error)
+	// MayAct, if set, gates every write to the bucket (declarations,
+	// releases, the guard): it is asked immediately before each one, with
+	// Now's clock, and nothing is written unless it says yes. A standby
+	// controller (MayAct false) keeps its tracker warm, watching, and
+	// writes nothing; its due hosts are decided again at the next tick.
+	MayAct func(time.Time) bool
+	// Heartbeat, if set, is called from Run's goroutine at every tick,
+	// watching or not: it proves the loop makes progress (the daemon
+	// feeds systemd's watchdog from it).
+	Heartbeat func()
+	// OnSynced, if set, is called from Run's goroutine each time the lease
+	// watch has delivered the bucket's current values.
+	OnSynced func(hosts int)
+	// Signature, if set, is appended to the reason of every declaration
+	// written (the daemon's: its id and leader term), so the record says
+	// which controller declared the host.
+	Signature func() string
+
+	viewOnce sync.Once
+	views    chan chan TrackerView
 }
+
+// ErrNotActing is reported to OnDecision for a write MayAct did not allow.
+var ErrNotActing = errors.New("not acting (standby, or the leader lock lapsed): nothing written")
+
+func (r *Runner) viewReqs() chan chan TrackerView {
+	r.viewOnce.Do(func() { r.views = make(chan chan TrackerView) })
+	return r.views
+}
+
+// View asks Run's goroutine for the tracker's state (safe for concurrent
+// use); it fails when ctx ends first (Run not running or stuck).
+func (r *Runner) View(ctx context.Context) (TrackerView, error) {
+	reply := make(chan TrackerView, 1)
+	select {
+	case r.viewReqs() <- reply:
+	case <-ctx.Done():
+		return TrackerView{}, fmt.Errorf("tracker view: %w", ctx.Err())
+	}
+	select {
+	case v := <-reply:
+		return v, nil
+	case <-ctx.Done():
+		return TrackerView{}, fmt.Errorf("tracker view: %w", ctx.Err())
+	}
+}
+
+func (r *Runner) mayAct() bool { return r.MayAct == nil || r.MayAct(r.now()) }
 
 func (r *Runner) now() time.Time {
 	if r.Now != nil {
@@ -54,6 +103,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	defer tick.Stop()
 	var lastPublish time.Time
 	published := -1
+	views := r.viewReqs()
 	for ctx.Err() == nil {
 		updates := make(chan natslease.Update, 1024)
 		synced := make(chan struct{})
@@ -74,6 +124,11 @@ func (r *Runner) Run(ctx context.Context) error {
 				watching = true
 				r.Tracker.WatchStarted(r.now())
 				log.Info("lease watch synced", "hosts", r.Tracker.Members())
+				if r.OnSynced != nil {
+					r.OnSynced(r.Tracker.Members())
+				}
+			case reply := <-views:
+				reply <- r.Tracker.View(r.now())
 			case u := <-updates:
 				if u.Err != nil {
 					log.Error("undecodable lease record", "host", u.Host, "err", u.Err)
@@ -83,11 +138,14 @@ func (r *Runner) Run(ctx context.Context) error {
 					r.perform(ctx, log, d)
 				}
 			case <-tick.C:
+				if r.Heartbeat != nil {
+					r.Heartbeat()
+				}
 				if !watching {
 					continue // silence is measured only while watching
 				}
 				now := r.now()
-				if n := r.Tracker.Members(); n != published || now.Sub(lastPublish) > GuardPublishInterval {
+				if n := r.Tracker.Members(); (n != published || now.Sub(lastPublish) > GuardPublishInterval) && r.mayAct() {
 					if err := r.Store.PublishGuard(ctx, r.Tracker.Guard()); err != nil {
 						log.Warn("publish guard", "err", err)
 					} else {
@@ -100,10 +158,23 @@ func (r *Runner) Run(ctx context.Context) error {
 			}
 		}
 		cancel()
-		select {
-		case <-ctx.Done():
-		case <-time.After(RewatchDelay):
+		pause := time.NewTimer(RewatchDelay)
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				break wait
+			case <-pause.C:
+				break wait
+			case <-tick.C:
+				if r.Heartbeat != nil {
+					r.Heartbeat()
+				}
+			case reply := <-views:
+				reply <- r.Tracker.View(r.now())
+			}
 		}
+		pause.Stop()
 	}
 	return nil
 }
@@ -111,7 +182,24 @@ func (r *Runner) Run(ctx context.Context) error {
 func (r *Runner) perform(ctx context.Context, log *slog.Logger, d Decision) {
 	var err error
 	switch d.Op {
+	case OpDeclare, OpRelease:
+		if !r.mayAct() {
+			// Checked immediately before the write: a standby, or a
+			// leader whose lock lapsed, writes nothing. The tracker
+			// decides the host again at its next tick.
+			r.Tracker.NotPerformed(d)
+			log.Debug("not acting: "+d.Op.String()+" not written", "host", d.Host)
+			if r.OnDecision != nil {
+				r.OnDecision(d, ErrNotActing)
+			}
+			return
+		}
+	}
+	switch d.Op {
 	case OpDeclare:
+		if r.Signature != nil {
+			d.Record.Reason += " (" + r.Signature() + ")"
+		}
 		_, err = r.Store.Write(ctx, d.Host, d.Revision, d.Record, WriteTimeout)
 		if err != nil {
 			log.Info("declaration not written (the host renewed, or NATS failed)", "host", d.Host, "err", err)

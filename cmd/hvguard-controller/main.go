@@ -1,0 +1,164 @@
+// Command hvguard-controller is the central hvguard daemon: it watches the
+// agents' leases, declares silent hosts expired (one leader at a time among
+// the controllers that run) and serves their status. See
+// `hvguard-controller --help`, the README and docs/controller.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"hvguard/controller/daemon"
+	"hvguard/daemonkit"
+)
+
+// ExitConfig is the exit status for an unreadable or invalid configuration
+// (78, EX_CONFIG: systemd does not restart the controller).
+const ExitConfig = daemonkit.ExitConfig
+
+// StatusTimeout bounds `status`'s request to the running controller.
+const StatusTimeout = 5 * time.Second
+
+const usage = `hvguard-controller — the central hvguard daemon. It watches the agents'
+leases in the NATS KV bucket hvguard-leases and declares a host expired when
+it stopped renewing for its lease TTL plus the grace its fencing constants
+need (never while the mass-failure guard holds, never a host whose constants
+it cannot honour). Run two or more: one leader, chosen by a compare-and-set
+lock in the same bucket, acts; the standbys watch and take over.
+
+Usage:
+  hvguard-controller [flags]            run the daemon
+  hvguard-controller status [--json] [--addr HOST:PORT]
+                                        print the running controller's view
+
+Flags:
+  --config PATH        configuration file (default %s)
+  --check-config [PATH]
+                       validate the configuration file (--config, or PATH)
+                       and exit (0 = valid, 78 = invalid)
+  --print-defaults     print the built-in default configuration as YAML and exit
+  --log-level LEVEL    override log.level (debug, info, warn, error)
+  --log-format FORMAT  override log.format (json, text)
+  --version            print the version and exit
+  -h, --help           this help
+
+status: asks the controller on --addr (default: metrics.listen of --config
+if that file exists, else %s) for GET /status and prints this process's
+role (leader or standby), the lock's holder and term, the mass-failure
+guard and, per host, the lease state, epoch, backstop, the grace granted,
+the time since its last renewal and why it is refused. --json prints the
+endpoint's JSON. Any controller (leader or standby) answers. Exit status:
+0 printed, 1 no controller answered (or a bad answer), 2 bad command line,
+78 invalid --config.
+
+Exit status: 0 stopped cleanly, 1 failed at run time, 2 bad command line,
+78 unreadable or invalid configuration (systemd does not restart it).
+
+Signals: SIGTERM/SIGINT stop gracefully: the tracker stops (no write in
+flight), then the leader lock is resigned, so a standby takes over within
+about 2 s (TakeoverAfter(act_margin)) instead of a whole lock TTL (10.2 s).
+
+Under systemd (Type=notify) the controller sends READY=1 once NATS is
+connected and both watches (the leader lock, the lease bucket) have synced
+(or, after nats.ready_timeout, in a degraded mode that keeps retrying and
+acts on nothing), WATCHDOG=1 from the tracker's loop while the leader
+lock's loop progresses too, and a STATUS= line (leader or standby, term,
+hosts, guard).
+
+Endpoint (metrics.listen): /metrics (Prometheus), /healthz, /status.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "status" {
+		return runStatus(args[1:], stdout, stderr)
+	}
+	cli := daemonkit.NewCLI("hvguard-controller", daemon.DefaultConfigPath, stderr, func() {
+		fmt.Fprintf(stderr, usage, daemon.DefaultConfigPath, daemon.DefaultListen)
+	})
+	if code, done := cli.Parse(args, stderr); done {
+		return code
+	}
+	cfg, code, done := daemonkit.Start(cli, stdout, stderr, daemon.Version, daemon.DefaultConfig(), daemon.LoadConfig)
+	if done {
+		return code
+	}
+	cfgPath := cli.Config
+	if *cli.Check {
+		fmt.Fprintf(stdout, "%s: configuration is valid (id %s, nats %s)\n", *cfgPath, cfg.ID, cfg.NATS.URL())
+		return 0
+	}
+	log, err := daemon.NewLogger(stderr, cfg.Log)
+	if err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller: %v\n", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	log.Info("starting", "version", daemon.Version, "config", *cfgPath, "id", cfg.ID)
+	if err := daemon.Run(ctx, cfg, log, daemon.Options{}); err != nil {
+		log.Error("controller failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func runStatus(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("hvguard-controller status", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprintf(stderr, usage, daemon.DefaultConfigPath, daemon.DefaultListen) }
+	cfgPath := fs.String("config", daemon.DefaultConfigPath, "")
+	addr := fs.String("addr", "", "")
+	asJSON := fs.Bool("json", false, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "hvguard-controller status: unexpected argument %q (see --help)\n", fs.Arg(0))
+		return 2
+	}
+	if *addr == "" {
+		*addr = daemon.DefaultListen
+		if _, err := os.Stat(*cfgPath); err == nil || daemonkit.FlagSet(fs, "config") {
+			cfg, err := daemon.LoadConfig(*cfgPath)
+			if err != nil {
+				fmt.Fprintf(stderr, "hvguard-controller status: %v\n", err)
+				return ExitConfig
+			}
+			if cfg.Metrics.Listen == "" {
+				fmt.Fprintf(stderr, "hvguard-controller status: metrics.listen is empty in %s: the controller serves no status (give --addr)\n", *cfgPath)
+				return 1
+			}
+			*addr = cfg.Metrics.Listen
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), StatusTimeout)
+	defer cancel()
+	st, err := daemon.FetchStatus(ctx, *addr)
+	if err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller status: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st)
+		return 0
+	}
+	daemon.PrintStatus(stdout, st)
+	return 0
+}

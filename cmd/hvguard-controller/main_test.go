@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"hvguard/agent/delivery/deliverytest"
+	"hvguard/controller/daemon"
+)
+
+func runCLI(args ...string) (int, string, string) {
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestHelpListsEveryFlag(t *testing.T) {
+	code, _, errOut := runCLI("--help")
+	if code != 0 {
+		t.Fatalf("--help exited %d", code)
+	}
+	for _, f := range []string{"--config", "--check-config", "--print-defaults", "--log-level", "--log-format", "--version",
+		"status", "--json", "--addr", "READY=1", "WATCHDOG=1", "STATUS=", "/metrics", "/healthz", "/status", "78", "SIGTERM"} {
+		if !strings.Contains(errOut, f) {
+			t.Errorf("--help does not mention %s", f)
+		}
+	}
+}
+
+func TestCheckConfig(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(good, []byte("id: ctl-1\nnats:\n  urls: [nats://10.0.0.1:4222]\n"), 0o600)
+	os.WriteFile(bad, []byte("leader:\n  ttl: -3s\nguard:\n  share: 7\n"), 0o600)
+
+	if code, out, errOut := runCLI("--config", good, "--check-config"); code != 0 || !strings.Contains(out, "valid") || !strings.Contains(out, "ctl-1") {
+		t.Errorf("valid config: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if code, out, _ := runCLI("--check-config", good); code != 0 || !strings.Contains(out, "valid") {
+		t.Errorf("--check-config PATH: exit %d, out %q", code, out)
+	}
+	if code, _, _ := runCLI("--config", good, "--check-config", bad); code != 2 {
+		t.Errorf("--config X --check-config Y: exit %d, want 2 (ambiguous)", code)
+	}
+	code, _, errOut := runCLI("--config", bad, "--check-config")
+	if code != ExitConfig || !strings.Contains(errOut, "leader.ttl") || !strings.Contains(errOut, "-3s") ||
+		!strings.Contains(errOut, "guard.share") || !strings.Contains(errOut, "7") {
+		t.Errorf("invalid config: exit %d, err %q; want exit 78 naming leader.ttl -3s and guard.share 7", code, errOut)
+	}
+	if code, _, errOut := runCLI("--config", filepath.Join(dir, "missing.yaml"), "--check-config"); code != ExitConfig || !strings.Contains(errOut, "missing.yaml") {
+		t.Errorf("missing config: exit %d, err %q", code, errOut)
+	}
+	if code, _, errOut := runCLI("--config", good, "--check-config", "--log-level", "loud"); code != ExitConfig || !strings.Contains(errOut, "log.level") {
+		t.Errorf("--log-level loud: exit %d, err %q", code, errOut)
+	}
+	if code, _, _ := runCLI("stray"); code != 2 {
+		t.Errorf("stray argument: exit %d, want 2", code)
+	}
+}
+
+// The printed defaults are themselves a valid configuration, and read back
+// as the defaults.
+func TestPrintDefaultsRoundTrips(t *testing.T) {
+	code, out, _ := runCLI("--print-defaults")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	p := filepath.Join(t.TempDir(), "defaults.yaml")
+	os.WriteFile(p, []byte(out), 0o600)
+	if code, _, errOut := runCLI("--config", p, "--check-config"); code != 0 {
+		t.Fatalf("printed defaults do not validate: %s\n%s", errOut, out)
+	}
+	cfg, err := daemon.LoadConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ID = ""
+	again, _ := yaml.Marshal(cfg)
+	if string(again) != out {
+		t.Fatalf("defaults do not round-trip:\n%s\n---\n%s", out, again)
+	}
+}
+
+// status against a running controller (in-process, embedded JetStream):
+// text and JSON; exit 1 when nothing answers.
+func TestStatusCommand(t *testing.T) {
+	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	cfg := daemon.DefaultConfig()
+	cfg.ID = "ctl-status"
+	cfg.NATS.URLs = []string{srv.ClientURL()}
+	cfg.Metrics.Listen = "127.0.0.1:0"
+	cfg.Leader = daemon.LeaderConfig{TTL: daemon.Duration(time.Second), RenewInterval: daemon.Duration(250 * time.Millisecond),
+		WriteTimeout: daemon.Duration(200 * time.Millisecond), ActMargin: daemon.Duration(200 * time.Millisecond)}
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), daemon.Options{Listening: func(a string) { addr <- a }})
+	}()
+	defer func() { cancel(); <-done }()
+	a := <-addr
+
+	// Until it leads (1.02 s), it is a standby with no leader.
+	var st daemon.Status
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		code, out, errOut := runCLI("status", "--json", "--addr", a)
+		if code != 0 {
+			t.Fatalf("status --json: exit %d: %s", code, errOut)
+		}
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("status --json printed %q: %v", out, err)
+		}
+		if st.Role == "leader" {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if st.Role != "leader" || st.Leader != "ctl-status" || st.LeaderTerm != 1 || st.Tracker == nil || st.Health != "ok" {
+		t.Fatalf("status %+v: want the leader ctl-status, term 1, a lease view, health ok", st)
+	}
+	code, out, errOut := runCLI("status", "--addr", a)
+	if code != 0 || !strings.Contains(out, "controller ctl-status") || !strings.Contains(out, "leader") || !strings.Contains(out, "ctl-status (term 1)") {
+		t.Fatalf("status: exit %d, out %q, err %q", code, out, errOut)
+	}
+	// --config: the address is its metrics.listen.
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	os.WriteFile(p, []byte(fmt.Sprintf("metrics:\n  listen: %q\n", a)), 0o600)
+	if code, out, _ := runCLI("status", "--config", p); code != 0 || !strings.Contains(out, "ctl-status") {
+		t.Fatalf("status --config: exit %d, out %q", code, out)
+	}
+	cancel()
+	<-done
+	done <- nil
+	if code, _, errOut := runCLI("status", "--addr", a); code != 1 || !strings.Contains(errOut, "no controller answers") {
+		t.Fatalf("status with nothing listening: exit %d, err %q; want 1", code, errOut)
+	}
+	if code, _, _ := runCLI("status", "extra"); code != 2 {
+		t.Fatalf("status extra: exit %d, want 2", code)
+	}
+}

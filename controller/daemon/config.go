@@ -1,0 +1,217 @@
+// Package daemon is hvguard-controller: it wires the leader lock
+// (controller.LeaderRunner) and the lease tracker (controller.Runner) to
+// NATS, systemd, Prometheus and the status endpoint. See docs/controller.md.
+package daemon
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"regexp"
+	"time"
+
+	"hvguard/controller"
+	"hvguard/daemonkit"
+	"hvguard/fencing"
+)
+
+// Version is set at build time (-ldflags -X hvguard/controller/daemon.Version=...).
+var Version = "dev"
+
+// Duration is a YAML duration ("15s").
+type Duration = daemonkit.Duration
+
+// Config is the controller's configuration file (/etc/hvguard/controller.yaml).
+// Every field is documented in packaging/controller.yaml and in
+// docs/controller.md; the three must change together.
+type Config struct {
+	// ID names this controller process in the leader lock. Empty: the host
+	// name and a random suffix, new for every process (a restarted
+	// controller is a new candidate, never mistaken for its predecessor).
+	ID        string                    `yaml:"id"`
+	Log       daemonkit.LogConfig       `yaml:"log"`
+	NATS      NATSConfig                `yaml:"nats"`
+	Leader    LeaderConfig              `yaml:"leader"`
+	Guard     GuardConfig               `yaml:"guard"`
+	Tracker   TrackerConfig             `yaml:"tracker"`
+	OpenStack daemonkit.OpenStackConfig `yaml:"openstack"`
+	Metrics   MetricsConfig             `yaml:"metrics"`
+}
+
+// NATSConfig is the NATS connection and the lease bucket.
+type NATSConfig struct {
+	daemonkit.NATSConfig `yaml:",inline"`
+	// CreateBucket creates the lease bucket when it is missing (one
+	// replica; provision a replicated one for production). An existing
+	// bucket is never changed.
+	CreateBucket bool `yaml:"create_bucket"`
+}
+
+// LeaderConfig is the leader lock (controller.LeaderConfig).
+type LeaderConfig struct {
+	TTL           Duration `yaml:"ttl"`
+	RenewInterval Duration `yaml:"renew_interval"`
+	WriteTimeout  Duration `yaml:"write_timeout"`
+	ActMargin     Duration `yaml:"act_margin"`
+}
+
+// GuardConfig is the mass-failure guard: declare nothing while more than
+// min(count, floor(share × hosts)) hosts were silent within window.
+type GuardConfig struct {
+	Count  int      `yaml:"count"`
+	Share  float64  `yaml:"share"`
+	Window Duration `yaml:"window"`
+}
+
+// TrackerConfig is the lease tracker (controller.Config).
+type TrackerConfig struct {
+	// Drift bounds this controller's clock-rate error; it is used by the
+	// tracker's grace and by the leader lock.
+	Drift            float64  `yaml:"drift"`
+	MaxHostDrift     float64  `yaml:"max_host_drift"`
+	MaxGrace         Duration `yaml:"max_grace"`
+	AcceptNoBackstop bool     `yaml:"accept_no_backstop"`
+}
+
+// MetricsConfig is the HTTP endpoint: /metrics (Prometheus), /healthz and
+// /status (what `hvguard-controller status` reads).
+type MetricsConfig struct {
+	// Listen is host:port; empty disables the endpoint (and status).
+	Listen string `yaml:"listen"`
+}
+
+// Defaults.
+const (
+	// DefaultListen is loopback only: the endpoint has no authentication
+	// (the agent's is 9475, its peer endpoint 9476).
+	DefaultListen = "127.0.0.1:9477"
+	// DefaultNATSReadyTimeout: after 10 s without NATS (or without the
+	// bucket) the controller reports READY in a degraded mode and keeps
+	// retrying; it acts on nothing meanwhile.
+	DefaultNATSReadyTimeout = 10 * time.Second
+	// DefaultConfigPath is where the packages install the configuration.
+	DefaultConfigPath = "/etc/hvguard/controller.yaml"
+)
+
+// DefaultConfig returns the configuration used when a field is absent.
+func DefaultConfig() Config {
+	tc := controller.DefaultConfig()
+	lc := controller.DefaultLeaderConfig("")
+	return Config{
+		Log: daemonkit.DefaultLog(),
+		NATS: NATSConfig{NATSConfig: daemonkit.NATSConfig{
+			URLs:         []string{"nats://127.0.0.1:4222"},
+			ReadyTimeout: Duration(DefaultNATSReadyTimeout),
+		}, CreateBucket: true},
+		Leader: LeaderConfig{TTL: Duration(lc.TTL), RenewInterval: Duration(lc.RenewInterval),
+			WriteTimeout: Duration(lc.WriteTimeout), ActMargin: Duration(lc.ActMargin)},
+		Guard: GuardConfig{Count: tc.GuardCount, Share: tc.GuardShare, Window: Duration(tc.GuardWindow)},
+		Tracker: TrackerConfig{Drift: tc.Drift, MaxHostDrift: tc.MaxHostDrift, MaxGrace: Duration(tc.MaxGrace),
+			AcceptNoBackstop: tc.AcceptNoBackstop},
+		OpenStack: daemonkit.DefaultOpenStack(),
+		Metrics:   MetricsConfig{Listen: DefaultListen},
+	}
+}
+
+// LoadConfig reads a YAML file over the defaults. Unknown fields are
+// rejected; the result is completed (id) and validated.
+func LoadConfig(path string) (Config, error) { return daemonkit.LoadFile(path, ParseConfig) }
+
+// ParseConfig parses YAML over the defaults, completes and validates it.
+func ParseConfig(data []byte) (Config, error) { return daemonkit.ParseYAML(data, DefaultConfig()) }
+
+// Logging is the log section (the command line's --log-level and
+// --log-format override it).
+func (c *Config) Logging() *daemonkit.LogConfig { return &c.Log }
+
+// Complete fills the id when it is empty: host name and 6 random hex
+// digits.
+func (c *Config) Complete() error {
+	if c.ID != "" {
+		return nil
+	}
+	h, err := os.Hostname()
+	if err != nil {
+		return fmt.Errorf("id: empty and os.Hostname failed: %w", err)
+	}
+	var b [3]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return fmt.Errorf("id: %w", err)
+	}
+	c.ID = h + "-" + hex.EncodeToString(b[:])
+	return nil
+}
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// Validate checks every field and returns all problems at once, each
+// naming the field and the bad value.
+func (c *Config) Validate() error {
+	var p daemonkit.Problems
+	bad := p.Bad
+	if !idRE.MatchString(c.ID) {
+		bad("id", fmt.Sprintf("%q", c.ID), "must be 1-128 of [A-Za-z0-9._-], starting with a letter or digit (empty: host name and a random suffix)")
+	}
+	c.Log.Validate(bad)
+	c.NATS.NATSConfig.Validate(bad)
+
+	l := c.Leader
+	for _, f := range []struct {
+		name string
+		d    Duration
+	}{{"leader.ttl", l.TTL}, {"leader.renew_interval", l.RenewInterval}, {"leader.write_timeout", l.WriteTimeout}} {
+		daemonkit.Positive(bad, f.name, f.d)
+	}
+	if l.ActMargin < 0 {
+		bad("leader.act_margin", l.ActMargin.D(), "must not be negative")
+	}
+	if l.TTL > 0 && l.RenewInterval > 0 && l.WriteTimeout > 0 && l.ActMargin >= 0 {
+		if err := c.LeaderCore().Validate(); err != nil {
+			bad("leader", fmt.Sprintf("ttl %s, renew_interval %s, write_timeout %s, act_margin %s, tracker.drift %g",
+				l.TTL.D(), l.RenewInterval.D(), l.WriteTimeout.D(), l.ActMargin.D(), c.Tracker.Drift), err.Error())
+		}
+	}
+
+	if c.Guard.Count < 0 {
+		bad("guard.count", c.Guard.Count, "must not be negative")
+	}
+	if c.Guard.Share < 0 || c.Guard.Share > 1 {
+		bad("guard.share", c.Guard.Share, "must be between 0 and 1")
+	}
+	daemonkit.Positive(bad, "guard.window", c.Guard.Window)
+	if c.Tracker.Drift < 0 || c.Tracker.Drift > fencing.MaxSupportedDrift {
+		bad("tracker.drift", c.Tracker.Drift, fmt.Sprintf("must be between 0 and %g", fencing.MaxSupportedDrift))
+	}
+	if c.Tracker.MaxHostDrift < 0 || c.Tracker.MaxHostDrift > fencing.MaxSupportedDrift {
+		bad("tracker.max_host_drift", c.Tracker.MaxHostDrift, fmt.Sprintf("must be between 0 and %g", fencing.MaxSupportedDrift))
+	}
+	daemonkit.Positive(bad, "tracker.max_grace", c.Tracker.MaxGrace)
+	if err := c.TrackerCore().Validate(); err != nil && p.Err() == nil {
+		// Every field above passed: a rule only the core knows.
+		bad("tracker", fmt.Sprintf("%+v", c.Tracker), err.Error())
+	}
+	users := ""
+	if c.OpenStack.Cloud != "" {
+		users = "openstack.cloud set"
+	}
+	c.OpenStack.Validate(users, bad)
+	daemonkit.ValidateListen(bad, "metrics.listen", c.Metrics.Listen)
+	return p.Err()
+}
+
+// LeaderCore is the leader lock's configuration.
+func (c *Config) LeaderCore() controller.LeaderConfig {
+	return controller.LeaderConfig{ID: c.ID, TTL: c.Leader.TTL.D(), RenewInterval: c.Leader.RenewInterval.D(),
+		WriteTimeout: c.Leader.WriteTimeout.D(), ActMargin: c.Leader.ActMargin.D(), Drift: c.Tracker.Drift}
+}
+
+// TrackerCore is the lease tracker's configuration.
+func (c *Config) TrackerCore() controller.Config {
+	return controller.Config{GuardCount: c.Guard.Count, GuardShare: c.Guard.Share, GuardWindow: c.Guard.Window.D(),
+		Drift: c.Tracker.Drift, MaxHostDrift: c.Tracker.MaxHostDrift, MaxGrace: c.Tracker.MaxGrace.D(),
+		AcceptNoBackstop: c.Tracker.AcceptNoBackstop}
+}
+
+// NewLogger builds the controller's structured logger.
+var NewLogger = daemonkit.NewLogger

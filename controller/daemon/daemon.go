@@ -1,0 +1,282 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/agent/delivery"
+	"hvguard/controller"
+	"hvguard/daemonkit"
+	"hvguard/fencing/natslease"
+)
+
+// Daemon constants.
+const (
+	// LoopStale is how long the leader lock's loop may go without progress
+	// before the controller stops feeding systemd's watchdog: the loop goes
+	// round at least every renew_interval/2 (1.25 s by default), or every
+	// second while its watch is being re-established, so 10 s without
+	// progress means it is wedged and a restart (which resigns nothing:
+	// the lock lapses after its TTL) is the remedy.
+	LoopStale = 10 * time.Second
+	// BucketRetryMax bounds the pause between attempts to open the lease
+	// bucket while NATS (or the bucket) is unavailable at start.
+	BucketRetryMax = 10 * time.Second
+	// ViewTimeout bounds a status or metrics request for the tracker's
+	// view (answered by the tracker's loop between two ticks).
+	ViewTimeout = 2 * time.Second
+)
+
+// Options are the parts of a daemon that are not configuration (tests).
+type Options struct {
+	// Now is the clock; daemonkit.BootNow (CLOCK_BOOTTIME) when nil.
+	Now func() time.Time
+	// Ready is closed once the daemon is ready: NATS connected and both
+	// watches (leader lock, lease bucket) synced.
+	Ready chan<- struct{}
+	// OnDecision is called with every tracker decision after it was
+	// performed (or not: controller.ErrNotActing).
+	OnDecision func(controller.Decision, error)
+	// OnLeaderChange is called on every election and deposition.
+	OnLeaderChange func(controller.LeaderOp)
+	// Listening, if set, receives the status endpoint's address once it
+	// listens (tests listen on port 0).
+	Listening func(addr string)
+}
+
+// Daemon is a running controller.
+type Daemon struct {
+	cfg    Config
+	log    *slog.Logger
+	opts   Options
+	now    func() time.Time
+	notify *daemonkit.Notifier
+	nc     *nats.Conn
+	lr     *controller.LeaderRunner
+	run    *controller.Runner
+	start  time.Time
+
+	started                     atomic.Bool // lr and run are set
+	leaderSynced, trackerSynced atomic.Bool
+	lastTick                    atomic.Int64 // Runner heartbeat, UnixNano on now()
+	lastPing                    time.Time    // Runner goroutine only
+	stuckSaid                   bool         // Runner goroutine only
+	readyOnce                   sync.Once
+	m                           counters
+}
+
+// Run starts the controller and blocks until ctx is cancelled (SIGTERM);
+// then it stops the tracker (no write in flight), resigns the leader lock
+// (a standby takes over after TakeoverAfter(act_margin), not a whole TTL)
+// and closes NATS.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error {
+	d := &Daemon{cfg: cfg, log: log, opts: opts, now: opts.Now, notify: daemonkit.NewNotifier(log)}
+	if d.now == nil {
+		d.now = daemonkit.BootNow
+	}
+	d.start = d.now()
+	d.notify.Status("connecting to NATS")
+	nc, err := delivery.Connect(cfg.NATS.URL(), "hvguard-controller "+cfg.ID, log, cfg.NATS.Options()...)
+	if err != nil {
+		return err
+	}
+	d.nc = nc
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("jetstream: %w", err)
+	}
+
+	if cfg.Metrics.Listen != "" {
+		ln, err := net.Listen("tcp", cfg.Metrics.Listen)
+		if err != nil {
+			return fmt.Errorf("metrics.listen %q: %w", cfg.Metrics.Listen, err)
+		}
+		if opts.Listening != nil {
+			opts.Listening(ln.Addr().String())
+		}
+		defer daemonkit.ServeHTTP(ln, d.handler(), 5*time.Second, log, "status and metrics endpoint")()
+	}
+
+	readyCtx, stopReady := context.WithCancel(ctx)
+	defer stopReady()
+	go d.degradedAfter(readyCtx, cfg.NATS.ReadyTimeout.D())
+
+	kv, err := d.openBucket(ctx, js)
+	if err != nil {
+		return nil // ctx ended while waiting: a clean stop
+	}
+	core, err := controller.NewLeader(cfg.LeaderCore())
+	if err != nil {
+		return err
+	}
+	tracker, err := controller.NewTracker(cfg.TrackerCore())
+	if err != nil {
+		return err
+	}
+	d.lr = &controller.LeaderRunner{KV: kv, Core: core, Log: log.With("component", "leader"), Now: d.now,
+		OnChange: d.leaderChanged, OnSynced: func() { d.leaderSynced.Store(true); d.maybeReady() }}
+	d.run = &controller.Runner{Store: &natslease.Store{KV: kv}, Tracker: tracker, Log: log.With("component", "tracker"),
+		Now: d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
+		OnSynced:  func(int) { d.trackerSynced.Store(true); d.maybeReady() },
+		Signature: func() string { return fmt.Sprintf("declared by controller %s, term %d", cfg.ID, d.lr.Term()) }}
+
+	d.started.Store(true)
+	leaderCtx, stopLeader := context.WithCancel(context.Background())
+	leaderDone := make(chan struct{})
+	go func() { defer close(leaderDone); _ = d.lr.Run(leaderCtx) }()
+	trackerCtx, stopTracker := context.WithCancel(context.Background())
+	trackerDone := make(chan struct{})
+	go func() { defer close(trackerDone); _ = d.run.Run(trackerCtx) }()
+
+	<-ctx.Done()
+	d.notify.Stopping()
+	log.Info("stopping: tracker first (no write in flight), then resigning the leader lock")
+	stopTracker()
+	<-trackerDone
+	stopLeader()
+	<-leaderDone
+	log.Info("stopped")
+	return nil
+}
+
+// openBucket opens (or, with nats.create_bucket, creates) the lease bucket,
+// retrying until ctx ends. An existing bucket's configuration is never
+// changed.
+func (d *Daemon) openBucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, error) {
+	backoff := 500 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		kv, err := natslease.EnsureBucket(actx, js, d.cfg.NATS.CreateBucket)
+		cancel()
+		if err == nil {
+			return kv, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		d.log.Warn("lease bucket not available yet; retrying", "err", err, "retry_in", backoff)
+		d.notify.Status(fmt.Sprintf("waiting for NATS and the lease bucket: %v", err))
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, BucketRetryMax)
+	}
+}
+
+// maybeReady sends READY=1 once both watches have synced.
+func (d *Daemon) maybeReady() {
+	if !d.leaderSynced.Load() || !d.trackerSynced.Load() {
+		return
+	}
+	d.readyOnce.Do(func() {
+		d.log.Info("ready", "id", d.cfg.ID, "nats", d.nc.ConnectedUrlRedacted())
+		d.notify.Ready("ready: watching the lease bucket")
+		if d.opts.Ready != nil {
+			close(d.opts.Ready)
+		}
+	})
+}
+
+// degradedAfter reports READY in a degraded mode when the watches have not
+// synced within timeout (NATS or the bucket unavailable): the unit is up,
+// says why in STATUS=, and keeps retrying; the controller acts on nothing
+// until it leads.
+func (d *Daemon) degradedAfter(ctx context.Context, timeout time.Duration) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(timeout):
+	}
+	d.readyOnce.Do(func() {
+		msg := "degraded: NATS or the lease bucket unavailable; retrying, acting on nothing"
+		d.log.Warn("ready in degraded mode", "reason", msg)
+		d.notify.Ready(msg)
+	})
+}
+
+// heartbeat runs on the tracker's goroutine every tick (250 ms). It feeds
+// systemd's watchdog only while the leader lock's loop progresses too:
+// both must run for the controller to lead, or to take over.
+func (d *Daemon) heartbeat() {
+	now := d.now()
+	d.lastTick.Store(now.UnixNano())
+	if age := now.Sub(d.lr.Alive()); age > LoopStale {
+		if !d.stuckSaid {
+			d.stuckSaid = true
+			d.log.Error("leader lock loop is stuck; withholding the watchdog ping", "age", age)
+		}
+		d.notify.Status(fmt.Sprintf("leader lock loop stuck for %s", age.Round(time.Second)))
+		return
+	}
+	d.stuckSaid = false
+	if now.Sub(d.lastPing) < d.notify.WatchdogPeriod() {
+		return
+	}
+	d.lastPing = now
+	d.notify.WatchdogPing()
+	d.notify.Status(d.summary(now))
+}
+
+// summary is the one-line STATUS= (tracker goroutine only).
+func (d *Daemon) summary(now time.Time) string {
+	role := "standby"
+	if d.lr.MayAct(now) {
+		role = fmt.Sprintf("LEADER term %d", d.lr.Term())
+	} else if h, t := d.lr.Holder(); h != "" {
+		role = fmt.Sprintf("standby (leader %s term %d)", h, t)
+	}
+	tr := d.run.Tracker
+	hold := ""
+	if tr.Holding() {
+		hold = ", GUARD HOLDING"
+	}
+	nats := ""
+	if !d.nc.IsConnected() {
+		nats = ", nats DOWN"
+	}
+	return fmt.Sprintf("%s, %d hosts%s%s", role, tr.Members(), hold, nats)
+}
+
+func (d *Daemon) leaderChanged(op controller.LeaderOp) {
+	d.m.leaderChanges.Add(1)
+	if d.opts.OnLeaderChange != nil {
+		d.opts.OnLeaderChange(op)
+	}
+}
+
+func (d *Daemon) decided(dc controller.Decision, err error) {
+	d.m.count(dc, err)
+	if d.opts.OnDecision != nil {
+		d.opts.OnDecision(dc, err)
+	}
+}
+
+// healthy reports whether both loops progress and NATS is connected.
+func (d *Daemon) healthy() error {
+	now := d.now()
+	switch {
+	case !d.started.Load():
+		return errors.New("waiting for NATS and the lease bucket")
+	case !d.nc.IsConnected():
+		return errors.New("NATS disconnected")
+	case now.Sub(d.lr.Alive()) > LoopStale:
+		return fmt.Errorf("leader lock loop stuck for %s", now.Sub(d.lr.Alive()).Round(time.Second))
+	case now.Sub(time.Unix(0, d.lastTick.Load())) > LoopStale:
+		return errors.New("tracker loop stuck")
+	case !d.leaderSynced.Load() || !d.trackerSynced.Load():
+		return errors.New("watches not synced yet")
+	}
+	return nil
+}

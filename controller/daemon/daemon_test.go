@@ -1,0 +1,232 @@
+package daemon_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"hvguard/controller"
+	"hvguard/controller/controllertest"
+	"hvguard/controller/daemon"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+)
+
+// fastConfig is the default configuration at ×0.1 of the leader lock's
+// timing, listening on a free port.
+func fastConfig(t *testing.T, url, id string) daemon.Config {
+	t.Helper()
+	cfg := daemon.DefaultConfig()
+	cfg.ID = id
+	cfg.NATS.URLs = []string{url}
+	cfg.NATS.ReadyTimeout = daemon.Duration(5 * time.Second)
+	cfg.Leader = daemon.LeaderConfig{TTL: daemon.Duration(time.Second), RenewInterval: daemon.Duration(250 * time.Millisecond),
+		WriteTimeout: daemon.Duration(200 * time.Millisecond), ActMargin: daemon.Duration(200 * time.Millisecond)}
+	cfg.Guard.Share = 0.5 // 4 hosts: threshold 2
+	cfg.Metrics.Listen = "127.0.0.1:0"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// ctl is one in-process controller daemon.
+type ctl struct {
+	id     string
+	addr   string
+	cancel context.CancelFunc
+	done   chan error
+
+	mu        sync.Mutex
+	written   []controller.Decision // declarations written
+	notActing int                   // declarations decided while not acting
+}
+
+func startCtl(t *testing.T, url, id string, change func(*daemon.Config)) *ctl {
+	t.Helper()
+	c := &ctl{id: id, done: make(chan error, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	ready := make(chan struct{})
+	addr := make(chan string, 1)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if os.Getenv("HVGUARD_TEST_LOG") != "" {
+		log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("ctl", id)
+	}
+	opts := daemon.Options{Ready: ready, Listening: func(a string) { addr <- a },
+		OnDecision: func(d controller.Decision, err error) {
+			if d.Op != controller.OpDeclare {
+				return
+			}
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			switch {
+			case errors.Is(err, controller.ErrNotActing):
+				c.notActing++
+			case err == nil:
+				c.written = append(c.written, d)
+			}
+		}}
+	cfg := fastConfig(t, url, id)
+	if change != nil {
+		change(&cfg)
+	}
+	go func() { c.done <- daemon.Run(ctx, cfg, log, opts) }()
+	c.addr = <-addr
+	select {
+	case <-ready:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s not ready after 5 s", id)
+	}
+	t.Cleanup(c.stop)
+	return c
+}
+
+func (c *ctl) stop() {
+	c.cancel()
+	<-c.done
+	c.done <- nil // later stops return at once
+}
+
+func (c *ctl) role(t *testing.T) string {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	st, err := daemon.FetchStatus(ctx, c.addr)
+	if err != nil {
+		return "unreachable"
+	}
+	return st.Role
+}
+
+// waitLeader polls the controllers' /status every 10 ms until exactly one
+// says leader; it fails if two ever do at once.
+func waitLeader(t *testing.T, within time.Duration, cs ...*ctl) *ctl {
+	t.Helper()
+	end := time.Now().Add(within)
+	for time.Now().Before(end) {
+		var leaders []*ctl
+		for _, c := range cs {
+			if c.role(t) == "leader" {
+				leaders = append(leaders, c)
+			}
+		}
+		if len(leaders) > 1 {
+			t.Fatalf("%s and %s both report leader", leaders[0].id, leaders[1].id)
+		}
+		if len(leaders) == 1 {
+			return leaders[0]
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no leader within %s", within)
+	return nil
+}
+
+// TestTwoControllers: two controller daemons on one embedded JetStream at
+// ×0.1 of the lock's timing. ctl-a starts alone and leads; ctl-b starts as
+// a standby configured to accept hosts without a backstop, so its tracker
+// finds such a silent host (hn) due at every tick — and writes nothing,
+// while the leader refuses hn and declares the silent h0 once, signed with
+// its id and term. The leader's orderly stop hands over within
+// TakeoverAfter(act_margin) plus a renewal, and the new leader declares hn
+// at once.
+func TestTwoControllers(t *testing.T) {
+	url, kv := controllertest.Bucket(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	st := &natslease.Store{KV: kv}
+	if _, err := st.Write(ctx, "h0", 0, controllertest.HostRecord("h0"), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	hn := controllertest.HostRecord("hn")
+	hn.Backstop = fencing.BackstopNone
+	hnRev, err := st.Write(ctx, "hn", 0, hn, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewCtx, stopRenew := context.WithCancel(ctx)
+	defer stopRenew()
+	go controllertest.Renew(renewCtx, st, "h1", "h2", "h3")
+
+	a := startCtl(t, url, "ctl-a", nil)
+	if l := waitLeader(t, 3*time.Second, a); l != a {
+		t.Fatal("unreachable")
+	}
+	b := startCtl(t, url, "ctl-b", func(c *daemon.Config) { c.Tracker.AcceptNoBackstop = true })
+
+	// h0: declared once, by the leader.
+	if rec := waitExpired(t, st, "h0", 10*time.Second); !strings.Contains(rec.Reason, "controller ctl-a, term ") {
+		t.Fatalf("h0's declaration not signed by the leader ctl-a: %q", rec.Reason)
+	}
+	// hn: due for the standby at every tick, never written.
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && b.notActingNow() < 8 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, c := range []*ctl{a, b} {
+		c.mu.Lock()
+		t.Logf("%s: %d declarations written, %d decided while not acting", c.id, len(c.written), c.notActing)
+		c.mu.Unlock()
+	}
+	b.mu.Lock()
+	if len(b.written) != 0 || b.notActing < 8 {
+		t.Fatalf("the standby wrote %v and decided %d times while not acting (want none written, ≥ 8 decided: two seconds of ticks)", b.written, b.notActing)
+	}
+	b.mu.Unlock()
+	if e, err := kv.Get(ctx, "hn"); err != nil || e.Revision() != hnRev {
+		t.Fatalf("hn changed while ctl-b was standby: %v %v", e, err)
+	}
+	a.mu.Lock()
+	if len(a.written) != 1 || a.written[0].Host != "h0" {
+		t.Fatalf("the leader wrote %v, want one declaration of h0", a.written)
+	}
+	a.mu.Unlock()
+
+	// Orderly stop of the leader: resign, hand-over.
+	stopped := time.Now()
+	a.stop()
+	if next := waitLeader(t, 3*time.Second, b); next != b {
+		t.Fatal("unreachable")
+	}
+	handover := time.Since(stopped)
+	t.Logf("orderly stop of ctl-a → ctl-b leader in %s", handover)
+	if bound := controller.TakeoverAfter(200*time.Millisecond, 0.01) + 500*time.Millisecond; handover > bound {
+		t.Fatalf("hand-over after the orderly stop took %s > %s", handover, bound)
+	}
+	rec := waitExpired(t, st, "hn", time.Second)
+	t.Logf("hn declared %s after ctl-a stopped: %s", time.Since(stopped), rec.Reason)
+	if !strings.Contains(rec.Reason, "controller ctl-b, term ") {
+		t.Fatalf("hn's declaration not signed by the new leader ctl-b: %q", rec.Reason)
+	}
+}
+
+func (c *ctl) notActingNow() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.notActing
+}
+
+// waitExpired waits until host's lease is declared expired (epoch 1).
+func waitExpired(t *testing.T, st *natslease.Store, host string, within time.Duration) *fencing.LeaseRecord {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		rec, _, err := st.Read(context.Background(), host)
+		if err == nil && rec.State == fencing.LeaseExpired {
+			if rec.Epoch != 1 {
+				t.Fatalf("%s declared at epoch %d, want 1", host, rec.Epoch)
+			}
+			return rec
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s not declared within %s: %+v %v", host, within, rec, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,140 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"hvguard/controller"
+	"hvguard/fencing"
+)
+
+// counters are updated by the loops (atomics) and read at scrape time.
+type counters struct {
+	leaderChanges  atomic.Int64
+	declared       atomic.Int64 // declarations written
+	declareFailed  atomic.Int64 // declarations not written (CAS conflict: the host renewed; or NATS)
+	notActing      atomic.Int64 // writes MayAct did not allow
+	released       atomic.Int64
+	holds          atomic.Int64 // guard holds started
+	heldBack       atomic.Int64
+	refusals       atomic.Int64 // hosts refused (per change)
+	refusedDue     atomic.Int64
+}
+
+func (c *counters) count(d controller.Decision, err error) {
+	switch {
+	case errors.Is(err, controller.ErrNotActing):
+		c.notActing.Add(1)
+	case d.Op == controller.OpDeclare && err == nil:
+		c.declared.Add(1)
+	case d.Op == controller.OpDeclare:
+		c.declareFailed.Add(1)
+	case d.Op == controller.OpRelease && err == nil:
+		c.released.Add(1)
+	case d.Op == controller.OpHoldStarted:
+		c.holds.Add(1)
+	case d.Op == controller.OpHeldBack:
+		c.heldBack.Add(1)
+	case d.Op == controller.OpRefuse:
+		c.refusals.Add(1)
+	case d.Op == controller.OpRefusedDue:
+		c.refusedDue.Add(1)
+	}
+}
+
+var (
+	descLeader        = prometheus.NewDesc("hvguard_controller_leader", "1 while this controller holds the leader lock and may act.", nil, nil)
+	descTerm          = prometheus.NewDesc("hvguard_controller_leader_term", "Term of the leader lock as this controller's watch shows it (0: none).", nil, nil)
+	descLeaderChanges = prometheus.NewDesc("hvguard_controller_leader_changes_total", "Times this controller was elected or deposed.", nil, nil)
+	descDeclarations  = prometheus.NewDesc("hvguard_controller_declarations_total", "Host declarations (lease expired), by result: written, failed (CAS conflict: the host renewed; or NATS), not-acting (decided while not allowed to act: not written).", []string{"result"}, nil)
+	descReleases      = prometheus.NewDesc("hvguard_controller_releases_total", "Declared hosts released.", nil, nil)
+	descHolds         = prometheus.NewDesc("hvguard_controller_guard_holds_total", "Mass-failure guard holds started (nothing declared while one lasts).", nil, nil)
+	descHolding       = prometheus.NewDesc("hvguard_controller_guard_holding", "1 while the mass-failure guard holds.", nil, nil)
+	descHeldBack      = prometheus.NewDesc("hvguard_controller_held_back_total", "Due hosts not declared because the guard held.", nil, nil)
+	descRefusals      = prometheus.NewDesc("hvguard_controller_refusals_total", "Hosts refused (constants the controller cannot honour; never declared), counted per change.", nil, nil)
+	descRefusedDue    = prometheus.NewDesc("hvguard_controller_refused_due_total", "Refused hosts that fell silent and were NOT declared.", nil, nil)
+	descHosts         = prometheus.NewDesc("hvguard_controller_hosts", "Hosts in the lease bucket, by lease state (active, expired, released, withdrawn).", []string{"state"}, nil)
+	descRefused       = prometheus.NewDesc("hvguard_controller_hosts_refused", "Hosts currently refused.", nil, nil)
+	descSilent        = prometheus.NewDesc("hvguard_controller_hosts_silent", "Hosts the guard counts silent now.", nil, nil)
+	descNatsUp        = prometheus.NewDesc("hvguard_controller_nats_connected", "1 when the NATS connection is up.", nil, nil)
+)
+
+type collector struct{ d *Daemon }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) { prometheus.DescribeByCollect(c, ch) }
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	d := c.d
+	g := func(desc *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v, l...)
+	}
+	ctr := func(desc *prometheus.Desc, v int64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, float64(v), l...)
+	}
+	g(descNatsUp, b2f(d.nc.IsConnected()))
+	ctr(descLeaderChanges, d.m.leaderChanges.Load())
+	ctr(descDeclarations, d.m.declared.Load(), "written")
+	ctr(descDeclarations, d.m.declareFailed.Load(), "failed")
+	ctr(descDeclarations, d.m.notActing.Load(), "not-acting")
+	ctr(descReleases, d.m.released.Load())
+	ctr(descHolds, d.m.holds.Load())
+	ctr(descHeldBack, d.m.heldBack.Load())
+	ctr(descRefusals, d.m.refusals.Load())
+	ctr(descRefusedDue, d.m.refusedDue.Load())
+	if !d.started.Load() {
+		return
+	}
+	g(descLeader, b2f(d.lr.MayAct(d.now())))
+	_, term := d.lr.Holder()
+	g(descTerm, float64(term))
+	ctx, cancel := context.WithTimeout(context.Background(), ViewTimeout)
+	defer cancel()
+	v, err := d.run.View(ctx)
+	if err != nil {
+		return // the tracker loop is busy or stuck: /healthz says which
+	}
+	g(descHolding, b2f(v.Holding))
+	g(descSilent, float64(v.Silent))
+	by := map[fencing.LeaseState]int{fencing.LeaseActive: 0, fencing.LeaseExpired: 0, fencing.LeaseReleased: 0}
+	refused := 0
+	for _, h := range v.Hosts {
+		by[h.State]++
+		if h.Refused != "" {
+			refused++
+		}
+	}
+	for s, n := range by {
+		g(descHosts, float64(n), string(s))
+	}
+	g(descRefused, float64(refused))
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// handler serves /metrics, /healthz and /status.
+func (d *Daemon) handler() http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collector{d}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := d.healthy(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc(StatusPath, d.serveStatus)
+	return mux
+}

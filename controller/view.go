@@ -1,0 +1,63 @@
+package controller
+
+import (
+	"time"
+
+	"hvguard/fencing"
+)
+
+// LeaseView is what the lease tracker knows of one host, for status and
+// metrics.
+type LeaseView struct {
+	Host     string             `json:"host"`
+	State    fencing.LeaseState `json:"state"`
+	Epoch    uint64             `json:"epoch"`
+	Revision uint64             `json:"revision"`
+	Backstop fencing.Backstop   `json:"backstop"`
+	// GraceSeconds is the grace granted beyond the host's lease TTL
+	// (0 for a refused host).
+	GraceSeconds float64 `json:"grace_seconds"`
+	// LastRenewalSeconds is how long ago (on this controller's clock) the
+	// host's record last changed while watched (renewal, release, watch
+	// start).
+	LastRenewalSeconds float64 `json:"last_renewal_age_seconds"`
+	// Silent: counted silent by the mass-failure guard now.
+	Silent bool `json:"silent"`
+	// Refused says why the host will never be declared ("" if not).
+	Refused string `json:"refused,omitempty"`
+	// Reason is the record's reason (set by whoever declared, released or
+	// withdrew it).
+	Reason string `json:"reason,omitempty"`
+}
+
+// TrackerView is the tracker's state at one instant.
+type TrackerView struct {
+	Hosts     []LeaseView `json:"hosts"`
+	Holding   bool       `json:"holding"`
+	Silent    int        `json:"silent"`
+	Threshold int        `json:"threshold"`
+}
+
+// View returns the tracker's state at now (hosts sorted by name).
+func (t *Tracker) View(now time.Time) TrackerView {
+	v := TrackerView{Holding: t.holding, Silent: t.Silent(now), Threshold: t.Threshold()}
+	for _, name := range t.Hosts() {
+		h := t.hosts[name]
+		v.Hosts = append(v.Hosts, LeaseView{
+			Host: name, State: h.rec.State, Epoch: h.rec.Epoch, Revision: h.rev, Backstop: h.rec.Backstop,
+			GraceSeconds: h.grace.Seconds(), LastRenewalSeconds: now.Sub(h.lastSeen).Seconds(),
+			Silent: t.counted(h, now), Refused: h.refused, Reason: h.rec.Reason,
+		})
+	}
+	return v
+}
+
+// NotPerformed tells the tracker a declaration it decided was not written
+// (this controller may not act now): it is decided again at the next Tick
+// instead of after DeclareRetry, so a standby that becomes the leader
+// declares a due host at once.
+func (t *Tracker) NotPerformed(d Decision) {
+	if h := t.hosts[d.Host]; h != nil && d.Op == OpDeclare {
+		h.declaring = time.Time{}
+	}
+}
