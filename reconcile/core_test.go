@@ -455,3 +455,25 @@ func TestDecideStaleHostNameAfterRename(t *testing.T) {
 		t.Fatalf("destroyed the running instance: %+v %+v", d, d.Evidence)
 	}
 }
+
+// TestDecideEvacuatedToThisMachineUnderFQDN (attack on issue 10 item 9):
+// this machine is "hv1" to hvguard (nova_hosts defaults to the agent's
+// host) and was "hv1" to Nova (host and node). A rename campaign makes
+// Nova's host and node the FQDN "hv1.example.org"; the old service "hv1"
+// is down, and the operator evacuates its instances: the scheduler picks
+// hv1.example.org, this very machine, which rebuilds the instance here.
+// The record (source hv1/hv1, destination hv1.example.org/hv1.example.org)
+// is listed, the server is on its destination, the destination is neither
+// in Hosts nor a recorded source node: the live instance is destroyed.
+func TestDecideEvacuatedToThisMachineUnderFQDN(t *testing.T) {
+	in := baseInput()
+	in.Hosts = []string{"hv1"}
+	in.Domains = []Domain{nova(1)}
+	m := evac(10, 1, "done", "hv1.example.org")
+	m.SourceCompute, m.SourceNode, m.DestNode = "hv1", "hv1", "hv1.example.org"
+	in.Evacuations = []Migration{m}
+	in.Servers = map[string]ServerLookup{uuidN(1): on("HV1.example.org")}
+	if d := only(t, Decide(in)); d.Decision == DecisionDestroy {
+		t.Fatalf("destroyed the instance evacuated to this machine under its FQDN: %+v %+v", d, d.Evidence)
+	}
+}
