@@ -113,8 +113,14 @@ func newReconciler(cfg Config, log *slog.Logger, nova *openstack.Client, doms re
 	}
 	rc := cfg.Reconcile
 	log = log.With("component", "reconcile")
+	// The machine's own host name: an evacuation to it under a Nova name
+	// missing from nova_hosts is recognised (issue 10 item 9).
+	var nodes []string
+	if h, err := os.Hostname(); err == nil {
+		nodes = append(nodes, h)
+	}
 	runner, err := reconcile.NewRunner(reconcile.RunnerConfig{
-		Hosts: rc.Hosts(cfg.Host), Mode: mode, Interval: rc.Interval.D(), Timeout: rc.Timeout.D(),
+		Hosts: rc.Hosts(cfg.Host), Nodes: nodes, Mode: mode, Interval: rc.Interval.D(), Timeout: rc.Timeout.D(),
 		ErrNoMetadata: libvirtx.ErrNoMetadata, ErrNotRunning: libvirtx.ErrInvalidState,
 	}, nova, doms, log)
 	if err != nil {

@@ -243,10 +243,10 @@ func Decide(in Input) Result {
 		count[d.UUID]++
 	}
 	var evac map[string][]Migration
-	var nodes hostSet
+	var self hostSet
 	if global == ReasonNone {
 		evac = byInstance(in.Evacuations)
-		nodes = sourceNodes(in.Evacuations)
+		self = machineNames(in)
 	}
 	for _, d := range in.Domains {
 		dd := DomainDecision{UUID: d.UUID, Name: d.Name, Active: d.Active}
@@ -262,7 +262,7 @@ func Decide(in Input) Result {
 		case global != ReasonNone:
 			dd.Decision, dd.Reason, dd.Detail = DecisionSkip, global, detail
 		default:
-			decideInstance(&dd, d, evac[d.UUID], in.Servers, hosts, nodes)
+			decideInstance(&dd, d, evac[d.UUID], in.Servers, hosts, self)
 		}
 		res.Decisions = append(res.Decisions, dd)
 	}
@@ -270,14 +270,27 @@ func Decide(in Input) Result {
 	return res
 }
 
-// sourceNodes returns the compute node names Nova recorded as the source of
-// the evacuations from this host: this machine's node (hypervisor) names.
-func sourceNodes(ms []Migration) hostSet {
-	var nodes []string
-	for _, m := range ms {
-		nodes = append(nodes, m.SourceNode)
+// machineNames returns every name known to be this machine's: its Nova
+// host names (Hosts), the compute node names Nova recorded as the source
+// of the evacuations from them (for libvirt the machine's host name), and
+// the machine's own host names (Nodes).
+func machineNames(in Input) hostSet {
+	names := slices.Concat(in.Hosts, in.Nodes)
+	for _, m := range in.Evacuations {
+		names = append(names, m.SourceNode)
 	}
-	return newHostSet(nodes)
+	return newHostSet(names)
+}
+
+// mayBe reports whether a host or node name may name this machine: it is
+// one of names, or has the same first DNS label as one of them ("hv1" and
+// "hv1.example.org": a rename to the FQDN, or Nova's host and node
+// differing by the domain part). Conservative by design: a destination
+// that merely shares a short name with this machine is not evidence that
+// the instance is elsewhere.
+func (hs hostSet) mayBe(name string) bool {
+	short := func(n string) string { s, _, _ := strings.Cut(n, "."); return s }
+	return slices.ContainsFunc(hs, func(h string) bool { return strings.EqualFold(short(h), short(name)) })
 }
 
 // alreadyStopped: an earlier reconciliation destroyed (or found off) and
@@ -287,9 +300,9 @@ func alreadyStopped(d Domain, newest Migration) bool {
 }
 
 // decideInstance decides for a Nova instance with no global problem; ms
-// are its evacuations from this host, newest first; nodes are this
-// machine's node names (sourceNodes).
-func decideInstance(dd *DomainDecision, d Domain, ms []Migration, servers map[string]ServerLookup, hosts, nodes hostSet) {
+// are its evacuations from this host, newest first; self are this
+// machine's names (machineNames).
+func decideInstance(dd *DomainDecision, d Domain, ms []Migration, servers map[string]ServerLookup, hosts, self hostSet) {
 	if len(ms) == 0 {
 		dd.Decision, dd.Reason = DecisionKeep, ReasonNoEvacuation
 		return
@@ -342,9 +355,9 @@ func decideInstance(dd *DomainDecision, d Domain, ms []Migration, servers map[st
 			dd.Detail = fmt.Sprintf("migration %d names this host as destination", m.ID)
 			return
 		}
-		if m.DestNode != "" && nodes.has(m.DestNode) {
+		if (m.DestNode != "" && self.mayBe(m.DestNode)) || (m.DestCompute != "" && self.mayBe(m.DestCompute)) {
 			dd.Decision, dd.Reason = DecisionSkip, ReasonMigrationDestIsThisHost
-			dd.Detail = fmt.Sprintf("migration %d went to node %q, this machine's node (a source node of the evacuations from this host), under the host name %q", m.ID, m.DestNode, m.DestCompute)
+			dd.Detail = fmt.Sprintf("migration %d went to host %q, node %q, which may be this machine (its names: %s; same name or same short name)", m.ID, m.DestCompute, m.DestNode, strings.Join(self, ", "))
 			return
 		}
 	}

@@ -477,3 +477,26 @@ func TestDecideEvacuatedToThisMachineUnderFQDN(t *testing.T) {
 		t.Fatalf("destroyed the instance evacuated to this machine under its FQDN: %+v %+v", d, d.Evidence)
 	}
 }
+
+// TestDecideEvacuatedToThisMachineRenamed: the machine was renamed
+// completely (host name hv1 -> hv7; Nova host and node hv7); nova_hosts
+// still says hv1, the old service hv1 is evacuated onto hv7, this machine.
+// Only the machine's own host name (Nodes, os.Hostname) identifies it.
+func TestDecideEvacuatedToThisMachineRenamed(t *testing.T) {
+	in := baseInput()
+	in.Hosts, in.Nodes = []string{"hv1"}, []string{"hv7"}
+	in.Domains = []Domain{nova(1)}
+	m := evac(10, 1, "done", "hv7")
+	m.SourceCompute, m.SourceNode, m.DestNode = "hv1", "hv1", "hv7"
+	in.Evacuations = []Migration{m}
+	in.Servers = map[string]ServerLookup{uuidN(1): on("hv7")}
+	if d := only(t, Decide(in)); d.Decision != DecisionSkip || d.Reason != ReasonMigrationDestIsThisHost {
+		t.Fatalf("want skip %s, got %+v %+v", ReasonMigrationDestIsThisHost, d, d.Evidence)
+	}
+	// Another machine (hv2) is still a destroy.
+	in.Evacuations[0].DestCompute, in.Evacuations[0].DestNode = "hv2", "hv2.example.org"
+	in.Servers = map[string]ServerLookup{uuidN(1): on("hv2")}
+	if d := only(t, Decide(in)); d.Decision != DecisionDestroy {
+		t.Fatalf("want destroy, got %+v %+v", d, d.Evidence)
+	}
+}

@@ -40,9 +40,12 @@
 //     renamed, nova_hosts stale), and the server back here under that name
 //     is the live instance (issue 10). The destination is known not to be
 //     this node: it is not one of Hosts, and no evacuation record of the
-//     instance went to a compute node (dest_node) that Nova records as
-//     this host's (a source_node of the evacuations from this host; for
-//     libvirt the machine's host name, which a CONF.host rename keeps).
+//     instance went to a host or compute node (dest_compute, dest_node)
+//     that may be this machine: one of Hosts, Nodes (the machine's own
+//     host name) or the source_node of the evacuations from this host (for
+//     libvirt the machine's host name, which a CONF.host rename keeps), or
+//     a name with the same first DNS label as one of them (a rename to the
+//     FQDN: hv1 evacuated onto hv1.example.org, this very machine).
 //
 // # Invariants (what must always hold; property-tested)
 //

@@ -65,6 +65,9 @@ type RunnerConfig struct {
 	// Hosts are this node's Nova host names (CONF.host of its
 	// nova-compute; usually the agent's `host`). At least one.
 	Hosts []string
+	// Nodes are this machine's own host names (os.Hostname()); see
+	// Input.Nodes. Optional.
+	Nodes []string
 	// Mode: ModeDestroy (default) or ModeReport.
 	Mode Mode
 	// Interval is the periodic interval, used for Report.RetryIn; 0 =
@@ -149,7 +152,7 @@ func (r *Runner) Run(ctx context.Context, trigger Trigger) Report {
 	now := r.cfg.Now()
 	calls0 := r.nova.Calls()
 	rep := Report{Hosts: slices.Clone(r.cfg.Hosts), Mode: r.cfg.Mode, Trigger: trigger, StartedAt: now}
-	in := Input{Now: now, LastRun: r.lastRun, Hosts: r.cfg.Hosts}
+	in := Input{Now: now, LastRun: r.lastRun, Hosts: r.cfg.Hosts, Nodes: r.cfg.Nodes}
 	r.lastRun = now
 
 	res := r.gather(ctx, &in, &rep)

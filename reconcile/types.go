@@ -258,6 +258,12 @@ type Input struct {
 	// Hosts are this node's Nova host names (CONF.host of its
 	// nova-compute); compared case-insensitively (see doc.go).
 	Hosts []string
+	// Nodes are this machine's own host names besides Hosts (the agent
+	// passes os.Hostname()): an evacuation whose destination host or node
+	// is one of them (or shares its first DNS label with one of them, or
+	// with Hosts or a recorded source node) went to this machine under
+	// another Nova name, whatever nova_hosts says (issue 10 item 9).
+	Nodes []string
 	// Domains are all local domains.
 	Domains []Domain
 	// Evacuations are Nova's evacuation migrations whose source_compute is
