@@ -1,10 +1,12 @@
 package delivery
 
 import (
+	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/proto"
@@ -135,5 +137,59 @@ func TestPublishAfterOutboxLost(t *testing.T) {
 	}
 	if a, b := c.Events[0].Incarnation, c.Events[10].Incarnation; a == b || c.Events[10].Seq != 1 {
 		t.Fatalf("lives: incarnations %q and %q, second life starts at seq %d", a, b, c.Events[10].Seq)
+	}
+}
+
+// TestSegmentsLostAfterCrash (attack on issue 10 item 7): the agent is
+// killed; its outbox's segment files are lost but state.json stays (an
+// operator clearing a big backlog with rm outbox/*.seg, a partial restore).
+// state.json's last_seq lags what was published (it is persisted at most
+// every StatePersistInterval, here never: the clock stands still), so the
+// reopened outbox assigns seqs already published under the same
+// incarnation: JetStream acks them as duplicates (Msg-Id host:inc:seq) and
+// a consumer drops them (seq <= last). Every event of the second life
+// must be stored and be new to a consumer (a new incarnation, or seqs
+// above the first life's).
+func TestSegmentsLostAfterCrash(t *testing.T) {
+	nc, _, _ := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
+	ensureStream(t, nc)
+	dir := t.TempDir()
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	cfg := OutboxConfig{Now: func() time.Time { return at }}
+
+	o := openTest(t, dir, cfg)
+	p, err := NewPublisher(nc, o, PublisherConfig{}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	appendN(t, o, 0, 5)
+	flush(t, p)
+	cancel()
+	<-done
+	o.crash() // SIGKILL
+	segs, _ := filepath.Glob(filepath.Join(dir, "outbox", "*"+segSuffix))
+	for _, s := range segs {
+		if err := os.Remove(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	o = openTest(t, dir, cfg)
+	defer o.Close()
+	p2 := runPublisher(t, nc, o, PublisherConfig{})
+	appendN(t, o, 5, 5)
+	flush(t, p2)
+	if st := p2.Stats(); st.DupAcks != 0 {
+		t.Fatalf("second life: %d of 5 new events acked as duplicates, never stored (stats %+v)", st.DupAcks, st)
+	}
+	c := deliverytest.Collect(t, nc, testHost, 10, testTimeout)
+	if len(c.Events) != 10 {
+		t.Fatalf("stream holds %d events, want 10", len(c.Events))
+	}
+	if first, second := c.Events[4], c.Events[5]; first.Incarnation == second.Incarnation && second.Seq <= first.Seq {
+		t.Fatalf("second life's first event %+v reuses the first life's incarnation and seqs (last %+v): a consumer drops it", second, first)
 	}
 }
