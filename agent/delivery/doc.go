@@ -25,7 +25,15 @@
 //   - Seq strictly increases across restarts, even when the outbox was fully
 //     acked and its segments deleted: the last seq assigned is persisted in
 //     state.json before any segment is deleted, and events dropped because
-//     the outbox was full consume seqs too.
+//     the outbox was full consume seqs too. state.json's last seq lags the
+//     records while the agent runs, so it also records the active segment
+//     (as soon as one is created) and whether Close wrote it: after an
+//     unclean stop whose active segment is gone (segment files deleted or
+//     lost while state.json stayed) the outbox continues above every seq
+//     that segment could have held (ActiveLimit): never a published seq
+//     again under the same incarnation (JetStream would ack the new event
+//     as a duplicate, a consumer would drop it); a seq hole instead, and
+//     consumers resync the host (TestSegmentsLostAfterCrash).
 //   - Every outbox has an incarnation (proto.Incarnation), drawn from
 //     crypto/rand when the outbox is created and kept in state.json: a lost
 //     state directory (reinstall, disk swap, a corrupt outbox removed) makes

@@ -193,3 +193,30 @@ func TestSegmentsLostAfterCrash(t *testing.T) {
 		t.Fatalf("second life's first event %+v reuses the first life's incarnation and seqs (last %+v): a consumer drops it", second, first)
 	}
 }
+
+// TestSegmentsKeptAfterCrashNoHole: the guard of TestSegmentsLostAfterCrash
+// costs nothing in the common cases: after a crash with the segments
+// intact, and after a clean stop whose segments were deleted (all acked),
+// seqs continue without a hole.
+func TestSegmentsKeptAfterCrashNoHole(t *testing.T) {
+	dir := t.TempDir()
+	o := openTest(t, dir, OutboxConfig{})
+	appendN(t, o, 0, 3)
+	o.crash()
+	o = openTest(t, dir, OutboxConfig{})
+	if seqs := appendN(t, o, 3, 1); seqs[0] != 4 {
+		t.Fatalf("after a crash with the segments intact: next seq %d, want 4", seqs[0])
+	}
+	o.ack(4)
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if segs, _ := filepath.Glob(filepath.Join(dir, "outbox", "*"+segSuffix)); len(segs) != 0 {
+		t.Fatalf("acked segments kept after Close: %q", segs)
+	}
+	o = openTest(t, dir, OutboxConfig{})
+	defer o.Close()
+	if seqs := appendN(t, o, 4, 1); seqs[0] != 5 {
+		t.Fatalf("after a clean stop: next seq %d, want 5", seqs[0])
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -119,6 +120,7 @@ type Outbox struct {
 	acked        uint64 // every record <= acked is acked
 	gap          *gapState
 	stateDirty   bool
+	closing      bool // Close is writing the last state (outboxState.Clean)
 	stateWritten time.Time
 	changed      chan struct{} // closed and replaced on every change
 	closed       bool
@@ -133,6 +135,7 @@ type Outbox struct {
 type segment struct {
 	f     *os.File
 	path  string
+	base  uint64 // the seq in its file name: that of its first record
 	first uint64 // seq of the first record (0: none yet)
 	last  uint64 // seq of the last record
 	size  int64
@@ -167,6 +170,20 @@ type outboxState struct {
 	LastSeq uint64 `json:"last_seq"`
 	// Gap: dropped events not yet covered by a gap marker.
 	Gap *gapState `json:"gap,omitempty"`
+	// Active is the base seq of the active (newest) segment when the state
+	// was written, persisted as soon as a segment is created; ActiveLimit
+	// bounds the seqs records written before the next state write can have
+	// (see writeStateLocked). Clean: written by Close (LastSeq is then exact).
+	// While the agent runs LastSeq lags the records (it is persisted at
+	// most every StatePersistInterval) and records above it are published:
+	// if the active segment is missing at the next start after an unclean
+	// stop, those seqs are unknown and must not be assigned again (their
+	// Msg-Ids are in JetStream's duplicate window, their seqs in the
+	// consumers' cursors): the outbox continues above ActiveLimit (a seq
+	// hole: consumers resync this host).
+	Active      uint64 `json:"active_segment,omitempty"`
+	ActiveLimit uint64 `json:"active_segment_limit,omitempty"`
+	Clean       bool   `json:"clean,omitempty"`
 }
 
 type outboxCounters struct {
@@ -258,6 +275,7 @@ func (o *Outbox) load() error {
 		if err != nil {
 			return err
 		}
+		seg.base, _ = strconv.ParseUint(strings.TrimSuffix(name, segSuffix), 10, 64)
 		o.segs = append(o.segs, seg)
 	}
 	o.lastRecord = maxSeq
@@ -273,6 +291,13 @@ func (o *Outbox) load() error {
 		g.Reserved = 0
 		o.gap = g
 		o.nextSeq = max(o.nextSeq, g.Last+1)
+	}
+	if haveState && !st.Clean && st.Active != 0 && (len(o.segs) == 0 || o.segs[len(o.segs)-1].base < st.Active) {
+		// The agent stopped uncleanly and the segment it was writing is
+		// gone: its published seqs above LastSeq are unknown.
+		o.log.Error("OUTBOX SEGMENTS MISSING after an unclean stop: records may be lost; continuing above every seq the lost segment could hold, so none is reused (consumers see a seq hole and resync this host)",
+			"active_segment", st.Active, "last_seq_persisted", st.LastSeq, "next_seq", max(o.nextSeq, st.ActiveLimit+1))
+		o.nextSeq = max(o.nextSeq, st.ActiveLimit+1)
 	}
 	if err := o.loadIncarnation(st, haveState); err != nil {
 		return err
@@ -604,8 +629,13 @@ func (o *Outbox) activeLocked(seq uint64, recLen int64) (*segment, error) {
 		os.Remove(path)
 		return nil, err
 	}
-	seg := &segment{f: f, path: path}
+	seg := &segment{f: f, path: path, base: seq}
 	o.segs = append(o.segs, seg)
+	// Persist the new active segment before any of its records can be
+	// published (see outboxState.Active).
+	if err := o.writeStateLocked(); err != nil {
+		return nil, err
+	}
 	return seg, nil
 }
 
@@ -677,7 +707,15 @@ func (o *Outbox) persistLocked() error {
 // writeStateLocked atomically replaces state.json: write tmp, fsync,
 // rename, fsync the directory.
 func (o *Outbox) writeStateLocked() error {
-	st := outboxState{Incarnation: o.inc, Acked: o.acked, LastSeq: o.nextSeq - 1, Gap: o.gap}
+	st := outboxState{Incarnation: o.inc, Acked: o.acked, LastSeq: o.nextSeq - 1, Gap: o.gap, Clean: o.closing}
+	if n := len(o.segs); n > 0 {
+		st.Active = o.segs[n-1].base
+		// Until the next state write, at most a segment's worth of records
+		// (SegmentBytes of records of at least recordHeaderSize+1 bytes;
+		// one bigger record alone) can follow: seqs jump otherwise only by
+		// drops, and drops and the gap marker after them write the state.
+		st.ActiveLimit = o.nextSeq - 1 + uint64(o.cfg.SegmentBytes)/(recordHeaderSize+1) + 1
+	}
 	b, err := json.Marshal(st)
 	if err != nil {
 		return err
@@ -858,6 +896,7 @@ func (o *Outbox) Close() error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.stateDirty = true
+	o.closing = true // LastSeq exact: Clean
 	if o.gap != nil {
 		o.gap.Reserved = 0 // exact: no drops after this write
 	}
