@@ -154,7 +154,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		// libvirt are closed.
 		recCtx, stopRec := context.WithCancel(context.Background())
 		recDone := make(chan struct{})
-		go func() { defer close(recDone); d.rec.loop(recCtx, d.nc) }()
+		go func() { defer close(recDone); d.rec.loop(recCtx, d.nc, d.pub.StreamReady()) }()
 		defer func() { stopRec(); <-recDone }()
 	}
 

@@ -34,8 +34,10 @@ const (
 	// re-sent (same Nats-Msg-Id) rather than waited for.
 	reconcilePublishTimeout = 5 * time.Second
 	// reconcilePublishRetry is the pause before unpublished reconcile
-	// events are tried again (NATS down, or the stream not yet updated to
-	// capture the reconcile subject at start).
+	// events are tried again (NATS down, or a stream provisioned by hand
+	// that does not capture the reconcile subject). The first attempt
+	// waits for the lifecycle publisher's stream check (loop), so a fresh
+	// start does not fail it.
 	reconcilePublishRetry = 2 * time.Second
 	// reconcileMaxPending bounds the reconcile events kept in memory while
 	// NATS is unreachable. A reconciliation produces one per stale copy
@@ -195,7 +197,11 @@ func toProtoEvent(host string, e reconcile.Event) proto.ReconcileEvent {
 // loop runs the periodic reconciliation and publishes events until ctx
 // ends. Every run (start, rejoin, its own) re-arms its timer at the run's
 // RetryIn: the period after an OK run, the backoff after a failed one.
-func (r *reconciler) loop(ctx context.Context, nc *nats.Conn) {
+// Events are published only once streamReady is closed (the lifecycle
+// publisher has found or created the stream; nil: at once): at a fresh
+// start the stream does not exist until then, and a publish before it
+// would only fail and warn.
+func (r *reconciler) loop(ctx context.Context, nc *nats.Conn, streamReady <-chan struct{}) {
 	var js jetstream.JetStream
 	if nc != nil {
 		var err error
@@ -207,6 +213,7 @@ func (r *reconciler) loop(ctx context.Context, nc *nats.Conn) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var retryPub <-chan time.Time
+	streamOK := streamReady == nil
 	for {
 		select {
 		case <-ctx.Done():
@@ -214,6 +221,8 @@ func (r *reconciler) loop(ctx context.Context, nc *nats.Conn) {
 		case d := <-r.rearm:
 			resetTimer(timer, d)
 			continue
+		case <-streamReady:
+			streamReady, streamOK = nil, true
 		case <-r.publishC:
 		case <-retryPub:
 			retryPub = nil
@@ -224,7 +233,7 @@ func (r *reconciler) loop(ctx context.Context, nc *nats.Conn) {
 			}
 			r.run(ctx, trigger) // re-arms the timer through r.rearm
 		}
-		if js != nil && !r.publish(ctx, js, subject) && retryPub == nil {
+		if js != nil && streamOK && !r.publish(ctx, js, subject) && retryPub == nil {
 			retryPub = time.After(reconcilePublishRetry)
 		}
 	}

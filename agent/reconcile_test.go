@@ -10,11 +10,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"hvguard/agent/delivery"
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/libvirtx"
 	"hvguard/openstack/openstacktest"
@@ -114,12 +116,15 @@ func recConfig(t *testing.T, natsURL, clouds string) Config {
 }
 
 // runAgent runs Run until the test ends and waits until it is ready.
-func runAgent(t *testing.T, cfg Config) {
+func runAgent(t *testing.T, cfg Config) { runAgentLog(t, cfg, recTestLog()) }
+
+// runAgentLog is runAgent logging to log.
+func runAgentLog(t *testing.T, cfg Config, log *slog.Logger) {
 	t.Helper()
 	ready := make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, cfg, recTestLog(), Options{Ready: ready}) }()
+	go func() { done <- Run(ctx, cfg, log, Options{Ready: ready}) }()
 	select {
 	case <-ready:
 	case err := <-done:
@@ -217,6 +222,79 @@ func TestAgentStartReconciliation(t *testing.T) {
 	}
 	if strings.Contains(metrics, "hvguard_reconcile_last_success_timestamp_seconds 0\n") {
 		t.Error("last success time not set")
+	}
+}
+
+// lockedBuffer is an io.Writer safe for the agent's goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestAgentReconcileEventsWaitForTheStream: the start reconciliation runs
+// before NATS is connected, so its events are pending when the agent
+// starts; they are published once the lifecycle publisher has found or
+// created the stream, without the reconciler's "not published yet"
+// warning (issue 15: its first attempt raced the stream's creation and
+// warned on every fresh start, the events arriving only after a retry).
+//   - fresh: an empty JetStream, the agent creates the stream;
+//   - provisioned-late: the agent may not create it (nats.create_stream
+//     false) and the operator provisions it after the reconciler had a full
+//     retry period to try: the race made deterministic. The publisher's one
+//     ERROR about the missing stream is the report.
+func TestAgentReconcileEventsWaitForTheStream(t *testing.T) {
+	for _, late := range []bool{false, true} {
+		name := map[bool]string{false: "fresh", true: "provisioned-late"}[late]
+		t.Run(name, func(t *testing.T) {
+			recDomains(t)
+			nova := recNova(t)
+			ns := deliverytest.StartJetStream(t, t.TempDir(), -1)
+			cfg := recConfig(t, ns.ClientURL(), nova.CloudsYAML(t))
+			cfg.NATS.CreateStream = !late
+			var logs lockedBuffer
+			runAgentLog(t, cfg, slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+			if late {
+				deadline := time.Now().Add(10 * time.Second)
+				for !strings.Contains(logs.String(), "JetStream stream not usable") {
+					if time.Now().After(deadline) {
+						t.Fatalf("the publisher did not report the missing stream:\n%s", logs.String())
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+				time.Sleep(reconcilePublishRetry)
+				_, js, ctx := deliverytest.JetStream(t, ns)
+				if _, err := js.CreateStream(ctx, delivery.StreamConfig(1)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			nc, err := nats.Connect(ns.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			if evs := deliverytest.ReconcileEvents(t, nc, "node1", 1, 15*time.Second); len(evs) != 1 || evs[0].DomainUUID != recEvac1 {
+				t.Fatalf("reconcile events: %+v", evs)
+			}
+			if !late {
+				// A failed first attempt would warn now at the latest.
+				time.Sleep(reconcilePublishRetry)
+			}
+			if w := grepLines(logs.String(), "not published"); w != "" {
+				t.Errorf("the reconciler published before the stream was there:\n%s", w)
+			}
+		})
 	}
 }
 

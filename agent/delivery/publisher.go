@@ -71,6 +71,9 @@ type Publisher struct {
 	host    string
 	subject string
 
+	ready     chan struct{} // closed once the stream is ensured (StreamReady)
+	readyOnce sync.Once
+
 	mu        sync.Mutex
 	published uint64
 	resent    uint64
@@ -111,7 +114,7 @@ func NewPublisher(nc *nats.Conn, ob *Outbox, cfg PublisherConfig, log *slog.Logg
 		return nil, fmt.Errorf("new publisher: %w", err)
 	}
 	return &Publisher{
-		ob: ob, js: js, cfg: cfg, host: ob.cfg.Host, subject: subject,
+		ob: ob, js: js, cfg: cfg, host: ob.cfg.Host, subject: subject, ready: make(chan struct{}),
 		log: log.With("component", "publisher", "host", ob.cfg.Host),
 	}, nil
 }
@@ -239,6 +242,12 @@ func (p *Publisher) Run(ctx context.Context) error {
 	}
 }
 
+// StreamReady is closed once Run has found (or created) the stream and it
+// captures the lifecycle subjects. Other publishers on the same stream
+// (the agent's reconcile events) wait for it instead of racing the
+// stream's creation at start.
+func (p *Publisher) StreamReady() <-chan struct{} { return p.ready }
+
 // ensureStream runs EnsureStream until it succeeds or ctx ends.
 func (p *Publisher) ensureStream(ctx context.Context) error {
 	backoff, lastMsg := retryBackoffMin, ""
@@ -250,6 +259,7 @@ func (p *Publisher) ensureStream(ctx context.Context) error {
 		if err == nil {
 			p.log.Info("stream ready", "stream", proto.StreamName, "created_if_missing", p.cfg.CreateStream, "settings_differing", len(drift))
 			p.reportDrift(drift)
+			p.readyOnce.Do(func() { close(p.ready) })
 			return nil
 		}
 		if ctx.Err() != nil {

@@ -421,7 +421,17 @@ func TestPublishWaitsForProvisionedStream(t *testing.T) {
 	if st := p.Stats(); st.Depth != 10 || !strings.Contains(st.LastError, "nats stream add") {
 		t.Fatalf("without stream: %+v, want depth 10 and provisioning advice", st)
 	}
+	select {
+	case <-p.StreamReady():
+		t.Fatal("StreamReady closed without a stream")
+	default:
+	}
 	ensureStream(t, nc) // the operator provisions it
+	select {
+	case <-p.StreamReady():
+	case <-time.After(testTimeout):
+		t.Fatalf("StreamReady not closed within %v of the stream's creation", testTimeout)
+	}
 	flush(t, p)
 	checkInOrder(t, deliverytest.Collect(t, nc, testHost, 10, testTimeout), 1, 10)
 }
