@@ -80,6 +80,14 @@ func TestStreamDrift(t *testing.T) {
 		{"extra subject", func(c *jetstream.StreamConfig) { c.Subjects = append(c.Subjects, "ops.>") }, "subjects", false},
 		{"wider subject", func(c *jetstream.StreamConfig) { c.Subjects = []string{"hvguard.>"} }, "subjects", false},
 		{"no reconcile", func(c *jetstream.StreamConfig) { c.Subjects = []string{proto.LifecycleWildcard} }, "subjects", true},
+		// Attack (issue 10 item 8): settings that make an operator's stream
+		// lose or hide events while every publish looks fine (or never
+		// acks), reported by nothing before.
+		{"subject transform", func(c *jetstream.StreamConfig) {
+			c.SubjectTransform = &jetstream.SubjectTransformConfig{Source: "hvguard.v1.*.lifecycle", Destination: "archive.{{wildcard(1)}}"}
+		}, "subject_transform", true},
+		{"no ack", func(c *jetstream.StreamConfig) { c.NoAck = true }, "no_ack", true},
+		{"sealed", func(c *jetstream.StreamConfig) { c.Sealed = true }, "sealed", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
