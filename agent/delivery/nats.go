@@ -229,6 +229,19 @@ func streamDrift(have jetstream.StreamConfig) []StreamDrift {
 		add("max_msgs_per_subject", num(have.MaxMsgsPerSubject), "-1",
 			"each host's older events are removed as soon as it has this many: consumers see seq holes", edit+" --max-msgs-per-subject -1")
 	}
+	if t := have.SubjectTransform; t != nil && t.Destination != "" {
+		add("subject_transform", t.Source+" -> "+t.Destination, "none",
+			"events are stored under other subjects: consumers reading hvguard's subjects see none of them",
+			"remove subject_transform from the stream's config: nats stream info --json "+proto.StreamName+" > s.json, edit it, "+edit+" --config s.json")
+	}
+	if have.NoAck {
+		add("no_ack", "true", "false", "publishes are never acked: every event is re-sent until the outbox is full, then events are dropped",
+			"recreate the stream without --no-ack")
+	}
+	if have.Sealed {
+		add("sealed", "true", "false", "a sealed stream refuses every publish: events stay in the outbox until it is full, then are dropped",
+			"provision a new, unsealed stream")
+	}
 	if have.MaxMsgSize > 0 && have.MaxMsgSize < proto.MaxMessageSize {
 		add("max_msg_size", num(int64(have.MaxMsgSize)), "-1",
 			fmt.Sprintf("events up to %d bytes are refused", proto.MaxMessageSize), edit+" --max-msg-size -1")
