@@ -1,6 +1,7 @@
 package delivery
 
 import (
+	"errors"
 	"slices"
 	"testing"
 	"time"
@@ -98,5 +99,32 @@ func TestStreamDrift(t *testing.T) {
 				t.Fatalf("drift %+v, want one %s risky=%v", d, tt.setting, tt.risky)
 			}
 		})
+	}
+}
+
+// TestStreamConcurrentCreate: many agents start at once on a NATS without
+// the stream, while an operator creates it with other limits: every
+// EnsureStream succeeds, and the stream is one of the two configs, never
+// rewritten afterwards.
+func TestStreamConcurrentCreate(t *testing.T) {
+	_, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
+	op := StreamConfig(1)
+	op.MaxAge = 30 * 24 * time.Hour
+	errs := make(chan error, 9)
+	for i := 0; i < 8; i++ {
+		go func() { _, err := EnsureStream(ctx, js, true); errs <- err }()
+	}
+	go func() { _, err := js.CreateStream(ctx, op); errs <- err }()
+	for i := 0; i < 9; i++ {
+		if err := <-errs; err != nil && !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			t.Fatalf("concurrent start: %v", err)
+		}
+	}
+	st, err := js.Stream(ctx, proto.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := st.CachedInfo().Config.MaxAge; a != op.MaxAge && a != StreamConfig(1).MaxAge {
+		t.Fatalf("max_age %s", a)
 	}
 }
