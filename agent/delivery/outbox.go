@@ -634,6 +634,9 @@ func (o *Outbox) activeLocked(seq uint64, recLen int64) (*segment, error) {
 	// Persist the new active segment before any of its records can be
 	// published (see outboxState.Active).
 	if err := o.writeStateLocked(); err != nil {
+		o.segs = o.segs[:len(o.segs)-1]
+		f.Close()
+		os.Remove(path)
 		return nil, err
 	}
 	return seg, nil
