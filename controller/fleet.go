@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"hvguard/proto"
 )
 
 // The fleet view: per host, what the controller knows of its domains from
@@ -52,8 +54,29 @@ type FleetEvent struct {
 	ObservedAt                           time.Time
 	// GapCount: on a gap marker, the number of events dropped.
 	GapCount uint64
-	// Inventory: on a full report, every domain the agent sees.
-	Inventory []DomainState
+	// Inventory: on a full report, the domains of this part;
+	// InventoryPart/InventoryParts: which part (0/0 = the whole report in
+	// one message).
+	Inventory                     []DomainState
+	InventoryPart, InventoryParts int
+}
+
+// FleetEventOf converts a decoded lifecycle message, stored at streamSeq
+// in the stream, into the view's input. A full report split into parts
+// (proto.TransitionInventory) is given part by part: see Fleet.Apply.
+func FleetEventOf(streamSeq uint64, e proto.LifecycleEvent) FleetEvent {
+	fe := FleetEvent{StreamSeq: streamSeq, Host: e.Host, Incarnation: uint64(e.Incarnation), Seq: e.Seq,
+		Transition: string(e.Transition), Reason: e.Reason, State: e.State, DomainUUID: e.DomainUUID, DomainName: e.DomainName,
+		Classification: string(e.Classification), ClassificationReason: e.ClassificationReason,
+		LibvirtEvent: e.LibvirtEvent, LibvirtDetail: e.LibvirtDetail, ObservedAt: e.ObservedAt, GapCount: e.GapCount,
+		InventoryPart: e.InventoryPart, InventoryParts: e.InventoryParts}
+	if e.Transition == proto.TransitionInventory {
+		fe.Inventory = make([]DomainState, len(e.Domains))
+		for i, d := range e.Domains {
+			fe.Inventory[i] = DomainState{UUID: d.UUID, Name: d.Name, State: d.State}
+		}
+	}
+	return fe
 }
 
 // DomainState is one domain in a full report.
@@ -129,6 +152,11 @@ type HostView struct {
 	Domains     map[string]*DomainView
 	History     []HostEvent // most recent last, at most FleetHistory
 	incStart    uint64      // stream seq of the current incarnation's first message
+	// A full report being collected: its parts so far (consecutive seqs).
+	inv      []DomainState
+	invParts int    // 0: none being collected
+	invNext  int    // the part expected next
+	invSeq   uint64 // seq of the last part collected
 }
 
 // FleetHistory is how many recent events `status HOST` shows per host.
@@ -191,6 +219,7 @@ func (f *Fleet) Apply(now time.Time, e FleetEvent) Verdict {
 			return OldIncarnation
 		}
 		h.Incarnation, h.incStart = e.Incarnation, e.StreamSeq
+		h.inv, h.invParts = h.inv[:0], 0
 		h.Domains = map[string]*DomainView{}
 		h.stale(now, fmt.Sprintf("new incarnation %d (the agent's state directory was recreated)", e.Incarnation))
 		v = AppliedNewIncarnation
@@ -205,16 +234,32 @@ func (f *Fleet) Apply(now time.Time, e FleetEvent) Verdict {
 	note := ""
 	switch e.Transition {
 	case FleetInventory:
-		h.Domains = make(map[string]*DomainView, len(e.Inventory))
-		for _, d := range e.Inventory {
+		parts, part := max(e.InventoryParts, 1), max(e.InventoryPart, 1)
+		switch {
+		case part == 1:
+			h.inv, h.invParts, h.invNext, h.invSeq = append(h.inv[:0], e.Inventory...), parts, 2, e.Seq
+		case h.invParts == parts && part == h.invNext && e.Seq == h.invSeq+1 && v == Applied:
+			h.inv, h.invNext, h.invSeq = append(h.inv, e.Inventory...), h.invNext+1, e.Seq
+		default:
+			// A part out of sequence: this report is incomplete.
+			h.inv, h.invParts = h.inv[:0], 0
+			note = fmt.Sprintf("full report part %d/%d out of sequence: ignored", part, parts)
+		}
+		if h.invParts == 0 || h.invNext <= h.invParts {
+			break // wait for the other parts
+		}
+		h.Domains = make(map[string]*DomainView, len(h.inv))
+		for _, d := range h.inv {
 			h.Domains[d.UUID] = &DomainView{UUID: d.UUID, Name: d.Name, State: d.State, Transition: FleetInventory,
 				Reason: e.Reason, Seq: e.Seq, ObservedAt: e.ObservedAt}
 		}
+		h.inv, h.invParts = h.inv[:0], 0
 		if h.Stale {
 			note = "full report: no longer stale (was: " + h.StaleReason + ")"
 		}
 		h.Stale, h.StaleReason, h.StaleSince = false, "", time.Time{}
 	case fleetGap:
+		h.inv, h.invParts = h.inv[:0], 0
 		h.stale(now, fmt.Sprintf("gap marker: the agent dropped %d events", e.GapCount))
 	case fleetUndefined:
 		delete(h.Domains, e.DomainUUID)

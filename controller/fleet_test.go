@@ -40,12 +40,17 @@ func (a *fleetAgent) emit(e FleetEvent, drop bool) {
 	}
 }
 
+// inventory emits a full report in parts of at most 2 domains.
 func (a *fleetAgent) inventory() {
 	var inv []DomainState
 	for u, s := range a.truth {
 		inv = append(inv, DomainState{UUID: u, Name: "n-" + u, State: s})
 	}
-	a.emit(FleetEvent{Transition: FleetInventory, Reason: "start", Inventory: inv}, false)
+	parts := max(1, (len(inv)+1)/2)
+	for p := range parts {
+		chunk := inv[min(2*p, len(inv)):min(2*p+2, len(inv))]
+		a.emit(FleetEvent{Transition: FleetInventory, Reason: "start", Inventory: chunk, InventoryPart: p + 1, InventoryParts: parts}, false)
+	}
 }
 
 // change applies one transition to the truth and reports it (or drops it:
@@ -154,8 +159,11 @@ func TestFleetViewProperty(t *testing.T) {
 			}
 			check(fmt.Sprintf("after message %d (%s inc %d seq %d: %s)", i, e.Transition, e.Incarnation, e.Seq, v))
 		}
+		n := len(a.stream)
 		a.inventory()
-		f.Apply(now.Add(time.Second), a.stream[len(a.stream)-1])
+		for _, e := range a.stream[n:] {
+			f.Apply(now.Add(time.Second), e)
+		}
 		h := f.Host("node1")
 		if h.Stale || !maps.Equal(viewStates(h), a.truth) {
 			t.Fatalf("after a final full report: stale=%v (%s) view %v truth %v", h.Stale, h.StaleReason, viewStates(h), a.truth)

@@ -77,6 +77,16 @@
 //     the host from a full listing, then process it.
 //
 // A gap marker is processed like any event and also triggers a resync.
+//
+// "Resync the host" needs no request: the agent sends a full report
+// (TransitionInventory: every domain it knows and the state consumers last
+// heard, split into parts with consecutive seqs) after every full domain
+// listing (its start, a libvirt reconnect, an event overflow), after every
+// gap marker it appends, and every 10 minutes. A consumer marks the host's
+// view stale (its first message, a new incarnation, missing seqs, a gap
+// marker) and replaces the host's domains with the next complete full
+// report, which ends the staleness; events after it apply on top. A
+// report with a part missing is ignored (the next one comes).
 // JetStream's duplicate window (Nats-Msg-Id = MsgID) removes most
 // duplicates before they reach a consumer, but not all. Incarnations that
 // alternate on one host in new messages mean two agents publish under one

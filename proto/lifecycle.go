@@ -46,7 +46,7 @@ func (t Transition) Valid() bool {
 	switch t {
 	case TransitionStarted, TransitionStopped, TransitionRebooted,
 		TransitionSuspended, TransitionResumed, TransitionPMSuspended,
-		TransitionDefined, TransitionUndefined, TransitionGap:
+		TransitionDefined, TransitionUndefined, TransitionGap, TransitionInventory:
 		return true
 	}
 	return false
@@ -161,6 +161,10 @@ type LifecycleEvent struct {
 	GapFirstSeq uint64 `json:"gap_first_seq,omitempty"`
 	GapLastSeq  uint64 `json:"gap_last_seq,omitempty"`
 	GapCount    uint64 `json:"gap_count,omitempty"`
+	// Full report fields (TransitionInventory only; see inventory.go).
+	InventoryPart  int               `json:"inventory_part,omitempty"`
+	InventoryParts int               `json:"inventory_parts,omitempty"`
+	Domains        []InventoryDomain `json:"domains,omitempty"`
 }
 
 // Time bounds accepted by Validate. Outside them a time is certainly a bug
@@ -205,6 +209,12 @@ func (e *LifecycleEvent) Validate() error {
 	}
 	if err := e.validateClassification(); err != nil {
 		return err
+	}
+	if e.Transition == TransitionInventory {
+		return e.validateInventory()
+	}
+	if e.InventoryPart != 0 || e.InventoryParts != 0 || len(e.Domains) != 0 {
+		return fmt.Errorf("inventory_part/inventory_parts/domains: set on a %q event (only allowed on %q)", e.Transition, TransitionInventory)
 	}
 	if e.Transition == TransitionGap {
 		return e.validateGap()

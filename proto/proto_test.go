@@ -2,6 +2,7 @@ package proto
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -135,7 +136,7 @@ func TestRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatalf("DecodeLifecycle(%s): %v", b, err)
 		}
-		if got != e {
+		if !reflect.DeepEqual(got, e) {
 			t.Fatalf("round trip:\n got %+v\nwant %+v", got, e)
 		}
 	}
@@ -182,7 +183,7 @@ func TestIncarnationCompatible(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, err := DecodeLifecycle(b); err != nil || got.Incarnation != 0 || got != old {
+	if got, err := DecodeLifecycle(b); err != nil || got.Incarnation != 0 || !reflect.DeepEqual(got, old) {
 		t.Fatalf("event without incarnation: %+v, %v", got, err)
 	}
 	e := incarnatedEvent()
@@ -394,7 +395,7 @@ func FuzzDecodeLifecycle(f *testing.F) {
 		if err != nil {
 			t.Fatalf("re-encoded event %s does not decode: %v", b, err)
 		}
-		if e2 != e {
+		if !reflect.DeepEqual(e2, e) {
 			t.Fatalf("round trip changed the value:\n got %+v\nwant %+v", e2, e)
 		}
 	})

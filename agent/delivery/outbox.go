@@ -961,3 +961,11 @@ type Stats struct {
 	LastError                     string // last error seen (outbox or publish); "" if none
 	LastErrorAt                   time.Time
 }
+
+// GapMarkers returns how many gap markers the outbox has appended since it
+// was opened (the agent's loop follows each with a full report).
+func (o *Outbox) GapMarkers() uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.st.gapMarkers
+}

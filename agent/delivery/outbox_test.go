@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"testing"
 	"time"
@@ -334,7 +335,7 @@ func TestOutboxFullDropsThenGapMarker(t *testing.T) {
 		OccurredAt: testEvent(10).OccurredAt, ObservedAt: gap.ObservedAt,
 		GapFirstSeq: 11, GapLastSeq: 15, GapCount: 5,
 	}
-	if gap != want {
+	if !reflect.DeepEqual(gap, want) {
 		t.Fatalf("gap marker:\n got %+v\nwant %+v", gap, want)
 	}
 }

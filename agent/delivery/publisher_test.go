@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -103,7 +104,7 @@ func TestPublishEndToEnd(t *testing.T) {
 	if c.Duplicates != 0 {
 		t.Errorf("%d duplicates in the stream", c.Duplicates)
 	}
-	if c.Events[41] != *withSeq(testEvent(41), o.Stats().Incarnation, 42, c.Events[41].ObservedAt) {
+	if !reflect.DeepEqual(c.Events[41], *withSeq(testEvent(41), o.Stats().Incarnation, 42, c.Events[41].ObservedAt)) {
 		t.Errorf("event 42 = %+v", c.Events[41])
 	}
 	st := p.Stats()

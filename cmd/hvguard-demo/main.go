@@ -175,6 +175,15 @@ func run(ctx context.Context, window, lag time.Duration, verbose bool) error {
 			return
 		}
 		t.seen[msgID] = true
+		if ev.Transition == proto.TransitionInventory {
+			var doms []string
+			for _, d := range ev.Domains {
+				doms = append(doms, d.Name+"="+d.State)
+			}
+			fmt.Printf("%s  CONTROLLER <- seq=%-3d FULL REPORT (%s, part %d/%d): %s\n",
+				time.Now().Format("15:04:05.0"), ev.Seq, ev.Reason, ev.InventoryPart, ev.InventoryParts, strings.Join(doms, " "))
+			return
+		}
 		t.byDomain[ev.DomainName] = append(t.byDomain[ev.DomainName], ev)
 		cl := ""
 		if ev.Classification != "" {
