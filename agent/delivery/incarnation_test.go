@@ -220,3 +220,31 @@ func TestSegmentsKeptAfterCrashNoHole(t *testing.T) {
 		t.Fatalf("after a clean stop: next seq %d, want 5", seqs[0])
 	}
 }
+
+// TestOutboxSecondOpenRefused (attack): a second agent on the same
+// state_dir (started by hand while the service runs, or a container and
+// the package both) opens the same outbox: both assign the same seqs to
+// different events under the same incarnation, JetStream keeps whichever
+// Msg-Id arrives first and acks the other as a duplicate: events lost
+// with no trace. The second open must be refused while the first lives.
+func TestOutboxSecondOpenRefused(t *testing.T) {
+	dir := t.TempDir()
+	o1 := openTest(t, dir, OutboxConfig{})
+	o2, err := OpenOutbox(filepath.Join(dir, "outbox"), OutboxConfig{Host: testHost}, testLogger(t))
+	if err == nil {
+		a, b := testEvent(1), testEvent(2)
+		_ = o1.Append(a)
+		_ = o2.Append(b)
+		o2.Close()
+		o1.Close()
+		t.Fatalf("a second outbox opened on the same directory: it assigned seq %d/%s to another event than the first's seq %d/%s: JetStream keeps one of them",
+			b.Seq, b.Incarnation, a.Seq, a.Incarnation)
+	}
+	t.Logf("second open: %v", err)
+	// A crashed (SIGKILLed) owner does not keep the directory locked.
+	o1.crash()
+	o3 := openTest(t, dir, OutboxConfig{})
+	if err := o3.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
