@@ -55,7 +55,10 @@
 // # On disk
 //
 // The outbox directory holds segment files named by the seq of their first
-// record (%020d.seg) and state.json. A segment is a sequence of records:
+// record (%020d.seg), state.json, and a lock file that the open outbox holds
+// an exclusive flock(2) on: a second process opening it (another agent on
+// the same state_dir) is refused, since it would assign the same seqs under
+// the same incarnation (TestOutboxSecondOpenRefused). A segment is a sequence of records:
 //
 //	u32 payload length | u32 CRC-32C of (seq, payload) | u64 seq | payload (proto JSON)
 //

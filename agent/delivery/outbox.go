@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"hvguard/proto"
@@ -66,6 +67,7 @@ var ErrClosed = errors.New("outbox closed")
 
 const (
 	stateFileName = "state.json"
+	lockFileName  = "lock"
 	segSuffix     = ".seg"
 	// recordHeaderSize: payload length (4) + CRC32-C (4) + seq (8).
 	recordHeaderSize = 16
@@ -107,6 +109,8 @@ type Outbox struct {
 	// inc is the outbox's incarnation (see proto.Incarnation), fixed when
 	// the outbox is created: set by load, never changed after.
 	inc proto.Incarnation
+
+	lock *os.File // holds the directory's flock (lockDir)
 
 	syncMu sync.Mutex // serialises Sync
 
@@ -231,12 +235,36 @@ func OpenOutbox(dir string, cfg OutboxConfig, log *slog.Logger) (*Outbox, error)
 		stop:         make(chan struct{}),
 		done:         make(chan struct{}),
 	}
+	if err := o.lockDir(); err != nil {
+		return nil, fmt.Errorf("open outbox %s: %w", dir, err)
+	}
 	if err := o.load(); err != nil {
 		o.closeFiles()
 		return nil, fmt.Errorf("open outbox %s: %w", dir, err)
 	}
 	go o.syncer()
 	return o, nil
+}
+
+// lockDir takes an exclusive flock(2) on the directory's lock file, held
+// until Close (the kernel drops it when the process dies, SIGKILL too).
+// Two processes on one outbox would assign the same seqs to different
+// events under the same incarnation, and JetStream would keep only one of
+// each pair (same Msg-Id): a second agent on the same state_dir is refused.
+func (o *Outbox) lockDir() error {
+	f, err := os.OpenFile(filepath.Join(o.dir, lockFileName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return errors.New("in use by another process (another hvguard-agent with this state_dir?): two agents on one outbox would reuse each other's seqs")
+		}
+		return fmt.Errorf("lock %s: %w", lockFileName, err)
+	}
+	o.lock = f
+	return nil
 }
 
 // load reads state.json and the segments. Called once, before any other use.
@@ -923,6 +951,10 @@ func (o *Outbox) Close() error {
 func (o *Outbox) closeFiles() {
 	for _, seg := range o.segs {
 		seg.f.Close()
+	}
+	if o.lock != nil {
+		o.lock.Close() // releases the flock
+		o.lock = nil
 	}
 }
 
