@@ -33,9 +33,9 @@ type LeaseView struct {
 // TrackerView is the tracker's state at one instant.
 type TrackerView struct {
 	Hosts     []LeaseView `json:"hosts"`
-	Holding   bool       `json:"holding"`
-	Silent    int        `json:"silent"`
-	Threshold int        `json:"threshold"`
+	Holding   bool        `json:"holding"`
+	Silent    int         `json:"silent"`
+	Threshold int         `json:"threshold"`
 }
 
 // View returns the tracker's state at now (hosts sorted by name).

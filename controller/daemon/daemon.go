@@ -29,8 +29,14 @@ const (
 	// the lock lapses after its TTL) is the remedy.
 	LoopStale = 10 * time.Second
 	// BucketRetryMax bounds the pause between attempts to open the lease
-	// bucket while NATS (or the bucket) is unavailable at start.
-	BucketRetryMax = 10 * time.Second
+	// bucket while NATS (or the bucket) is unavailable at start. Each
+	// attempt (bounded by BucketAttemptTimeout) feeds systemd's watchdog:
+	// with both bounds one ping comes at least every 10 s, well within
+	// the unit's WatchdogSec (30 s), so a controller waiting for NATS is
+	// not restarted while it retries, and one wedged in that loop is.
+	BucketRetryMax = 5 * time.Second
+	// BucketAttemptTimeout bounds one attempt to open the bucket.
+	BucketAttemptTimeout = 5 * time.Second
 	// ViewTimeout bounds a status or metrics request for the tracker's
 	// view (answered by the tracker's loop between two ticks).
 	ViewTimeout = 2 * time.Second
@@ -70,7 +76,8 @@ type Daemon struct {
 	lastTick                    atomic.Int64 // Runner heartbeat, UnixNano on now()
 	lastPing                    time.Time    // Runner goroutine only
 	stuckSaid                   bool         // Runner goroutine only
-	readyOnce                   sync.Once
+	readyOnce                   sync.Once    // READY=1 sent (synced, or degraded)
+	syncedOnce                  sync.Once    // both watches synced
 	m                           counters
 }
 
@@ -155,7 +162,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 func (d *Daemon) openBucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, error) {
 	backoff := 500 * time.Millisecond
 	for {
-		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		d.notify.WatchdogPing()
+		actx, cancel := context.WithTimeout(ctx, BucketAttemptTimeout)
 		kv, err := natslease.EnsureBucket(actx, js, d.cfg.NATS.CreateBucket)
 		cancel()
 		if err == nil {
@@ -180,9 +188,13 @@ func (d *Daemon) maybeReady() {
 	if !d.leaderSynced.Load() || !d.trackerSynced.Load() {
 		return
 	}
-	d.readyOnce.Do(func() {
+	d.syncedOnce.Do(func() {
 		d.log.Info("ready", "id", d.cfg.ID, "nats", d.nc.ConnectedUrlRedacted())
-		d.notify.Ready("ready: watching the lease bucket")
+		sent := false
+		d.readyOnce.Do(func() { sent = true; d.notify.Ready("ready: watching the lease bucket") })
+		if !sent { // READY=1 went out degraded; say it is over
+			d.notify.Status("ready: watching the lease bucket (no longer degraded)")
+		}
 		if d.opts.Ready != nil {
 			close(d.opts.Ready)
 		}

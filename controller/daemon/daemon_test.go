@@ -3,14 +3,17 @@ package daemon_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"hvguard/agent/delivery/deliverytest"
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
 	"hvguard/controller/daemon"
@@ -229,4 +232,52 @@ func waitExpired(t *testing.T, st *natslease.Store, host string, within time.Dur
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestControllerWaitsForNATS: a controller started while no NATS server
+// listens reports ready in the degraded mode after nats.ready_timeout
+// (/healthz says why), keeps retrying, and once a JetStream server comes
+// up on its URL opens (creates) the lease bucket and leads.
+func TestControllerWaitsForNATS(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	cfg := fastConfig(t, fmt.Sprintf("nats://127.0.0.1:%d", port), "ctl-late")
+	cfg.NATS.ReadyTimeout = daemon.Duration(300 * time.Millisecond)
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon.Run(ctx, cfg, slog.New(slog.NewTextHandler(io.Discard, nil)),
+			daemon.Options{Ready: ready, Listening: func(a string) { addr <- a }})
+	}()
+	defer func() { cancel(); <-done }()
+	c := &ctl{id: "ctl-late", addr: <-addr}
+	time.Sleep(time.Second)
+	sctx, scancel := context.WithTimeout(context.Background(), time.Second)
+	st, err := daemon.FetchStatus(sctx, c.addr)
+	scancel()
+	if err != nil || st.Role != "standby" || st.Health == "ok" || st.Tracker != nil || st.NATSConnected {
+		t.Fatalf("without NATS: status %+v, %v; want a standby, unhealthy, no lease view", st, err)
+	}
+	select {
+	case <-ready:
+		t.Fatal("Options.Ready closed without NATS (it means: watches synced)")
+	default:
+	}
+	deliverytest.StartJetStream(t, t.TempDir(), port)
+	started := time.Now()
+	select {
+	case <-ready:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not ready 10 s after NATS came up")
+	}
+	if l := waitLeader(t, 3*time.Second, c); l != c {
+		t.Fatal("unreachable")
+	}
+	t.Logf("leading %s after NATS came up", time.Since(started))
 }

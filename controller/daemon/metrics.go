@@ -16,15 +16,15 @@ import (
 
 // counters are updated by the loops (atomics) and read at scrape time.
 type counters struct {
-	leaderChanges  atomic.Int64
-	declared       atomic.Int64 // declarations written
-	declareFailed  atomic.Int64 // declarations not written (CAS conflict: the host renewed; or NATS)
-	notActing      atomic.Int64 // writes MayAct did not allow
-	released       atomic.Int64
-	holds          atomic.Int64 // guard holds started
-	heldBack       atomic.Int64
-	refusals       atomic.Int64 // hosts refused (per change)
-	refusedDue     atomic.Int64
+	leaderChanges atomic.Int64
+	declared      atomic.Int64 // declarations written
+	declareFailed atomic.Int64 // declarations not written (CAS conflict: the host renewed; or NATS)
+	notActing     atomic.Int64 // writes MayAct did not allow
+	released      atomic.Int64
+	holds         atomic.Int64 // guard holds started
+	heldBack      atomic.Int64
+	refusals      atomic.Int64 // hosts refused (per change)
+	refusedDue    atomic.Int64
 }
 
 func (c *counters) count(d controller.Decision, err error) {

@@ -1,0 +1,343 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/agent/delivery/deliverytest"
+	"hvguard/controller"
+	"hvguard/controller/controllertest"
+	"hvguard/controller/daemon"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+)
+
+// mainEnv makes the test binary run main's run() instead of the tests: the
+// HA tests start real controller processes (same CLI, same daemon) that
+// they can kill -9 and SIGSTOP.
+const mainEnv = "HVGUARD_CONTROLLER_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(mainEnv) != "" {
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// proc is one controller process.
+type proc struct {
+	id, addr string
+	cmd      *exec.Cmd
+	mu       sync.Mutex
+	log      []string
+	exited   chan struct{}
+}
+
+// leaderTiming is the lock's timing of the HA tests: ×0.1 of the defaults,
+// or the defaults with HVGUARD_TEST_DEFAULT_TIMING=1 (slow; for the
+// figures in docs/controller.md).
+func leaderTiming() (ttl, renew, write, margin time.Duration) {
+	if os.Getenv("HVGUARD_TEST_DEFAULT_TIMING") != "" {
+		return controller.DefaultLeaderTTL, controller.DefaultLeaderRenew, controller.WriteTimeout, controller.DefaultActMargin
+	}
+	return time.Second, 250 * time.Millisecond, 200 * time.Millisecond, 200 * time.Millisecond
+}
+
+func startProc(t *testing.T, url, id string, extra string) *proc {
+	t.Helper()
+	ttl, renew, write, margin := leaderTiming()
+	cfg := fmt.Sprintf(`id: %s
+log: {level: debug, format: json}
+nats: {urls: [%q], ready_timeout: 5s}
+leader: {ttl: %s, renew_interval: %s, write_timeout: %s, act_margin: %s}
+guard: {share: 0.5, window: 1s}
+metrics: {listen: "127.0.0.1:0"}
+%s`, id, url, ttl, renew, write, margin, extra)
+	p := filepath.Join(t.TempDir(), id+".yaml")
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &proc{id: id, exited: make(chan struct{})}
+	c.cmd = exec.Command(exe, "--config", p)
+	c.cmd.Env = append(os.Environ(), mainEnv+"=1")
+	stderr, err := c.cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			c.mu.Lock()
+			c.log = append(c.log, sc.Text())
+			c.mu.Unlock()
+			if os.Getenv("HVGUARD_TEST_LOG") != "" {
+				fmt.Fprintln(os.Stderr, id, sc.Text())
+			}
+		}
+		_ = c.cmd.Wait()
+		close(c.exited)
+	}()
+	t.Cleanup(func() {
+		_ = c.cmd.Process.Signal(syscall.SIGCONT)
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+	})
+	// The endpoint's address (port 0: chosen by the kernel) from its log.
+	re := regexp.MustCompile(`"msg":"status and metrics endpoint listening".*"addr":"([0-9.:]+)"`)
+	for end := time.Now().Add(10 * time.Second); c.addr == "" && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		c.mu.Lock()
+		for _, l := range c.log {
+			if m := re.FindStringSubmatch(l); m != nil {
+				c.addr = m[1]
+			}
+		}
+		c.mu.Unlock()
+	}
+	if c.addr == "" {
+		t.Fatalf("%s: no endpoint address in its log", id)
+	}
+	return c
+}
+
+func (c *proc) role() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	st, err := daemon.FetchStatus(ctx, c.addr)
+	if err != nil {
+		return "unreachable"
+	}
+	return st.Role
+}
+
+// logged counts the process's log lines containing every one of subs.
+func (c *proc) logged(subs ...string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+line:
+	for _, l := range c.log {
+		for _, s := range subs {
+			if !strings.Contains(l, s) {
+				continue line
+			}
+		}
+		n++
+	}
+	return n
+}
+
+// waitRole polls c's /status every 10 ms until it reports role.
+func waitRole(t *testing.T, c *proc, role string, within time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for time.Since(start) < within {
+		if c.role() == role {
+			return time.Since(start)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%s not %s within %s", c.id, role, within)
+	return 0
+}
+
+// haBucket starts an embedded JetStream and creates the lease bucket with a
+// history of 64 values per key (the controllers open it and leave its
+// configuration alone), so the tests can read every write.
+func haBucket(t *testing.T) (string, jetstream.KeyValue) {
+	t.Helper()
+	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	cfg := natslease.BucketConfig(1)
+	cfg.History = 64
+	kv, err := js.CreateKeyValue(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv.ClientURL(), kv
+}
+
+// lockHistory returns the holders of every landed lock record, in order.
+func lockHistory(t *testing.T, kv jetstream.KeyValue) []controller.LockRecord {
+	t.Helper()
+	h, err := kv.History(context.Background(), controller.LeaderKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []controller.LockRecord
+	for _, e := range h {
+		if r, err := controller.DecodeLockRecord(e.Value()); err == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestKill9Leader: the leader process is killed with SIGKILL (no
+// resignation): the standby leads after the lock stood still for
+// TakeoverAfter(ttl), not before.
+func TestKill9Leader(t *testing.T) {
+	url, _ := haBucket(t)
+	a := startProc(t, url, "ctl-a", "")
+	waitRole(t, a, "leader", 10*TakeoverWait())
+	b := startProc(t, url, "ctl-b", "")
+	waitRole(t, b, "standby", 5*time.Second)
+	killed := time.Now()
+	_ = a.cmd.Process.Kill()
+	<-a.exited
+	d := waitRole(t, b, "leader", 3*TakeoverWait())
+	ttl, renew, write, _ := leaderTiming()
+	t.Logf("kill -9 of the leader → standby leading after %s (TakeoverAfter(ttl) %s)", time.Since(killed), controller.TakeoverAfter(ttl, controller.DefaultDrift))
+	if min := controller.TakeoverAfter(ttl, controller.DefaultDrift) - renew - write; d < min {
+		t.Fatalf("took over %s after the kill: before the old lock could have lapsed (%s)", d, min)
+	}
+}
+
+// notActingHN are the parts of the debug line a controller logs when it
+// decided to declare hn and MayAct said no.
+var notActingHN = []string{`"msg":"not acting: declare not written"`, `"host":"hn"`}
+
+// TakeoverWait is TakeoverAfter of the tests' TTL.
+func TakeoverWait() time.Duration {
+	ttl, _, _, _ := leaderTiming()
+	return controller.TakeoverAfter(ttl, controller.DefaultDrift)
+}
+
+// TestSIGSTOPLeaderPastTTL: the leader (configured to accept hosts without
+// a backstop) is frozen with SIGSTOP just as such a host stops renewing;
+// the standby (which refuses such hosts) takes over and never declares
+// it. Resumed after the host became due and its lock lapsed, the old
+// leader's tracker decides to declare the host — and writes nothing: the
+// host's key history has no expired record and the lock's history has no
+// record of the old leader after the new one's first.
+func TestSIGSTOPLeaderPastTTL(t *testing.T) {
+	url, kv := haBucket(t)
+	st := &natslease.Store{KV: kv}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go controllertest.Renew(ctx, st, "h1", "h2", "h3")
+	hn := controllertest.HostRecord("hn")
+	hn.Backstop = fencing.BackstopNone
+	renewHN, stopHN := context.WithCancel(ctx)
+	go func() {
+		var rev uint64
+		for renewHN.Err() == nil {
+			if n, err := st.Write(renewHN, "hn", rev, hn, time.Second); err == nil {
+				rev = n
+			}
+			time.Sleep(150 * time.Millisecond)
+		}
+	}()
+
+	a := startProc(t, url, "ctl-a", "tracker: {accept_no_backstop: true}\n")
+	waitRole(t, a, "leader", 10*TakeoverWait())
+	b := startProc(t, url, "ctl-b", "")
+	waitRole(t, b, "standby", 5*time.Second)
+	time.Sleep(500 * time.Millisecond) // b's tracker has seen hn renew
+
+	stopHN()
+	_ = a.cmd.Process.Signal(syscall.SIGSTOP)
+	stopped := time.Now()
+	d := waitRole(t, b, "leader", 3*TakeoverWait())
+	t.Logf("SIGSTOP of the leader → standby leading after %s", d)
+	grace, err := controller.Config{Drift: 0.01, MaxHostDrift: 0.05, MaxGrace: time.Minute, AcceptNoBackstop: true, GuardWindow: time.Minute}.Grace(hn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	due := hn.Timing.LeaseTTL + grace
+	time.Sleep(time.Until(stopped.Add(due + 2*time.Second)))
+	_ = a.cmd.Process.Signal(syscall.SIGCONT)
+	resumed := time.Now()
+	// The resumed process's tracker finds hn due at its next ticks and
+	// may not act; its lock loop learns of the takeover.
+	for time.Since(resumed) < 5*time.Second && a.logged(notActingHN...) == 0 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(time.Second)
+	h, err := kv.History(context.Background(), "hn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range h {
+		r, err := fencing.DecodeRecord(e.Value())
+		if err == nil && r.State != fencing.LeaseActive {
+			t.Fatalf("hn's history has a %s record at revision %d: %s", r.State, e.Revision(), r.Reason)
+		}
+	}
+	locks := lockHistory(t, kv)
+	sawB := false
+	for _, r := range locks {
+		sawB = sawB || r.Holder == "ctl-b"
+		if sawB && r.Holder == "ctl-a" {
+			t.Fatalf("ctl-a wrote the lock after ctl-b took it: %+v", locks)
+		}
+	}
+	if !sawB {
+		t.Fatalf("ctl-b never held the lock: %+v", locks)
+	}
+	if n := a.logged(notActingHN...); n == 0 {
+		t.Fatalf("the resumed leader never decided to declare hn (the test proves nothing)")
+	}
+	if a.role() != "standby" {
+		t.Fatalf("the resumed old leader reports %s", a.role())
+	}
+
+	t.Logf("resumed leader: %d declarations of hn decided and not written; %d lock records, none of ctl-a after ctl-b's",
+		a.logged(notActingHN...), len(locks))
+}
+
+// TestSIGTERMLeaderHandsOver: SIGTERM makes the leader process resign and
+// exit 0; the standby leads within TakeoverAfter(act_margin) plus a
+// renewal, not a whole TTL.
+func TestSIGTERMLeaderHandsOver(t *testing.T) {
+	url, kv := haBucket(t)
+	a := startProc(t, url, "ctl-a", "")
+	waitRole(t, a, "leader", 10*TakeoverWait())
+	b := startProc(t, url, "ctl-b", "")
+	waitRole(t, b, "standby", 5*time.Second)
+	termed := time.Now()
+	_ = a.cmd.Process.Signal(syscall.SIGTERM)
+	d := waitRole(t, b, "leader", 3*TakeoverWait())
+	<-a.exited
+	if code := a.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("the leader exited %d after SIGTERM", code)
+	}
+	_, renew, _, margin := leaderTiming()
+	t.Logf("SIGTERM of the leader → standby leading after %s (TakeoverAfter(act_margin) %s)", d, controller.TakeoverAfter(margin, controller.DefaultDrift))
+	if bound := controller.TakeoverAfter(margin, controller.DefaultDrift) + renew + 500*time.Millisecond; time.Since(termed) > bound+time.Second || d > bound {
+		t.Fatalf("hand-over after SIGTERM took %s > %s", d, bound)
+	}
+	locks := lockHistory(t, kv)
+	released := false
+	for _, r := range locks {
+		released = released || (r.Holder == "ctl-a" && r.Released)
+	}
+	if !released {
+		t.Fatalf("ctl-a did not write a released lock record: %+v", locks)
+	}
+}
