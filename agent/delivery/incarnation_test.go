@@ -248,3 +248,18 @@ func TestOutboxSecondOpenRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestIncarnationKeptWhenKilledBeforeFirstAppend (attack held): the agent
+// is killed after the outbox drew its incarnation and before any append;
+// the next start keeps it (state.json is written when the outbox opens).
+func TestIncarnationKeptWhenKilledBeforeFirstAppend(t *testing.T) {
+	dir := t.TempDir()
+	o := openTest(t, dir, OutboxConfig{})
+	inc := o.Stats().Incarnation
+	o.crash()
+	o = openTest(t, dir, OutboxConfig{})
+	defer o.Close()
+	if got := o.Stats().Incarnation; got != inc {
+		t.Fatalf("incarnation %s after a kill before the first append, want %s", got, inc)
+	}
+}
