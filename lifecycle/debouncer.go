@@ -259,8 +259,12 @@ func (d *Debouncer) AppendObserve(dst []Decision, ev Event, now time.Time) []Dec
 		dom.phase, dom.shutdown = phaseRunning, ""
 		return d.report(dst, dom, TransitionRebooted, ReasonRebootEvent, StateRunning, ev)
 	case KindDefined:
-		if dom.phase == phaseUnknown && ev.Detail == "ADDED" {
-			dom.phase = phaseOff // a new persistent domain is defined, not running
+		if dom.phase == phaseUnknown && (ev.Detail == "ADDED" || ev.Detail == "RENAMED") {
+			// A new persistent domain is defined, not running; libvirt
+			// renames inactive domains only (its UNDEFINED/RENAMED forgot
+			// the old name): unplaced, the next listing would begin a
+			// stop of a domain that never ran.
+			dom.phase = phaseOff
 		}
 		return d.report(dst, dom, TransitionDefined, ReasonEvent, dom.phase.state(), ev)
 	case KindUndefined:

@@ -90,8 +90,11 @@
 //     started: without history hvguard does not guess.
 //   - REBOOT is always reported (rebooted, reboot-event), one report per
 //     event: a guest reboot sends 2–3.
-//   - DEFINED is reported as defined; DEFINED/ADDED of an unknown domain
-//     places it off (defined, not running). UNDEFINED of a domain never
+//   - DEFINED is reported as defined; DEFINED/ADDED or DEFINED/RENAMED of
+//     an unknown domain places it off (defined, not running; libvirt
+//     renames inactive domains only, after an UNDEFINED/RENAMED that
+//     forgot the old name: left unplaced, the next listing would report
+//     a stop of a domain that never ran). UNDEFINED of a domain never
 //     tracked is reported but not learnt.
 //   - Window 0 is pass-through: stops are reported at once, unchecked
 //     (reason pass-through, state shutoff or crashed), still once.
