@@ -26,7 +26,9 @@ type FenceConfig struct {
 	// Action is pause, destroy, reset-host or none (monitor only).
 	Action string `yaml:"action"`
 	// AllowReset lets a fence that missed its deadline escalate to a host
-	// reset (sysrq 'b'); it makes the backstop "reset".
+	// reset (sysrq 'b'). Without a watchdog it makes the backstop "reset",
+	// which needs a live agent and which the controller refuses by default;
+	// with one the backstop stays "watchdog" (the slowest path).
 	AllowReset bool `yaml:"allow_reset"`
 	// WatchdogDevice is the hardware watchdog ("" = none), e.g.
 	// /dev/watchdog. Armed while fencing is on with a real action.

@@ -224,6 +224,9 @@ func (r *Runner) perform(ctx context.Context, log *slog.Logger, d Decision) {
 		log.Error("LEASE KEY DELETED: host unprotected, it will not be declared until its agent re-creates the key", "host", d.Host, "reason", d.Reason)
 	case OpHeldBack:
 		log.Warn("host due but held back by the mass-failure guard", "host", d.Host)
+	case OpWithdrawn:
+		log.Error("host WITHDREW its lease: unprotected (no fencing), will not be declared or recovered until its agent renews",
+			"host", d.Host, "reason", d.Record.Reason, "epoch", d.Record.Epoch)
 	default:
 		err = errors.New("unknown decision")
 	}

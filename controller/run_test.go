@@ -44,7 +44,8 @@ func TestRunnerDeclaresSilentHost(t *testing.T) {
 			Action: fencing.ActionPause, Backstop: bs, Timing: timing}
 	}
 	cfg := controller.DefaultConfig()
-	cfg.GuardShare = 0.5 // 4 hosts: threshold 2
+	cfg.GuardShare = 0.5                    // 4 hosts: threshold 2
+	cfg.AcceptAgentDependentBackstop = true // the hosts here advertise reset
 	tr, err := controller.NewTracker(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -45,6 +45,17 @@ type simHost struct {
 	late             []func() // writes held on a cut link, landing on heal
 
 	fenceOps, resets int
+
+	// Issue 10 (sim_stop_test.go): the host's configuration, its
+	// hardware watchdog, libvirt outages and orderly stops.
+	allowReset bool      // fence.allow_reset
+	noWatchdog bool      // no hardware watchdog (backstop reset or none)
+	wdArmed    bool      // the watchdog device is armed (counting down)
+	lvDown     int       // libvirt unreachable: no listing, fence ops fail
+	stopping   bool      // Stop called; the process leaves when it is done
+	stopAt     time.Time // when Stop was called (real)
+	stopDown   time.Duration
+	stops      map[fencing.StopOutcome]int
 }
 
 type simMsg struct {
@@ -77,14 +88,21 @@ type sim struct {
 	maxLate  time.Duration
 	pLate    float64
 	pSlow    float64 // share of messages slower than the renew timeout
+
+	// Wiring mutations (sim_stop_test.go): feedAtStart arms (and so
+	// feeds) the watchdog at every agent start, as the old start did;
+	// disarmAlways magic-closes it on every orderly stop, whatever the
+	// stop's outcome.
+	feedAtStart, disarmAlways bool
 }
 
 // simEvent is one scheduled fault.
 type simEvent struct {
 	at    time.Duration
-	kind  string // cut-rack, cut-host, outage, lost-acks, restart
+	kind  string // cut-rack, cut-host, outage, lost-acks, restart; stop, crash-loop, libvirt-down (sim_stop_test.go)
 	hosts []int
 	dur   time.Duration
+	up    time.Duration // crash-loop: how long each process lives
 }
 
 func (e simEvent) String() string {
@@ -117,6 +135,12 @@ func (h *simHost) agentUp(now time.Time) bool {
 
 // newSim builds a simulation; hosts are split into racks of rackSize.
 func newSim(seed uint64, n, rackSize, domains int, drift float64, guard Config, events []simEvent) *sim {
+	return newSimWith(seed, n, rackSize, domains, drift, guard, events, nil)
+}
+
+// newSimWith is newSim with configure applied to each host before its
+// agent starts (its configuration: allow_reset, watchdog).
+func newSimWith(seed uint64, n, rackSize, domains int, drift float64, guard Config, events []simEvent, configure func(h *simHost)) *sim {
 	s := &sim{rnd: rand.New(rand.NewPCG(seed, 7)), now: t0, kv: map[string]kvEntry{}, declared: map[string]bool{}, events: events,
 		maxLate: 20 * time.Second, pLate: 0.3}
 	rate := func() float64 { return 1 + (s.rnd.Float64()*2-1)*drift }
@@ -127,6 +151,9 @@ func newSim(seed uint64, n, rackSize, domains int, drift float64, guard Config, 
 	}
 	for i := range n {
 		h := &simHost{name: fmt.Sprintf("h%02d", i), rack: i / rackSize, rate: rate(), doms: make([]domState, domains)}
+		if configure != nil {
+			configure(h)
+		}
 		s.hosts = append(s.hosts, h)
 		// The bucket already holds every host's record (steady state).
 		s.rev++
@@ -149,7 +176,8 @@ func ptr[T any](v T) *T { return &v }
 func (s *sim) hostConfig(h *simHost) fencing.Config {
 	c := fencing.DefaultConfig(h.name, "b")
 	c.Enabled = true
-	c.HardwareWatchdog = true
+	c.HardwareWatchdog = !h.noWatchdog
+	c.AllowReset = h.allowReset
 	c.Seed = uint64(h.rack*1000) + uint64(len(h.name))
 	return c
 }
@@ -166,14 +194,29 @@ func (s *sim) startAgent(h *simHost) {
 		panic(err)
 	}
 	h.agent = a
-	h.feed = s.now
+	s.armIfAllowed(h, a)
 	names := make([]string, len(s.hosts))
 	for i, o := range s.hosts {
 		names[i] = o.name
 	}
 	a.SetMembers(names, s.guard)
 	s.apply(h, a, r)
-	s.apply(h, a, a.Domains(s.local(h), s.inventory(h)))
+	if h.lvDown == 0 {
+		s.apply(h, a, a.Domains(s.local(h), s.inventory(h)))
+	}
+}
+
+// armIfAllowed arms (and so feeds) the hardware watchdog when the agent
+// allows feeding: arming writes a keepalive, so an agent arming at every
+// start would keep a crash-looping host with a lapsed lease alive
+// (feedAtStart is that mutation).
+func (s *sim) armIfAllowed(h *simHost, a *fencing.Agent) {
+	if h.noWatchdog || h.dead {
+		return
+	}
+	if s.feedAtStart || a.FeedWatchdog(s.local(h)) {
+		h.wdArmed, h.feed = true, s.now
+	}
 }
 
 func (s *sim) inventory(h *simHost) []fencing.Domain {
@@ -224,6 +267,10 @@ func (s *sim) apply(h *simHost, a *fencing.Agent, r fencing.Ready) {
 			if h.dead {
 				return
 			}
+			if h.lvDown > 0 {
+				s.deliver(h, a, func(now time.Time) fencing.Ready { return a.FenceDone(now, u, errLibvirtDown) })
+				return
+			}
 			if h.doms[i] == domRunning {
 				h.doms[i] = domPaused
 			}
@@ -258,6 +305,8 @@ func (s *sim) apply(h *simHost, a *fencing.Agent, r fencing.Ready) {
 		s.checkSafety()
 	}
 }
+
+var errLibvirtDown = fmt.Errorf("libvirt not answering")
 
 func (s *sim) host(name string) *simHost {
 	for _, h := range s.hosts {
@@ -437,17 +486,27 @@ func (s *sim) startEvent(e simEvent) {
 			s.fault(h, "ack", 1)
 			s.after(e.dur, func() { s.fault(h, "ack", -1) })
 		case "restart":
-			if !h.dead && h.agentUp(s.now) {
-				h.downTo = s.now.Add(e.dur)
-				h.agent = nil
-				s.after(e.dur, func() {
-					if !h.dead {
-						s.logf("%s agent restarts", h.name)
-						s.startAgent(h)
-					}
-				})
-			}
+			s.crash(h, e.dur)
+		default:
+			s.startStopEvent(e, h)
 		}
+	}
+}
+
+// crash ends h's agent process without a stop (a crash, SIGKILL, OOM, or a
+// hang as far as the watchdog is concerned: nothing feeds it) and starts
+// it again after down.
+func (s *sim) crash(h *simHost, down time.Duration) {
+	if !h.dead && h.agentUp(s.now) {
+		h.downTo = s.now.Add(down)
+		h.agent = nil
+		h.stopping = false
+		s.after(down, func() {
+			if !h.dead {
+				s.logf("%s agent restarts", h.name)
+				s.startAgent(h)
+			}
+		})
 	}
 }
 
@@ -472,11 +531,14 @@ func (s *sim) step() {
 		if h.agentUp(s.now) {
 			a := h.agent
 			s.apply(h, a, a.Tick(s.local(h)))
-			if h.agentUp(s.now) && a.FeedWatchdog(s.local(h)) {
-				h.feed = s.now
+			if h.agentUp(s.now) && a.FeedWatchdog(s.local(h)) && !h.noWatchdog {
+				h.wdArmed, h.feed = true, s.now
+			}
+			if h.agentUp(s.now) && h.stopping {
+				s.stopStep(h, a)
 			}
 		}
-		if !h.dead && time.Duration(float64(s.now.Sub(h.feed))*h.rate) > fencing.DefaultWatchdogTimeout {
+		if !h.dead && h.wdArmed && time.Duration(float64(s.now.Sub(h.feed))*h.rate) > fencing.DefaultWatchdogTimeout {
 			s.logf("%s WATCHDOG RESET", h.name)
 			h.resets++
 			s.kill(h)

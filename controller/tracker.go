@@ -48,6 +48,13 @@ type Config struct {
 	// no hardware watchdog). Off by default: a wedged agent on such a host
 	// could leave its domains running forever.
 	AcceptNoBackstop bool
+	// AcceptAgentDependentBackstop: declare hosts whose only backstop is a
+	// host reset by the agent (backstop reset: allow_reset or action
+	// reset-host, no hardware watchdog). Off by default: a reset needs a
+	// live agent, so a crashed, crash-looping, OOM-killed or deadlocked
+	// agent fences nothing and such a host is declared while its domains
+	// run. Turn it on only if that risk is accepted.
+	AcceptAgentDependentBackstop bool
 }
 
 // DefaultConfig returns the defaults.
@@ -102,9 +109,14 @@ const (
 	// (never declared while its key is absent) until its agent re-creates
 	// the key. Log loudly.
 	OpLeaseDeleted
+	// OpWithdrawn: Host's agent withdrew its lease (orderly stop or failed
+	// start; Reason is the agent's): the host is unprotected and will not
+	// be declared or recovered until its agent takes the lease back. Log
+	// loudly (once per withdrawal).
+	OpWithdrawn
 )
 
-var opNames = [...]string{"declare", "release", "hold-started", "hold-ended", "refuse", "held-back", "refused-due", "lease-deleted"}
+var opNames = [...]string{"declare", "release", "hold-started", "hold-ended", "refuse", "held-back", "refused-due", "lease-deleted", "withdrawn"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -151,6 +163,14 @@ type hostState struct {
 	deleted bool
 }
 
+// Mutation switches (controller/sim_test.go): each removes one fix and
+// must make a safety property of the simulation fail. Never set outside
+// tests.
+var (
+	// withdrawnDeclarable: a withdrawn host is declared like a silent one.
+	withdrawnDeclarable bool
+)
+
 // Tracker is the controller's lease tracker: pure, time passed in,
 // decisions returned as values, driven by one goroutine.
 type Tracker struct {
@@ -193,6 +213,9 @@ func (c Config) Grace(r fencing.LeaseRecord) (time.Duration, error) {
 	var back time.Duration
 	switch r.Backstop {
 	case fencing.BackstopReset:
+		if !c.AcceptAgentDependentBackstop {
+			return 0, errors.New("backstop reset needs a live agent (no hardware watchdog armed): a crashed or hung agent fences nothing")
+		}
 		back = max(t.ResetBudget, fencing.DefaultResetBudget)
 	case fencing.BackstopWatchdog:
 		if t.WatchdogTimeout <= 0 {
@@ -247,7 +270,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	h.rev, h.rec = rev, *rec
 	switch rec.State {
 	case fencing.LeaseActive:
-		if !h.lastSeen.IsZero() && now.Sub(h.lastSeen) > h.silentAft && h.silentAft > 0 {
+		if prev.State != fencing.LeaseWithdrawn && !h.lastSeen.IsZero() && now.Sub(h.lastSeen) > h.silentAft && h.silentAft > 0 {
 			h.silentEnd = now
 		}
 		h.lastSeen = now
@@ -276,6 +299,14 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	case fencing.LeaseReleased:
 		h.lastSeen = now
 		h.declaredAt, h.declaring = time.Time{}, time.Time{}
+	case fencing.LeaseWithdrawn:
+		h.lastSeen = now
+		h.declaredAt, h.declaring = time.Time{}, time.Time{}
+		h.saidDue, h.heldBack = false, false
+		if prev.State != fencing.LeaseWithdrawn || prev.Incarnation != rec.Incarnation {
+			t.out = append(t.out, Decision{Op: OpWithdrawn, Host: host, Revision: rev, Record: *rec,
+				Reason: "withdrawn (" + rec.Reason + "): host unprotected, not recovered"})
+		}
 	}
 	return t.out
 }
@@ -289,6 +320,18 @@ func (t *Tracker) Members() int {
 		}
 	}
 	return n
+}
+
+// Withdrawn returns the hosts whose agents withdrew their leases, sorted:
+// unprotected (no fencing) and never declared until they renew again.
+func (t *Tracker) Withdrawn() []string {
+	var out []string
+	for _, name := range t.Hosts() {
+		if h := t.hosts[name]; !h.deleted && h.rec.State == fencing.LeaseWithdrawn {
+			out = append(out, name)
+		}
+	}
+	return out
 }
 
 // Hosts returns the tracked hosts, sorted.
@@ -327,6 +370,11 @@ func (t *Tracker) counted(h *hostState, now time.Time) bool {
 	switch h.rec.State {
 	case fencing.LeaseExpired:
 		return !h.declaredAt.IsZero() && now.Sub(h.declaredAt) <= w
+	case fencing.LeaseWithdrawn:
+		// A withdrawn agent confirms nothing to its peers (it answers
+		// lease-lapsed), so it cannot be part of anyone's hold; counting
+		// it would let a stopped host hold the controller for good.
+		return false
 	default:
 		if h.silentAft > 0 && now.Sub(h.lastSeen) > h.silentAft {
 			return true
@@ -364,8 +412,8 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 	}
 	for _, name := range t.Hosts() {
 		h := t.hosts[name]
-		if h.deleted || h.rec.State != fencing.LeaseActive && h.rec.State != fencing.LeaseReleased {
-			continue
+		if h.deleted || h.rec.State != fencing.LeaseActive && h.rec.State != fencing.LeaseReleased && !(withdrawnDeclarable && h.rec.State == fencing.LeaseWithdrawn) {
+			continue // expired, withdrawn (never declared), or deleted
 		}
 		if h.rec.State == fencing.LeaseReleased {
 			continue // the agent takes the lease again; nothing to declare

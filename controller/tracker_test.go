@@ -16,8 +16,16 @@ func rec(host string, backstop fencing.Backstop) *fencing.LeaseRecord {
 		Action: fencing.ActionPause, Backstop: backstop, Timing: fencing.DefaultTiming()}
 }
 
-func TestGraceAtDefaults(t *testing.T) {
+// resetConfig is DefaultConfig accepting the agent-dependent reset
+// backstop (most tests here are about timing, not backstops).
+func resetConfig() Config {
 	c := DefaultConfig()
+	c.AcceptAgentDependentBackstop = true
+	return c
+}
+
+func TestGraceAtDefaults(t *testing.T) {
+	c := resetConfig()
 	for _, tc := range []struct {
 		b    fencing.Backstop
 		want time.Duration
@@ -40,9 +48,11 @@ func TestGraceRefusals(t *testing.T) {
 		"disabled":    func(r *fencing.LeaseRecord) { r.FencingEnabled = false },
 		"monitor":     func(r *fencing.LeaseRecord) { r.Action = fencing.ActionNone },
 		"no backstop": func(r *fencing.LeaseRecord) { r.Backstop = fencing.BackstopNone },
-		"drift":       func(r *fencing.LeaseRecord) { r.Timing.MaxClockDrift = 0.08 },
-		"ttl":         func(r *fencing.LeaseRecord) { r.Timing.LeaseTTL = 9 * time.Second },
-		"grace":       func(r *fencing.LeaseRecord) { r.Timing.WatchdogTimeout = 10 * time.Minute },
+		// Issue 10 item 2: a reset needs a live agent; refused by default.
+		"reset only": func(r *fencing.LeaseRecord) { r.Backstop = fencing.BackstopReset },
+		"drift":      func(r *fencing.LeaseRecord) { r.Timing.MaxClockDrift = 0.08 },
+		"ttl":        func(r *fencing.LeaseRecord) { r.Timing.LeaseTTL = 9 * time.Second },
+		"grace":      func(r *fencing.LeaseRecord) { r.Timing.WatchdogTimeout = 10 * time.Minute },
 	} {
 		r := rec("h", fencing.BackstopWatchdog)
 		mut(r)
@@ -53,7 +63,7 @@ func TestGraceRefusals(t *testing.T) {
 }
 
 func newTracker(t *testing.T, n int) *Tracker {
-	tr, err := NewTracker(DefaultConfig())
+	tr, err := NewTracker(resetConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +87,7 @@ func ops(ds []Decision) string {
 // that revision with the next epoch.
 func TestDeclareAfterTTLPlusGrace(t *testing.T) {
 	tr := newTracker(t, 50)
-	grace, _ := DefaultConfig().Grace(*rec("h", fencing.BackstopReset))
+	grace, _ := resetConfig().Grace(*rec("h", fencing.BackstopReset))
 	var rev uint64 = 1
 	var declared time.Time
 	for now := t0; now.Before(t0.Add(time.Minute)); now = now.Add(100 * time.Millisecond) {

@@ -83,6 +83,15 @@ type Agent struct {
 	declRev      uint64
 	selfDeclSeqs map[uint64]bool
 
+	// Orderly stop (Stop): no renewal or peer round starts any more; the
+	// withdrawal (seq withdrawSeq, deadline withdrawDL) is in flight until
+	// it lands (Withdrawn) or fails (the agent fences).
+	stopping      bool
+	stopReason    string
+	withdrawSeq   uint64
+	withdrawDL    time.Time
+	withdrawTries int
+
 	r Ready
 }
 
@@ -130,11 +139,20 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 			clear(a.paused)
 		}
 	}
+	// The previous process withdrew (orderly stop): the key holds a
+	// withdrawn record (or NATS cannot tell, and the durable state says the
+	// withdrawal landed). The controller declares nothing until it sees a
+	// renewal of this process, so the lease age starts afresh below
+	// (unless the host is fenced: it carries on fenced).
+	fromWithdrawn := d != nil && d.Host == cfg.Host && d.Withdrawn && cur == nil
 	if cur != nil && cur.Host == cfg.Host {
 		if cur.State != LeaseExpired {
 			a.rev = rev // never the revision of a declaration (see conflict)
 		}
 		switch cur.State {
+		case LeaseWithdrawn:
+			fromWithdrawn = cur.Epoch >= a.epoch
+			a.epoch = max(a.epoch, cur.Epoch)
 		case LeaseExpired:
 			if cur.Epoch >= a.epoch {
 				a.declared, a.released = true, false
@@ -148,6 +166,10 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 		default:
 			a.epoch = max(a.epoch, cur.Epoch)
 		}
+	}
+	if fromWithdrawn && a.state == StateStarting && !a.declared && !Mutations.RestartKeepsWithdrawnAge {
+		a.lease = false
+		reason = ReasonStartedFromWithdrawn
 	}
 	if !a.lease {
 		// No lease known in this boot: act as if the last acknowledged
@@ -211,12 +233,17 @@ type PeerView struct {
 	LastAck  time.Time
 	Declared bool
 	Held     bool
-	Timing   Timing
+	// Withdrawn: the agent withdrew (or is stopping): it renews nothing,
+	// and its "cannot renew" must not count toward a hold (the controller
+	// does not count a withdrawn host).
+	Withdrawn bool
+	Timing    Timing
 }
 
 // PeerView returns the current snapshot.
 func (a *Agent) PeerView() PeerView {
-	return PeerView{Lease: a.lease, LastAck: a.lastAck, Declared: a.declared, Held: a.state == StateHeld, Timing: a.cfg.Timing}
+	return PeerView{Lease: a.lease, LastAck: a.lastAck, Declared: a.declared, Held: a.state == StateHeld && !a.stopping,
+		Withdrawn: a.stopping, Timing: a.cfg.Timing}
 }
 
 // Status evaluates the snapshot at now.
@@ -224,9 +251,9 @@ func (v PeerView) Status(now time.Time) PeerStatus {
 	age := now.Sub(v.LastAck)
 	return PeerStatus{
 		Declared: v.Declared,
-		CanRenew: !v.Declared && v.Lease && age < v.Timing.SuspectAfter(),
+		CanRenew: !v.Declared && v.Lease && age < v.Timing.SuspectAfter() && !v.Withdrawn,
 		Held:     !v.Declared && v.Held,
-		Lapsed:   !v.Lease || age >= v.Timing.ConfirmableAge(),
+		Lapsed:   !v.Lease || age >= v.Timing.ConfirmableAge() || v.Withdrawn,
 	}
 }
 
@@ -234,12 +261,34 @@ func (v PeerView) Status(now time.Time) PeerStatus {
 // only while the lease is held, the fence is complete, or a mass-failure
 // hold is freshly confirmed. The caller feeds it from the loop that drives
 // this Agent, never from a separate ticker.
+//
+// Against a dead (crashed, hung, killed) agent: feeding stops with the
+// process, and while it ran it fed only (a) while the lease was held,
+// i.e. before L + lease_ttl (L: the send time of the last landed
+// renewal), (b) with every domain fenced, or (c) while a hold was
+// confirmed (the controller holds too). So the watchdog resets the host
+// no later than L + lease_ttl + watchdog_timeout on the agent's clock in
+// case (a), which the controller's grace covers. A restarted agent may
+// feed (and arm) only when this says so: arming feeds the device, so an
+// agent that armed unconditionally at every start would keep a
+// crash-looping host with a lapsed lease alive.
 func (a *Agent) FeedWatchdog(now time.Time) bool {
 	switch a.state {
-	case StateFenced, StateAwaitingRelease, StateRejoining:
+	case StateWithdrawn:
 		return true
+	case StateFenced, StateAwaitingRelease, StateRejoining:
+		// Fenced, as far as this process knows: only once it listed the
+		// domains (a restart carries "fenced" over from the durable state,
+		// and a crash mid-fence leaves domains running; the listing
+		// fences them again, or libvirt does not answer and the watchdog
+		// must not be fed on the strength of the file alone).
+		return a.inventoryKnown || Mutations.FencedFeedsUnlisted
 	case StateHeld:
 		return now.Before(a.heldUntil)
+	case StateFencing:
+		if a.escalated {
+			return false // the fence missed its deadline: let the watchdog reset
+		}
 	}
 	return a.LeaseHeld(now)
 }
@@ -267,6 +316,7 @@ func (a *Agent) Durable() Durable {
 		Held:     a.state == StateHeld,
 		Declared: a.declared, Released: a.released,
 		Paused: sortedKeys(a.paused), Reason: a.reason,
+		Withdrawn: a.state == StateWithdrawn,
 	}
 }
 
@@ -309,6 +359,9 @@ func (a *Agent) NextDeadline() time.Time {
 		upd(a.round.deadline)
 		upd(a.round.nextRetry)
 	}
+	if a.withdrawSeq != 0 {
+		upd(a.withdrawDL)
+	}
 	return t
 }
 
@@ -322,6 +375,11 @@ func (a *Agent) Tick(now time.Time) Ready {
 func (a *Agent) Renewed(now time.Time, seq uint64, res RenewResult) Ready {
 	if seq == a.inflight {
 		a.inflight = 0
+	}
+	if seq != 0 && seq == a.withdrawSeq {
+		a.withdrawResult(now, res)
+		a.step(now)
+		return a.take()
 	}
 	a.renewResult(now, seq, res)
 	a.step(now)
@@ -423,7 +481,7 @@ func (a *Agent) FenceDone(now time.Time, uuid string, err error) Ready {
 // Reconciled reports that the rejoin reconciliation id ran; drop lists
 // domains that must not be resumed (moved or rebuilt elsewhere).
 func (a *Agent) Reconciled(now time.Time, id uint64, drop []string) Ready {
-	if a.state != StateRejoining || id != a.reconcileID || !a.LeaseHeld(now) {
+	if a.state != StateRejoining || id != a.reconcileID || !a.LeaseHeld(now) || a.stopping {
 		a.step(now)
 		return a.take()
 	}
@@ -483,6 +541,13 @@ func (a *Agent) record(seq uint64) LeaseRecord {
 	}
 }
 
+// withdrawal returns the withdrawn record of seq.
+func (a *Agent) withdrawal(seq uint64) LeaseRecord {
+	r := a.record(seq)
+	r.State, r.Reason = LeaseWithdrawn, a.stopReason
+	return r
+}
+
 func (a *Agent) newRenewal(now time.Time) RenewRequest {
 	a.seq++
 	a.sent[a.seq] = now
@@ -510,8 +575,13 @@ func (a *Agent) step(now time.Time) {
 	// interval even if one is outstanding (same expected revision: at most
 	// one lands, a conflict shows which), so that a healed link is noticed
 	// within about a second.
+	if a.withdrawSeq != 0 && !now.Before(a.withdrawDL) {
+		// The withdrawal's outcome is unknown: it may land later (then
+		// the controller never declares), or not (then it may): fence.
+		a.withdrawFailed(now, "timed out (outcome unknown)")
+	}
 	doubt := a.state != StateHealthy && a.state != StateStarting && a.state != StateRejoining
-	if (a.inflight == 0 || doubt) && !now.Before(a.nextRenew) {
+	if (a.inflight == 0 || doubt) && !now.Before(a.nextRenew) && !a.stopping {
 		var req RenewRequest
 		if a.selfDecl {
 			req = a.selfDeclaration(now)
@@ -531,7 +601,9 @@ func (a *Agent) step(now time.Time) {
 		if age >= t.SuspectAfter() {
 			a.isolation = ""
 			a.setState(now, StateAskingPeers, ReasonNoRenewalForSuspectAfter, fmt.Sprintf("last acknowledged renewal %s ago", age))
-			a.startRound(now)
+			if !a.stopping {
+				a.startRound(now)
+			}
 		}
 	case StateAskingPeers:
 		if a.round != nil && !now.Before(a.round.deadline) {
@@ -547,7 +619,7 @@ func (a *Agent) step(now time.Time) {
 				a.startFence(now, ReasonIsolatedAtFenceDeadline)
 			}
 		}
-		if a.state == StateAskingPeers && a.round == nil && !now.Before(a.nextRound) {
+		if a.state == StateAskingPeers && a.round == nil && !now.Before(a.nextRound) && !a.stopping {
 			a.startRound(now)
 		}
 	case StateHeld:
@@ -558,7 +630,7 @@ func (a *Agent) step(now time.Time) {
 		if a.state == StateHeld && a.round == nil && !now.Before(a.heldUntil) {
 			a.startFence(now, ReasonIsolatedBecauseHoldNoLongerConfirmed)
 		}
-		if a.state == StateHeld && a.round == nil && !now.Before(a.nextHeld) && !now.Before(a.nextRound) {
+		if a.state == StateHeld && a.round == nil && !now.Before(a.nextHeld) && !now.Before(a.nextRound) && !a.stopping {
 			a.startRound(now)
 		}
 	case StateFencing:
@@ -573,6 +645,120 @@ func (a *Agent) step(now time.Time) {
 			a.setState(now, StateFenced, ReasonLeaseLostWhileRejoining, "")
 		}
 	}
+}
+
+// Stop begins an orderly stop (SIGTERM, or a start step that failed and
+// makes the process exit); reason goes into the record ("orderly-stop",
+// "start-failed: ..."). From now on no renewal or peer round starts. A
+// host holding its lease (starting, healthy, suspect, asking, held)
+// writes a withdrawn record by CAS on the revision of its last landed
+// record; the controller never declares it once that landed (the CAS of
+// a declaration on an older revision fails: the linearization point).
+// If the withdrawal is not confirmed (NATS unreachable, timeout = unknown
+// outcome, a conflict with anything but our own renewal), the agent
+// fences before leaving, with the fence deadline counted from then. A
+// host already fencing finishes its fence; a fenced, rejoining or
+// declared host stays as it is (its domains are paused; a declaration is
+// safe). The caller waits until StopOutcome is not StopPending, then
+// disarms the watchdog only for StopWithdrawn and StopFenced.
+func (a *Agent) Stop(now time.Time, reason string) Ready {
+	if a.stopping {
+		a.step(now)
+		return a.take()
+	}
+	a.stopping, a.stopReason = true, reason
+	a.round = nil
+	switch a.state {
+	case StateStarting, StateHealthy, StateSuspect, StateAskingPeers, StateHeld:
+		if Mutations.StopWithoutWithdrawal {
+			a.setState(now, StateWithdrawn, ReasonWithdrawn, reason+" (mutation: nothing written)")
+			break
+		}
+		a.sendWithdrawal(now)
+	}
+	a.step(now)
+	return a.take()
+}
+
+// Stopping reports whether Stop was called.
+func (a *Agent) Stopping() bool { return a.stopping }
+
+// StopOutcome reports how the stop ended (StopPending while it runs).
+func (a *Agent) StopOutcome() StopOutcome {
+	if !a.stopping {
+		return StopPending
+	}
+	switch a.state {
+	case StateWithdrawn:
+		return StopWithdrawn
+	case StateFenced, StateAwaitingRelease, StateRejoining:
+		if !a.inventoryKnown {
+			return StopUnfenced // restarted fenced, never listed: not verified
+		}
+		return StopFenced
+	case StateFencing:
+		if a.escalated {
+			return StopUnfenced
+		}
+	}
+	return StopPending
+}
+
+// maxWithdrawTries bounds the withdrawals sent at stop: one, and one more
+// after a conflict with a renewal of ours that landed meanwhile.
+const maxWithdrawTries = 2
+
+func (a *Agent) sendWithdrawal(now time.Time) {
+	a.withdrawTries++
+	a.seq++
+	a.withdrawSeq = a.seq
+	a.withdrawDL = now.Add(a.cfg.Timing.RenewTimeout)
+	a.r.Renew = &RenewRequest{Seq: a.seq, Revision: a.rev, Record: a.withdrawal(a.seq)}
+}
+
+// withdrawResult: the outcome of the withdrawal.
+func (a *Agent) withdrawResult(now time.Time, res RenewResult) {
+	a.withdrawSeq = 0
+	switch res.Outcome {
+	case RenewAcked:
+		a.rev = max(a.rev, res.Revision)
+		a.round = nil
+		a.setState(now, StateWithdrawn, ReasonWithdrawn, a.stopReason)
+		return
+	case RenewConflict:
+		cur := res.Current
+		if cur != nil && cur.Host == a.cfg.Host && cur.State == LeaseActive && cur.BootID == a.cfg.BootID &&
+			cur.Epoch == a.epoch && cur.Incarnation == a.incarnation && a.withdrawTries < maxWithdrawTries {
+			if _, ours := a.sent[cur.Seq]; ours || cur.Seq <= a.landedSeq {
+				// A renewal of ours landed meanwhile: withdraw on it.
+				a.landed(now, cur.Seq, res.Revision, ReasonRenewed)
+				a.rev = max(a.rev, res.Revision)
+				a.sendWithdrawal(now)
+				return
+			}
+		}
+		if cur != nil && cur.Host == a.cfg.Host && cur.State == LeaseExpired && cur.Epoch >= a.epoch {
+			a.conflict(now, 0, res) // declared: fence, never overwrite it
+			return
+		}
+		a.withdrawFailed(now, fmt.Sprintf("conflict at revision %d", res.Revision))
+	case RenewTimedOut:
+		a.withdrawFailed(now, "timed out (outcome unknown)")
+	default:
+		a.withdrawFailed(now, "failed")
+	}
+}
+
+// withdrawFailed: the withdrawal cannot be confirmed: fence before leaving.
+func (a *Agent) withdrawFailed(now time.Time, why string) {
+	a.withdrawSeq = 0
+	a.r.Alerts = append(a.r.Alerts, Alert{Reason: ReasonWithdrawalNotConfirmed,
+		Detail: "withdrawal at stop " + why + ": fencing before leaving (" + a.stopReason + ")"})
+	switch a.state {
+	case StateFencing, StateFenced, StateAwaitingRelease, StateRejoining, StateWithdrawn:
+		return
+	}
+	a.startFence(now, ReasonWithdrawalNotConfirmed)
 }
 
 func (a *Agent) renewFailed(now time.Time, reason Reason) {
@@ -616,7 +802,7 @@ func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
 	if a.declared {
 		// A landed renewal after a declaration can only be one written on
 		// the released record.
-		if !a.released {
+		if !a.released || a.stopping {
 			return
 		}
 		a.declared, a.released = false, false
@@ -639,6 +825,9 @@ func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
 		// state; the next renewal (sent at once) decides.
 		a.nextRenew = now
 		return
+	}
+	if a.stopping {
+		return // the lease age moved; nothing rejoins or resumes on a stop
 	}
 	switch a.state {
 	case StateStarting, StateSuspect, StateAskingPeers, StateHeld:
@@ -719,6 +908,19 @@ func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 		default:
 			a.startFence(now, reason)
 		}
+	case LeaseWithdrawn:
+		// A withdrawal of an earlier process of ours that landed late (its
+		// stop timed out and fenced): take the lease back from it (the
+		// controller declares nothing while it stands).
+		if cur.Epoch < a.epoch || a.stopping {
+			a.renewFailed(now, ReasonRenewFailed)
+			return
+		}
+		if res.Revision > a.rev {
+			a.rev = res.Revision
+			a.nextRenew = now
+		}
+		a.renewFailed(now, ReasonRenewFailed)
 	case LeaseReleased:
 		if cur.Epoch < a.epoch {
 			a.renewFailed(now, ReasonRenewFailed)
@@ -912,7 +1114,10 @@ func (a *Agent) startFence(now time.Time, reason Reason) {
 	a.held = false
 	a.fenceStart = now
 	a.fenceDL = now.Add(a.cfg.Timing.FenceDeadline)
-	if exp := a.LeaseExpiry(); a.lease && exp.After(a.fenceDL) {
+	if exp := a.LeaseExpiry(); a.lease && exp.After(a.fenceDL) && !a.stopping {
+		// On a stop the process leaves: escalate at the fence deadline,
+		// not at the lease expiry, so that a reset (if allowed) comes
+		// before it goes.
 		a.fenceDL = exp
 	}
 	a.escalated = false
@@ -984,7 +1189,7 @@ func (a *Agent) fenceComplete(now time.Time) {
 		a.setState(now, StateAwaitingRelease, ReasonFenceComplete, fmt.Sprintf("fenced in %s; declared expired", now.Sub(a.fenceStart)))
 	default:
 		a.setState(now, StateFenced, ReasonFenceComplete, fmt.Sprintf("fenced in %s", now.Sub(a.fenceStart)))
-		if a.LeaseHeld(now) && now.Sub(a.lastAck) < a.cfg.Timing.SuspectAfter() && a.lastAck.After(a.fenceStart) {
+		if a.LeaseHeld(now) && now.Sub(a.lastAck) < a.cfg.Timing.SuspectAfter() && a.lastAck.After(a.fenceStart) && !a.stopping {
 			a.startRejoin(now, ReasonRenewedAfterFence)
 		}
 	}

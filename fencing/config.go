@@ -110,13 +110,20 @@ const (
 // complete in time or the agent itself is wedged.
 type Backstop string
 
-// Backstops, as advertised in the lease record.
+// Backstops, as advertised in the lease record: the SLOWEST path that
+// stops the domains when the agent does not (Config.Backstop).
 const (
 	// BackstopReset: the agent escalates to a host reset at the fence
-	// deadline (Config.AllowReset).
+	// deadline (Config.AllowReset, or action reset-host) and no hardware
+	// watchdog is armed. It needs a LIVE agent: a crashed, hung or
+	// OOM-killed agent resets nothing, so the controller refuses such a
+	// host unless its operator accepts that risk explicitly.
 	BackstopReset Backstop = "reset"
 	// BackstopWatchdog: the hardware watchdog is armed and stops being fed;
-	// the host resets within WatchdogTimeout.
+	// the host resets within WatchdogTimeout, whatever the agent process
+	// does. Advertised whenever the watchdog is armed, reset allowed or not:
+	// a dead agent is reset by the watchdog only, and that is the slowest
+	// path.
 	BackstopWatchdog Backstop = "watchdog"
 	// BackstopNone: nothing stops a fence that did not complete. The
 	// controller declares such a host only if it is configured to accept it.
@@ -230,6 +237,28 @@ func (g Guard) Valid() bool {
 	return g.Members > 0 && g.Count >= 0 && g.Share >= 0 && g.Window > 0
 }
 
+// Mutations switch individual safety fixes OFF, for the simulation's
+// mutation checks (controller/sim_test.go) only: each switch must make a
+// safety property fail there, which shows that the property guards the
+// fix. Production code never sets them.
+var Mutations struct {
+	// LegacyBackstop: advertise reset over an armed watchdog when reset
+	// is allowed (the grace then misses a dead agent's watchdog reset).
+	LegacyBackstop bool
+	// StopWithoutWithdrawal: Stop reports the host withdrawn without
+	// writing anything (the old orderly stop: watchdog magic-closed, the
+	// lease left to lapse into a declaration).
+	StopWithoutWithdrawal bool
+	// RestartKeepsWithdrawnAge: a start from a withdrawn record keeps the
+	// lease age of the durable state (the process that withdrew), so an
+	// upgrade that took longer than fence_by fences at once.
+	RestartKeepsWithdrawnAge bool
+	// FencedFeedsUnlisted: a restart carrying "fenced" over from the
+	// durable state feeds the watchdog before it listed (and re-fenced)
+	// the domains.
+	FencedFeedsUnlisted bool
+}
+
 // Config configures an Agent. Start from DefaultConfig.
 type Config struct {
 	// Host is this node's name; BootID identifies this boot of the host
@@ -266,10 +295,14 @@ func DefaultConfig(host, bootID string) Config {
 	}
 }
 
-// Backstop returns what stops this host's domains when a fence did not
-// complete: a reset if allowed, else the hardware watchdog if armed.
+// Backstop returns what stops this host's domains when the agent does not,
+// the slowest of the paths configured: the hardware watchdog if armed
+// (it alone works without the agent process; a live agent may reset
+// sooner), else a reset if allowed (needs a live agent), else none.
 func (c Config) Backstop() Backstop {
 	switch {
+	case c.HardwareWatchdog && !Mutations.LegacyBackstop:
+		return BackstopWatchdog
 	case c.Action == ActionResetHost || c.AllowReset:
 		return BackstopReset
 	case c.HardwareWatchdog:

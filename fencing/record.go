@@ -32,6 +32,12 @@ const (
 	// LeaseReleased: written by the controller or `hvguard unfence` (CAS,
 	// same epoch as the declaration): the agent may take the lease again.
 	LeaseReleased LeaseState = "released"
+	// LeaseWithdrawn: written only by the agent for itself on an orderly
+	// stop (or a failed start), by CAS on the revision of its last landed
+	// record, same epoch, with Reason. The controller never declares a
+	// withdrawn host (it alerts: unprotected, not recovered); the agent
+	// takes the lease back from it on its next start (a renewal by CAS).
+	LeaseWithdrawn LeaseState = "withdrawn"
 )
 
 // LeaseRecord is the value of a host's key in the lease bucket.
@@ -55,7 +61,8 @@ type LeaseRecord struct {
 	Timing         Timing   `json:"timing"`
 	// AgentState is the agent's fencing state when it wrote the record.
 	AgentState State `json:"agent_state,omitempty"`
-	// Reason says why the controller wrote an expired or released record.
+	// Reason says why the controller wrote an expired or released record,
+	// or why the agent withdrew.
 	Reason string `json:"reason,omitempty"`
 }
 
@@ -82,7 +89,7 @@ func DecodeRecord(b []byte) (LeaseRecord, error) {
 		return r, errors.New("decode lease record: no host")
 	}
 	switch r.State {
-	case LeaseActive, LeaseExpired, LeaseReleased:
+	case LeaseActive, LeaseExpired, LeaseReleased, LeaseWithdrawn:
 	default:
 		return r, fmt.Errorf("decode lease record: state %q", r.State)
 	}

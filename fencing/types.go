@@ -38,6 +38,10 @@ const (
 	// stays fenced until an explicit release (controller or `hvguard
 	// unfence`).
 	StateAwaitingRelease State = "awaiting-release"
+	// StateWithdrawn: the agent stopped in order and its withdrawn record
+	// landed: the controller will not declare the host, nothing renews
+	// any more, the process may leave (and disarm the watchdog).
+	StateWithdrawn State = "withdrawn"
 )
 
 // Reason says why a transition happened (published with it).
@@ -75,6 +79,10 @@ const (
 	ReasonLeaseKeyDeletedRecreated    Reason = "LeaseKeyDeletedRecreated"
 	ReasonLeaseKeyDeletedWhileFenced  Reason = "LeaseKeyDeletedWhileFencedOrLapsed"
 	ReasonSelfDeclaredAfterKeyDeleted Reason = "SelfDeclaredAfterKeyDeleted"
+	ReasonWithdrawn                   Reason = "WithdrawnOnStop"
+	ReasonWithdrawalNotConfirmed      Reason = "FencedOnStopWithdrawalNotConfirmed"
+	ReasonStartedFromWithdrawn        Reason = "StartedFromWithdrawnLease"
+	ReasonWatchdogNotArmedLeaseLapsed Reason = "WatchdogNotFedAtStartLeaseLapsed"
 )
 
 // Transition is one fence-state transition, to be published.
@@ -296,4 +304,38 @@ type Durable struct {
 	// are ever resumed.
 	Paused []string `json:"paused"`
 	Reason Reason   `json:"reason"`
+	// Withdrawn: the agent's withdrawn record landed (orderly stop); the
+	// next start, finding the key withdrawn (or NATS unreachable), starts
+	// with a fresh lease age: the controller declares nothing until it has
+	// seen a renewal of the new process.
+	Withdrawn bool `json:"withdrawn,omitempty"`
+}
+
+// StopOutcome is how an orderly stop (Agent.Stop) ended.
+type StopOutcome int
+
+// Stop outcomes.
+const (
+	// StopPending: not stopping, or the stop is still in progress.
+	StopPending StopOutcome = iota
+	// StopWithdrawn: the withdrawn record landed: the controller will not
+	// declare the host; the watchdog may be disarmed.
+	StopWithdrawn
+	// StopFenced: the host is fenced (every domain paused/destroyed, or a
+	// monitor-only host would be); the controller may declare it, which
+	// is safe; the watchdog may be disarmed.
+	StopFenced
+	// StopUnfenced: the fence did not complete by its deadline (escalated:
+	// a reset was requested if allowed): the watchdog must be left armed
+	// and unfed.
+	StopUnfenced
+)
+
+var stopNames = [...]string{"pending", "withdrawn", "fenced", "unfenced"}
+
+func (o StopOutcome) String() string {
+	if int(o) < len(stopNames) {
+		return stopNames[o]
+	}
+	return fmt.Sprintf("stop(%d)", int(o))
 }

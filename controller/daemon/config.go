@@ -72,6 +72,10 @@ type TrackerConfig struct {
 	MaxHostDrift     float64  `yaml:"max_host_drift"`
 	MaxGrace         Duration `yaml:"max_grace"`
 	AcceptNoBackstop bool     `yaml:"accept_no_backstop"`
+	// AcceptAgentDependentBackstop declares hosts whose only backstop is
+	// a reset by their agent (allow_reset without a watchdog): a crashed
+	// or hung agent there fences nothing (controller.Config).
+	AcceptAgentDependentBackstop bool `yaml:"accept_agent_dependent_backstop"`
 }
 
 // MetricsConfig is the HTTP endpoint: /metrics (Prometheus), /healthz and
@@ -108,7 +112,7 @@ func DefaultConfig() Config {
 			WriteTimeout: Duration(lc.WriteTimeout), ActMargin: Duration(lc.ActMargin)},
 		Guard: GuardConfig{Count: tc.GuardCount, Share: tc.GuardShare, Window: Duration(tc.GuardWindow)},
 		Tracker: TrackerConfig{Drift: tc.Drift, MaxHostDrift: tc.MaxHostDrift, MaxGrace: Duration(tc.MaxGrace),
-			AcceptNoBackstop: tc.AcceptNoBackstop},
+			AcceptNoBackstop: tc.AcceptNoBackstop, AcceptAgentDependentBackstop: tc.AcceptAgentDependentBackstop},
 		OpenStack: daemonkit.DefaultOpenStack(),
 		Metrics:   MetricsConfig{Listen: DefaultListen},
 	}
@@ -210,7 +214,7 @@ func (c *Config) LeaderCore() controller.LeaderConfig {
 func (c *Config) TrackerCore() controller.Config {
 	return controller.Config{GuardCount: c.Guard.Count, GuardShare: c.Guard.Share, GuardWindow: c.Guard.Window.D(),
 		Drift: c.Tracker.Drift, MaxHostDrift: c.Tracker.MaxHostDrift, MaxGrace: c.Tracker.MaxGrace.D(),
-		AcceptNoBackstop: c.Tracker.AcceptNoBackstop}
+		AcceptNoBackstop: c.Tracker.AcceptNoBackstop, AcceptAgentDependentBackstop: c.Tracker.AcceptAgentDependentBackstop}
 }
 
 // NewLogger builds the controller's structured logger.

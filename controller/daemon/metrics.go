@@ -101,7 +101,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	g(descHolding, b2f(v.Holding))
 	g(descSilent, float64(v.Silent))
-	by := map[fencing.LeaseState]int{fencing.LeaseActive: 0, fencing.LeaseExpired: 0, fencing.LeaseReleased: 0}
+	by := map[fencing.LeaseState]int{fencing.LeaseActive: 0, fencing.LeaseExpired: 0, fencing.LeaseReleased: 0, fencing.LeaseWithdrawn: 0}
 	refused := 0
 	for _, h := range v.Hosts {
 		by[h.State]++

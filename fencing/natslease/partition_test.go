@@ -112,7 +112,11 @@ func (r *rig) run(ctx context.Context, hooks func(elapsed time.Duration)) {
 		}
 	}
 	renewOthers()
-	tr, err := controller.NewTracker(controller.DefaultConfig())
+	// The agent's backstop is reset (a recorder here, no watchdog): the
+	// controller must accept that agent-dependent backstop explicitly.
+	ccfg := controller.DefaultConfig()
+	ccfg.AcceptAgentDependentBackstop = true
+	tr, err := controller.NewTracker(ccfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -154,7 +154,11 @@ func newFenceRig(t *testing.T, fast bool, nDomains int) *fenceRig {
 	t.Cleanup(cancel)
 	go r.renewOthers(ctx, cfg.Fence.Core("x", "b").Timing)
 
-	tr, err := controller.NewTracker(controller.DefaultConfig())
+	// The agent's backstop is reset (a recorder here, no watchdog): the
+	// controller must accept that agent-dependent backstop explicitly.
+	ccfg := controller.DefaultConfig()
+	ccfg.AcceptAgentDependentBackstop = true
+	tr, err := controller.NewTracker(ccfg)
 	if err != nil {
 		t.Fatal(err)
 	}

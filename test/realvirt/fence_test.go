@@ -139,7 +139,11 @@ func TestFenceQEMUGuestsPauseAndResume(t *testing.T) {
 			time.Sleep(150 * time.Millisecond)
 		}
 	}()
-	tr, err := controller.NewTracker(controller.DefaultConfig())
+	// The agent's backstop is reset (a recorder here, no watchdog): the
+	// controller must accept that agent-dependent backstop explicitly.
+	ccfg := controller.DefaultConfig()
+	ccfg.AcceptAgentDependentBackstop = true
+	tr, err := controller.NewTracker(ccfg)
 	if err != nil {
 		t.Fatal(err)
 	}
