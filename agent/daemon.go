@@ -79,17 +79,67 @@ type Daemon struct {
 	loop   *Loop
 	fence  *fencer     // nil unless fence.enabled
 	rec    *reconciler // nil unless reconcile.enabled
+	// fenceStopped: the stop path ran; ready: READY was sent.
+	fenceStopped, ready bool
 }
 
 // Run starts the agent and blocks until ctx is cancelled (SIGTERM), then
-// shuts down gracefully: the loop stops, the outbox is flushed to NATS within
-// shutdown_timeout, and connections are closed. What could not be sent stays
-// in the outbox and is sent at the next start.
+// shuts down gracefully: with fencing on, the lease is withdrawn first (or
+// the host fenced: docs/fencing.md, orderly stop), then the loop stops, the
+// outbox is flushed to NATS within shutdown_timeout, and connections are
+// closed. What could not be sent stays in the outbox and is sent at the
+// next start.
+//
+// Start order: the lease and fence part comes before anything that can
+// block or fail for long — NATS is dialled (never waited for), fencing
+// starts (durable state, lease record, watchdog, the fencing loop), and
+// only then the outbox is opened (a corrupt state.json fails here), libvirt
+// connected (retried until it answers), the start reconciliation run (up to
+// reconcile.timeout) and NATS waited for. A start step that fails after
+// fencing started takes the same stop path (withdrawal "start-failed: …",
+// or a fence).
 func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
 	d := &Daemon{cfg: cfg, log: log, opts: opts, notify: NewNotifier(log)}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
+	d.notify.Status("connecting to NATS")
+	if err := d.dialNATS(); err != nil {
+		return err
+	}
+	defer d.nc.Close()
+
+	// Fencing first. Libvirt and the reconciliation hook are plugged in
+	// once they exist: until then a fence cannot complete (it escalates)
+	// and a rejoin waits (the host stays fenced).
+	fenceHVLate := &lateHV{}
+	var recLate *lateReconciler
+	fenceDone := make(chan struct{})
+	close(fenceDone)
+	if cfg.Fence.Enabled {
+		d.notify.Status("starting fencing")
+		fopts := opts
+		if cfg.Reconcile.Enabled && opts.Reconciler == nil {
+			recLate = &lateReconciler{}
+			fopts.Reconciler = recLate
+		}
+		if d.fence, err = newFencer(ctx, cfg, log, fenceHVLate, d.nc, fopts); err != nil {
+			return fmt.Errorf("fencing: %w", err)
+		}
+		// The fencing loop stops last, after the stop path, the event loop
+		// and the flush: fencing must outlive everything else in the
+		// process.
+		fenceCtx, stopFence := context.WithCancel(context.Background())
+		fenceDone = make(chan struct{})
+		go func() { defer close(fenceDone); d.fence.run(fenceCtx) }()
+		defer func() { d.stopFencing(err); stopFence(); <-fenceDone; d.fence.shutdown() }()
+		stopPeers, err := d.fence.servePeers()
+		if err != nil {
+			return err
+		}
+		defer stopPeers()
+	}
+
 	d.notify.Status("opening outbox")
 	ob, err := delivery.OpenOutbox(filepath.Join(cfg.StateDir, "outbox"), delivery.OutboxConfig{
 		Host:      cfg.Host,
@@ -111,6 +161,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		return err
 	}
 	defer d.lv.Close()
+	// Runs before libvirt is closed (defers run last-in first-out): a
+	// fence at stop still reaches libvirt. A no-op once the stop ran.
+	defer func() { d.stopFencing(err) }()
+	fenceHVLate.set(d.lv)
 
 	// One OpenStack client for every feature that asks Nova (nil when
 	// none does): built here, no network; it authenticates on first use.
@@ -130,9 +184,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	}
 	if cfg.Reconcile.Enabled {
 		// Rejoin reconciliation with Nova (issue 4) right after libvirt,
-		// before anything else acts on domains (fencing, the event loop).
-		// Its outcome never stops the start: a failed run is retried with
-		// backoff by d.rec.loop, and fencing keeps a fenced host fenced.
+		// before the event loop acts on domains. Its outcome never stops
+		// the start: a failed run is retried with backoff by d.rec.loop,
+		// and fencing keeps a fenced host fenced (its rejoin hook answers
+		// "not ready" until it is plugged in below).
 		d.notify.Status("reconciling with Nova")
 		if d.rec, err = newReconciler(cfg, log, nova, d.lv, cfg.Reconcile.Mode()); err != nil {
 			return err
@@ -141,13 +196,16 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		if opts.Reconciler == nil {
 			opts.Reconciler, d.opts.Reconciler = d.rec, d.rec
 		}
+		if recLate != nil {
+			recLate.set(d.rec)
+		}
 	}
 
-	d.notify.Status("connecting to NATS")
-	if err := d.connectNATS(); err != nil {
+	if d.pub, err = delivery.NewPublisher(d.nc, d.outbox, delivery.PublisherConfig{
+		CreateStream: d.cfg.NATS.CreateStream,
+	}, d.log); err != nil {
 		return err
 	}
-	defer d.nc.Close()
 
 	if d.rec != nil {
 		// Periodic runs and event publication; stopped before NATS and
@@ -162,26 +220,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if opts.WrapHypervisor != nil {
 		hv = opts.WrapHypervisor(hv)
 	}
-	fenceCtx, stopFence := context.WithCancel(context.Background())
-	defer stopFence()
-	fenceDone := make(chan struct{})
-	close(fenceDone)
-	if cfg.Fence.Enabled {
-		d.notify.Status("starting fencing")
-		if d.fence, err = newFencer(ctx, cfg, log, d.lv, d.nc, opts); err != nil {
-			return fmt.Errorf("fencing: %w", err)
-		}
-		stopPeers, err := d.fence.servePeers()
-		if err != nil {
-			d.fence.shutdown()
-			return err
-		}
-		defer stopPeers()
-		// The fencing loop stops after the event loop and the flush
-		// (below): fencing must outlive everything else in the process.
-		fenceDone = make(chan struct{})
-		go func() { defer close(fenceDone); d.fence.run(fenceCtx) }()
-		defer func() { stopFence(); <-fenceDone; d.fence.shutdown() }()
+	if d.fence != nil {
 		hv = fenceHV{Hypervisor: hv, f: d.fence}
 	}
 	var cls *ClassifyConfig
@@ -247,6 +286,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		loopDone = nil
 	}
 	d.notify.Stopping()
+	// The lease first (withdraw, or fence), while the fencing loop, libvirt
+	// and NATS all run: the drain and the flush below may take
+	// shutdown_timeout, and nothing may lapse into a declaration meanwhile.
+	d.stopFencing(result.ErrorOrNil())
 	log.Info("shutting down: flushing outbox", "timeout", cfg.ShutdownTimeout.D())
 	stopLoop()
 	if loopDone != nil {
@@ -297,7 +340,32 @@ func (d *Daemon) dialLibvirt(ctx context.Context) error {
 	}
 }
 
-func (d *Daemon) connectNATS() error {
+// stopFencing takes the stop path of docs/fencing.md once (later calls
+// are no-ops): withdraw the lease with a reason, or fence. cause nil means
+// an orderly stop; otherwise the reason names the error ("start-failed"
+// before READY).
+func (d *Daemon) stopFencing(cause error) {
+	if d.fence == nil || d.fenceStopped {
+		return
+	}
+	d.fenceStopped = true
+	reason := stopReasonOrderly
+	if cause != nil {
+		what := "start-failed: "
+		if d.ready {
+			what = "failed: "
+		}
+		reason = what + cause.Error()
+		if len(reason) > maxStopReason {
+			reason = reason[:maxStopReason]
+		}
+	}
+	d.notify.Status("stopping: withdrawing the lease")
+	o := d.fence.stop(reason)
+	d.log.Info("fencing stopped", "outcome", o.String(), "reason", reason)
+}
+
+func (d *Daemon) dialNATS() error {
 	opts := append(delivery.ConnOptions(d.log), d.cfg.NATS.Options()...)
 	opts = append(opts, nats.Name("hvguard-agent "+d.cfg.Host))
 	nc, err := nats.Connect(d.cfg.NATS.URL(), opts...)
@@ -305,10 +373,7 @@ func (d *Daemon) connectNATS() error {
 		return fmt.Errorf("nats: %w", err)
 	}
 	d.nc = nc
-	d.pub, err = delivery.NewPublisher(nc, d.outbox, delivery.PublisherConfig{
-		CreateStream: d.cfg.NATS.CreateStream,
-	}, d.log)
-	return err
+	return nil
 }
 
 // waitReady sends READY=1 once NATS is connected, or after
@@ -337,6 +402,7 @@ func (d *Daemon) waitReady(ctx context.Context) {
 }
 
 func (d *Daemon) markReady() {
+	d.ready = true
 	if d.opts.Ready != nil {
 		close(d.opts.Ready)
 		d.opts.Ready = nil

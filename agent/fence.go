@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -51,6 +52,11 @@ const (
 	fenceStartTimeout = natsReadTimeout
 	// natsReadTimeout is natslease.ReadTimeout: one read of the bucket.
 	natsReadTimeout = 2 * time.Second
+	// stopSlack is added to the longest stop the core can take (two
+	// withdrawals of renew_timeout, then a fence of fence_deadline) before
+	// the agent gives up waiting for it and leaves the watchdog armed: a
+	// few loop iterations.
+	stopSlack = time.Second
 )
 
 // FenceReconciler is the rejoin reconciliation hook. THIS IS WHERE THE NOVA
@@ -74,6 +80,90 @@ type noReconcile struct{}
 
 func (noReconcile) Reconcile(context.Context, []string) ([]string, error) { return nil, nil }
 func (noReconcile) Unreconciled(context.Context) ([]string, error)        { return nil, nil }
+
+// lateReconciler is the rejoin hook while the real one is not built yet
+// (fencing starts before libvirt and Nova): until set, Reconcile fails, so
+// a fenced host stays fenced and the hook is run again (every 2 s).
+type lateReconciler struct {
+	r atomic.Pointer[FenceReconciler]
+}
+
+var errReconcilerNotReady = errors.New("reconciliation not ready yet (the agent is starting)")
+
+func (l *lateReconciler) set(r FenceReconciler) { l.r.Store(&r) }
+
+func (l *lateReconciler) Reconcile(ctx context.Context, paused []string) ([]string, error) {
+	if r := l.r.Load(); r != nil {
+		return (*r).Reconcile(ctx, paused)
+	}
+	return nil, errReconcilerNotReady
+}
+
+func (l *lateReconciler) Unreconciled(ctx context.Context) ([]string, error) {
+	if r := l.r.Load(); r != nil {
+		return (*r).Unreconciled(ctx)
+	}
+	return nil, errReconcilerNotReady
+}
+
+// lateHV is fencing's hypervisor while libvirt is not connected yet
+// (fencing starts first): every call fails until set, so a fence that is
+// needed meanwhile cannot complete and escalates (reset if allowed, the
+// watchdog no longer fed).
+type lateHV struct {
+	h atomic.Pointer[FenceHypervisor]
+}
+
+var errLibvirtNotConnected = errors.New("libvirt not connected yet (the agent is starting)")
+
+func (l *lateHV) set(h FenceHypervisor) { l.h.Store(&h) }
+
+func (l *lateHV) get() (FenceHypervisor, error) {
+	if h := l.h.Load(); h != nil {
+		return *h, nil
+	}
+	return nil, errLibvirtNotConnected
+}
+
+func (l *lateHV) ListDomains(ctx context.Context) ([]lifecycle.DomainSnapshot, error) {
+	h, err := l.get()
+	if err != nil {
+		return nil, err
+	}
+	return h.ListDomains(ctx)
+}
+
+func (l *lateHV) State(ctx context.Context, uuid string) (lifecycle.State, error) {
+	h, err := l.get()
+	if err != nil {
+		return lifecycle.StateUnknown, err
+	}
+	return h.State(ctx, uuid)
+}
+
+func (l *lateHV) Suspend(ctx context.Context, uuid string) error {
+	h, err := l.get()
+	if err != nil {
+		return err
+	}
+	return h.Suspend(ctx, uuid)
+}
+
+func (l *lateHV) Resume(ctx context.Context, uuid string) error {
+	h, err := l.get()
+	if err != nil {
+		return err
+	}
+	return h.Resume(ctx, uuid)
+}
+
+func (l *lateHV) Destroy(ctx context.Context, uuid string) error {
+	h, err := l.get()
+	if err != nil {
+		return err
+	}
+	return h.Destroy(ctx, uuid)
+}
 
 // FenceHypervisor is what fencing needs from libvirt (*libvirtx.Conn).
 type FenceHypervisor interface {
@@ -137,16 +227,27 @@ type fencer struct {
 	progress atomic.Int64 // wall unix nanos of the last loop iteration
 	stats    FenceStats
 	wdLast   watchdog.State
+	wdOpen   func(path string) (watchdog.Device, error)
+	wdErr    error // the last failed lazy arm (logged once)
 	wg       sync.WaitGroup
-	guard    fencing.Guard // last valid guard (loop goroutine)
-	members  []string
+
+	// The orderly stop (stop): stopReq is closed when Stop was handed to
+	// the loop, stopped when its outcome is known (stopOutcome).
+	stopOnce    sync.Once
+	stopped     chan struct{}
+	stopOutcome atomic.Int32
+	guard       fencing.Guard // last valid guard (loop goroutine)
+	members     []string
 }
 
 // newFencer builds the fencer and performs the start-up order of
-// docs/fencing.md: arm the hardware watchdog (fencing on, real action),
-// read the durable state and the lease record, NewAgent, SetMembers (the
-// cached membership), Domains, Tick. A host that starts while fenced stays
-// fenced.
+// docs/fencing.md: read the durable state and the lease record (bounded),
+// NewAgent, arm the hardware watchdog (fencing on, real action) when the
+// Agent allows feeding it — arming feeds the device, so a restart whose
+// lease lapsed meanwhile (a crash loop) must not arm it yet: the loop arms
+// it once feeding is allowed — SetMembers (the cached membership), Domains
+// (if libvirt answers already: hv may be a lateHV), Tick. A host that
+// starts while fenced stays fenced.
 func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHypervisor, nc *nats.Conn, opts Options) (*fencer, error) {
 	fc := cfg.Fence
 	bootID, err := readBootID()
@@ -165,6 +266,7 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 		onTrans: opts.OnFenceTransition,
 		inbox:   make(chan func(time.Time) fencing.Ready, 4096), domainsC: make(chan []fencing.Domain, 1),
 		relistC: make(chan struct{}, 1), events: make(chan fencing.FenceEvent, fenceEventQueue), sem: make(chan struct{}, fc.FenceConcurrency),
+		stopped: make(chan struct{}), wdOpen: opts.OpenWatchdog,
 	}
 	if opts.WrapFenceHypervisor != nil {
 		f.hv = opts.WrapFenceHypervisor(hv)
@@ -176,33 +278,23 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 	if f.rec == nil {
 		f.rec = noReconcile{}
 	}
+	if f.wdOpen == nil {
+		f.wdOpen = func(path string) (watchdog.Device, error) { return watchdog.OpenLinux(path) }
+	}
 	f.core.Seed = uint64(time.Now().UnixNano())
 	f.subject, _ = proto.FenceSubject(cfg.Host)
 	f.client = &peer.Client{Host: cfg.Host, Secret: secret, URL: fc.peerURL,
 		HTTP: &http.Client{Timeout: fc.PeerTimeout.D()}}
 	f.stats.Watchdog.Store(-1)
-
-	// 1. The hardware watchdog, armed before anything can wedge.
-	if f.core.HardwareWatchdog {
-		var dev watchdog.Device
-		if opts.OpenWatchdog != nil {
-			dev, err = opts.OpenWatchdog(fc.WatchdogDevice)
-		} else {
-			dev, err = watchdog.OpenLinux(fc.WatchdogDevice)
-		}
-		if err != nil {
+	if f.core.HardwareWatchdog && opts.OpenWatchdog == nil {
+		// A device that does not exist is a configuration error, found now
+		// even when arming waits for the lease.
+		if _, err := os.Stat(fc.WatchdogDevice); err != nil {
 			return nil, fmt.Errorf("fence.watchdog_device: %w", err)
 		}
-		f.wd = watchdog.New(dev)
-		if err := f.wd.Arm(f.now(), fc.WatchdogTimeout.D()); err != nil {
-			_ = dev.Close()
-			return nil, fmt.Errorf("fence.watchdog_device %s: %w", fc.WatchdogDevice, err)
-		}
-		f.wdLast = watchdog.Armed
-		f.stats.Watchdog.Store(int32(watchdog.Armed))
-		f.log.Info("hardware watchdog armed", "device", fc.WatchdogDevice, "timeout", f.wd.Timeout())
 	}
-	// 2. The durable state and the current record.
+
+	// 1. The durable state and the current record.
 	d, err := loadDurable(f.statePath)
 	if err != nil {
 		// Without it the paused set is lost (nothing is resumed) and the
@@ -223,11 +315,25 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 		f.log.Warn("lease bucket unreachable at start; starting from the durable state", "host", cfg.Host, "err", err)
 	}
 	cancel()
-	// 3. The Agent.
+	// 2. The Agent.
 	now := f.now()
 	a, rd, err := fencing.NewAgent(f.core, d, cur, rev, now)
 	if err != nil {
 		return nil, fmt.Errorf("fence: %w", err)
+	}
+	// 3. The hardware watchdog, armed before anything can wedge, if the
+	// lease allows feeding it (else the loop arms it when it does; a
+	// watchdog a crashed predecessor left running keeps counting).
+	if f.core.HardwareWatchdog {
+		if a.FeedWatchdog(now) {
+			if err := f.armWatchdog(now); err != nil {
+				return nil, err
+			}
+		} else {
+			f.log.Error("hardware watchdog NOT armed at start: the lease lapsed while the agent was down (a crash or a crash loop); "+
+				"a watchdog left running keeps counting, and it is armed once the lease is renewed or the fence is complete",
+				"device", fc.WatchdogDevice, "state", string(a.State()), "reason", string(fencing.ReasonWatchdogNotArmedLeaseLapsed))
+		}
 	}
 	f.a = a
 	f.storeView()
@@ -384,11 +490,40 @@ func (f *fencer) listAsync(ctx context.Context) {
 	}()
 }
 
-// afterIteration: the peer snapshot, the hardware watchdog, the progress
-// stamp, the gauges.
+// armWatchdog opens and arms the hardware watchdog (which feeds it).
+func (f *fencer) armWatchdog(now time.Time) error {
+	dev, err := f.wdOpen(f.cfg.WatchdogDevice)
+	if err != nil {
+		return fmt.Errorf("fence.watchdog_device: %w", err)
+	}
+	wd := watchdog.New(dev)
+	if err := wd.Arm(now, f.cfg.WatchdogTimeout.D()); err != nil {
+		_ = dev.Close()
+		return fmt.Errorf("fence.watchdog_device %s: %w", f.cfg.WatchdogDevice, err)
+	}
+	f.wd = wd
+	f.wdLast = watchdog.Armed
+	f.stats.Watchdog.Store(int32(watchdog.Armed))
+	f.log.Info("hardware watchdog armed", "device", f.cfg.WatchdogDevice, "timeout", f.wd.Timeout())
+	return nil
+}
+
+// afterIteration: the peer snapshot, the hardware watchdog, the stop, the
+// progress stamp, the gauges.
 func (f *fencer) afterIteration() {
 	now := f.now()
 	f.storeView()
+	if f.core.HardwareWatchdog && f.wd == nil && !f.a.Stopping() && f.a.FeedWatchdog(now) {
+		// Armed late (the lease had lapsed at start): now allowed.
+		if err := f.armWatchdog(now); err != nil {
+			if f.wdErr == nil || f.wdErr.Error() != err.Error() {
+				f.log.Error("hardware watchdog cannot be armed; retrying", "err", err)
+			}
+			f.wdErr = err
+			f.stats.Watchdog.Store(int32(watchdog.Malfunction))
+		}
+	}
+	f.checkStop()
 	if f.wd != nil {
 		st := f.wd.Feed(now, f.a.FeedWatchdog(now))
 		if st != f.wdLast {
@@ -711,9 +846,74 @@ func (f *fencer) readMembers(ctx context.Context) bool {
 	return g.Valid()
 }
 
-// shutdown disarms the hardware watchdog (magic close) on an orderly stop;
-// a triggered watchdog is left running (the fence it backs is incomplete).
-func (f *fencer) shutdown() {
+// stopWait bounds the wait for the core's stop: two withdrawals of
+// renew_timeout each (the second after a conflict with our own landed
+// renewal), then a fence of fence_deadline; 2+2+5+1 = 10 s at the
+// defaults, well inside systemd's TimeoutStopSec (30 s) with the outbox
+// flush (shutdown_timeout, 10 s) after it.
+func (f *fencer) stopWait() time.Duration {
+	t := f.core.Timing
+	return 2*t.RenewTimeout + t.FenceDeadline + stopSlack
+}
+
+// stop is the orderly stop of docs/fencing.md: it hands Agent.Stop to the
+// loop (which keeps running: renewals stop, the withdrawal or the fence
+// proceeds, the watchdog is fed as the Agent allows) and waits for its
+// outcome, at most stopWait. The watchdog is magic-closed (on the loop)
+// as soon as the host is withdrawn or fenced; otherwise it stays armed.
+// Only the first call acts; later calls wait for the same outcome.
+func (f *fencer) stop(reason string) fencing.StopOutcome {
+	f.stopOnce.Do(func() {
+		lvl := slog.LevelWarn
+		if reason != stopReasonOrderly {
+			lvl = slog.LevelError
+		}
+		f.log.Log(context.Background(), lvl, "stopping fencing: withdrawing the lease", "host", f.host, "reason", reason)
+		select {
+		case f.inbox <- func(now time.Time) fencing.Ready { return f.a.Stop(now, reason) }:
+		case <-time.After(f.stopWait()):
+			f.log.Error("fencing loop not taking the stop (wedged?)", "host", f.host)
+		}
+	})
+	select {
+	case <-f.stopped:
+	case <-time.After(f.stopWait()):
+		f.log.Error("fencing stop did not complete in time: the hardware watchdog is LEFT ARMED (the host resets unless the agent comes back)",
+			"host", f.host, "waited", f.stopWait(), "state", *f.stats.State.Load())
+	}
+	return fencing.StopOutcome(f.stopOutcome.Load())
+}
+
+// Stop reasons written into the withdrawn record.
+const (
+	stopReasonOrderly = "orderly-stop"
+	// maxStopReason bounds the reason (an error message) in the record.
+	maxStopReason = 200
+)
+
+// checkStop (on the loop) acts on the stop's outcome once it is known.
+func (f *fencer) checkStop() {
+	o := f.a.StopOutcome()
+	if o == fencing.StopPending || f.stopOutcome.Load() != int32(fencing.StopPending) {
+		return
+	}
+	f.stopOutcome.Store(int32(o))
+	switch o {
+	case fencing.StopWithdrawn:
+		f.log.Warn("lease withdrawn: the controller will not declare this host; it is UNPROTECTED until the agent runs again", "host", f.host)
+		f.disarm()
+	case fencing.StopFenced:
+		f.log.Error("stopped FENCED: every domain is fenced; the controller may declare this host", "host", f.host,
+			"paused", len(f.a.Paused()), "state", string(f.a.State()))
+		f.disarm()
+	default:
+		f.log.Error("stopping with the fence INCOMPLETE: the hardware watchdog is LEFT ARMED and unfed (reset if allowed was requested)",
+			"host", f.host, "state", string(f.a.State()), "watchdog", f.wd != nil)
+	}
+	close(f.stopped)
+}
+
+func (f *fencer) disarm() {
 	if f.wd == nil {
 		return
 	}
@@ -722,6 +922,17 @@ func (f *fencer) shutdown() {
 		return
 	}
 	f.log.Info("hardware watchdog disarmed (magic close)")
+}
+
+// shutdown runs after the loop ended: a watchdog still armed (the stop
+// did not withdraw or fence, or never ran) is closed WITHOUT the magic
+// close, so it resets the host unless the next agent feeds it.
+func (f *fencer) shutdown() {
+	if f.wd == nil || f.wd.State() == watchdog.Disarmed {
+		return
+	}
+	f.log.Error("hardware watchdog left ARMED on exit: the fence is not known complete and the lease not withdrawn",
+		"host", f.host, "state", *f.stats.State.Load(), "err", f.wd.Leave())
 }
 
 // fenceHV wraps the event loop's Hypervisor: every resync also makes the

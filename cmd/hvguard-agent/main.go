@@ -53,8 +53,14 @@ Flags:
 Exit status: 0 stopped cleanly, 1 failed at run time, 2 bad command line,
 78 unreadable or invalid configuration (systemd does not restart it).
 
-Signals: SIGTERM/SIGINT stop gracefully (the outbox is flushed to NATS within
-shutdown_timeout; what is not sent stays on disk and is sent at next start).
+Signals: SIGTERM/SIGINT stop gracefully. With fencing on, the lease is
+withdrawn first (the controller will not declare the host, which is then
+unprotected until the agent runs again); if that cannot be confirmed (NATS
+unreachable) the host is fenced before the agent leaves, and a fence that
+misses its deadline leaves the hardware watchdog armed. Then the outbox is
+flushed to NATS within shutdown_timeout; what is not sent stays on disk and
+is sent at next start. A start that fails after fencing started (outbox,
+libvirt, ...) withdraws the lease the same way.
 
 Under systemd (Type=notify) the agent sends READY=1 once libvirt is connected
 and NATS is connected (or, after nats.ready_timeout, in a degraded mode that

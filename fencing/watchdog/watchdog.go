@@ -142,6 +142,18 @@ func (w *Watchdog) Disarm() error {
 	return nil
 }
 
+// Leave closes the device WITHOUT disarming it (no magic close): the
+// watchdog keeps counting from its last feed and resets the host unless a
+// later process feeds it. For a process that leaves while the fence it
+// backs is incomplete (an orderly stop whose fence missed its deadline).
+func (w *Watchdog) Leave() error {
+	if w.state == Disarmed {
+		return nil
+	}
+	w.state = Triggered
+	return w.dev.Close()
+}
+
 // Fake is a fake Device with time passed in: it "fires" when not fed for
 // its timeout. Tests drive it with the real Watchdog state layer.
 type Fake struct {

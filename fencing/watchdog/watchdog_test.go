@@ -75,3 +75,16 @@ func TestMalfunction(t *testing.T) {
 		t.Fatalf("state %s err %v", st, w.Err())
 	}
 }
+
+// TestLeaveKeepsCounting: a process leaving with its fence incomplete
+// closes the device without the magic close: it still fires.
+func TestLeaveKeepsCounting(t *testing.T) {
+	f := &Fake{Now: t0}
+	w := New(f)
+	if err := w.Arm(t0, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Leave(); err != nil || !f.Armed || !f.Closed || !f.Fired(t0.Add(11*time.Second)) {
+		t.Fatalf("leave: %v armed=%v closed=%v", err, f.Armed, f.Closed)
+	}
+}

@@ -219,7 +219,13 @@ func (r *fenceRig) onTransition(tr fencing.Transition) {
 
 func (r *fenceRig) startAgent() {
 	r.t.Helper()
-	opts := r.opts
+	r.stopAgnt = startAgent(r.t, r.cfg, r.agentOptions(r.opts))
+}
+
+// agentOptions completes opts for the rig's agent: fencing restricted to
+// the rig's domains (then opts' own wrapper), resets and transitions
+// recorded.
+func (r *fenceRig) agentOptions(opts agent.Options) agent.Options {
 	wrap := opts.WrapFenceHypervisor
 	opts.WrapFenceHypervisor = func(h agent.FenceHypervisor) agent.FenceHypervisor {
 		var own agent.FenceHypervisor = ownDomains{h, r.domains}
@@ -230,7 +236,7 @@ func (r *fenceRig) startAgent() {
 	}
 	opts.ResetHost = func() error { r.resets.Add(1); return nil }
 	opts.OnFenceTransition = r.onTransition
-	r.stopAgnt = startAgent(r.t, r.cfg, opts)
+	return opts
 }
 
 func (r *fenceRig) state() fencing.State {

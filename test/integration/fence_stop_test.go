@@ -1,0 +1,329 @@
+package integration
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"hvguard/agent"
+	"hvguard/controller"
+	"hvguard/fencing"
+	"hvguard/fencing/watchdog"
+	"hvguard/lifecycle"
+)
+
+// Issue 10 item 1: the orderly stop and the start path of the whole
+// daemon (agent.Run) against a real embedded NATS, the controller.Runner
+// and test-driver domains (which keep running when the agent stops, like
+// QEMU processes do). Timing ×0.1: the controller may declare a silent
+// host ~3 s after its last renewal.
+
+// quietFor is how long a test waits for a (wrong) declaration: twice
+// lease_ttl + grace at the compressed timing.
+const quietFor = 6 * time.Second
+
+func (r *fenceRig) decisions(op controller.Op) []controller.Decision {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []controller.Decision
+	for _, d := range r.decs {
+		if d.d.Op == op && d.d.Host == r.host {
+			out = append(out, d.d)
+		}
+	}
+	return out
+}
+
+func (r *fenceRig) record() fencing.LeaseRecord {
+	r.t.Helper()
+	rec, _, err := r.ctrl.Read(context.Background(), r.host)
+	if err != nil {
+		r.t.Fatalf("read lease: %v", err)
+	}
+	return *rec
+}
+
+// transitionsSince returns the agent's transitions from index i on.
+func (r *fenceRig) transitionsSince(i int) []fencing.Transition {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []fencing.Transition
+	for _, x := range r.trans[min(i, len(r.trans)):] {
+		out = append(out, x.tr)
+	}
+	return out
+}
+
+func (r *fenceRig) nTransitions() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.trans)
+}
+
+// stoppedRig returns a rig whose agent ran healthy (seen by the
+// controller) and was stopped in order.
+func stoppedRig(t *testing.T) *fenceRig {
+	t.Helper()
+	r := newFenceRig(t, true, fenceDomains(2))
+	r.startAgent()
+	r.waitState(fencing.StateHealthy, 10*time.Second)
+	time.Sleep(time.Second)
+	if err := r.stopAgnt(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	return r
+}
+
+// TestFenceOrderlyStopWithdraws: a healthy agent is stopped (SIGTERM):
+// it withdraws its lease; the controller alerts (withdrawn) and never
+// declares the host, whose domains keep running. Then an upgrade: the agent
+// starts again 6 s later (longer than lease_ttl): it takes the lease back
+// from its withdrawn record without fencing anything.
+func TestFenceOrderlyStopWithdraws(t *testing.T) {
+	t.Parallel()
+	r := newFenceRig(t, true, fenceDomains(2))
+	r.startAgent()
+	r.waitState(fencing.StateHealthy, 10*time.Second)
+	time.Sleep(time.Second) // the controller sees renewals
+	stop := time.Now()
+	if err := r.stopAgnt(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	took := time.Since(stop)
+	time.Sleep(quietFor)
+	if at, running := r.declared(); !at.IsZero() {
+		t.Fatalf("declared %s after an orderly stop, domains running: %v\n%s", at.Sub(stop), running, r.history())
+	}
+	if rec := r.record(); rec.State != fencing.LeaseWithdrawn || rec.Reason != "orderly-stop" {
+		t.Fatalf("record %s (%q), want withdrawn (orderly-stop)\n%s", rec.State, rec.Reason, r.history())
+	}
+	if len(r.decisions(controller.OpWithdrawn)) != 1 {
+		t.Fatalf("no (or repeated) withdrawn alert\n%s", r.history())
+	}
+	if !r.allDomains(lifecycle.StateRunning) {
+		t.Fatalf("a domain was touched by the stop\n%s", r.history())
+	}
+
+	// The upgrade: the new process starts from the withdrawn record.
+	i := r.nTransitions()
+	r.startAgent()
+	r.waitState(fencing.StateHealthy, 10*time.Second)
+	time.Sleep(quietFor)
+	for _, tr := range r.transitionsSince(i) {
+		if tr.To != fencing.StateStarting && tr.To != fencing.StateHealthy {
+			t.Fatalf("restart after the stop went %s\n%s", tr, r.history())
+		}
+	}
+	if at, _ := r.declared(); !at.IsZero() || r.record().State != fencing.LeaseActive || !r.allDomains(lifecycle.StateRunning) {
+		t.Fatalf("after the restart: declared %v, record %s\n%s", at, r.record().State, r.history())
+	}
+	t.Logf("stop took %s (withdrawal, drain, flush); restarted after %s without fencing\n%s",
+		took.Round(time.Millisecond), quietFor, r.history())
+}
+
+// TestFenceStopCutOffFences: the agent is stopped while cut off from NATS:
+// the withdrawal cannot land, so it fences (pauses every domain) before
+// leaving; the controller's later declaration finds them paused.
+func TestFenceStopCutOffFences(t *testing.T) {
+	t.Parallel()
+	r := newFenceRig(t, true, fenceDomains(2))
+	r.startAgent()
+	r.waitState(fencing.StateHealthy, 10*time.Second)
+	time.Sleep(time.Second)
+	r.prx.Blackhole(true)
+	stop := time.Now()
+	if err := r.stopAgnt(); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	took := time.Since(stop)
+	if !r.allDomains(lifecycle.StatePaused) {
+		t.Fatalf("the stop left domains running while the lease could not be withdrawn\n%s", r.history())
+	}
+	at := r.waitFor("the controller's declaration", 15*time.Second, func() bool { at, _ := r.declared(); return !at.IsZero() })
+	if _, running := r.declared(); len(running) > 0 {
+		t.Fatalf("declared while %v run\n%s", running, r.history())
+	}
+	found := false
+	for _, tr := range r.transitionsSince(0) {
+		found = found || tr.Reason == fencing.ReasonWithdrawalNotConfirmed
+	}
+	if !found {
+		t.Fatalf("no %s transition\n%s", fencing.ReasonWithdrawalNotConfirmed, r.history())
+	}
+	t.Logf("stop (fenced) took %s; declared %s after the stop, every domain paused\n%s", took.Round(time.Millisecond),
+		at.Sub(stop).Round(time.Millisecond), r.history())
+}
+
+// runUntilExit runs agent.Run and returns its error (a failed start).
+func runUntilExit(t *testing.T, cfg agent.Config, opts agent.Options) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(context.Background(), cfg, quietLog(), opts) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatal("agent.Run did not return within 30 s")
+		return nil
+	}
+}
+
+// TestFenceFailedStartWithdraws: after an orderly stop, the next start
+// fails after fencing started — a corrupt outbox state.json (an upgrade
+// gone wrong). The start took the lease back (a renewal) and withdraws it
+// again on its way out ("start-failed: outbox: …"): never declared, the
+// domains keep running. The same start with the outbox repaired works.
+func TestFenceFailedStartWithdraws(t *testing.T) {
+	t.Parallel()
+	r := stoppedRig(t)
+	state := filepath.Join(r.cfg.StateDir, "outbox", "state.json")
+	good, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(state, []byte("{corrupt"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	i := r.nTransitions()
+	err = runUntilExit(t, r.cfg, r.agentOptions(agent.Options{}))
+	if err == nil || !strings.Contains(err.Error(), "outbox") {
+		t.Fatalf("start with a corrupt outbox: %v", err)
+	}
+	rec := r.record()
+	if rec.State != fencing.LeaseWithdrawn || !strings.HasPrefix(rec.Reason, "start-failed: outbox") {
+		t.Fatalf("record %s (%q), want withdrawn (start-failed: outbox…)\n%s", rec.State, rec.Reason, r.history())
+	}
+	time.Sleep(quietFor)
+	if at, running := r.declared(); !at.IsZero() {
+		t.Fatalf("declared after a failed start (running %v)\n%s", running, r.history())
+	}
+	if !r.allDomains(lifecycle.StateRunning) {
+		t.Fatalf("a domain was touched\n%s", r.history())
+	}
+	t.Logf("failed start: %v; record withdrawn (%s); transitions %v", err, rec.Reason, r.transitionsSince(i))
+	if err := os.WriteFile(state, good, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r.startAgent()
+	r.waitState(fencing.StateHealthy, 10*time.Second)
+}
+
+// TestFenceWatchdogNotArmedAfterLapse (crash loops): the agent starts with
+// a fence.json whose lease lapsed a minute ago in this boot (the previous
+// process crashed) and NATS unreachable, libvirt's Suspend hanging: arming
+// feeds the watchdog, so the agent must not arm it while neither the lease
+// is held nor the fence complete (a crash loop re-arming at every start
+// would keep the host alive); once the fence completes it arms it.
+func TestFenceWatchdogNotArmedAfterLapse(t *testing.T) {
+	t.Parallel()
+	r := newFenceRig(t, true, 2)
+	r.cfg.Fence.AllowReset = false
+	r.cfg.Fence.WatchdogDevice = "/dev/watchdog-test"
+	r.cfg.Fence.WatchdogTimeout = agent.Duration(time.Second)
+	bootID, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		t.Skip("no boot id:", err)
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		t.Fatal(err)
+	}
+	d := fencing.Durable{Host: r.host, BootID: strings.TrimSpace(string(bootID)), Incarnation: 1, HaveLease: true,
+		LastAck: time.Unix(ts.Sec, ts.Nsec).UTC().Add(-time.Minute)}
+	b, _ := json.Marshal(d)
+	if err := os.MkdirAll(r.cfg.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(r.cfg.StateDir, "fence.json"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var armed atomic.Int64 // unix nanos of the arming
+	dev := &recDevice{}
+	release := make(chan struct{})
+	opts := r.agentOptions(agent.Options{
+		OpenWatchdog:        func(string) (watchdog.Device, error) { armed.Store(time.Now().UnixNano()); return dev, nil },
+		WrapFenceHypervisor: func(h agent.FenceHypervisor) agent.FenceHypervisor { return hungPause{h, release} },
+	})
+	r.prx.Blackhole(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx, r.cfg, quietLog(), opts) }()
+	defer func() { cancel(); <-done }()
+	r.waitState(fencing.StateFencing, 10*time.Second)
+	time.Sleep(2 * time.Second)
+	if at := armed.Load(); at != 0 {
+		t.Fatalf("watchdog armed (fed) with the lease lapsed and the fence incomplete\n%s", r.history())
+	}
+	close(release)
+	fenced := r.waitState(fencing.StateFenced, 10*time.Second)
+	r.waitFor("watchdog armed after the fence", 5*time.Second, func() bool { return armed.Load() != 0 })
+	if a := time.Unix(0, armed.Load()); a.Before(fenced.Add(-100 * time.Millisecond)) {
+		t.Fatalf("armed at %s, before the fence completed (%s)", a, fenced)
+	}
+	t.Logf("not armed while lapsed and unfenced; armed %s after the fence completed\n%s",
+		time.Unix(0, armed.Load()).Sub(fenced).Round(time.Millisecond), r.history())
+}
+
+// TestFenceLibvirtHungAtStart: after an orderly stop (upgrade) the new
+// process finds libvirtd not answering (a socket that accepts and never
+// speaks): fencing runs before libvirt, so the lease is taken back and
+// renewed while the start waits for libvirt (nothing declared), and the
+// SIGTERM that ends the wait withdraws it again ("start-failed: libvirt
+// …"). Before, fencing started only after libvirt answered: the record the
+// previous process left was declared while the domains ran.
+func TestFenceLibvirtHungAtStart(t *testing.T) {
+	t.Parallel()
+	r := stoppedRig(t)
+	sock := filepath.Join(t.TempDir(), "libvirt.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // accepted, never answered
+		}
+	}()
+	cfg := r.cfg
+	cfg.Libvirt.URI = "qemu+unix:///system?socket=" + sock
+	cfg.Libvirt.ConnectTimeout = agent.Duration(time.Second)
+	i := r.nTransitions()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx, cfg, quietLog(), r.agentOptions(agent.Options{})) }()
+	r.waitState(fencing.StateHealthy, 10*time.Second)
+	time.Sleep(quietFor) // libvirt still not answering
+	if at, running := r.declared(); !at.IsZero() {
+		t.Fatalf("declared while the start waited for libvirt (running %v)\n%s", running, r.history())
+	}
+	if rec := r.record(); rec.State != fencing.LeaseActive {
+		t.Fatalf("record %s while starting: the lease is not renewed\n%s", rec.State, r.history())
+	}
+	cancel()
+	err = <-done
+	if err == nil || !strings.Contains(err.Error(), "libvirt") {
+		t.Fatalf("Run: %v", err)
+	}
+	rec := r.record()
+	if rec.State != fencing.LeaseWithdrawn || !strings.HasPrefix(rec.Reason, "start-failed: libvirt") {
+		t.Fatalf("record %s (%q), want withdrawn (start-failed: libvirt…)\n%s", rec.State, rec.Reason, r.history())
+	}
+	time.Sleep(quietFor)
+	if at, _ := r.declared(); !at.IsZero() || !r.allDomains(lifecycle.StateRunning) {
+		t.Fatalf("declared %v after the failed start\n%s", at, r.history())
+	}
+	t.Logf("renewed while libvirt hung; %v; withdrawn (%s); transitions %v", err, rec.Reason, r.transitionsSince(i))
+}
