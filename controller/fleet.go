@@ -112,6 +112,20 @@ const (
 
 var verdictNames = [...]string{"applied", "duplicate", "old-incarnation", "applied-after-missing", "applied-new-incarnation"}
 
+// MarshalText encodes a verdict by name (status JSON).
+func (v Verdict) MarshalText() ([]byte, error) { return []byte(v.String()), nil }
+
+// UnmarshalText decodes a verdict's name.
+func (v *Verdict) UnmarshalText(b []byte) error {
+	for i, n := range verdictNames {
+		if n == string(b) {
+			*v = Verdict(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown verdict %q", b)
+}
+
 func (v Verdict) String() string {
 	if int(v) < len(verdictNames) {
 		return verdictNames[v]

@@ -36,7 +36,7 @@ lock in the same bucket, acts; the standbys watch and take over.
 
 Usage:
   hvguard-controller [flags]            run the daemon
-  hvguard-controller status [--json] [--addr HOST:PORT]
+  hvguard-controller status [HOST] [--json] [--addr HOST:PORT]
                                         print the running controller's view
 
 Flags:
@@ -54,8 +54,15 @@ status: asks the controller on --addr (default: metrics.listen of --config
 if that file exists, else %s) for GET /status and prints this process's
 role (leader or standby), the lock's holder and term, the mass-failure
 guard and, per host, the lease state, epoch, backstop, the grace granted,
-the time since its last renewal and why it is refused. --json prints the
-endpoint's JSON. Any controller (leader or standby) answers. Exit status:
+the time since its last renewal and why it is refused; then the event
+stream: the consumer's lag and counters (duplicates, missing events, new
+incarnations, poison messages) and, per host, its domains, how many run,
+its last seq and incarnation and whether its view is complete or STALE
+(and why: until the agent's next full report). status HOST prints that
+host's lease, its domains (state, last transition, reason, classification)
+and its last 50 events with what the controller did with each. --json
+prints the endpoint's JSON. Any controller (leader or standby) answers,
+each from its own view of the stream. Exit status:
 0 printed, 1 no controller answered (or a bad answer), 2 bad command line,
 78 invalid --config.
 
@@ -127,9 +134,17 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
+	host := ""
 	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "hvguard-controller status: unexpected argument %q (see --help)\n", fs.Arg(0))
-		return 2
+		// status HOST [flags]: flags may follow the host.
+		host = fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return 2
+		}
+		if fs.NArg() > 0 {
+			fmt.Fprintf(stderr, "hvguard-controller status: unexpected argument %q (see --help)\n", fs.Arg(0))
+			return 2
+		}
 	}
 	if *addr == "" {
 		*addr = daemon.DefaultListen
@@ -148,7 +163,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), StatusTimeout)
 	defer cancel()
-	st, err := daemon.FetchStatus(ctx, *addr)
+	st, err := daemon.FetchStatus(ctx, *addr, host)
 	if err != nil {
 		fmt.Fprintf(stderr, "hvguard-controller status: %v\n", err)
 		return 1
@@ -157,6 +172,10 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(st)
+		return 0
+	}
+	if host != "" {
+		daemon.PrintHost(stdout, host, st)
 		return 0
 	}
 	daemon.PrintStatus(stdout, st)

@@ -135,6 +135,13 @@ func TestStatusCommand(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "controller ctl-status") || !strings.Contains(out, "leader") || !strings.Contains(out, "ctl-status (term 1)") {
 		t.Fatalf("status: exit %d, out %q, err %q", code, out, errOut)
 	}
+	// status HOST (flags after the host): a host nothing was heard from.
+	if code, out, errOut := runCLI("status", "node9", "--addr", a); code != 0 || !strings.Contains(out, "host node9: no event seen from it") {
+		t.Fatalf("status node9: exit %d, out %q, err %q", code, out, errOut)
+	}
+	if !strings.Contains(out, "events:     consumer hvguard-controller-ctl-status") {
+		t.Fatalf("status shows no event-stream section: %q", out)
+	}
 	// --config: the address is its metrics.listen.
 	p := filepath.Join(t.TempDir(), "c.yaml")
 	os.WriteFile(p, []byte(fmt.Sprintf("metrics:\n  listen: %q\n", a)), 0o600)
@@ -147,7 +154,7 @@ func TestStatusCommand(t *testing.T) {
 	if code, _, errOut := runCLI("status", "--addr", a); code != 1 || !strings.Contains(errOut, "no controller answers") {
 		t.Fatalf("status with nothing listening: exit %d, err %q; want 1", code, errOut)
 	}
-	if code, _, _ := runCLI("status", "extra"); code != 2 {
-		t.Fatalf("status extra: exit %d, want 2", code)
+	if code, _, _ := runCLI("status", "node1", "extra"); code != 2 {
+		t.Fatalf("status node1 extra: exit %d, want 2", code)
 	}
 }

@@ -16,9 +16,9 @@ import (
 	"hvguard/fencing/natslease"
 )
 
-// Bucket starts an embedded JetStream and creates the lease bucket; it
-// returns the server's client URL and the bucket.
-func Bucket(t *testing.T) (url string, kv jetstream.KeyValue) {
+// JetStream starts an embedded JetStream server and connects to it (closed
+// when the test ends).
+func JetStream(t *testing.T) (url string, nc *nats.Conn, js jetstream.JetStream) {
 	t.Helper()
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	nc, err := nats.Connect(srv.ClientURL())
@@ -26,14 +26,22 @@ func Bucket(t *testing.T) (url string, kv jetstream.KeyValue) {
 		t.Fatal(err)
 	}
 	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	js, _ = jetstream.New(nc)
+	return srv.ClientURL(), nc, js
+}
+
+// Bucket starts an embedded JetStream and creates the lease bucket; it
+// returns the server's client URL and the bucket.
+func Bucket(t *testing.T) (url string, kv jetstream.KeyValue) {
+	t.Helper()
+	url, _, js := JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	kv, err = natslease.EnsureBucket(ctx, js, true)
+	kv, err := natslease.EnsureBucket(ctx, js, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return srv.ClientURL(), kv
+	return url, kv
 }
 
 // HostRecord is an active lease of host with a hardware-watchdog backstop

@@ -69,6 +69,7 @@ type Daemon struct {
 	nc     *nats.Conn
 	lr     *controller.LeaderRunner
 	run    *controller.Runner
+	cons   *controller.Consumer
 	start  time.Time
 
 	started                     atomic.Bool // lr and run are set
@@ -137,6 +138,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 		OnSynced:  func(int) { d.trackerSynced.Store(true); d.maybeReady() },
 		Signature: func() string { return fmt.Sprintf("declared by controller %s, term %d", cfg.ID, d.lr.Term()) }}
 
+	// The fleet view: every controller (leader or standby) consumes the
+	// event stream with its own durable consumer.
+	d.cons = &controller.Consumer{JS: js, ID: cfg.ID, Log: log.With("component", "events")}
+	consCtx, stopCons := context.WithCancel(context.Background())
+	consDone := make(chan struct{})
+	go func() { defer close(consDone); _ = d.cons.Run(consCtx) }()
+
 	d.started.Store(true)
 	leaderCtx, stopLeader := context.WithCancel(context.Background())
 	leaderDone := make(chan struct{})
@@ -152,6 +160,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	<-trackerDone
 	stopLeader()
 	<-leaderDone
+	stopCons()
+	<-consDone
 	log.Info("stopped")
 	return nil
 }

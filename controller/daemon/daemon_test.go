@@ -100,7 +100,7 @@ func (c *ctl) stop() {
 func (c *ctl) role(t *testing.T) string {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	st, err := daemon.FetchStatus(ctx, c.addr)
+	st, err := daemon.FetchStatus(ctx, c.addr, "")
 	if err != nil {
 		return "unreachable"
 	}

@@ -62,6 +62,10 @@ var (
 	descHosts         = prometheus.NewDesc("hvguard_controller_hosts", "Hosts in the lease bucket, by lease state (active, expired, released, withdrawn).", []string{"state"}, nil)
 	descRefused       = prometheus.NewDesc("hvguard_controller_hosts_refused", "Hosts currently refused.", nil, nil)
 	descSilent        = prometheus.NewDesc("hvguard_controller_hosts_silent", "Hosts the guard counts silent now.", nil, nil)
+	descEvents        = prometheus.NewDesc("hvguard_controller_events_total", "Lifecycle messages consumed from the event stream, by what the fleet view did with them: applied, duplicate, old-incarnation (dropped), missing (applied after a hole: the host's view went stale), new-incarnation (applied: the host's view went stale), poison (undecodable: terminated, never redelivered).", []string{"verdict"}, nil)
+	descStreamLag     = prometheus.NewDesc("hvguard_controller_stream_lag_messages", "Messages in the event stream not yet delivered to this controller's consumer (read every 5 s).", nil, nil)
+	descAckPending    = prometheus.NewDesc("hvguard_controller_stream_ack_pending_messages", "Messages delivered to this controller's consumer and not yet acknowledged.", nil, nil)
+	descStaleHosts    = prometheus.NewDesc("hvguard_controller_hosts_stale", "Hosts whose fleet view is stale (events missing, a new incarnation, a gap, or no full report yet) until their agent's next full report.", nil, nil)
 	descNatsUp        = prometheus.NewDesc("hvguard_controller_nats_connected", "1 when the NATS connection is up.", nil, nil)
 )
 
@@ -90,6 +94,18 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	if !d.started.Load() {
 		return
 	}
+	cs := &d.cons.Stats
+	ctr(descEvents, int64(cs.Applied.Load()-cs.Missing.Load()-cs.NewIncarnation.Load()), "applied")
+	ctr(descEvents, int64(cs.Duplicates.Load()), "duplicate")
+	ctr(descEvents, int64(cs.OldIncarnation.Load()), "old-incarnation")
+	ctr(descEvents, int64(cs.Missing.Load()), "missing")
+	ctr(descEvents, int64(cs.NewIncarnation.Load()), "new-incarnation")
+	ctr(descEvents, int64(cs.Poison.Load()), "poison")
+	g(descStreamLag, float64(cs.Lag.Load()))
+	g(descAckPending, float64(cs.AckPending.Load()))
+	stale := 0
+	d.cons.View(func(f *controller.Fleet) { stale = f.StaleHosts() })
+	g(descStaleHosts, float64(stale))
 	g(descLeader, b2f(d.lr.MayAct(d.now())))
 	_, term := d.lr.Holder()
 	g(descTerm, float64(term))

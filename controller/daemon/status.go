@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"hvguard/controller"
+	"hvguard/proto"
 )
 
 // StatusPath is the status endpoint's path on metrics.listen.
@@ -34,9 +37,79 @@ type Status struct {
 	// Tracker is the lease view (nil while NATS or the bucket is
 	// unavailable at start).
 	Tracker *controller.TrackerView `json:"tracker,omitempty"`
+	// Events is the fleet view from the event stream (nil before start).
+	Events *EventsStatus `json:"events,omitempty"`
+	// Host is one host's domains and recent events (status HOST).
+	Host *HostDetail `json:"host,omitempty"`
 }
 
-func (d *Daemon) status() (Status, error) {
+// EventsStatus summarises the event-stream consumer and the fleet view.
+type EventsStatus struct {
+	Consumer       string       `json:"consumer"`
+	Lag            int64        `json:"lag"`
+	AckPending     int64        `json:"ack_pending"`
+	Applied        uint64       `json:"applied"`
+	Duplicates     uint64       `json:"duplicates"`
+	OldIncarnation uint64       `json:"old_incarnation"`
+	Missing        uint64       `json:"missing"`
+	NewIncarnation uint64       `json:"new_incarnation"`
+	Poison         uint64       `json:"poison"`
+	StaleHosts     int          `json:"stale_hosts"`
+	Hosts          []HostEvents `json:"hosts"`
+}
+
+// HostEvents is one host's line of the fleet view.
+type HostEvents struct {
+	Host        string `json:"host"`
+	Incarnation string `json:"incarnation"`
+	LastSeq     uint64 `json:"last_seq"`
+	Stale       bool   `json:"stale"`
+	StaleReason string `json:"stale_reason,omitempty"`
+	Domains     int    `json:"domains"`
+	Running     int    `json:"running"`
+	// LastEventSeconds: since the last event was received.
+	LastEventSeconds float64 `json:"last_event_seconds"`
+}
+
+// HostDetail is status HOST.
+type HostDetail struct {
+	HostEvents
+	DomainList []controller.DomainView `json:"domain_list"`
+	History    []controller.HostEvent  `json:"history"`
+}
+
+func (d *Daemon) events(host string) (*EventsStatus, *HostDetail) {
+	c := d.cons
+	es := &EventsStatus{Consumer: controller.DurableName(d.cfg.ID), Lag: c.Stats.Lag.Load(), AckPending: c.Stats.AckPending.Load(),
+		Applied: c.Stats.Applied.Load(), Duplicates: c.Stats.Duplicates.Load(), OldIncarnation: c.Stats.OldIncarnation.Load(),
+		Missing: c.Stats.Missing.Load(), NewIncarnation: c.Stats.NewIncarnation.Load(), Poison: c.Stats.Poison.Load(), Hosts: []HostEvents{}}
+	var detail *HostDetail
+	now := time.Now()
+	c.View(func(f *controller.Fleet) {
+		es.StaleHosts = f.StaleHosts()
+		for _, name := range f.Hosts() {
+			h := f.Host(name)
+			he := HostEvents{Host: name, Incarnation: proto.Incarnation(h.Incarnation).String(), LastSeq: h.LastSeq, Stale: h.Stale,
+				StaleReason: h.StaleReason, Domains: len(h.Domains), LastEventSeconds: now.Sub(h.LastEvent).Seconds()}
+			for _, dv := range h.Domains {
+				if dv.State == "running" {
+					he.Running++
+				}
+			}
+			es.Hosts = append(es.Hosts, he)
+			if name == host {
+				detail = &HostDetail{HostEvents: he, History: append([]controller.HostEvent(nil), h.History...)}
+				for _, dv := range h.Domains {
+					detail.DomainList = append(detail.DomainList, *dv)
+				}
+				sort.Slice(detail.DomainList, func(i, j int) bool { return detail.DomainList[i].Name < detail.DomainList[j].Name })
+			}
+		}
+	})
+	return es, detail
+}
+
+func (d *Daemon) status(host string) (Status, error) {
 	now := d.now()
 	st := Status{ID: d.cfg.ID, Version: Version, Role: "standby", NATSConnected: d.nc.IsConnected(),
 		UptimeSeconds: now.Sub(d.start).Seconds(), Health: "ok"}
@@ -49,6 +122,7 @@ func (d *Daemon) status() (Status, error) {
 	if d.lr.MayAct(now) {
 		st.Role = "leader"
 	}
+	st.Events, st.Host = d.events(host)
 	st.Leader, st.LeaderTerm = d.lr.Holder()
 	ctx, cancel := context.WithTimeout(context.Background(), ViewTimeout)
 	defer cancel()
@@ -60,8 +134,9 @@ func (d *Daemon) status() (Status, error) {
 	return st, nil
 }
 
-func (d *Daemon) serveStatus(w http.ResponseWriter, _ *http.Request) {
-	st, err := d.status()
+func (d *Daemon) serveStatus(w http.ResponseWriter, r *http.Request) {
+	host := r.URL.Query().Get("host")
+	st, err := d.status(host)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusServiceUnavailable)
 		return
@@ -71,10 +146,14 @@ func (d *Daemon) serveStatus(w http.ResponseWriter, _ *http.Request) {
 }
 
 // FetchStatus asks the controller listening on addr (host:port) for its
-// status.
-func FetchStatus(ctx context.Context, addr string) (Status, error) {
+// status, with host's detail if host is not empty.
+func FetchStatus(ctx context.Context, addr, host string) (Status, error) {
 	var st Status
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+StatusPath, nil)
+	u := "http://" + addr + StatusPath
+	if host != "" {
+		u += "?host=" + url.QueryEscape(host)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
 	if err != nil {
 		return st, err
 	}
@@ -98,6 +177,11 @@ func FetchStatus(ctx context.Context, addr string) (Status, error) {
 
 // PrintStatus writes st for a human.
 func PrintStatus(w io.Writer, st Status) {
+	printLeases(w, st)
+	printEvents(w, st.Events)
+}
+
+func printLeases(w io.Writer, st Status) {
 	leader := "none"
 	if st.Leader != "" {
 		leader = fmt.Sprintf("%s (term %d)", st.Leader, st.LeaderTerm)
@@ -135,6 +219,67 @@ func PrintStatus(w io.Writer, st Status) {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s ago\t%s\n", h.Host, h.State, h.Epoch, orDash(string(h.Backstop)),
 			secs(h.GraceSeconds), secs(h.LastRenewalSeconds), note)
+	}
+	_ = tw.Flush()
+}
+
+// printEvents writes the fleet view's summary.
+func printEvents(w io.Writer, es *EventsStatus) {
+	if es == nil {
+		return
+	}
+	fmt.Fprintf(w, "events:     consumer %s, lag %d, in flight %d; applied %d, duplicates %d, old incarnation %d, missing %d, new incarnation %d, POISON %d\n",
+		es.Consumer, es.Lag, es.AckPending, es.Applied, es.Duplicates, es.OldIncarnation, es.Missing, es.NewIncarnation, es.Poison)
+	fmt.Fprintf(w, "fleet view: %d hosts, %d stale\n", len(es.Hosts), es.StaleHosts)
+	if len(es.Hosts) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST\tDOMAINS\tRUNNING\tSEQ\tINCARNATION\tLAST EVENT\tVIEW")
+	for _, h := range es.Hosts {
+		view := "complete"
+		if h.Stale {
+			view = "STALE: " + h.StaleReason
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s ago\t%s\n", h.Host, h.Domains, h.Running, h.LastSeq, h.Incarnation, secs(h.LastEventSeconds), view)
+	}
+	_ = tw.Flush()
+}
+
+// PrintHost writes status HOST: the host's domains and recent events.
+func PrintHost(w io.Writer, host string, st Status) {
+	h := st.Host
+	if h == nil {
+		fmt.Fprintf(w, "host %s: no event seen from it (controller %s)\n", host, st.ID)
+		return
+	}
+	view := "complete"
+	if h.Stale {
+		view = "STALE: " + h.StaleReason
+	}
+	fmt.Fprintf(w, "host %s: incarnation %s, seq %d, %d domains (%d running), view %s\n", h.Host, h.Incarnation, h.LastSeq, h.Domains, h.Running, view)
+	if st.Tracker != nil {
+		for _, l := range st.Tracker.Hosts {
+			if l.Host == host {
+				fmt.Fprintf(w, "lease:  %s, epoch %d, backstop %s, last renewal %s ago %s\n", l.State, l.Epoch, orDash(string(l.Backstop)), secs(l.LastRenewalSeconds), l.Reason)
+			}
+		}
+	}
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "DOMAIN\tUUID\tSTATE\tLAST\tREASON\tCLASSIFICATION")
+	for _, dv := range h.DomainList {
+		cl := "-"
+		if dv.Classification != "" {
+			cl = dv.Classification + "/" + dv.ClassificationReason
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", orDash(dv.Name), dv.UUID, dv.State, dv.Transition, orDash(dv.Reason), cl)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w, "recent events (oldest first):")
+	tw = tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "RECEIVED\tSEQ\tDOMAIN\tTRANSITION\tVERDICT\tNOTE")
+	for _, e := range h.History {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\n", e.ReceivedAt.Local().Format("15:04:05.000"), e.Seq, orDash(e.Domain), e.Transition, e.Verdict, e.Note)
 	}
 	_ = tw.Flush()
 }
