@@ -123,7 +123,7 @@ metrics: {listen: "127.0.0.1:0"}
 func (c *proc) role() string {
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	st, err := daemon.FetchStatus(ctx, c.addr)
+	st, err := daemon.FetchStatus(ctx, c.addr, "")
 	if err != nil {
 		return "unreachable"
 	}

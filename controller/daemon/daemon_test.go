@@ -259,7 +259,7 @@ func TestControllerWaitsForNATS(t *testing.T) {
 	c := &ctl{id: "ctl-late", addr: <-addr}
 	time.Sleep(time.Second)
 	sctx, scancel := context.WithTimeout(context.Background(), time.Second)
-	st, err := daemon.FetchStatus(sctx, c.addr)
+	st, err := daemon.FetchStatus(sctx, c.addr, "")
 	scancel()
 	if err != nil || st.Role != "standby" || st.Health == "ok" || st.Tracker != nil || st.NATSConnected {
 		t.Fatalf("without NATS: status %+v, %v; want a standby, unhealthy, no lease view", st, err)
