@@ -127,22 +127,36 @@ func waitFor(t *testing.T, what string, timeout time.Duration, dump func() strin
 	return time.Now()
 }
 
-// TestFenceNetnsLinkCut: the agent (real binary, own netns, test:///default
-// inside its process, fast timing ×0.1) loses its link with `ip link set
-// down`: it fences (pauses its running domain); the link comes back before
-// the controller may declare: it rejoins and resumes. A second cut lasts
-// past the declaration: it stays fenced after the link is back.
-func TestFenceNetnsLinkCut(t *testing.T) {
+// netnsRig is the namespace with its veth pair, an embedded NATS server
+// with JetStream in the root namespace, five healthy hosts renewed from
+// here (guard threshold 1), and the controller (controller.Runner)
+// watching the lease bucket.
+type netnsRig struct {
+	t      *testing.T
+	ns     string
+	link   string // the root-side link (the one the test cuts)
+	dir    string
+	srvURL string
+	st     *natslease.Store
+	ctx    context.Context
+	secret string
+
+	dmu      sync.Mutex
+	declared time.Time // first declaration of host
+	withdraw int       // withdrawn decisions for host
+}
+
+func newNetnsRig(t *testing.T) *netnsRig {
+	t.Helper()
 	if os.Getenv("HVGUARD_NETNS") != "1" || os.Getenv("HVGUARD_AGENT_BIN") == "" {
 		t.Skip("set HVGUARD_NETNS=1 and HVGUARD_AGENT_BIN (test/netns/run.sh does, as root)")
 	}
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for network namespaces")
 	}
-	ns, link := setupNetns(t)
-
-	dir := t.TempDir()
-	opts := &server.Options{Host: rootAddr, Port: -1, JetStream: true, StoreDir: filepath.Join(dir, "js"), NoLog: true, NoSigs: true}
+	r := &netnsRig{t: t, dir: t.TempDir()}
+	r.ns, r.link = setupNetns(t)
+	opts := &server.Options{Host: rootAddr, Port: -1, JetStream: true, StoreDir: filepath.Join(r.dir, "js"), NoLog: true, NoSigs: true}
 	srv, err := server.NewServer(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -152,7 +166,8 @@ func TestFenceNetnsLinkCut(t *testing.T) {
 		t.Fatal("nats not ready")
 	}
 	t.Cleanup(srv.Shutdown)
-	nc, err := nats.Connect(srv.ClientURL())
+	r.srvURL = srv.ClientURL()
+	nc, err := nats.Connect(r.srvURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,24 +175,23 @@ func TestFenceNetnsLinkCut(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
+	r.ctx = ctx
 	kv, err := natslease.EnsureBucket(ctx, js, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &natslease.Store{KV: kv}
+	r.st = &natslease.Store{KV: kv}
 
 	// Five healthy hosts renewed from here (guard threshold 1).
-	timing := fencing.DefaultTiming()
-	timing.RenewInterval, timing.RenewTimeout, timing.PeerTimeout = 200*time.Millisecond, 200*time.Millisecond, 300*time.Millisecond
-	timing.FenceDeadline, timing.LeaseTTL = 500*time.Millisecond, 1500*time.Millisecond
+	timing := netnsTiming()
 	go func() {
 		revs := map[string]uint64{}
 		for ctx.Err() == nil {
 			for i := 1; i <= 5; i++ {
 				h := fmt.Sprintf("h%d.example.org", i)
 				rec := fencing.LeaseRecord{Schema: fencing.RecordSchema, Host: h, BootID: "b", State: fencing.LeaseActive,
-					FencingEnabled: true, Action: fencing.ActionPause, Backstop: fencing.BackstopReset, Timing: timing}
-				if n, err := st.Write(ctx, h, revs[h], rec, time.Second); err == nil {
+					FencingEnabled: true, Action: fencing.ActionPause, Backstop: fencing.BackstopWatchdog, Timing: timing}
+				if n, err := r.st.Write(ctx, h, revs[h], rec, time.Second); err == nil {
 					revs[h] = n
 				}
 			}
@@ -192,33 +206,61 @@ func TestFenceNetnsLinkCut(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var dmu sync.Mutex
-	var declared time.Time
-	run := &controller.Runner{Store: st, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	run := &controller.Runner{Store: r.st, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		OnDecision: func(d controller.Decision, err error) {
-			if err == nil && d.Op == controller.OpDeclare && d.Host == host {
-				dmu.Lock()
-				if declared.IsZero() {
-					declared = time.Now()
+			if err != nil || d.Host != host {
+				return
+			}
+			r.dmu.Lock()
+			defer r.dmu.Unlock()
+			switch d.Op {
+			case controller.OpDeclare:
+				if r.declared.IsZero() {
+					r.declared = time.Now()
 				}
-				dmu.Unlock()
+			case controller.OpWithdrawn:
+				r.withdraw++
 			}
 		}}
 	go func() { _ = run.Run(ctx) }()
-	decl := func() time.Time { dmu.Lock(); defer dmu.Unlock(); return declared }
 
-	secret := filepath.Join(dir, "secret")
-	if err := os.WriteFile(secret, []byte("netns-test-shared-secret"), 0o600); err != nil {
+	r.secret = filepath.Join(r.dir, "secret")
+	if err := os.WriteFile(r.secret, []byte("netns-test-shared-secret"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfgPath := filepath.Join(dir, "agent.yaml")
+	return r
+}
+
+// netnsTiming is the agent's timing ×0.1 (as in the config below).
+func netnsTiming() fencing.Timing {
+	timing := fencing.DefaultTiming()
+	timing.RenewInterval, timing.RenewTimeout, timing.PeerTimeout = 200*time.Millisecond, 200*time.Millisecond, 300*time.Millisecond
+	timing.FenceDeadline, timing.LeaseTTL = 500*time.Millisecond, 1500*time.Millisecond
+	return timing
+}
+
+func (r *netnsRig) decl() time.Time {
+	r.dmu.Lock()
+	defer r.dmu.Unlock()
+	return r.declared
+}
+
+// config writes an agent configuration (libvirt: the URI, "" = the test
+// driver inside the agent's process; extra: YAML appended) and returns
+// its path.
+func (r *netnsRig) config(name, libvirt, extra string) string {
+	r.t.Helper()
+	if libvirt == "" {
+		libvirt = `{uri: "test:///default"}`
+	}
 	conf := fmt.Sprintf(`host: %s
 state_dir: %s
 log: {level: info, format: text}
-libvirt: {uri: "test:///default"}
+libvirt: %s
 lifecycle: {window: 400ms}
 nats: {urls: ["%s"], ready_timeout: 2s}
 metrics: {listen: "%s:9475"}
+shutdown_timeout: 1s
 fence:
   enabled: true
   action: pause
@@ -233,41 +275,86 @@ fence:
   lease_ttl: 1500ms
   held_recheck: 500ms
   members_refresh: 500ms
-`, host, filepath.Join(dir, "state"), srv.ClientURL(), nsAddr, nsAddr, secret)
-	if err := os.WriteFile(cfgPath, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
+%s`, host, filepath.Join(r.dir, "state"), libvirt, r.srvURL, nsAddr, nsAddr, r.secret, extra)
+	path := filepath.Join(r.dir, name+".yaml")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		r.t.Fatal(err)
 	}
+	return path
+}
+
+// agentProc is one run of the real binary in the namespace.
+type agentProc struct {
+	*agentRun
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // after done
+}
+
+// start runs the agent binary with cfgPath in the namespace
+// (HVGUARD_FORBID_RESET=1: SysrqReset refuses, on top of allow_reset
+// false); the cleanup stops it.
+func (r *netnsRig) start(cfgPath string) *agentProc {
+	r.t.Helper()
+	cmd := exec.Command("ip", "netns", "exec", r.ns, os.Getenv("HVGUARD_AGENT_BIN"), "--config", cfgPath)
+	cmd.Env = append(os.Environ(), agent.ForbidResetEnv+"=1")
+	stderr, _ := cmd.StderrPipe()
+	p := &agentProc{agentRun: &agentRun{}, cmd: cmd, done: make(chan struct{})}
+	scanned := make(chan struct{})
+	go func() { defer close(scanned); p.scan(stderr) }()
+	if err := cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	go func() { <-scanned; p.err = cmd.Wait(); close(p.done) }()
+	r.t.Cleanup(func() { _ = p.stop(30 * time.Second) })
+	return p
+}
+
+// stop sends SIGTERM and waits for the exit (its error: nil = status 0).
+func (p *agentProc) stop(timeout time.Duration) error {
+	select {
+	case <-p.done:
+		return p.err
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	return p.wait(timeout)
+}
+
+// wait waits for the process to exit by itself.
+func (p *agentProc) wait(timeout time.Duration) error {
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(timeout):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		return fmt.Errorf("agent did not exit in %s (killed)", timeout)
+	}
+}
+
+// exitCode is the process's exit status (-1: not exited normally).
+func (p *agentProc) exitCode() int {
+	<-p.done
+	if p.cmd.ProcessState == nil {
+		return -1
+	}
+	return p.cmd.ProcessState.ExitCode()
+}
+
+// TestFenceNetnsLinkCut: the agent (real binary, own netns, test:///default
+// inside its process, fast timing ×0.1) loses its link with `ip link set
+// down`: it fences (pauses its running domain); the link comes back before
+// the controller may declare: it rejoins and resumes. A second cut lasts
+// past the declaration: it stays fenced after the link is back.
+func TestFenceNetnsLinkCut(t *testing.T) {
+	r := newNetnsRig(t)
+	cfgPath := r.config("agent", "", "")
 	if _, err := agent.LoadConfig(cfgPath); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("ip", "netns", "exec", ns, os.Getenv("HVGUARD_AGENT_BIN"), "--config", cfgPath)
-	cmd.Env = append(os.Environ(), agent.ForbidResetEnv+"=1")
-	stderr, _ := cmd.StderrPipe()
-	ar := &agentRun{}
-	go ar.scan(stderr)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("agent exit: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			_ = cmd.Process.Kill()
-			t.Error("agent did not stop in 30 s")
-		}
-	}
-	t.Cleanup(stop)
+	ar := r.start(cfgPath)
+	link, decl := r.link, r.decl
 
 	waitFor(t, "healthy", 20*time.Second, ar.dump, func() bool { at, _ := ar.seen(0, "healthy", ""); return !at.IsZero() })
 	time.Sleep(1500 * time.Millisecond)
@@ -313,13 +400,15 @@ fence:
 			t.Errorf("metrics lack %q", want)
 		}
 	}
-	rec, _, err := st.Read(ctx, host)
+	rec, _, err := r.st.Read(r.ctx, host)
 	if err != nil || rec.State != fencing.LeaseExpired {
 		t.Fatalf("record %+v %v: declaration overwritten", rec, err)
 	}
 	t.Logf("cut 2: fenced %s after the cut, declared %s after it (margin %s)", fenced2.Sub(cut2).Round(time.Millisecond),
 		d.Sub(cut2).Round(time.Millisecond), decl().Sub(fenced2).Round(time.Millisecond))
-	stop()
+	if err := ar.stop(30 * time.Second); err != nil {
+		t.Errorf("agent exit: %v", err)
+	}
 }
 
 func metrics(t *testing.T) string {

@@ -3,6 +3,10 @@
 #   - test/netns: the hvguard-agent binary in its own network namespace,
 #     NATS in the root namespace over a veth pair (198.18.0.0/30), the link
 #     cut with `ip link set ... down` (fence) and brought back (heal);
+#     and the stop / upgrade / failed-start sequence (SIGTERM withdraws the
+#     lease, a restart takes it back, exit 78, a corrupt outbox, a hung
+#     libvirtd, a stop while the link is down fences): nothing declared
+#     while domains run;
 #   - test/netns softdog: the kernel softdog (soft_noboot=1 only) armed, fed
 #     and disarmed through the agent's watchdog code; skips where it cannot
 #     be loaded (containers);
