@@ -292,16 +292,16 @@ func (l *Leader) Holder() (string, uint64) {
 // holds the lock and its last landed renewal was sent less than
 // TTL − ActMargin ago. Call it immediately before every action.
 func (l *Leader) MayAct(now time.Time) bool {
-	if leaderMutation.noActMargin {
-		return l.leading && now.Before(l.validAt.Add(l.cfg.TTL))
-	}
-	return l.leading && now.Before(l.validAt.Add(l.cfg.TTL-l.cfg.ActMargin))
+	return l.leading && now.Before(l.ValidUntil())
 }
 
 // ValidUntil returns when MayAct turns false unless a renewal lands.
 func (l *Leader) ValidUntil() time.Time {
 	if !l.leading {
 		return time.Time{}
+	}
+	if leaderMutation.noActMargin {
+		return l.validAt.Add(l.cfg.TTL)
 	}
 	return l.validAt.Add(l.cfg.TTL - l.cfg.ActMargin)
 }

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"hvguard/controller"
+	"hvguard/controller/controllertest"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+	"hvguard/test/netcut"
+)
+
+// TestPartitionedLeader: the leader process reaches NATS through a link
+// that is cut the way a failed switch port cuts it (bytes held, delivered
+// late after the heal). A host falls silent during the cut. The standby
+// takes over once the lock stood still for TakeoverAfter(ttl), declares
+// the host once; the partitioned leader stops acting on its own clock
+// before that, and after the heal its held writes land and change nothing:
+// the host's key has one declaration (the standby's), the lock has no
+// record of the old leader after the new one's first, and /status never
+// showed two leaders (sampled every 10 ms throughout).
+func TestPartitionedLeader(t *testing.T) {
+	url, kv := haBucket(t)
+	st := &natslease.Store{KV: kv}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go controllertest.Renew(ctx, st, "h1", "h2", "h3")
+	hs := controllertest.HostRecord("hs")
+	renewHS, stopHS := context.WithCancel(ctx)
+	go func() {
+		var rev uint64
+		for renewHS.Err() == nil {
+			if n, err := st.Write(renewHS, "hs", rev, hs, time.Second); err == nil {
+				rev = n
+			}
+			time.Sleep(150 * time.Millisecond)
+		}
+	}()
+
+	link := netcut.New(t, strings.TrimPrefix(url, "nats://"))
+	a := startProc(t, "nats://"+link.Addr(), "ctl-a", "")
+	waitRole(t, a, "leader", 10*TakeoverWait())
+	b := startProc(t, url, "ctl-b", "")
+	waitRole(t, b, "standby", 5*time.Second)
+	time.Sleep(500 * time.Millisecond) // b's tracker has seen hs renew
+
+	// Sample both roles every 10 ms until the end.
+	var both atomic.Int64
+	var bothAt atomic.Value
+	sctx, stopSampling := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for sctx.Err() == nil {
+			ra, rb := a.role(), b.role()
+			if ra == "leader" && rb == "leader" {
+				both.Add(1)
+				bothAt.Store(time.Now().Format("15:04:05.000"))
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+
+	link.Blackhole(true)
+	cut := time.Now()
+	stopHS()
+	d := waitRole(t, b, "leader", 3*TakeoverWait())
+	t.Logf("leader's link cut → standby leading after %s (TakeoverAfter(ttl) %s)", d, TakeoverWait())
+	if role := a.role(); role != "standby" {
+		t.Fatalf("the partitioned leader reports %s after the standby took over", role)
+	}
+	grace, err := controller.Config{Drift: 0.01, MaxHostDrift: 0.05, MaxGrace: time.Minute, GuardWindow: time.Minute}.Grace(hs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// hs is due lease_ttl + grace after its last renewal (the cut); leave
+	// the link cut well past that, then heal: a's held bytes land.
+	time.Sleep(time.Until(cut.Add(hs.Timing.LeaseTTL + grace + 2*time.Second)))
+	link.Blackhole(false)
+	time.Sleep(3 * time.Second)
+	stopSampling()
+	wg.Wait()
+
+	if n := both.Load(); n > 0 {
+		t.Fatalf("/status showed two leaders in %d samples (last at %v)", n, bothAt.Load())
+	}
+	h, err := kv.History(context.Background(), "hs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var decl []string
+	for _, e := range h {
+		if r, err := fencing.DecodeRecord(e.Value()); err == nil && r.State == fencing.LeaseExpired {
+			decl = append(decl, r.Reason)
+		}
+	}
+	if len(decl) != 1 || !strings.Contains(decl[0], "ctl-b") {
+		t.Fatalf("hs declarations: %q, want exactly one, by ctl-b", decl)
+	}
+	locks := lockHistory(t, kv)
+	sawB := false
+	for _, r := range locks {
+		sawB = sawB || r.Holder == "ctl-b"
+		if sawB && r.Holder == "ctl-a" {
+			t.Fatalf("ctl-a wrote the lock after ctl-b took it: %+v", locks)
+		}
+	}
+	if a.role() != "standby" || b.role() != "leader" {
+		t.Fatalf("after the heal: ctl-a %s, ctl-b %s; want standby, leader", a.role(), b.role())
+	}
+	t.Logf("hs declared once by ctl-b (%s); %d lock records, none of ctl-a after ctl-b's; never two leaders", decl[0], len(locks))
+}
