@@ -16,6 +16,7 @@ import (
 
 	"hvguard/agent"
 	"hvguard/agent/delivery/deliverytest"
+	"hvguard/controller"
 	"hvguard/libvirtx"
 	"hvguard/proto"
 )
@@ -301,4 +302,30 @@ func TestSIGKILLLosesNothing(t *testing.T) {
 	}
 	t.Logf("killed after %d reports (last seq %d); restarted, %d more; stream holds seq 1..%d, none missing",
 		len(before), before[len(before)-1], len(after), len(c.Events))
+
+	// The controller's fleet view (issue 12) of the stream, redelivering
+	// the messages re-sent after the kill: complete, and each domain in the
+	// state last reported for it.
+	f := controller.NewFleet()
+	lastState := map[string]string{}
+	for i, e := range c.Events {
+		f.Apply(time.Now(), controller.FleetEventOf(uint64(i+1), e))
+		if e.DomainUUID != "" {
+			lastState[e.DomainUUID] = e.State
+		}
+		if i%7 == 0 { // a redelivery of an earlier message
+			if v := f.Apply(time.Now(), controller.FleetEventOf(uint64(i/2+1), c.Events[i/2])); v != controller.Duplicate {
+				t.Fatalf("redelivered seq %d: %s, want duplicate", c.Events[i/2].Seq, v)
+			}
+		}
+	}
+	h := f.Host(childHost)
+	if h.Stale {
+		t.Fatalf("fleet view stale after the kill and restart: %s", h.StaleReason)
+	}
+	for u, st := range lastState {
+		if d := h.Domains[u]; d == nil && st != "" || d != nil && d.State != st {
+			t.Fatalf("fleet view of %s: %+v, last reported %q", u, d, st)
+		}
+	}
 }
