@@ -347,9 +347,12 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 	lctx, lcancel := context.WithTimeout(ctx, cfg.Libvirt.CallTimeout.D())
 	snap, err := hv.ListDomains(lctx)
 	lcancel()
-	if err != nil {
+	switch {
+	case errors.Is(err, errLibvirtNotConnected):
+		f.log.Info("fencing starts before libvirt: the domains are listed once it is connected")
+	case err != nil:
 		f.log.Warn("listing domains for fencing failed; retrying in the loop", "err", err)
-	} else {
+	default:
 		f.perform(ctx, a.Domains(f.now(), toFenceDomains(snap)))
 	}
 	f.perform(ctx, a.Tick(f.now()))

@@ -226,13 +226,14 @@ func TestPropertyUpgradeFencesNobody(t *testing.T) {
 // fix (HVGUARD_SIM_MUTATION=<name> runs the random properties with it, by
 // hand: see docs/fencing.md).
 var mutations = map[string]func(s *sim, on bool){
-	"stop-without-withdrawal": func(_ *sim, on bool) { fencing.Mutations.StopWithoutWithdrawal = on },
-	"legacy-backstop":         func(_ *sim, on bool) { fencing.Mutations.LegacyBackstop = on },
-	"restart-keeps-age":       func(_ *sim, on bool) { fencing.Mutations.RestartKeepsWithdrawnAge = on },
-	"withdrawn-declarable":    func(_ *sim, on bool) { withdrawnDeclarable = on },
-	"fenced-feeds-unlisted":   func(_ *sim, on bool) { fencing.Mutations.FencedFeedsUnlisted = on },
-	"feed-at-start":           func(s *sim, on bool) { s.feedAtStart = on },
-	"disarm-always":           func(s *sim, on bool) { s.disarmAlways = on },
+	"stop-without-withdrawal":    func(_ *sim, on bool) { fencing.Mutations.StopWithoutWithdrawal = on },
+	"legacy-backstop":            func(_ *sim, on bool) { fencing.Mutations.LegacyBackstop = on },
+	"restart-keeps-age":          func(_ *sim, on bool) { fencing.Mutations.RestartKeepsWithdrawnAge = on },
+	"withdrawn-declarable":       func(_ *sim, on bool) { withdrawnDeclarable = on },
+	"fenced-feeds-unlisted":      func(_ *sim, on bool) { fencing.Mutations.FencedFeedsUnlisted = on },
+	"withdrawn-restart-confirms": func(_ *sim, on bool) { fencing.Mutations.WithdrawnRestartConfirms = on },
+	"feed-at-start":              func(s *sim, on bool) { s.feedAtStart = on },
+	"disarm-always":              func(s *sim, on bool) { s.disarmAlways = on },
 }
 
 // envMutation applies HVGUARD_SIM_MUTATION to s (and resets it when the
@@ -422,4 +423,21 @@ func TestSimUpgradeDoesNotFence(t *testing.T) {
 			t.Fatalf("mutation %v: %d fence operations\n%s", on, ops, strings.Join(s.fencedTrace(), "\n"))
 		}
 	}
+}
+
+// TestSimWithdrawnRestartDoesNotConfirm: h00 was stopped (withdrawn) and
+// starts again while its rack (h00–h03) is cut off from NATS and from the
+// other rack, so no renewal of it lands: its record stays withdrawn and
+// the controller counts only h01–h03 (3, not more than its threshold 3).
+// h00 must not confirm "cannot renew" to them: with its confirmation they
+// are Held (1 + 3 > 3) and the controller declares them while their
+// domains run.
+func TestSimWithdrawnRestartDoesNotConfirm(t *testing.T) {
+	sc := scenario{hosts: 6, rack: 4,
+		guard: func(c *Config) { c.GuardCount, c.GuardShare = 3, 0.8 },
+		events: []simEvent{
+			{at: 10 * time.Second, kind: "stop", hosts: []int{0}, dur: 26 * time.Second},
+			{at: 35 * time.Second, kind: "cut-rack", hosts: []int{0, 1, 2, 3}, dur: 150 * time.Second},
+		}}
+	sc.mustFailOnlyMutated(t, "withdrawn-restart-confirms")
 }

@@ -86,8 +86,13 @@ type Agent struct {
 	// Orderly stop (Stop): no renewal or peer round starts any more; the
 	// withdrawal (seq withdrawSeq, deadline withdrawDL) is in flight until
 	// it lands (Withdrawn) or fails (the agent fences).
-	stopping      bool
-	stopReason    string
+	stopping   bool
+	stopReason string
+	// recWithdrawn: the key holds our withdrawn record (this process
+	// started from it) and no renewal of this process landed yet: the
+	// controller neither declares nor counts the host, so this agent's
+	// "cannot renew" must not count toward a peer's hold either.
+	recWithdrawn  bool
 	withdrawSeq   uint64
 	withdrawDL    time.Time
 	withdrawTries int
@@ -171,6 +176,7 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 		a.lease = false
 		reason = ReasonStartedFromWithdrawn
 	}
+	a.recWithdrawn = fromWithdrawn && !Mutations.WithdrawnRestartConfirms
 	if !a.lease {
 		// No lease known in this boot: act as if the last acknowledged
 		// renewal was one interval ago, so that one renewal and one peer
@@ -242,8 +248,8 @@ type PeerView struct {
 
 // PeerView returns the current snapshot.
 func (a *Agent) PeerView() PeerView {
-	return PeerView{Lease: a.lease, LastAck: a.lastAck, Declared: a.declared, Held: a.state == StateHeld && !a.stopping,
-		Withdrawn: a.stopping, Timing: a.cfg.Timing}
+	return PeerView{Lease: a.lease, LastAck: a.lastAck, Declared: a.declared, Held: a.state == StateHeld && !a.stopping && !a.recWithdrawn,
+		Withdrawn: a.stopping || a.recWithdrawn, Timing: a.cfg.Timing}
 }
 
 // Status evaluates the snapshot at now.
@@ -799,6 +805,7 @@ func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
 		}
 	}
 	a.landedSeq = max(a.landedSeq, seq)
+	a.recWithdrawn = false // the key holds an active record of ours now
 	if a.declared {
 		// A landed renewal after a declaration can only be one written on
 		// the released record.

@@ -257,6 +257,10 @@ var Mutations struct {
 	// durable state feeds the watchdog before it listed (and re-fenced)
 	// the domains.
 	FencedFeedsUnlisted bool
+	// WithdrawnRestartConfirms: an agent started from its withdrawn record
+	// confirms "cannot renew" to its peers before a renewal of its landed
+	// (the controller does not count a withdrawn host).
+	WithdrawnRestartConfirms bool
 }
 
 // Config configures an Agent. Start from DefaultConfig.

@@ -312,3 +312,40 @@ func TestRestartFencedFeedsOnlyAfterListing(t *testing.T) {
 		t.Fatalf("%s, feed %v", a.State(), a.FeedWatchdog(h.now))
 	}
 }
+
+// TestStartFromWithdrawnConfirmsNothing: an agent started from its
+// withdrawn record that cannot renew (NATS cut) is not counted by the
+// controller (withdrawn), so it must not confirm "cannot renew" to its
+// peers, Held or not, until a renewal of its lands (found by the
+// simulation: TestSimWithdrawnRestartDoesNotConfirm).
+func TestStartFromWithdrawnConfirmsNothing(t *testing.T) {
+	h := newHarness(t, testConfig(), 50, "d1")
+	h.healthyFor(time.Second)
+	w := h.stop("orderly-stop")
+	h.rev++
+	h.take(h.a.Renewed(h.now, w.Seq, RenewResult{Outcome: RenewAcked, Revision: h.rev}))
+	d := h.dur
+	h.now = h.now.Add(time.Minute)
+	a, r, err := NewAgent(testConfig(), &d, nil, 0, h.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.a, h.renew = a, nil
+	h.take(r)
+	a.SetMembers(members(50), DefaultGuard(50))
+	h.take(a.Domains(h.now, []Domain{{UUID: "d1", Running: true}}))
+	h.advance(5 * time.Second) // renewals unanswered: asking peers
+	if k := a.PeerStatus(h.now).Answer(); k != PeerLeaseLapsed {
+		t.Fatalf("withdrawn restart answers %d while it cannot renew, want lease-lapsed", k)
+	}
+	h.answer(repeat(PeerCannotRenew, 20)...) // held by its peers
+	h.expectState(StateHeld)
+	if k := a.PeerStatus(h.now).Answer(); k != PeerLeaseLapsed {
+		t.Fatalf("withdrawn restart, held, answers %d, want lease-lapsed", k)
+	}
+	h.advance(time.Second)
+	h.ack() // a renewal lands: the record is active again
+	if k := a.PeerStatus(h.now).Answer(); k == PeerLeaseLapsed {
+		t.Fatal("still lease-lapsed after a renewal landed")
+	}
+}
