@@ -191,6 +191,31 @@ func TestStopWhileFencedStaysFenced(t *testing.T) {
 	h.expectStop(StopFenced)
 }
 
+// withdrawnRestart: a healthy agent withdraws on stop; a new process
+// starts a minute later, reading the withdrawn record (reachable) or
+// only its durable state (NATS unreachable).
+func withdrawnRestart(t *testing.T, reachable bool) (*harness, *Agent) {
+	t.Helper()
+	h := newHarness(t, testConfig(), 50, "d1")
+	h.healthyFor(time.Second)
+	w := h.stop("orderly-stop")
+	h.rev++
+	h.take(h.a.Renewed(h.now, w.Seq, RenewResult{Outcome: RenewAcked, Revision: h.rev}))
+	d := h.dur
+	h.now = h.now.Add(time.Minute)
+	var cur *LeaseRecord
+	if reachable {
+		cur = &w.Record
+	}
+	a, r, err := NewAgent(testConfig(), &d, cur, h.rev, h.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.a, h.log, h.renew = a, nil, nil
+	h.take(r)
+	return h, a
+}
+
 // TestStartFromWithdrawn: the next start finds its withdrawn record (an
 // upgrade that took a minute): the lease age starts afresh (no fence), the
 // first renewal is a CAS on the withdrawn record's revision, and the
@@ -198,23 +223,7 @@ func TestStopWhileFencedStaysFenced(t *testing.T) {
 // With NATS unreachable at start, the durable state alone says so.
 func TestStartFromWithdrawn(t *testing.T) {
 	for _, reachable := range []bool{true, false} {
-		h := newHarness(t, testConfig(), 50, "d1")
-		h.healthyFor(time.Second)
-		w := h.stop("orderly-stop")
-		h.rev++
-		h.take(h.a.Renewed(h.now, w.Seq, RenewResult{Outcome: RenewAcked, Revision: h.rev}))
-		d := h.dur
-		h.now = h.now.Add(time.Minute)
-		var cur *LeaseRecord
-		if reachable {
-			cur = &w.Record
-		}
-		a, r, err := NewAgent(testConfig(), &d, cur, h.rev, h.now)
-		if err != nil {
-			t.Fatal(err)
-		}
-		h.a, h.log, h.renew = a, nil, nil
-		h.take(r)
+		h, a := withdrawnRestart(t, reachable)
 		if h.dur.Withdrawn {
 			t.Fatal("durable state still withdrawn after the start")
 		}
@@ -319,19 +328,7 @@ func TestRestartFencedFeedsOnlyAfterListing(t *testing.T) {
 // peers, Held or not, until a renewal of its lands (found by the
 // simulation: TestSimWithdrawnRestartDoesNotConfirm).
 func TestStartFromWithdrawnConfirmsNothing(t *testing.T) {
-	h := newHarness(t, testConfig(), 50, "d1")
-	h.healthyFor(time.Second)
-	w := h.stop("orderly-stop")
-	h.rev++
-	h.take(h.a.Renewed(h.now, w.Seq, RenewResult{Outcome: RenewAcked, Revision: h.rev}))
-	d := h.dur
-	h.now = h.now.Add(time.Minute)
-	a, r, err := NewAgent(testConfig(), &d, nil, 0, h.now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.a, h.renew = a, nil
-	h.take(r)
+	h, a := withdrawnRestart(t, false)
 	a.SetMembers(members(50), DefaultGuard(50))
 	h.take(a.Domains(h.now, []Domain{{UUID: "d1", Running: true}}))
 	h.advance(5 * time.Second) // renewals unanswered: asking peers
