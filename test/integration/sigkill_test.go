@@ -43,6 +43,10 @@ const (
 	childCloudsEnv  = "HVGUARD_IT_CLOUDS"
 	childDomainsEnv = "HVGUARD_IT_DOMAINS"
 	childClsHost    = "it-sigkill-cls"
+	// childPlain runs the agent without classification, defines
+	// childDomainsEnv's domains and destroys the domains named on stdin.
+	childPlain     = "plain"
+	childPlainHost = "it-sigkill-plain"
 )
 
 func childMain() int {
@@ -62,6 +66,10 @@ func childMain() int {
 		cfg.OpenStack.CloudsFile = os.Getenv(childCloudsEnv)
 		cfg.OpenStack.RequestTimeout = agent.Duration(2 * time.Second)
 		cfg.Classification.QueryTimeout = agent.Duration(agent.MinQueryTimeout)
+	}
+	if scenario == childPlain {
+		cfg.Host = childPlainHost
+		cfg.Lifecycle.RecheckInterval = agent.Duration(100 * time.Millisecond)
 	}
 	if err := cfg.Validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "child:", err)
@@ -101,7 +109,7 @@ func childMain() int {
 	switch scenario {
 	case childFlap:
 		err = childFlapVictim(ctx, wl)
-	case childClassify:
+	case childClassify, childPlain:
 		err = childObey(ctx, wl)
 	default:
 		err = fmt.Errorf("unknown scenario %q", scenario)
