@@ -35,11 +35,15 @@ type Sink interface {
 // Loop is the only goroutine that touches the debouncer, so per-domain order
 // is the order of the decisions.
 type Loop struct {
-	host   string
-	log    *slog.Logger
-	hv     Hypervisor
-	deb    *lifecycle.Debouncer
-	sink   Sink
+	host string
+	log  *slog.Logger
+	hv   Hypervisor
+	deb  *lifecycle.Debouncer
+	sink Sink
+	// mark is the sink position of the last report (what domains.json
+	// records with the states it saves); nil while unknown (no report yet
+	// and the previous file's mark could not be followed).
+	mark   *knownMark
 	now    func() time.Time
 	stats  *LoopStats
 	checks chan struct{} // semaphore for state checks in flight
@@ -140,11 +144,13 @@ func NewLoop(cfg LoopConfig, hv Hypervisor, sink Sink, log *slog.Logger, now fun
 	if now == nil {
 		now = time.Now
 	}
+	var mark *knownMark
 	if cfg.KnownPath != "" {
-		known, err := loadKnown(cfg.KnownPath)
+		known, m, err := loadKnown(cfg.KnownPath)
 		if err != nil {
 			log.Error("known domain states lost; every domain will be announced again", "err", err)
 		}
+		known, mark = foldSince(known, m, sink, log)
 		if err := deb.Seed(known); err != nil {
 			return nil, err
 		}
@@ -159,6 +165,7 @@ func NewLoop(cfg LoopConfig, hv Hypervisor, sink Sink, log *slog.Logger, now fun
 		}
 	}
 	return &Loop{
+		mark:         mark,
 		cls:          cls,
 		clsStats:     &ClassifyStats{},
 		knownPath:    cfg.KnownPath,
@@ -455,6 +462,7 @@ func (l *Loop) publish(d *lifecycle.Decision, cl proto.Classification, clReason 
 		l.log.Error("outbox refused an event", "domain_uuid", d.UUID, "transition", d.Transition, "err", err)
 		return
 	}
+	l.mark = &knownMark{inc: ev.Incarnation, seq: ev.Seq}
 	// Stops, suppressed stops and gaps are what an operator asks about at
 	// 3 a.m.: INFO. Routine transitions (a busy host makes thousands) are
 	// DEBUG; every one of them is in the event stream with its reason.
@@ -518,6 +526,7 @@ func (l *Loop) inventory() {
 			l.log.Error("outbox refused a full report", "part", ev.InventoryPart, "parts", ev.InventoryParts, "err", err)
 			return
 		}
+		l.mark = &knownMark{inc: ev.Incarnation, seq: ev.Seq}
 		l.stats.Reports[transitionIndex(ev.Transition)].Add(1)
 		if l.OnReport != nil {
 			l.OnReport(ev)
@@ -536,7 +545,7 @@ func (l *Loop) saveKnown(force bool) {
 	if !force && now.Sub(l.savedAt) < KnownSaveInterval {
 		return
 	}
-	if err := saveKnown(l.knownPath, l.known(), now); err != nil {
+	if err := saveKnown(l.knownPath, l.known(), l.mark, now); err != nil {
 		l.log.Error("saving known domain states failed", "path", l.knownPath, "err", err)
 		return
 	}

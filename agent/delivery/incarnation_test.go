@@ -263,3 +263,39 @@ func TestIncarnationKeptWhenKilledBeforeFirstAppend(t *testing.T) {
 		t.Fatalf("incarnation %s after a kill before the first append, want %s", got, inc)
 	}
 }
+
+// TestOutboxSince: the records after a seq, acked ones included, while the
+// outbox still holds all of them; not ok for another incarnation or once
+// the records after the seq are gone (a clean Close deletes acked
+// segments).
+func TestOutboxSince(t *testing.T) {
+	dir := t.TempDir()
+	o := openTest(t, dir, OutboxConfig{})
+	inc := o.Stats().Incarnation
+	appendN(t, o, 0, 5)
+	o.ack(5)
+	evs, ok, err := o.Since(inc, 2)
+	if err != nil || !ok || len(evs) != 3 || evs[0].Seq != 3 || evs[2].Seq != 5 {
+		t.Fatalf("Since(2) = %d events, %v, %v", len(evs), ok, err)
+	}
+	if evs, ok, _ := o.Since(inc, 5); !ok || len(evs) != 0 {
+		t.Fatalf("Since(last) = %d events, %v", len(evs), ok)
+	}
+	if _, ok, _ := o.Since(inc+1, 2); ok {
+		t.Fatal("Since of another incarnation is ok")
+	}
+	o.crash()
+	o = openTest(t, dir, OutboxConfig{})
+	if evs, ok, _ := o.Since(inc, 2); !ok || len(evs) != 3 {
+		t.Fatalf("after a crash: Since(2) = %d events, %v", len(evs), ok)
+	}
+	o.ack(5) // the re-sends after the crash are acked again
+	if err := o.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o = openTest(t, dir, OutboxConfig{})
+	defer o.Close()
+	if _, ok, _ := o.Since(inc, 2); ok {
+		t.Fatal("after a clean Close (acked segments deleted): Since(2) is ok")
+	}
+}

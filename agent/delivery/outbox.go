@@ -846,6 +846,68 @@ func (o *Outbox) read(after uint64, max int) ([]record, error) {
 	return recs, nil
 }
 
+// Since returns the events of every record the outbox still holds with a
+// seq above after, acked or not, in seq order, when they are all of the
+// events appended after it: the outbox is incarnation inc and its
+// segments reach back to after+1 (the active segment keeps acked records
+// until it is sealed or the outbox is closed). ok is false when that
+// cannot be shown. The agent folds them into the domain states it saved
+// at seq after (KnownSaveInterval): what it reported after its last save
+// before a kill.
+func (o *Outbox) Since(inc proto.Incarnation, after uint64) (evs []proto.LifecycleEvent, ok bool, err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return nil, false, ErrClosed
+	}
+	if inc != o.inc {
+		return nil, false, nil
+	}
+	if o.nextSeq-1 <= after {
+		return nil, true, nil
+	}
+	first := uint64(0)
+	for _, seg := range o.segs {
+		if seg.first != 0 {
+			first = seg.first
+			break
+		}
+	}
+	if first == 0 || first > after+1 {
+		return nil, false, nil
+	}
+	for _, seg := range o.segs {
+		if seg.last <= after || seg.size == 0 {
+			continue
+		}
+		data := make([]byte, seg.size)
+		if _, err := seg.f.ReadAt(data, 0); err != nil {
+			return nil, false, fmt.Errorf("outbox read %s: %w", seg.path, err)
+		}
+		var prev uint64
+		for off := 0; off < len(data); {
+			seq, n, good := parseRecord(data[off:], prev)
+			if !good {
+				if n == 0 {
+					break
+				}
+				off += recordHeaderSize + n // corrupt record (skipped at load too)
+				continue
+			}
+			prev = seq
+			if seq > after {
+				ev, err := proto.DecodeLifecycle(data[off+recordHeaderSize : off+recordHeaderSize+n])
+				if err != nil {
+					return nil, false, fmt.Errorf("outbox record %d: %w", seq, err)
+				}
+				evs = append(evs, ev)
+			}
+			off += recordHeaderSize + n
+		}
+	}
+	return evs, true, nil
+}
+
 // ackedSeq returns the ack cursor: every record <= it is acked.
 func (o *Outbox) ackedSeq() uint64 {
 	o.mu.Lock()
