@@ -118,7 +118,9 @@ func TestFenceOrderlyStopWithdraws(t *testing.T) {
 	r.waitState(fencing.StateHealthy, 10*time.Second)
 	time.Sleep(quietFor)
 	for _, tr := range r.transitionsSince(i) {
-		if tr.To != fencing.StateStarting && tr.To != fencing.StateHealthy {
+		// (suspect / asking-peers may show on a loaded machine at ×0.1
+		// timing; a fence may not: the lease age starts afresh.)
+		if tr.To == fencing.StateFencing || tr.To == fencing.StateFenced {
 			t.Fatalf("restart after the stop went %s\n%s", tr, r.history())
 		}
 	}
