@@ -587,7 +587,10 @@ func (a *Agent) step(now time.Time) {
 		a.withdrawFailed(now, "timed out (outcome unknown)")
 	}
 	doubt := a.state != StateHealthy && a.state != StateStarting && a.state != StateRejoining
-	if (a.inflight == 0 || doubt) && !now.Before(a.nextRenew) && !a.stopping {
+	// A self-declaration (keydelete.go) waits for the fence to complete:
+	// a record saying "declared" is never written while domains may run.
+	waitFence := a.selfDecl && a.state == StateFencing
+	if (a.inflight == 0 || doubt) && !now.Before(a.nextRenew) && !a.stopping && !waitFence {
 		var req RenewRequest
 		if a.selfDecl {
 			req = a.selfDeclaration(now)

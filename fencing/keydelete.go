@@ -23,8 +23,9 @@ import (
 //     lease lapsed. The delete may have erased a declaration (whose instances
 //     may already be rebuilt elsewhere), so the absence of a record is no
 //     evidence that the host may resume. The agent fences (if not fenced),
-//     treats itself as declared and re-creates the key as an `expired`
-//     record of the next epoch (SelfDeclaredAfterKeyDeleted), by create;
+//     treats itself as declared and, once the fence is complete (never while a
+//     domain may run), re-creates the key as an `expired` record of the
+//     next epoch (SelfDeclaredAfterKeyDeleted), by create;
 //     only the explicit release of that declaration (the controller, or
 //     `hvguard-agent --unfence`) lets it take the lease again, and then it
 //     resumes nothing (the ordinary release path).

@@ -119,9 +119,17 @@ func TestScenarioKeyDeletedLapsedFences(t *testing.T) {
 	if !slices.Contains(h.log, "pause d1") {
 		t.Fatalf("log %v", h.log)
 	}
+	// Nothing is written while d1 may still run: a record saying
+	// "declared" must never precede the fence.
+	h.advance(3 * time.Second)
+	if h.renew != nil {
+		t.Fatalf("a write while fencing: %+v", h.renew)
+	}
+	h.take(h.a.FenceDone(h.now, "d1", nil))
+	h.expectState(StateAwaitingRelease)
 	h.advance(100 * time.Millisecond)
-	if h.renew == nil || h.renew.Record.State != LeaseExpired {
-		t.Fatalf("want a self-declaration, got %+v", h.renew)
+	if h.renew == nil || h.renew.Record.State != LeaseExpired || h.renew.Revision != 0 {
+		t.Fatalf("want the self-declaration once fenced, got %+v", h.renew)
 	}
 }
 
