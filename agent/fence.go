@@ -836,11 +836,10 @@ func (f *fencer) readMembers(ctx context.Context) bool {
 		return false
 	}
 	f.post(ctx, func(time.Time) fencing.Ready {
-		if g.Valid() {
-			f.guard = g
-		}
+		// The core keeps its guard when g is not valid or older.
 		f.members = m
-		f.a.SetMembers(f.members, f.guard)
+		f.a.SetMembers(f.members, g)
+		f.guard = f.a.Guard()
 		if err := writeJSONAtomic(f.membPath, membersCache{Members: f.members, Guard: f.guard}); err != nil {
 			f.log.Warn("membership cache not written", "err", err)
 		}

@@ -54,7 +54,7 @@ func partitionFence(n int, backstop fencing.Backstop) (fenced, declared time.Dur
 		r.Host = members[i]
 		tr.Observe(t0, members[i], uint64(i+1), &r)
 	}
-	tr.Guard()
+	tr.GuardPublished(tr.Guard(), nil)
 
 	agentAt := func(real time.Duration) time.Time { return t0.Add(time.Duration(float64(real) * (1 - drift))) }
 	ctrlAt := func(real time.Duration) time.Time { return t0.Add(time.Duration(float64(real) * (1 + drift))) }

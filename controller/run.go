@@ -18,6 +18,8 @@ const (
 	// GuardPublishInterval is how often the guard is published again (and
 	// at once when the membership changes).
 	GuardPublishInterval = 30 * time.Second
+	// GuardPublishRetry is the pause after a failed guard publish.
+	GuardPublishRetry = time.Second
 	// WriteTimeout bounds a declaration or release write.
 	WriteTimeout = 2 * time.Second
 	// RewatchDelay is the pause before a failed watch is re-established.
@@ -101,8 +103,11 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	tick := time.NewTicker(TickInterval)
 	defer tick.Stop()
-	var lastPublish time.Time
-	published := -1
+	var lastPublish, retryPublish time.Time
+	var published uint64
+	// restored: the published guard's versions were read since this
+	// controller last started acting (see restoreGuard).
+	restored := false
 	views := r.viewReqs()
 	for ctx.Err() == nil {
 		updates := make(chan natslease.Update, 1024)
@@ -145,11 +150,32 @@ func (r *Runner) Run(ctx context.Context) error {
 					continue // silence is measured only while watching
 				}
 				now := r.now()
-				if n := r.Tracker.Members(); (n != published || now.Sub(lastPublish) > GuardPublishInterval) && r.mayAct() {
-					if err := r.Store.PublishGuard(ctx, r.Tracker.Guard()); err != nil {
-						log.Warn("publish guard", "err", err)
+				acting := r.mayAct()
+				if !acting {
+					restored = false // a standby: read the guard again when it takes over
+				} else if !restored {
+					// Before it declares or publishes anything, a
+					// (re)started controller or a new leader takes over
+					// the published guard's versions: agents may still
+					// act on them.
+					g, err := r.Store.ReadGuard(ctx)
+					if err != nil {
+						log.Error("reading the published guard failed; declaring and publishing nothing until it is read", "err", err)
+						continue
+					}
+					r.Tracker.RestoreGuard(g)
+					restored = true
+				}
+				if g := r.Tracker.Guard(); acting && (g.Version != published || now.Sub(lastPublish) > GuardPublishInterval) && !now.Before(retryPublish) {
+					// Adopted only once written; a failed write is kept
+					// as possibly landed (the threshold only gets lower).
+					err := r.Store.PublishGuard(ctx, g)
+					r.Tracker.GuardPublished(g, err)
+					if err != nil {
+						log.Warn("publish guard", "version", g.Version, "err", err)
+						retryPublish = now.Add(GuardPublishRetry)
 					} else {
-						published, lastPublish = n, now
+						published, lastPublish = g.Version, now
 					}
 				}
 				for _, d := range r.Tracker.Tick(now) {

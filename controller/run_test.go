@@ -2,6 +2,7 @@ package controller_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -17,25 +18,31 @@ import (
 	"hvguard/fencing/natslease"
 )
 
-// TestRunnerDeclaresSilentHost: against a real JetStream KV, three hosts
-// renew; h0 stops; the runner declares it (by CAS, next epoch) after
-// lease_ttl + grace and never declares the others; a refused host is
-// never declared.
-func TestRunnerDeclaresSilentHost(t *testing.T) {
+// newLeaseStore returns the lease bucket on a fresh embedded JetStream.
+func newLeaseStore(t *testing.T) *natslease.Store {
+	t.Helper()
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	nc, err := nats.Connect(srv.ClientURL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(nc.Close)
 	js, _ := jetstream.New(nc)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	kv, err := natslease.EnsureBucket(ctx, js, true)
+	kv, err := natslease.EnsureBucket(context.Background(), js, true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &natslease.Store{KV: kv}
+	return &natslease.Store{KV: kv}
+}
+
+// TestRunnerDeclaresSilentHost: against a real JetStream KV, three hosts
+// renew; h0 stops; the runner declares it (by CAS, next epoch) after
+// lease_ttl + grace and never declares the others; a refused host is
+// never declared.
+func TestRunnerDeclaresSilentHost(t *testing.T) {
+	st := newLeaseStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
 	timing := fencing.DefaultTiming()
 	timing.RenewInterval, timing.RenewTimeout, timing.PeerTimeout = 200*time.Millisecond, 200*time.Millisecond, 300*time.Millisecond
 	timing.FenceDeadline, timing.LeaseTTL = 500*time.Millisecond, 1500*time.Millisecond
@@ -99,5 +106,56 @@ func TestRunnerDeclaresSilentHost(t *testing.T) {
 	cur, _, err := st.Read(context.Background(), "h0")
 	if err != nil || cur.State != fencing.LeaseExpired || cur.Epoch != 1 {
 		t.Fatalf("h0 record %+v %v", cur, err)
+	}
+}
+
+// TestRunnerRestoresGuardVersions: against a real KV, a controller
+// publishes guard version 1 (5 hosts: threshold 1) and stops; the bucket
+// grows to 10 hosts whose agents name no version (from before versions:
+// any kept version may be theirs); a new controller (restart, or a new
+// leader) restores version 1 from the published guard before it watches,
+// publishes version 2 (threshold 2) with version 1 in its history, and
+// keeps holding with threshold 1.
+func TestRunnerRestoresGuardVersions(t *testing.T) {
+	st := newLeaseStore(t)
+	put := func(from, to int) {
+		for i := from; i < to; i++ {
+			h := fmt.Sprintf("h%d", i)
+			r := fencing.LeaseRecord{Schema: 1, Host: h, State: fencing.LeaseActive, FencingEnabled: true,
+				Action: fencing.ActionPause, Backstop: fencing.BackstopReset, Timing: fencing.DefaultTiming()}
+			if _, err := st.Write(context.Background(), h, 0, r, time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	runUntil := func(tr *controller.Tracker, version uint64) fencing.Guard {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		done := make(chan struct{})
+		r := &controller.Runner{Store: st, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		go func() { defer close(done); _ = r.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+		for ctx.Err() == nil {
+			if g, err := st.ReadGuard(ctx); err == nil && g.Version == version {
+				return g
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("guard version %d never published", version)
+		return fencing.Guard{}
+	}
+	put(0, 5)
+	tr1, _ := controller.NewTracker(controller.DefaultConfig())
+	if g := runUntil(tr1, 1); g.Members != 5 {
+		t.Fatalf("v1 %+v", g)
+	}
+	put(5, 10)
+	tr2, _ := controller.NewTracker(controller.DefaultConfig())
+	g := runUntil(tr2, 2)
+	if g.Members != 10 || len(g.History) != 2 || g.History[0] != (fencing.GuardVersion{Version: 1, Threshold: 1}) {
+		t.Fatalf("v2 %+v: want 10 members and version 1 in its history", g)
+	}
+	if th := tr2.Threshold(); th != 1 {
+		t.Fatalf("threshold %d after the restart, want 1 (version 1 restored)", th)
 	}
 }

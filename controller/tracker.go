@@ -33,8 +33,9 @@ type Config struct {
 	// GuardCount, GuardShare, GuardWindow: the mass-failure guard. The
 	// controller holds (declares nothing) while MORE than
 	// min(GuardCount, floor(GuardShare*N)) hosts were silent within the
-	// last GuardWindow (N: hosts in the bucket, and never more than the N
-	// last published with Guard).
+	// last GuardWindow (N: hosts in the bucket), and never with a larger
+	// threshold than any published guard an agent may still act on
+	// (guard.go).
 	GuardCount  int
 	GuardShare  float64
 	GuardWindow time.Duration
@@ -174,11 +175,11 @@ var (
 // Tracker is the controller's lease tracker: pure, time passed in,
 // decisions returned as values, driven by one goroutine.
 type Tracker struct {
-	cfg       Config
-	hosts     map[string]*hostState
-	holding   bool
-	published int // members in the last published Guard (0: never)
-	out       []Decision
+	cfg     Config
+	hosts   map[string]*hostState
+	holding bool
+	guards  guardVersions
+	out     []Decision
 }
 
 // NewTracker returns a tracker.
@@ -268,6 +269,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	}
 	prev := h.rec
 	h.rev, h.rec = rev, *rec
+	t.guards.named(rec)
 	switch rec.State {
 	case fencing.LeaseActive:
 		if prev.State != fencing.LeaseWithdrawn && !h.lastSeen.IsZero() && now.Sub(h.lastSeen) > h.silentAft && h.silentAft > 0 {
@@ -344,21 +346,19 @@ func (t *Tracker) Hosts() []string {
 	return out
 }
 
-// Guard returns the guard to publish under fencing.GuardKey. From now on
-// the tracker's threshold never uses more members than published here, so
-// an agent relying on it never expects a hold the controller does not do.
-func (t *Tracker) Guard() fencing.Guard {
-	t.published = t.Members()
-	return fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare, Window: t.cfg.GuardWindow, Members: t.published}
-}
-
-// Threshold returns the current guard threshold.
+// Threshold returns the current guard threshold: the smaller of the
+// threshold for the current membership and every threshold an agent may
+// still act on (guard.go).
 func (t *Tracker) Threshold() int {
 	n := t.Members()
-	if t.published > 0 {
-		n = min(n, t.published)
+	if guardMutation.latestOnly {
+		if t.guards.latestN > 0 {
+			n = min(n, t.guards.latestN)
+		}
+		return fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(n)
 	}
-	return fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(n)
+	th := fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(n)
+	return t.guards.effective(th, t.hosts)
 }
 
 // Holding reports whether the mass-failure guard holds.

@@ -70,7 +70,7 @@ func newTracker(t *testing.T, n int) *Tracker {
 	for i := range n {
 		tr.Observe(t0, fmt.Sprintf("h%d", i), 1, rec(fmt.Sprintf("h%d", i), fencing.BackstopReset))
 	}
-	tr.Guard()
+	tr.GuardPublished(tr.Guard(), nil)
 	return tr
 }
 

@@ -302,6 +302,10 @@ func (a *Agent) FeedWatchdog(now time.Time) bool {
 // SetMembers sets the hosts of the lease bucket (peers are drawn from them)
 // and the guard the controller published. The caller refreshes both from
 // the bucket while it can read it; while cut off the cached values stay.
+// A guard that is not valid, or older (Version) than the one the agent
+// has, is ignored: the agent names its guard in its records, and the
+// controller relies on an agent never going back to a version it no
+// longer keeps.
 func (a *Agent) SetMembers(members []string, g Guard) {
 	a.members = a.members[:0]
 	for _, m := range members {
@@ -310,8 +314,13 @@ func (a *Agent) SetMembers(members []string, g Guard) {
 		}
 	}
 	sort.Strings(a.members)
-	a.guard = g
+	if g.Valid() && (!a.guard.Valid() || g.Version >= a.guard.Version) {
+		a.guard = g
+	}
 }
+
+// Guard returns the guard the agent acts on (to cache across restarts).
+func (a *Agent) Guard() Guard { return a.guard }
 
 // Durable returns the state to persist.
 func (a *Agent) Durable() Durable {
@@ -544,6 +553,7 @@ func (a *Agent) record(seq uint64) LeaseRecord {
 		Schema: RecordSchema, Host: a.cfg.Host, BootID: a.cfg.BootID, Epoch: a.epoch,
 		State: LeaseActive, Incarnation: a.incarnation, Seq: seq, FencingEnabled: a.cfg.Enabled && a.cfg.Action != ActionNone,
 		Action: a.cfg.Action, Backstop: a.cfg.Backstop(), Timing: a.cfg.Timing, AgentState: a.state,
+		Guard: a.guard.Ref(),
 	}
 }
 

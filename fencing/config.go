@@ -208,9 +208,33 @@ type Guard struct {
 	Share  float64       `json:"share"`
 	Window time.Duration `json:"window"`
 	// Members is the number of hosts in the lease bucket when the guard was
-	// published. The controller uses min(this, current) so that it never
-	// holds later than an agent expects.
+	// published.
 	Members int `json:"members"`
+	// Version numbers the guards the controller published (1, 2, …; 0:
+	// unversioned). An agent never replaces its guard by an older version
+	// and names the version and threshold it acts on in its lease record
+	// (LeaseRecord.Guard).
+	Version uint64 `json:"version,omitempty"`
+	// History lists the (version, threshold) of this and earlier versions
+	// that some agent may still act on, pruned by the controller; a
+	// controller that restarts (or takes over) restores it, so that it
+	// never holds later than an agent still on an older guard expects.
+	History []GuardVersion `json:"history,omitempty"`
+}
+
+// GuardVersion is one published guard version and its threshold.
+type GuardVersion struct {
+	Version   uint64 `json:"version"`
+	Threshold int    `json:"threshold"`
+}
+
+// Ref returns the version and threshold an agent acting on g names in its
+// lease record (nil when g is not valid: the agent cannot be Held).
+func (g Guard) Ref() *GuardVersion {
+	if !g.Valid() {
+		return nil
+	}
+	return &GuardVersion{Version: g.Version, Threshold: g.Threshold(g.Members)}
 }
 
 // DefaultGuard returns the default guard for members hosts.

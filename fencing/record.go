@@ -64,6 +64,11 @@ type LeaseRecord struct {
 	// Reason says why the controller wrote an expired or released record,
 	// or why the agent withdrew.
 	Reason string `json:"reason,omitempty"`
+	// Guard is the controller's guard version the agent acts on, and its
+	// threshold (absent: no valid guard known, or an agent from before
+	// guard versions). The controller never uses a larger threshold than
+	// any guard a member may still act on.
+	Guard *GuardVersion `json:"guard,omitempty"`
 }
 
 // Encode returns the JSON encoding of r.

@@ -197,7 +197,7 @@ func (r *rig) run(ctx context.Context, hooks func(elapsed time.Duration)) {
 					r.logf("controller %s", d)
 				}
 				if !published && tr.Members() == 6 {
-					tr.Guard()
+					tr.GuardPublished(tr.Guard(), nil)
 					published = true
 				}
 			}

@@ -211,15 +211,29 @@ func (s *Store) Members(ctx context.Context) ([]string, fencing.Guard, error) {
 		}
 	}
 	sort.Strings(hosts)
-	var g fencing.Guard
-	if e, err := s.KV.Get(ctx, fencing.GuardKey); err == nil {
-		if g, err = fencing.DecodeGuard(e.Value()); err != nil {
-			return hosts, fencing.Guard{}, err
-		}
-	} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
-		return hosts, g, fmt.Errorf("lease bucket: read guard: %w", err)
+	g, err := s.readGuard(ctx)
+	if err != nil {
+		return hosts, fencing.Guard{}, err
 	}
 	return hosts, g, nil
+}
+
+// ReadGuard returns the published guard (zero when none is published yet).
+func (s *Store) ReadGuard(ctx context.Context) (fencing.Guard, error) {
+	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	defer cancel()
+	return s.readGuard(ctx)
+}
+
+func (s *Store) readGuard(ctx context.Context) (fencing.Guard, error) {
+	e, err := s.KV.Get(ctx, fencing.GuardKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fencing.Guard{}, nil
+	}
+	if err != nil {
+		return fencing.Guard{}, fmt.Errorf("lease bucket: read guard: %w", err)
+	}
+	return fencing.DecodeGuard(e.Value())
 }
 
 // PublishGuard writes the controller's guard.
