@@ -21,11 +21,23 @@ import (
 // observation (its clock restarts). Forget drops a deleted host for good
 // (decommissioned: withdraw or stop its agent first).
 
+// keyDeleteMutation switches the rule above off, for the simulation's
+// mutation checks only (sim_membership_test.go). Never set outside tests.
+var keyDeleteMutation struct {
+	// forget: a deleted host is forgotten (counts toward nothing), as
+	// before.
+	forget bool
+}
+
 // observeDeleted records that host's key was deleted or purged at rev.
 func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 	h := t.hosts[host]
 	if h == nil || h.deleted || rev <= h.rev {
 		return // unknown, already deleted, or a stale delivery
+	}
+	if keyDeleteMutation.forget {
+		delete(t.hosts, host)
+		return
 	}
 	h.deleted, h.rev = true, rev
 	h.declaring = time.Time{}

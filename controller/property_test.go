@@ -32,7 +32,7 @@ func drawSim(t *rapid.T, outageOnly bool) *sim {
 		// long cuts.
 		dur := time.Duration(rapid.OneOf(rapid.IntRange(1, 50), rapid.IntRange(50, 350), rapid.IntRange(350, 900)).Draw(t, "dur")) * simStep
 		var e simEvent
-		kinds := []string{"cut-rack", "cut-host", "outage", "lost-acks", "restart"}
+		kinds := []string{"cut-rack", "cut-host", "outage", "lost-acks", "restart", "delete-key", "grow"}
 		if outageOnly {
 			kinds = []string{"outage", "outage", "outage-acks", "restart"}
 		}
@@ -56,6 +56,8 @@ func drawSim(t *rapid.T, outageOnly bool) *sim {
 			if e.kind == "outage-acks" {
 				e.kind = "lost-acks" // asymmetric: writes land, acks are lost
 			}
+		case "grow":
+			e.hosts = make([]int, rapid.IntRange(1, 8).Draw(t, "joining"))
 		default:
 			e.hosts = []int{rapid.IntRange(0, n-1).Draw(t, "host")}
 		}
@@ -79,6 +81,8 @@ func drawSim(t *rapid.T, outageOnly bool) *sim {
 	s := newSim(rapid.Uint64().Draw(t, "seed"), n, rack, rapid.IntRange(1, 3).Draw(t, "domains"), drift, gc, evs)
 	// Renewals slower than their timeout: none, rare, frequent.
 	s.pSlow = rapid.SampledFrom([]float64{0, 0.005, 0.02}).Draw(t, "p_slow")
+	// Guard publishes: all land, some fail, most fail.
+	s.pGuardFail = rapid.SampledFrom([]float64{0, 0.3, 0.9}).Draw(t, "p_guard_fail")
 	return s
 }
 
@@ -131,9 +135,11 @@ func (s *sim) tail(n int) []string {
 // host cuts, control-plane outages of any size (peers still reachable),
 // lost acknowledgements, agent restarts (durable state kept, down up to
 // 30 s), random message delays (renewals sometimes slower than their
-// timeout), late writes landing up to 20 s after a heal, slow fences, and
-// clock rates within the drift bound: the controller never declares a host
-// expired while a domain on it can still run.
+// timeout), late writes landing up to 20 s after a heal, slow fences,
+// clock rates within the drift bound, hosts joining, lease keys deleted by
+// an operator, and guard publishes that fail (sim_membership_test.go): the
+// controller never declares a host expired while a domain on it can still
+// run.
 func TestPropertyNoDeclarationWhileDomainsRun(t *testing.T) {
 	var runs, declaredLive, held int
 	rapid.Check(t, func(t *rapid.T) {

@@ -66,6 +66,8 @@ type simMsg struct {
 type kvEntry struct {
 	rev uint64
 	rec fencing.LeaseRecord
+	// deleted: a delete/purge marker at rev (rec: the record before).
+	deleted bool
 }
 
 type sim struct {
@@ -94,12 +96,14 @@ type sim struct {
 	// disarmAlways magic-closes it on every orderly stop, whatever the
 	// stop's outcome.
 	feedAtStart, disarmAlways bool
+
+	simMembership // guard publishing, growth, key deletes (sim_membership_test.go)
 }
 
 // simEvent is one scheduled fault.
 type simEvent struct {
 	at    time.Duration
-	kind  string // cut-rack, cut-host, outage, lost-acks, restart; stop, crash-loop, libvirt-down (sim_stop_test.go)
+	kind  string // cut-rack, cut-host, outage, lost-acks, restart; stop, crash-loop, libvirt-down (sim_stop_test.go); grow, guard-fail, delete-key, decommission (sim_membership_test.go)
 	hosts []int
 	dur   time.Duration
 	up    time.Duration // crash-loop: how long each process lives
@@ -145,6 +149,7 @@ func newSimWith(seed uint64, n, rackSize, domains int, drift float64, guard Conf
 		maxLate: 20 * time.Second, pLate: 0.3}
 	rate := func() float64 { return 1 + (s.rnd.Float64()*2-1)*drift }
 	s.ctrlR = rate()
+	s.rackSize = rackSize
 	var err error
 	if s.ctrl, err = NewTracker(guard); err != nil {
 		panic(err)
@@ -163,6 +168,8 @@ func newSimWith(seed uint64, n, rackSize, domains int, drift float64, guard Conf
 		s.ctrl.Observe(s.ctrlNow(), h.name, s.rev, ptr(s.kv[h.name].rec))
 	}
 	s.guard = s.ctrl.Guard()
+	s.ctrl.GuardPublished(s.guard, nil)
+	s.kvGuard = s.guard
 	for _, h := range s.hosts {
 		// Steady state: each agent renewed at t0.
 		h.dur = &fencing.Durable{Host: h.name, BootID: "b", HaveLease: true, LastAck: t0, Incarnation: 1}
@@ -185,8 +192,7 @@ func (s *sim) hostConfig(h *simHost) fencing.Config {
 func (s *sim) startAgent(h *simHost) {
 	var cur *fencing.LeaseRecord
 	var rev uint64
-	if h.cut == 0 && h.ackCut == 0 {
-		e := s.kv[h.name]
+	if e, ok := s.kv[h.name]; ok && !e.deleted && h.cut == 0 && h.ackCut == 0 {
 		cur, rev = ptr(e.rec), e.rev
 	}
 	a, r, err := fencing.NewAgent(s.hostConfig(h), h.dur, cur, rev, s.local(h))
@@ -195,11 +201,7 @@ func (s *sim) startAgent(h *simHost) {
 	}
 	h.agent = a
 	s.armIfAllowed(h, a)
-	names := make([]string, len(s.hosts))
-	for i, o := range s.hosts {
-		names[i] = o.name
-	}
-	a.SetMembers(names, s.guard)
+	a.SetMembers(s.memberNames(), s.kvGuard)
 	s.apply(h, a, r)
 	if h.lvDown == 0 {
 		s.apply(h, a, a.Domains(s.local(h), s.inventory(h)))
@@ -320,10 +322,10 @@ func (s *sim) host(name string) *simHost {
 // cas applies a compare-and-set at the server now and returns the result.
 func (s *sim) cas(host string, rev uint64, rec fencing.LeaseRecord) fencing.RenewResult {
 	e, ok := s.kv[host]
-	if (ok && e.rev != rev) || (!ok && rev != 0) {
-		return fencing.RenewResult{Outcome: fencing.RenewConflict, Revision: e.rev, Current: ptr(e.rec)}
+	if res, conflict := s.casConflict(host, rev, rec); conflict {
+		return res
 	}
-	if ok && e.rec.State == fencing.LeaseExpired && rec.State == fencing.LeaseActive {
+	if ok && !e.deleted && e.rec.State == fencing.LeaseExpired && rec.State == fencing.LeaseActive {
 		s.errs = append(s.errs, fmt.Sprintf("%.1fs: an active record (seq %d) overwrote %s's declaration", s.now.Sub(t0).Seconds(), rec.Seq, host))
 	}
 	if rec.State == fencing.LeaseExpired {
@@ -332,12 +334,14 @@ func (s *sim) cas(host string, rev uint64, rec fencing.LeaseRecord) fencing.Rene
 	s.rev++
 	s.kv[host] = kvEntry{rev: s.rev, rec: rec}
 	rv := s.rev
-	s.after(s.delay(500*time.Millisecond), func() { s.observe(host, rv, rec) })
+	s.after(s.delay(500*time.Millisecond), func() { s.observe(host, rv, &rec) })
 	return fencing.RenewResult{Outcome: fencing.RenewAcked, Revision: rv}
 }
 
-func (s *sim) observe(host string, rev uint64, rec fencing.LeaseRecord) {
-	for _, d := range s.ctrl.Observe(s.ctrlNow(), host, rev, &rec) {
+// observe delivers a value of host's key to the controller (rec nil: a
+// delete marker).
+func (s *sim) observe(host string, rev uint64, rec *fencing.LeaseRecord) {
+	for _, d := range s.ctrl.Observe(s.ctrlNow(), host, rev, rec) {
 		s.logf("controller %s", d)
 	}
 }
@@ -426,7 +430,8 @@ func (s *sim) ask(x *simHost, a *fencing.Agent, rd fencing.PeerRound, p *simHost
 				if res.Outcome == fencing.RenewAcked {
 					answer(fencing.PeerAnswer{Kind: fencing.PeerRelayed, Revision: res.Revision})
 				} else {
-					answer(fencing.PeerAnswer{Kind: fencing.PeerRelayFailed, Revision: res.Revision, Current: res.Current})
+					answer(fencing.PeerAnswer{Kind: fencing.PeerRelayFailed, Revision: res.Revision, Current: res.Current,
+						KeyAbsent: res.Outcome == fencing.RenewConflict && res.Current == nil})
 				}
 			})
 		}
@@ -468,6 +473,9 @@ func (s *sim) fault(h *simHost, kind string, delta int) {
 
 func (s *sim) startEvent(e simEvent) {
 	s.logf("EVENT %s", e)
+	if s.startGlobalEvent(e) {
+		return
+	}
 	for _, i := range e.hosts {
 		h := s.hosts[i]
 		switch e.kind {
@@ -487,6 +495,8 @@ func (s *sim) startEvent(e simEvent) {
 			s.after(e.dur, func() { s.fault(h, "ack", -1) })
 		case "restart":
 			s.crash(h, e.dur)
+		case "delete-key", "decommission":
+			s.startMembershipEvent(e, h)
 		default:
 			s.startStopEvent(e, h)
 		}
@@ -527,6 +537,7 @@ func (s *sim) step() {
 		s.q = slices.Delete(s.q, i, i+1)
 		m.fn()
 	}
+	s.membershipStep()
 	for _, h := range s.hosts {
 		if h.agentUp(s.now) {
 			a := h.agent
