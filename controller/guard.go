@@ -148,8 +148,9 @@ func (t *Tracker) Guard() fencing.Guard {
 		g.Version = t.guards.maxSeen + 1
 	}
 	g.History = slices.Clone(t.guards.kept)
-	if i := slices.IndexFunc(g.History, func(v fencing.GuardVersion) bool { return v.Version == g.Version }); i < 0 {
-		g.History = append(g.History, *g.Ref())
+	ref := g.Ref() // nil for an empty bucket: agents ignore such a guard
+	if i := slices.IndexFunc(g.History, func(v fencing.GuardVersion) bool { return v.Version == g.Version }); i < 0 && ref != nil {
+		g.History = append(g.History, *ref)
 	}
 	t.guards.latestN = g.Members
 	return g
@@ -160,6 +161,7 @@ func (t *Tracker) Guard() fencing.Guard {
 // failed write may still land (a timeout's outcome is unknown), and a
 // version kept for nothing only makes the threshold more conservative.
 func (t *Tracker) GuardPublished(g fencing.Guard, err error) {
+	t.guards.maxSeen = max(t.guards.maxSeen, g.Version)
 	if ref := g.Ref(); ref != nil {
 		t.guards.keep(*ref, t.hosts)
 	}

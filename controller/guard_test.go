@@ -142,3 +142,14 @@ func TestGuardHistoryBounded(t *testing.T) {
 		t.Fatalf("threshold %d: the 1-host version (threshold 0) must stay in force", th)
 	}
 }
+
+// TestGuardEmptyBucket: with no host yet the proposal is an invalid guard
+// (agents ignore it), and nothing breaks.
+func TestGuardEmptyBucket(t *testing.T) {
+	tr, _ := NewTracker(DefaultConfig())
+	g := tr.Guard()
+	tr.GuardPublished(g, nil)
+	if g.Valid() || len(tr.GuardVersions()) != 0 {
+		t.Fatalf("guard %+v, kept %v", g, tr.GuardVersions())
+	}
+}

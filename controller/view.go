@@ -28,6 +28,11 @@ type LeaseView struct {
 	// Reason is the record's reason (set by whoever declared, released or
 	// withdrew it).
 	Reason string `json:"reason,omitempty"`
+	// KeyDeleted: the host's key was deleted or purged (never declared;
+	// still counted by the guard until the key is back).
+	KeyDeleted bool `json:"key_deleted,omitempty"`
+	// Guard is the guard version and threshold the host's agent names.
+	Guard *fencing.GuardVersion `json:"guard,omitempty"`
 }
 
 // TrackerView is the tracker's state at one instant.
@@ -36,17 +41,20 @@ type TrackerView struct {
 	Holding   bool        `json:"holding"`
 	Silent    int         `json:"silent"`
 	Threshold int         `json:"threshold"`
+	// GuardVersions are the guard versions kept in force (guard.go).
+	GuardVersions []fencing.GuardVersion `json:"guard_versions,omitempty"`
 }
 
 // View returns the tracker's state at now (hosts sorted by name).
 func (t *Tracker) View(now time.Time) TrackerView {
-	v := TrackerView{Holding: t.holding, Silent: t.Silent(now), Threshold: t.Threshold()}
+	v := TrackerView{Holding: t.holding, Silent: t.Silent(now), Threshold: t.Threshold(), GuardVersions: t.GuardVersions()}
 	for _, name := range t.Hosts() {
 		h := t.hosts[name]
 		v.Hosts = append(v.Hosts, LeaseView{
 			Host: name, State: h.rec.State, Epoch: h.rec.Epoch, Revision: h.rev, Backstop: h.rec.Backstop,
 			GraceSeconds: h.grace.Seconds(), LastRenewalSeconds: now.Sub(h.lastSeen).Seconds(),
 			Silent: t.counted(h, now), Refused: h.refused, Reason: h.rec.Reason,
+			KeyDeleted: h.deleted, Guard: h.rec.Guard,
 		})
 	}
 	return v

@@ -25,6 +25,7 @@ type counters struct {
 	heldBack      atomic.Int64
 	refusals      atomic.Int64 // hosts refused (per change)
 	refusedDue    atomic.Int64
+	keysDeleted   atomic.Int64 // lease keys deleted or purged (lease-deleted)
 }
 
 func (c *counters) count(d controller.Decision, err error) {
@@ -45,6 +46,8 @@ func (c *counters) count(d controller.Decision, err error) {
 		c.refusals.Add(1)
 	case d.Op == controller.OpRefusedDue:
 		c.refusedDue.Add(1)
+	case d.Op == controller.OpLeaseDeleted:
+		c.keysDeleted.Add(1)
 	}
 }
 
@@ -66,6 +69,9 @@ var (
 	descStreamLag     = prometheus.NewDesc("hvguard_controller_stream_lag_messages", "Messages in the event stream not yet delivered to this controller's consumer (read every 5 s).", nil, nil)
 	descAckPending    = prometheus.NewDesc("hvguard_controller_stream_ack_pending_messages", "Messages delivered to this controller's consumer and not yet acknowledged.", nil, nil)
 	descStaleHosts    = prometheus.NewDesc("hvguard_controller_hosts_stale", "Hosts whose fleet view is stale (events missing, a new incarnation, a gap, or no full report yet) until their agent's next full report.", nil, nil)
+	descKeysDeleted   = prometheus.NewDesc("hvguard_controller_lease_keys_deleted_total", "Lease keys deleted or purged (the host is unprotected until its agent re-creates the key).", nil, nil)
+	descHostsDeleted  = prometheus.NewDesc("hvguard_controller_hosts_key_deleted", "Hosts whose lease key is deleted now (never declared; still counted by the guard).", nil, nil)
+	descThreshold     = prometheus.NewDesc("hvguard_controller_guard_threshold", "The mass-failure guard's threshold now: the smallest over the membership and every guard version an agent may still act on.", nil, nil)
 	descNatsUp        = prometheus.NewDesc("hvguard_controller_nats_connected", "1 when the NATS connection is up.", nil, nil)
 )
 
@@ -91,6 +97,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ctr(descHeldBack, d.m.heldBack.Load())
 	ctr(descRefusals, d.m.refusals.Load())
 	ctr(descRefusedDue, d.m.refusedDue.Load())
+	ctr(descKeysDeleted, d.m.keysDeleted.Load())
 	if !d.started.Load() {
 		return
 	}
@@ -117,14 +124,20 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	g(descHolding, b2f(v.Holding))
 	g(descSilent, float64(v.Silent))
+	g(descThreshold, float64(v.Threshold))
 	by := map[fencing.LeaseState]int{fencing.LeaseActive: 0, fencing.LeaseExpired: 0, fencing.LeaseReleased: 0, fencing.LeaseWithdrawn: 0}
-	refused := 0
+	refused, deleted := 0, 0
 	for _, h := range v.Hosts {
+		if h.KeyDeleted {
+			deleted++
+			continue
+		}
 		by[h.State]++
 		if h.Refused != "" {
 			refused++
 		}
 	}
+	g(descHostsDeleted, float64(deleted))
 	for s, n := range by {
 		g(descHosts, float64(n), string(s))
 	}
