@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,5 +158,61 @@ func TestRunnerRestoresGuardVersions(t *testing.T) {
 	}
 	if th := tr2.Threshold(); th != 1 {
 		t.Fatalf("threshold %d after the restart, want 1 (version 1 restored)", th)
+	}
+}
+
+// TestRunnerStandbyRestoresGuardOnTakeover: a standby (MayAct false)
+// watches while the leader publishes versions 1 and 2; when it takes over
+// it reads the published guard before it publishes: it goes on with
+// version 2 (same membership) and its history, instead of starting again
+// at version 1 for another membership.
+func TestRunnerStandbyRestoresGuardOnTakeover(t *testing.T) {
+	st := newLeaseStore(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	put := func(from, to int) {
+		for i := from; i < to; i++ {
+			h := fmt.Sprintf("h%d", i)
+			r := fencing.LeaseRecord{Schema: 1, Host: h, State: fencing.LeaseActive, FencingEnabled: true,
+				Action: fencing.ActionPause, Backstop: fencing.BackstopReset, Timing: fencing.DefaultTiming()}
+			if _, err := st.Write(ctx, h, 0, r, time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitVersion := func(v uint64) fencing.Guard {
+		for ctx.Err() == nil {
+			if g, err := st.ReadGuard(ctx); err == nil && g.Version == v {
+				return g
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		t.Fatalf("guard version %d never published", v)
+		return fencing.Guard{}
+	}
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var standbyActs atomic.Bool
+	tr2, _ := controller.NewTracker(controller.DefaultConfig())
+	standby := &controller.Runner{Store: st, Tracker: tr2, Log: quiet, MayAct: func(time.Time) bool { return standbyActs.Load() }}
+	done2 := make(chan struct{})
+	go func() { defer close(done2); _ = standby.Run(ctx) }()
+	defer func() { cancel(); <-done2 }()
+
+	put(0, 5)
+	lctx, lcancel := context.WithCancel(ctx)
+	tr1, _ := controller.NewTracker(controller.DefaultConfig())
+	leader := &controller.Runner{Store: st, Tracker: tr1, Log: quiet}
+	done1 := make(chan struct{})
+	go func() { defer close(done1); _ = leader.Run(lctx) }()
+	waitVersion(1)
+	put(5, 10)
+	waitVersion(2)
+	lcancel()
+	<-done1
+	standbyActs.Store(true)
+	time.Sleep(time.Second) // the standby's first ticks as the leader
+	g, err := st.ReadGuard(ctx)
+	if err != nil || g.Version != 2 || g.Members != 10 || len(g.History) != 2 || g.History[0].Version != 1 {
+		t.Fatalf("after the take-over: %+v %v: want version 2 (10 members) with version 1 in its history", g, err)
 	}
 }
