@@ -760,6 +760,14 @@ func (a *Agent) withdrawResult(now time.Time, res RenewResult) {
 			a.conflict(now, 0, res) // declared: fence, never overwrite it
 			return
 		}
+		if cur == nil && a.withdrawTries < maxWithdrawTries && a.keyDeleteSafe(now) {
+			// The key was deleted or purged while the lease is held: no
+			// declaration can have been erased (keydelete.go); withdraw by
+			// creating the record over the marker.
+			a.rev = 0
+			a.sendWithdrawal(now)
+			return
+		}
 		a.withdrawFailed(now, fmt.Sprintf("conflict at revision %d", res.Revision))
 	case RenewTimedOut:
 		a.withdrawFailed(now, "timed out (outcome unknown)")

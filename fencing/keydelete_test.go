@@ -152,3 +152,27 @@ func TestScenarioKeyDeletedSeenThroughRelay(t *testing.T) {
 	h.answer(PeerRelayed)
 	h.expectState(StateHealthy)
 }
+
+// TestScenarioKeyDeletedStopWithdrawsByCreate: a healthy agent stops after
+// its key was deleted: the withdrawal on its old revision conflicts with
+// no record, and the lease is held, so it withdraws by creating the
+// record over the marker instead of fencing before leaving.
+func TestScenarioKeyDeletedStopWithdrawsByCreate(t *testing.T) {
+	h := newHarness(t, testConfig(), 50, "d1")
+	h.healthyFor(3 * time.Second)
+	h.log = nil
+	w := h.stop("orderly-stop")
+	h.take(h.a.Renewed(h.now, w.Seq, RenewResult{Outcome: RenewConflict}))
+	w2 := h.renew
+	if w2 == nil || w2.Revision != 0 || w2.Record.State != LeaseWithdrawn {
+		t.Fatalf("second withdrawal %+v: want a create (revision 0)", w2)
+	}
+	h.renew = nil
+	h.rev++
+	h.take(h.a.Renewed(h.now, w2.Seq, RenewResult{Outcome: RenewAcked, Revision: h.rev}))
+	h.expectState(StateWithdrawn)
+	h.expectStop(StopWithdrawn)
+	if slices.Contains(h.log, "pause d1") {
+		t.Fatalf("fenced: %v", h.log)
+	}
+}
