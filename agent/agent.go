@@ -308,10 +308,13 @@ func (l *Loop) nextDeadline() (time.Time, bool) {
 }
 
 // stop ends Run: waits for the checks and queries in flight, publishes the
-// stops still being classified (unknown, agent-stopping) and saves the
-// known states.
+// guest resets still held (lifecycle.FlushReboots) and the stops still
+// being classified (unknown, agent-stopping) and saves the known states.
 func (l *Loop) stop(ctx context.Context) {
 	l.wg.Wait()
+	// Held REBOOT bursts are reported now (a graceful stop loses none);
+	// before the classification queues, which may hold them behind a stop.
+	l.handle(ctx, l.deb.FlushReboots(l.now()))
 	l.drainCls(ctx)
 	if l.cls != nil {
 		l.clsStats.Classifying.Store(0)
@@ -447,6 +450,7 @@ func (l *Loop) publish(d *lifecycle.Decision, cl proto.Classification, clReason 
 
 		Classification:       cl,
 		ClassificationReason: clReason,
+		RebootEvents:         uint64(d.RebootEvents),
 	}
 	if ev.OccurredAt.IsZero() {
 		ev.OccurredAt = now
@@ -466,8 +470,12 @@ func (l *Loop) publish(d *lifecycle.Decision, cl proto.Classification, clReason 
 	// Stops, suppressed stops and gaps are what an operator asks about at
 	// 3 a.m.: INFO. Routine transitions (a busy host makes thousands) are
 	// DEBUG; every one of them is in the event stream with its reason.
+	// A reboot standing for more REBOOT events than one reset makes is
+	// a guest resetting repeatedly (a reset loop is reported once per
+	// window): INFO too.
 	lvl := slog.LevelDebug
-	if d.Transition == lifecycle.TransitionStopped || (d.Transition == lifecycle.TransitionRebooted && d.Reason != lifecycle.ReasonRebootEvent) {
+	if d.Transition == lifecycle.TransitionStopped || (d.Transition == lifecycle.TransitionRebooted && d.Reason != lifecycle.ReasonRebootEvent) ||
+		d.RebootEvents > lifecycle.RebootEventsPerReset {
 		lvl = slog.LevelInfo
 	}
 	if l.log.Enabled(context.Background(), lvl) {
@@ -475,7 +483,7 @@ func (l *Loop) publish(d *lifecycle.Decision, cl proto.Classification, clReason 
 			"domain_uuid", d.UUID, "domain", d.Name, "transition", string(d.Transition),
 			"reason", string(d.Reason), "state", d.State.String(), "seq", ev.Seq,
 			"libvirt_event", d.Cause.Event, "libvirt_detail", d.Cause.Detail,
-			"classification", string(cl), "classification_reason", clReason)
+			"classification", string(cl), "classification_reason", clReason, "reboot_events", d.RebootEvents)
 	}
 	if l.OnReport != nil {
 		l.OnReport(ev)

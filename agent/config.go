@@ -69,8 +69,10 @@ type LibvirtConfig struct {
 
 // LifecycleConfig is the debouncer.
 type LifecycleConfig struct {
-	// Window is how long a stop is held before the real state is checked.
-	// 0 reports stops immediately (no debouncing).
+	// Window is how long a stop is held before the real state is checked,
+	// and the most a guest reset's rebooted is held (lifecycle
+	// RebootBurstGap). 0 reports stops and REBOOT events immediately (no
+	// debouncing).
 	Window Duration `yaml:"window"`
 	// RecheckInterval is the pause before a failed or inconclusive state
 	// check is repeated.

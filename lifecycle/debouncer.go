@@ -83,10 +83,19 @@ type domain struct {
 	undefinedEv Event
 	check       uint64 // outstanding check token, 0 = none
 	checks      int    // checks issued for the current pending stop
-	deadline    time.Time
-	seq         uint64 // heap tie-break
-	hidx        int    // index in the timer heap, -1 if absent
-	mark        uint64 // resync generation
+	// held REBOOT burst (holdReboot): rbEvents REBOOT events not reported
+	// yet (0: no burst), rbCause the first one's cause (or the stop it
+	// cancelled), rbStart and rbLast when the first and the last of them
+	// were observed. rbReported is when the domain's last reboot-event
+	// report was made (zero: none). A burst and a pending stop never
+	// coexist: a stop begins only after the burst is reported.
+	rbEvents                    int
+	rbCause                     Event
+	rbStart, rbLast, rbReported time.Time
+	deadline                    time.Time // of the pending stop's window or check, or of the held burst
+	seq                         uint64    // heap tie-break
+	hidx                        int       // index in the timer heap, -1 if absent
+	mark                        uint64    // resync generation
 }
 
 // Debouncer holds STOPPED/CRASHED events of each domain for a window and
@@ -105,7 +114,9 @@ type domain struct {
 type Debouncer struct {
 	cfg       Config
 	doms      map[string]*domain
-	timers    timerHeap
+	timers    timerHeap // domains with a pending stop or a held REBOOT burst
+	stops     int       // pending stops (the rest of timers are held bursts)
+	now       time.Time // the now of the current call, for held bursts reported by it
 	nextCheck uint64
 	gen       uint64
 	c         Counters
@@ -134,18 +145,23 @@ func (d *Debouncer) Len() int { return len(d.doms) }
 
 // Pending returns the number of stops currently held (in a window,
 // awaiting a check answer, or waiting to recheck). Pending() <= Len().
-func (d *Debouncer) Pending() int { return d.timers.len() }
+func (d *Debouncer) Pending() int { return d.stops }
+
+// RebootsHeld returns the number of domains whose REBOOT burst is held
+// (not reported yet, see holdReboot). Pending()+RebootsHeld() <= Len().
+func (d *Debouncer) RebootsHeld() int { return d.timers.len() - d.stops }
 
 // Counters returns a copy of the cumulative counters.
 func (d *Debouncer) Counters() Counters {
 	c := d.c
-	c.StopsPending = d.timers.len()
+	c.StopsPending = d.stops
+	c.RebootsHeld = d.RebootsHeld()
 	return c
 }
 
 // NextDeadline returns the earliest time at which Tick has work to do;
-// ok is false when no stop is pending. Arm the caller's single timer with
-// it after every call.
+// ok is false when no stop is pending and no REBOOT burst is held. Arm the
+// caller's single timer with it after every call.
 func (d *Debouncer) NextDeadline() (deadline time.Time, ok bool) {
 	if d.timers.len() == 0 {
 		return time.Time{}, false
@@ -153,7 +169,10 @@ func (d *Debouncer) NextDeadline() (deadline time.Time, ok bool) {
 	return d.timers.top().deadline, true
 }
 
+// report appends a report for dom, after the domain's held REBOOT burst
+// if there is one (reports of a domain follow event order).
 func (d *Debouncer) report(dst []Decision, dom *domain, t Transition, r Reason, st State, cause Event) []Decision {
+	dst = d.flushReboot(dst, dom)
 	return append(dst, Decision{Op: OpReport, UUID: dom.uuid, Name: dom.name, Transition: t, Reason: r, State: st, Cause: cause})
 }
 
@@ -185,11 +204,40 @@ func (d *Debouncer) Resync(snap []DomainSnapshot, now time.Time) []Decision {
 	return d.out
 }
 
+// FlushReboots is AppendFlushReboots into the Debouncer's reused slice
+// (valid until the next Observe, Tick, Resolve, Resync or FlushReboots).
+func (d *Debouncer) FlushReboots(now time.Time) []Decision {
+	d.out = d.AppendFlushReboots(d.out[:0], now)
+	return d.out
+}
+
+// AppendFlushReboots reports every held REBOOT burst at once, in UUID
+// order, for a caller about to stop (a graceful shutdown does not lose
+// them; pending stops are left alone: they are settled after the restart
+// from the persisted beliefs).
+func (d *Debouncer) AppendFlushReboots(dst []Decision, now time.Time) []Decision {
+	d.now = now
+	held := d.scratch[:0]
+	for _, dom := range d.timers.items {
+		if dom.rbEvents > 0 {
+			held = append(held, dom)
+		}
+	}
+	slices.SortFunc(held, func(a, b *domain) int { return strings.Compare(a.uuid, b.uuid) })
+	for i, dom := range held {
+		dst = d.flushReboot(dst, dom)
+		held[i] = nil
+	}
+	d.scratch = held[:0]
+	return dst
+}
+
 // AppendObserve feeds one event delivered by libvirt (ev.At is carried in
 // Decision.Cause; windows are measured from now). Events with an empty
 // UUID or a Kind this package does not know are ignored
 // (Counters.Ignored). See doc.go for what each event does.
 func (d *Debouncer) AppendObserve(dst []Decision, ev Event, now time.Time) []Decision {
+	d.now = now
 	d.c.Events++
 	if ev.UUID == "" || ev.Kind == KindUnknown || ev.Kind > KindReboot {
 		d.c.Ignored++
@@ -257,7 +305,13 @@ func (d *Debouncer) AppendObserve(dst []Decision, ev Event, now time.Time) []Dec
 	case KindReboot:
 		dom.absorb = false
 		dom.phase, dom.shutdown = phaseRunning, ""
-		return d.report(dst, dom, TransitionRebooted, ReasonRebootEvent, StateRunning, ev)
+		if d.cfg.Window == 0 {
+			dst = d.report(dst, dom, TransitionRebooted, ReasonRebootEvent, StateRunning, ev)
+			dst[len(dst)-1].RebootEvents = 1
+			return dst
+		}
+		d.holdReboot(dom, ev, now)
+		return dst
 	case KindDefined:
 		if dom.phase == phaseUnknown && (ev.Detail == "ADDED" || ev.Detail == "RENAMED") {
 			// A new persistent domain is defined, not running; libvirt
@@ -296,8 +350,17 @@ func (d *Debouncer) observePending(dst []Decision, dom *domain, ev Event, now ti
 		d.c.SuppressedResumed++
 		return d.cancelStop(dst, dom, ReasonResumedWithinWindow, phaseRunning, true)
 	case KindReboot:
+		// The stop's outcome is this reboot: reported with the REBOOTs
+		// that follow (on_crash=restart sends SUSPENDED, CRASHED, REBOOT,
+		// RESUMED, REBOOT: one report).
 		d.c.SuppressedReboot++
-		return d.cancelStop(dst, dom, ReasonRebootEvent, phaseRunning, false)
+		dom.undefined, dom.undefinedEv = false, Event{}
+		d.endPending(dom)
+		dom.phase, dom.absorb, dom.shutdown = phaseRunning, false, ""
+		cause := dom.cause
+		dom.cause = Event{}
+		d.holdReboot(dom, cause, now)
+		return d.flushDeferred(dst, dom)
 	case KindSuspended:
 		d.c.SuppressedSuspended++
 		dst = d.cancelStop(dst, dom, ReasonSuspendedWithinWindow, phasePaused, false)
@@ -349,8 +412,59 @@ func mergeDetail(merged, detail string) string {
 	return merged + "+" + detail
 }
 
+// holdReboot adds a REBOOT event (cause: the event, or the pending stop it
+// cancelled) to dom's burst, opening one if none is held. The burst is
+// reported as one rebooted (RebootEvents = its events) by Tick at
+// rebootDeadline, or earlier, right before any other report of the domain
+// (flushReboot). Window > 0 only.
+func (d *Debouncer) holdReboot(dom *domain, cause Event, now time.Time) {
+	if dom.rbEvents == 0 {
+		dom.rbCause, dom.rbStart = cause, now
+	} else {
+		d.c.RebootsCoalesced++
+		d.timers.remove(dom)
+	}
+	dom.rbEvents++
+	dom.rbLast = now
+	dom.deadline = d.rebootDeadline(dom)
+	d.timers.push(dom)
+}
+
+// rebootDeadline is when dom's held burst is reported: RebootBurstGap after
+// its last REBOOT, but not before Window after the domain's previous
+// reboot-event report (one report per Window: a reset loop is reported once
+// per Window, with the count) and never later than Window after the
+// burst's first REBOOT (a reboot is never held longer than the window).
+func (d *Debouncer) rebootDeadline(dom *domain) time.Time {
+	at := dom.rbLast.Add(RebootBurstGap)
+	if !dom.rbReported.IsZero() {
+		if next := dom.rbReported.Add(d.cfg.Window); next.After(at) {
+			at = next
+		}
+	}
+	if limit := dom.rbStart.Add(d.cfg.Window); limit.Before(at) {
+		at = limit
+	}
+	return at
+}
+
+// flushReboot reports dom's held REBOOT burst, if any, now.
+func (d *Debouncer) flushReboot(dst []Decision, dom *domain) []Decision {
+	if dom.rbEvents == 0 {
+		return dst
+	}
+	d.timers.remove(dom)
+	dst = append(dst, Decision{Op: OpReport, UUID: dom.uuid, Name: dom.name, Transition: TransitionRebooted,
+		Reason: ReasonRebootEvent, State: StateRunning, Cause: dom.rbCause, RebootEvents: dom.rbEvents})
+	dom.rbEvents, dom.rbCause = 0, Event{}
+	dom.rbReported = d.now
+	return dst
+}
+
 // beginStop opens a pending stop (or, with Window 0, reports it at once).
+// A held REBOOT burst of the domain is reported first.
 func (d *Debouncer) beginStop(dst []Decision, dom *domain, cause Event, now time.Time) []Decision {
+	dst = d.flushReboot(dst, dom)
 	dom.learnedOff = false // this stop is reported (or suppressed) by this Debouncer
 	if d.cfg.Window == 0 {
 		d.c.StopsReported++
@@ -365,6 +479,7 @@ func (d *Debouncer) beginStop(dst []Decision, dom *domain, cause Event, now time
 		return dst
 	}
 	d.c.StopsBegun++
+	d.stops++
 	dom.pending = true
 	dom.cause = cause
 	dom.check, dom.checks = 0, 0
@@ -376,6 +491,9 @@ func (d *Debouncer) beginStop(dst []Decision, dom *domain, cause Event, now time
 // endPending clears the pending stop's bookkeeping.
 func (d *Debouncer) endPending(dom *domain) {
 	d.timers.remove(dom)
+	if dom.pending {
+		d.stops--
+	}
 	dom.pending = false
 	dom.check, dom.checks = 0, 0
 }
@@ -422,8 +540,10 @@ func (d *Debouncer) reportStop(dst []Decision, dom *domain, r Reason, st State) 
 	return d.flushDeferred(dst, dom)
 }
 
+// forget drops dom. Its held burst, if any, was reported by the report
+// that precedes every forget (undefined).
 func (d *Debouncer) forget(dom *domain) {
-	d.timers.remove(dom)
+	d.endPending(dom)
 	delete(d.doms, dom.uuid)
 }
 
@@ -443,10 +563,15 @@ func (d *Debouncer) issueCheck(dst []Decision, dom *domain, now time.Time) []Dec
 // CheckTimeout counts as failed (a new check, or after MaxChecks a stop
 // with ReasonStateCheckFailed).
 func (d *Debouncer) AppendTick(dst []Decision, now time.Time) []Decision {
+	d.now = now
 	for d.timers.len() > 0 {
 		dom := d.timers.top()
 		if dom.deadline.After(now) {
 			break
+		}
+		if dom.rbEvents > 0 {
+			dst = d.flushReboot(dst, dom)
+			continue
 		}
 		d.timers.remove(dom)
 		if dom.check != 0 {
@@ -476,6 +601,7 @@ func (d *Debouncer) AppendTick(dst []Decision, now time.Time) []Decision {
 // unclassified state schedules a recheck after RecheckInterval; after
 // MaxChecks checks the stop is reported with ReasonStateCheckFailed.
 func (d *Debouncer) AppendResolve(dst []Decision, uuid string, check uint64, st State, err error, now time.Time) []Decision {
+	d.now = now
 	dom := d.doms[uuid]
 	if dom == nil || !dom.pending || check == 0 || dom.check != check {
 		d.c.ChecksStale++
@@ -544,6 +670,7 @@ func (d *Debouncer) AppendResolve(dst []Decision, uuid string, check uint64, st 
 // Listed states that place nothing (unknown, nostate, shutdown) change
 // nothing.
 func (d *Debouncer) AppendResync(dst []Decision, snap []DomainSnapshot, now time.Time) []Decision {
+	d.now = now
 	d.c.Resyncs++
 	d.gen++
 	for _, s := range snap {

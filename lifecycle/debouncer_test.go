@@ -70,7 +70,7 @@ func TestFirstEvent(t *testing.T) {
 		{KindCrashed, "PANICKED", "", 1, 1},
 		{KindShutdown, "GUEST", "", 0, 1},
 		{KindPMSuspended, "MEMORY", "report pmsuspended event state=pmsuspended", 0, 1},
-		{KindReboot, "", "report rebooted reboot-event state=running", 0, 1},
+		{KindReboot, "", "", 0, 1}, // held: the burst is reported by Tick
 		{KindUnknown, "", "", 0, 0},
 		{Kind(200), "", "", 0, 0},
 	}
@@ -253,10 +253,28 @@ func TestReusedSliceAPI(t *testing.T) {
 		t.Fatalf("got %q\nwant %q", got, want)
 	}
 	// Observe after Observe reuses the same backing array.
-	a := d.Observe(Event{UUID: "a", Kind: KindReboot}, now)
-	b := d.Observe(Event{UUID: "a", Kind: KindReboot}, now)
+	a := d.Observe(Event{UUID: "a", Kind: KindSuspended}, now)
+	b := d.Observe(Event{UUID: "a", Kind: KindResumed}, now)
 	if &a[0] != &b[0] {
 		t.Fatal("slice not reused")
+	}
+	// FlushReboots reports held bursts at once, in UUID order.
+	d.Observe(Event{UUID: "c", Kind: KindReboot, Event: "REBOOT"}, now)
+	d.Observe(Event{UUID: "a", Kind: KindReboot, Event: "REBOOT"}, now)
+	d.Observe(Event{UUID: "a", Kind: KindReboot, Event: "REBOOT"}, now)
+	if d.RebootsHeld() != 2 || d.Pending() != 0 {
+		t.Fatalf("held %d pending %d", d.RebootsHeld(), d.Pending())
+	}
+	got = got[:0]
+	for _, dc := range d.FlushReboots(now) {
+		got = append(got, dc.UUID+" "+dc.String())
+	}
+	want = []string{"a report rebooted reboot-event state=running cause=REBOOT events=2", "c report rebooted reboot-event state=running cause=REBOOT events=1"}
+	if strings.Join(got, "|") != strings.Join(want, "|") || d.RebootsHeld() != 0 {
+		t.Fatalf("flush: got %q, %d held\nwant %q", got, d.RebootsHeld(), want)
+	}
+	if _, ok := d.NextDeadline(); ok {
+		t.Fatal("a deadline left after the flush")
 	}
 }
 

@@ -2,6 +2,7 @@ package lifecycle
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -59,8 +60,9 @@ const (
 	// ReasonSuspendedWithinWindow: a SUSPENDED or PMSUSPENDED event proved
 	// the domain alive while a stop was pending.
 	ReasonSuspendedWithinWindow Reason = "suspended-within-window"
-	// ReasonRebootEvent: a libvirt REBOOT event (and cancelled a pending
-	// stop if there was one, as on_crash=restart does).
+	// ReasonRebootEvent: libvirt REBOOT events (the first of them cancelled
+	// a pending stop if there was one, as on_crash=restart does). A burst
+	// of them is one report, Decision.RebootEvents says how many.
 	ReasonRebootEvent Reason = "reboot-event"
 	// ReasonRunningAtWindowEnd: the state check at window end found the
 	// domain alive (running, blocked, paused or PM-suspended; see the
@@ -109,6 +111,11 @@ type Decision struct {
 	Shutdown string
 	// Check is the token to pass back to Resolve (OpCheckState only).
 	Check uint64
+	// RebootEvents is, on a rebooted report with ReasonRebootEvent, the
+	// number of libvirt REBOOT events it stands for (>= 1; one reset makes
+	// 2–3, more than RebootEventsPerReset means several resets within the
+	// Window: a reboot loop); 0 on every other decision.
+	RebootEvents int
 }
 
 // String renders the decision compactly, e.g.
@@ -139,6 +146,10 @@ func (d Decision) String() string {
 		b.WriteString(" shutdown=")
 		b.WriteString(d.Shutdown)
 	}
+	if d.RebootEvents != 0 {
+		b.WriteString(" events=")
+		b.WriteString(strconv.Itoa(d.RebootEvents))
+	}
 	return b.String()
 }
 
@@ -159,6 +170,7 @@ type Counters struct {
 	StopsOfLearnedOff uint64
 
 	StopsPending int // gauge: stops currently pending (window, check or recheck)
+	RebootsHeld  int // gauge: domains whose REBOOT burst is held, not yet reported
 
 	StopsReported       uint64 // stopped reports, all reasons
 	StopsOffAtWindowEnd uint64 // of which confirmed off by a check
@@ -170,6 +182,7 @@ type Counters struct {
 	SuppressedResumed   uint64 // ... by RESUMED
 	SuppressedSuspended uint64 // ... by SUSPENDED/PMSUSPENDED
 	SuppressedReboot    uint64 // ... by REBOOT
+	RebootsCoalesced    uint64 // REBOOT events folded into an earlier one's report (a burst)
 	SuppressedRunning   uint64 // ... by a check finding the domain alive
 
 	ChecksIssued       uint64 // OpCheckState decisions returned

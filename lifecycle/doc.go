@@ -20,8 +20,10 @@
 // decisions in a slice the Debouncer reuses on its next call (copy it to
 // keep it); their Append* twins append to a caller-owned slice. Either way
 // the hot path does not allocate. One timer structure (an indexed min-heap,
-// one entry per domain with a pending stop) serves all domains; the caller
-// arms one timer from NextDeadline and calls Tick when it fires.
+// one entry per domain with a pending stop or a held REBOOT burst) serves
+// all domains; the caller arms one timer from NextDeadline and calls Tick
+// when it fires. FlushReboots reports the held bursts at once when the
+// caller stops.
 //
 // # Invariants (what must always hold)
 //
@@ -49,7 +51,8 @@
 //     domain). Hence a DEFINED arriving while a stop is pending is held (one
 //     slot, the last one wins) and reported right after the stop's outcome.
 //  6. Bounded memory: one fixed-size record per tracked domain, the heap
-//     holds at most one entry per domain (Pending() <= Len()), and a domain
+//     holds at most one entry per domain (Pending()+RebootsHeld() <= Len():
+//     a domain has a pending stop or a held REBOOT burst, never both), and a domain
 //     is forgotten on UNDEFINED (after its pending stop settled), when a
 //     check answers StateGone, or when a
 //     Resync listing lacks it. Nothing grows with the number of events.
@@ -57,6 +60,20 @@
 //     Resolve with any other token than the domain's outstanding one is
 //     ignored (counted in Counters.ChecksStale), so an answer about an
 //     older incarnation of the stop can never settle a newer one.
+//  8. One rebooted per reboot: a guest reset makes libvirt send 2–3 REBOOT
+//     events (measured 32 ms apart); they are held as one burst and
+//     reported as one rebooted (reboot-event) whose Decision.RebootEvents
+//     is their number. Every REBOOT is counted in exactly one report, at
+//     most Config.Window after it was observed: the burst is reported
+//     RebootBurstGap (2 s) after its last REBOOT, capped at Window after
+//     its first. A domain that only resets gets at most one reboot-event
+//     report per Window, so a reset loop (measured ~10 REBOOT events/s)
+//     stays visible as one rebooted per Window carrying the count
+//     (RebootEvents > RebootEventsPerReset: several resets in one report).
+//     A held burst is reported early, right before any other report of the
+//     domain or a stop beginning (invariant 5), which may bring two
+//     reboot-event reports closer than Window when the domain also did
+//     something else in between.
 //
 // # Semantics and edge cases
 //
@@ -66,8 +83,10 @@
 //   - While a stop is pending: STARTED cancels it (rebooted,
 //     started-within-window); RESUMED cancels it (resumed-within-window) and
 //     the STARTED real QEMU sends right after is folded into that reboot;
-//     REBOOT cancels it (reboot-event: on_crash=restart sends SUSPENDED,
-//     CRASHED, REBOOT, RESUMED, REBOOT); SUSPENDED/PMSUSPENDED prove a live
+//     REBOOT cancels it and opens a REBOOT burst whose report (reboot-event,
+//     Cause = the stop's first event) counts the REBOOTs that follow:
+//     on_crash=restart sends SUSPENDED, CRASHED, REBOOT, RESUMED, REBOOT and
+//     is one rebooted with RebootEvents 2; SUSPENDED/PMSUSPENDED prove a live
 //     QEMU process too, so they cancel it (suspended-within-window) and are
 //     then reported themselves. UNDEFINED does not end it: Nova's hard
 //     reboot on the libvirt driver is destroy, undefine, define, start
@@ -88,8 +107,10 @@
 //     not delay it. For a domain never placed (first seen by an event, no
 //     resync yet) RESUMED is reported as resumed, and a following STARTED as
 //     started: without history hvguard does not guess.
-//   - REBOOT is always reported (rebooted, reboot-event), one report per
-//     event: a guest reboot sends 2–3.
+//   - REBOOT (a guest reset; no lifecycle event comes with it) is reported
+//     as rebooted, reboot-event, once per burst (invariant 8). Events that
+//     change nothing (a RESUMED while running, a SHUTDOWN) do not end a
+//     burst; every other event of the domain reports it first.
 //   - DEFINED is reported as defined; DEFINED/ADDED or DEFINED/RENAMED of
 //     an unknown domain places it off (defined, not running; libvirt
 //     renames inactive domains only, after an UNDEFINED/RENAMED that
@@ -97,7 +118,8 @@
 //     a stop of a domain that never ran). UNDEFINED of a domain never
 //     tracked is reported but not learnt.
 //   - Window 0 is pass-through: stops are reported at once, unchecked
-//     (reason pass-through, state shutoff or crashed), still once.
+//     (reason pass-through, state shutoff or crashed), still once; every
+//     REBOOT event is reported at once on its own (RebootEvents 1).
 //   - Resync (after events may have been lost) reports an unknown domain as
 //     defined (reason resync, State = listed state) so consumers learn each
 //     domain once. The listing races the events: an event delivered after

@@ -25,7 +25,8 @@ var fuzzUUIDs = [...]string{"a", "b", "c", "d"}
 // what must hold for any input: no panic, internal invariants (doc.go),
 // a stop reported at most once until the domain is reported alive again,
 // reports in event order, Len/Pending bounded, OpCheckState tokens
-// strictly increasing, and nothing pending forever once time moves on.
+// strictly increasing, nothing pending forever once time moves on, and
+// every REBOOT counted in one report within the window (rebootLedger).
 func FuzzDebouncer(f *testing.F) {
 	f.Add([]byte{0, 6, 0, 1, 15, 2, 0, 2})
 	f.Add([]byte{1, 6, 1, 2, 1, 0, 5, 1, 3, 0, 10})
@@ -42,6 +43,7 @@ func FuzzDebouncer(f *testing.F) {
 			t.Fatal(err)
 		}
 		bel := newBelief()
+		rb := newRebootLedger(cfg.Window, false)
 		now := t0
 		var lastCheck uint64
 		tokens := map[string]uint64{}
@@ -49,6 +51,9 @@ func FuzzDebouncer(f *testing.F) {
 		handle := func(ds []Decision) {
 			for _, dc := range ds {
 				if err := bel.apply(dc); err != nil {
+					t.Fatal(err)
+				}
+				if err := rb.apply(dc, now); err != nil {
 					t.Fatal(err)
 				}
 				if dc.Op == OpCheckState {
@@ -65,8 +70,8 @@ func FuzzDebouncer(f *testing.F) {
 			if d.Len() > len(fuzzUUIDs) || d.Pending() > d.Len() {
 				t.Fatalf("Len %d Pending %d", d.Len(), d.Pending())
 			}
-			if _, ok := d.NextDeadline(); ok != (d.Pending() > 0) {
-				t.Fatalf("NextDeadline ok=%v with %d pending", ok, d.Pending())
+			if _, ok := d.NextDeadline(); ok != (d.Pending()+d.RebootsHeld() > 0) {
+				t.Fatalf("NextDeadline ok=%v with %d pending, %d reboot bursts held", ok, d.Pending(), d.RebootsHeld())
 			}
 		}
 		for len(c.b) > 0 {
@@ -75,6 +80,7 @@ func FuzzDebouncer(f *testing.F) {
 			case 0, 1:
 				k := Kind(c.intn("kind", int(KindReboot)+2))
 				ev := Event{UUID: u, Kind: k, Event: k.String(), Detail: []string{"", "ADDED", "X", "Y"}[c.intn("detail", 4)], At: now}
+				rb.observed(ev, now)
 				handle(d.AppendObserve(out[:0], ev, now))
 			case 2:
 				now = now.Add(time.Duration(c.intn("dt", 64)) * 500 * time.Millisecond)
@@ -98,6 +104,7 @@ func FuzzDebouncer(f *testing.F) {
 							snap = append(snap, DomainSnapshot{UUID: v, State: State(c.intn("state", 11))})
 						}
 					}
+					rb.resynced()
 					handle(d.AppendResync(out[:0], snap, now))
 				}
 			}
@@ -118,6 +125,9 @@ func FuzzDebouncer(f *testing.F) {
 				now = dl
 			}
 			handle(d.AppendTick(out[:0], now))
+		}
+		if err := rb.settled(); err != nil {
+			t.Fatal(err)
 		}
 	})
 }

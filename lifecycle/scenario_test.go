@@ -61,6 +61,7 @@ func (h *harness) take(ds []Decision) {
 // step runs one script line. Verbs:
 //
 //	observe KIND[/DETAIL] [dom]   feed an event (dom defaults to "a")
+//	every DUR N KIND[/DETAIL] [dom]  N times: observe the event, advance DUR
 //	advance DUR                   move the clock and Tick
 //	resolve STATE|error [dom]     answer dom's latest check
 //	resolve-stale STATE [dom]     answer with dom's previous token
@@ -79,6 +80,16 @@ func (h *harness) step(line string) {
 		return "a"
 	}
 	switch f[0] {
+	case "every":
+		n, err := strconv.Atoi(f[2])
+		if err != nil {
+			h.t.Fatalf("%q: %v", line, err)
+		}
+		rest := strings.Join(f[3:], " ")
+		for range n {
+			h.step("observe " + rest)
+			h.step("advance " + f[1])
+		}
 	case "observe":
 		name, detail, _ := strings.Cut(f[1], "/")
 		k, ok := eventNames[name]
@@ -245,17 +256,123 @@ var scenarios = []struct {
 		expect a report rebooted started-within-window state=running cause=STOPPED/DESTROYED
 		advance 60s
 	`},
-	{"guest reboot on_reboot=restart: REBOOT only", DefaultConfig(), `
+	// A guest reboot with on_reboot=restart: REBOOT events only, measured
+	// 2 of them 32 ms apart (test/realvirt). One rebooted, RebootBurstGap
+	// after the last, with the count.
+	{"guest reboot on_reboot=restart: REBOOT only, one report", DefaultConfig(), `
 		observe STARTED/BOOTED
 		expect a report started event state=running
 		observe REBOOT
+		advance 32ms
 		observe REBOOT
-		observe REBOOT
-		expect a report rebooted reboot-event state=running cause=REBOOT
-		expect a report rebooted reboot-event
-		expect a report rebooted reboot-event
+		expect-none
 		pending 0
+		advance 1999ms
+		expect-none
+		advance 1ms
+		expect a report rebooted reboot-event state=running cause=REBOOT events=2
 		advance 60s
+	`},
+	{"virsh reboot / reset: 3 REBOOT events, one report", DefaultConfig(), `
+		resync a=running
+		expect a report defined resync
+		observe REBOOT
+		advance 5ms
+		observe REBOOT
+		advance 300ms
+		observe REBOOT
+		advance 2300ms
+		expect a report rebooted reboot-event state=running cause=REBOOT events=3
+		advance 60s
+	`},
+	{"guest reboots far apart: one report each", DefaultConfig(), `
+		observe REBOOT
+		observe REBOOT
+		advance 2s
+		expect a report rebooted reboot-event state=running cause=REBOOT events=2
+		advance 60s
+		observe REBOOT
+		observe REBOOT
+		advance 2s
+		expect a report rebooted reboot-event state=running cause=REBOOT events=2
+	`},
+	// At most one reboot-event report per window: a second reset 5 s
+	// after the first is reported a window after the first report, never
+	// later than a window after its own REBOOT.
+	{"second reset within the window: reported a window after the first report", DefaultConfig(), `
+		observe REBOOT
+		advance 2s
+		expect a report rebooted reboot-event state=running cause=REBOOT events=1
+		advance 3s
+		observe REBOOT
+		observe REBOOT
+		advance 11999ms
+		expect-none
+		advance 1ms
+		expect a report rebooted reboot-event state=running cause=REBOOT events=2
+	`},
+	// A reset loop (a guest resetting every 100 ms for 40 s: ~10 REBOOT
+	// events/s, as measured) stays visible: one report per window (15 s),
+	// each with the events since the previous one; the last one a window
+	// after the first event it counts.
+	{"reboot loop: one report per window with the count", DefaultConfig(), `
+		every 100ms 150 REBOOT
+		expect a report rebooted reboot-event state=running cause=REBOOT events=150
+		every 100ms 150 REBOOT
+		expect a report rebooted reboot-event state=running cause=REBOOT events=150
+		every 100ms 100 REBOOT
+		advance 4999ms
+		expect-none
+		advance 1ms
+		expect a report rebooted reboot-event state=running cause=REBOOT events=100
+		advance 60s
+	`},
+	// A held burst never reorders a domain's reports: any other report (or
+	// a stop beginning) reports it first.
+	{"reboot then destroy: the rebooted first, then the stop", DefaultConfig(), `
+		observe REBOOT
+		observe REBOOT
+		advance 500ms
+		observe SHUTDOWN/HOST
+		expect-none
+		observe STOPPED/DESTROYED
+		expect a report rebooted reboot-event state=running cause=REBOOT events=2
+		pending 1
+		advance 15s
+		expect a check window-end cause=STOPPED/DESTROYED
+		resolve shutoff
+		expect a report stopped off-at-window-end state=shutoff cause=STOPPED/DESTROYED shutdown=HOST
+	`},
+	{"reboot then suspend, then undefine", DefaultConfig(), `
+		observe REBOOT
+		observe SUSPENDED/PAUSED
+		expect a report rebooted reboot-event state=running cause=REBOOT events=1
+		expect a report suspended event state=paused
+		observe REBOOT
+		observe UNDEFINED/REMOVED
+		expect a report rebooted reboot-event state=running cause=REBOOT events=1
+		expect a report undefined event
+		len 0
+	`},
+	{"resync while a burst is held", DefaultConfig(), `
+		resync a=running,b=running
+		expect a report defined resync
+		expect b report defined resync
+		observe REBOOT a
+		observe REBOOT b
+		resync a=running,b=running
+		expect-none
+		resync a=shutoff
+		expect a report rebooted reboot-event state=running cause=REBOOT events=1
+		expect b report rebooted reboot-event state=running cause=REBOOT events=1
+		expect b report undefined resync
+		pending 1
+	`},
+	{"pass-through (window 0): every REBOOT reported at once", cfgWith(func(c *Config) { c.Window = 0 }), `
+		observe REBOOT
+		expect a report rebooted reboot-event state=running cause=REBOOT events=1
+		observe REBOOT
+		expect a report rebooted reboot-event state=running cause=REBOOT events=1
 	`},
 	{"destroy", DefaultConfig(), `
 		observe SHUTDOWN/HOST
@@ -306,17 +423,20 @@ var scenarios = []struct {
 		resolve crashed
 		expect a report stopped off-at-window-end state=crashed cause=CRASHED/PANICKED+CRASHED
 	`},
+	// SUSPENDED, CRASHED, REBOOT, RESUMED, REBOOT: the first REBOOT ends
+	// the pending stop; the crash and restart is one rebooted.
 	{"panic on_crash=restart", DefaultConfig(), `
 		observe SUSPENDED/PAUSED
 		expect a report suspended
 		observe CRASHED/PANICKED
+		pending 1
 		observe REBOOT
-		expect a report rebooted reboot-event state=running cause=CRASHED/PANICKED
-		observe RESUMED/UNPAUSED
-		expect-none
-		observe REBOOT
-		expect a report rebooted reboot-event state=running cause=REBOOT
 		pending 0
+		observe RESUMED/UNPAUSED
+		observe REBOOT
+		expect-none
+		advance 2s
+		expect a report rebooted reboot-event state=running cause=CRASHED/PANICKED events=2
 		advance 60s
 	`},
 	{"suspend / resume", DefaultConfig(), `

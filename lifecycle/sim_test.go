@@ -26,6 +26,7 @@ type sim struct {
 	agenda []agendaItem
 	seq    uint64
 	bel    *belief
+	rb     *rebootLedger
 	buf    []Decision
 	errs   []error
 	// statistics
@@ -65,7 +66,7 @@ func newSim(c chooser, cfg Config, ndom int, lossy bool) (*sim, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &sim{d: d, c: c, lossy: lossy, now: t0, bel: newBelief()}
+	s := &sim{d: d, c: c, lossy: lossy, now: t0, bel: newBelief(), rb: newRebootLedger(cfg.Window, true)}
 	snap := make([]DomainSnapshot, 0, ndom)
 	for i := range ndom {
 		sd := &simDom{uuid: fmt.Sprintf("dom-%d", i), real: StateRunning}
@@ -118,7 +119,7 @@ var (
 func (s *sim) step() {
 	sd := s.doms[s.c.intn("domain", len(s.doms))]
 	idle := !s.now.Before(sd.busyUntil)
-	switch s.c.intn("action", 12) {
+	switch s.c.intn("action", 13) {
 	case 0:
 		s.advance(simAdvances[s.c.intn("advance", len(simAdvances))])
 	case 1: // Nova soft or hard reboot: stop, off for a while, start
@@ -227,6 +228,16 @@ func (s *sim) step() {
 		s.emit(sd, s.now, simLags[s.c.intn("lag", len(simLags))], KindDefined, "DEFINED", "ADDED")
 	case 11:
 		s.resync()
+	case 12: // a reset loop: ~10 REBOOT events/s (measured) for up to 40 s
+		if !idle || sd.real != StateRunning {
+			return
+		}
+		n := 1 + s.c.intn("resets", 400)
+		lag := simLags[s.c.intn("lag", len(simLags))]
+		for i := range n {
+			s.emit(sd, s.now.Add(time.Duration(i)*100*time.Millisecond), lag, KindReboot, "REBOOT", "")
+		}
+		sd.busyUntil = s.now.Add(time.Duration(n) * 100 * time.Millisecond)
 	}
 }
 
@@ -237,6 +248,7 @@ func (s *sim) resync() {
 			snap = append(snap, DomainSnapshot{UUID: sd.uuid, State: sd.real})
 		}
 	}
+	s.rb.resynced()
 	s.handle(s.d.AppendResync(s.buf[:0], snap, s.now))
 }
 
@@ -266,6 +278,7 @@ func (s *sim) advance(dt time.Duration) {
 		switch it.kind {
 		case agDeliver:
 			it.ev.At = s.now
+			s.rb.observed(it.ev, s.now)
 			s.handle(s.d.AppendObserve(s.buf[:0], it.ev, s.now))
 		case agSetReal:
 			it.dom.real = it.st
@@ -303,6 +316,9 @@ func (s *sim) handle(out []Decision) {
 			continue
 		}
 		if err := s.bel.apply(dc); err != nil {
+			s.failf("%v", err)
+		}
+		if err := s.rb.apply(dc, s.now); err != nil {
 			s.failf("%v", err)
 		}
 		switch {
@@ -355,6 +371,9 @@ func (s *sim) consistent() error {
 	}
 	if p := s.d.Pending(); p != 0 {
 		return fmt.Errorf("%d stops still pending after settling", p)
+	}
+	if err := s.rb.settled(); err != nil {
+		return err
 	}
 	return nil
 }

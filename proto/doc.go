@@ -22,6 +22,12 @@
 //     duplicates, which is what the field is for); a new consumer reads an
 //     absent incarnation as the empty one. Its Msg-Id change needs no
 //     reader's cooperation: JetStream only compares Msg-Ids for equality.
+//     "reboot_events" (issue 15) too: a guest reset makes libvirt send 2–3
+//     REBOOT events, which agents used to publish as 2–3 "rebooted"; they
+//     now publish one "rebooted" (reason "reboot-event") per burst with
+//     the count in this optional field. "rebooted" keeps its meaning (the
+//     domain reset), an old consumer just sees fewer duplicates of it and
+//     a new one reads an absent count as 1.
 //
 // Every message carries "schema". SchemaVersion changes only for an
 // incompatible change (a field removed, or its meaning changed); such a
@@ -43,6 +49,7 @@
 //   - classification and classification_reason are set together or not at
 //     all, only on "stopped" (never "rebooted") and "rebooted" (only
 //     "rebooted") events; the reason is a short [a-z0-9-] token.
+//   - reboot_events is only set on "rebooted" events.
 //   - HostToken and TokenToHost are inverse bijections between valid RFC 1123
 //     host names and subject tokens; anything else is rejected, never passed
 //     through into a subject.

@@ -157,6 +157,14 @@ type LifecycleEvent struct {
 	// "nova-synced-stop" (docs/classification.md lists them).
 	Classification       Classification `json:"classification,omitempty"`
 	ClassificationReason string         `json:"classification_reason,omitempty"`
+	// RebootEvents is, on a "rebooted" event with reason "reboot-event",
+	// the number of libvirt REBOOT events it stands for: one guest reset
+	// makes 2–3, which the agent reports as one "rebooted"; more than 3
+	// means several resets within the agent's window (a reset loop is
+	// reported once per window, with this count). Schema 1 optional field
+	// (issue 15): absent from older agents, which sent one "rebooted" per
+	// REBOOT event (read absent as 1), and on every other event.
+	RebootEvents uint64 `json:"reboot_events,omitempty"`
 	// Gap marker fields; zero (and omitted) for domain events.
 	GapFirstSeq uint64 `json:"gap_first_seq,omitempty"`
 	GapLastSeq  uint64 `json:"gap_last_seq,omitempty"`
@@ -209,6 +217,9 @@ func (e *LifecycleEvent) Validate() error {
 	}
 	if err := e.validateClassification(); err != nil {
 		return err
+	}
+	if e.RebootEvents != 0 && e.Transition != TransitionRebooted {
+		return fmt.Errorf("reboot_events: %d on a %q event (only on %q)", e.RebootEvents, e.Transition, TransitionRebooted)
 	}
 	if e.Transition == TransitionInventory {
 		return e.validateInventory()

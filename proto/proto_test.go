@@ -98,6 +98,11 @@ func TestValidate(t *testing.T) {
 			e.Transition, e.Classification, e.ClassificationReason = TransitionStarted, ClassificationUnknown, "nova-slow"
 		}, false, `on a "started" event`},
 		{"classification on gap", func(e *LifecycleEvent) { e.Classification, e.ClassificationReason = ClassificationUnknown, "nova-slow" }, true, `on a "gap" event`},
+		{"reboot events on a reboot", func(e *LifecycleEvent) {
+			e.Transition, e.Reason, e.RebootEvents = TransitionRebooted, "reboot-event", 2
+		}, false, ""},
+		{"reboot events on a stop", func(e *LifecycleEvent) { e.RebootEvents = 2 }, false, `reboot_events: 2 on a "stopped" event (only on "rebooted")`},
+		{"reboot events on a gap", func(e *LifecycleEvent) { e.RebootEvents = 1 }, true, `reboot_events: 1 on a "gap" event`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -127,7 +132,7 @@ func classifiedEvent() LifecycleEvent {
 }
 
 func TestRoundTrip(t *testing.T) {
-	for _, e := range []LifecycleEvent{validEvent(), validGap(), classifiedEvent(), incarnatedEvent()} {
+	for _, e := range []LifecycleEvent{validEvent(), validGap(), classifiedEvent(), incarnatedEvent(), rebootEvent()} {
 		b, err := e.Encode()
 		if err != nil {
 			t.Fatal(err)
@@ -170,6 +175,26 @@ func TestEncodeFieldNames(t *testing.T) {
 	if !strings.HasPrefix(string(b), `{"schema":1,"host":"cmp-01.az1.example.org","incarnation":"9f3c2a1b4d5e6f70","seq":42,`) {
 		t.Fatalf("Encode with incarnation: %s", b)
 	}
+	// A coalesced reboot: the count after the v1 fields.
+	e = rebootEvent()
+	if b, err = e.Encode(); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasSuffix(string(b), `"transition":"rebooted","reason":"reboot-event","state":"running","libvirt_event":"REBOOT","occurred_at":"2026-11-29T18:00:00.123456789Z","observed_at":"2026-11-29T18:00:15.123456789Z","reboot_events":3}`) {
+		t.Fatalf("Encode reboot: %s", b)
+	}
+	// Absent from an older agent's reboot: decodes as 0 (read it as 1).
+	old := strings.Replace(string(b), `,"reboot_events":3`, "", 1)
+	if got, err := DecodeLifecycle([]byte(old)); err != nil || got.RebootEvents != 0 {
+		t.Fatalf("reboot without reboot_events: %+v, %v", got, err)
+	}
+}
+
+// rebootEvent is a coalesced burst of REBOOT events (issue 15).
+func rebootEvent() LifecycleEvent {
+	e := validEvent()
+	e.Transition, e.Reason, e.State, e.LibvirtEvent, e.LibvirtDetail, e.RebootEvents = TransitionRebooted, "reboot-event", "running", "REBOOT", "", 3
+	return e
 }
 
 // TestIncarnationCompatible: the incarnation is a compatible schema 1
@@ -354,7 +379,7 @@ func TestSubjects(t *testing.T) {
 }
 
 func FuzzDecodeLifecycle(f *testing.F) {
-	for _, e := range []LifecycleEvent{validEvent(), validGap(), classifiedEvent(), incarnatedEvent()} {
+	for _, e := range []LifecycleEvent{validEvent(), validGap(), classifiedEvent(), incarnatedEvent(), rebootEvent()} {
 		b, err := e.Encode()
 		if err != nil {
 			f.Fatal(err)
