@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"hvguard/controller"
+	"hvguard/fencing"
 	"hvguard/proto"
 )
 
@@ -212,6 +213,8 @@ func printLeases(w io.Writer, st Status) {
 	for _, h := range v.Hosts {
 		note := h.Reason
 		switch {
+		case h.State == fencing.LeaseWithdrawn:
+			note = "UNPROTECTED (agent withdrew; not declared, not recovered): " + h.Reason
 		case h.Refused != "":
 			note = "REFUSED: " + h.Refused
 		case h.Silent:
