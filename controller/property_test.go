@@ -32,7 +32,7 @@ func drawSim(t *rapid.T, outageOnly bool) *sim {
 		// long cuts.
 		dur := time.Duration(rapid.OneOf(rapid.IntRange(1, 50), rapid.IntRange(50, 350), rapid.IntRange(350, 900)).Draw(t, "dur")) * simStep
 		var e simEvent
-		kinds := []string{"cut-rack", "cut-host", "outage", "lost-acks", "restart", "delete-key", "grow"}
+		kinds := []string{"cut-rack", "cut-host", "outage", "lost-acks", "restart", "delete-key", "grow", "decommission"}
 		if outageOnly {
 			kinds = []string{"outage", "outage", "outage-acks", "restart"}
 		}
@@ -141,11 +141,12 @@ func (s *sim) tail(n int) []string {
 // controller never declares a host expired while a domain on it can still
 // run.
 func TestPropertyNoDeclarationWhileDomainsRun(t *testing.T) {
-	var runs, declaredLive, held int
+	var runs, declaredLive, held, keyDeletes, grown, guardFails int
 	rapid.Check(t, func(t *rapid.T) {
 		s := drawSim(t, false)
 		s.run(t)
 		runs++
+		keyDeletes, grown, guardFails = keyDeletes+s.keyDeletes, grown+s.grown, guardFails+s.guardFails
 		for name := range s.declared {
 			if !s.host(name).dead {
 				declaredLive++
@@ -157,12 +158,15 @@ func TestPropertyNoDeclarationWhileDomainsRun(t *testing.T) {
 			}
 		}
 	})
-	// The property is not vacuous: fenced (live) hosts were declared, and
-	// agents were held, in the schedules drawn.
-	if runs >= 50 && (declaredLive == 0 || held == 0) {
-		t.Errorf("%d schedules: %d live hosts declared, %d holds: the generator no longer reaches the interesting cases", runs, declaredLive, held)
+	// The property is not vacuous: fenced (live) hosts were declared,
+	// agents were held, keys deleted, hosts joined and guard publishes
+	// failed in the schedules drawn.
+	if runs >= 50 && (declaredLive == 0 || held == 0 || keyDeletes == 0 || grown == 0 || guardFails == 0) {
+		t.Errorf("%d schedules: %d live hosts declared, %d holds, %d key deletes, %d hosts joined, %d guard publishes failed: the generator no longer reaches the interesting cases",
+			runs, declaredLive, held, keyDeletes, grown, guardFails)
 	}
-	t.Logf("%d schedules: %d live (fenced) hosts declared, %d hold transitions", runs, declaredLive, held)
+	t.Logf("%d schedules: %d live (fenced) hosts declared, %d hold transitions, %d key deletes, %d hosts joined, %d guard publishes failed",
+		runs, declaredLive, held, keyDeletes, grown, guardFails)
 }
 
 // TestPropertyOutageFencesNobody: a control-plane outage across most hosts

@@ -60,6 +60,13 @@ func TestFenceKeyDeletedHealthyKeepsRunning(t *testing.T) {
 	if !slices.Contains(r.reasons(), fencing.ReasonLeaseKeyDeletedRecreated) {
 		t.Fatalf("no %s transition\n%s", fencing.ReasonLeaseKeyDeletedRecreated, r.history())
 	}
+	// Its records name the guard version it acts on (issue 10 item 3):
+	// the one the controller published for these 6 hosts.
+	rec, _, err := r.ctrl.Read(ctx, r.host)
+	g, gerr := r.ctrl.ReadGuard(ctx)
+	if err != nil || gerr != nil || rec.Guard == nil || g.Version == 0 || rec.Guard.Version != g.Version || rec.Guard.Threshold != g.Threshold(g.Members) {
+		t.Fatalf("record names guard %+v, published %+v (%v %v)", rec.Guard, g, err, gerr)
+	}
 	if at, _ := r.declared(); !at.IsZero() || !r.decided(controller.OpLeaseDeleted) {
 		t.Fatalf("declared at %v / no lease-deleted decision\n%s", at, r.history())
 	}
