@@ -418,14 +418,15 @@ func mergeDetail(merged, detail string) string {
 // rebootDeadline, or earlier, right before any other report of the domain
 // (flushReboot). Window > 0 only.
 func (d *Debouncer) holdReboot(dom *domain, cause Event, now time.Time) {
-	if dom.rbEvents == 0 {
-		dom.rbCause, dom.rbStart = cause, now
-	} else {
-		d.c.RebootsCoalesced++
-		d.timers.remove(dom)
-	}
-	dom.rbEvents++
 	dom.rbLast = now
+	if dom.rbEvents > 0 {
+		d.c.RebootsCoalesced++
+		dom.rbEvents++
+		dom.deadline = d.rebootDeadline(dom)
+		d.timers.fix(dom)
+		return
+	}
+	dom.rbCause, dom.rbStart, dom.rbEvents = cause, now, 1
 	dom.deadline = d.rebootDeadline(dom)
 	d.timers.push(dom)
 }

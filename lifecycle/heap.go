@@ -86,3 +86,9 @@ func (h *timerHeap) remove(d *domain) {
 		h.up(i)
 	}
 }
+
+// fix restores the order after d.deadline changed; d must be in the heap.
+func (h *timerHeap) fix(d *domain) {
+	h.down(d.hidx)
+	h.up(d.hidx)
+}
