@@ -2,11 +2,15 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -103,6 +107,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
+	// One agent per state_dir, checked before anything shared is touched:
+	// a second agent that started fencing and then failed would withdraw
+	// (or fence) the lease of the host whose agent runs.
+	unlock, err := lockStateDir(cfg.StateDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	d.notify.Status("connecting to NATS")
 	if err := d.dialNATS(); err != nil {
 		return err
@@ -459,3 +471,28 @@ func (d *Daemon) serveMetrics() (func(), error) {
 
 // serveHTTP serves an endpoint (shared with the controller).
 var serveHTTP = daemonkit.ServeHTTP
+
+// StateDirLockFile is the file in state_dir an agent holds an exclusive
+// flock(2) on while it runs (the kernel drops it when the process dies).
+const StateDirLockFile = "agent.lock"
+
+// lockStateDir takes the state_dir lock, or says which process holds it.
+func lockStateDir(dir string) (unlock func(), err error) {
+	path := filepath.Join(dir, StateDirLockFile)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("state_dir lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		holder, _ := os.ReadFile(path)
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, fmt.Errorf("state_dir %s is in use by another hvguard-agent (pid %s): one agent per host and state_dir; nothing was touched",
+				dir, strings.TrimSpace(string(holder)))
+		}
+		return nil, fmt.Errorf("state_dir lock %s: %w", path, err)
+	}
+	_ = f.Truncate(0)
+	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	return func() { f.Close() }, nil
+}
