@@ -346,3 +346,44 @@ func TestStartFromWithdrawnConfirmsNothing(t *testing.T) {
 		t.Fatal("still lease-lapsed after a renewal landed")
 	}
 }
+
+// TestStopWhileRejoiningWithRunningDomain (reviewer R2): fenced, then the
+// renewals land again: rejoining, waiting for the reconciliation (Nova
+// slow). The host holds its lease, so a domain may start meanwhile (Nova
+// schedules an instance, an operator starts one): Domains does not fence
+// it while rejoining. A stop now must not end "fenced": StopFenced makes
+// the caller magic-close the watchdog and leave, the active record lapses
+// and the controller declares the host while that domain runs.
+func TestStopWhileRejoiningWithRunningDomain(t *testing.T) {
+	h := newHarness(t, testConfig(), 50, "d1")
+	h.advance(10 * time.Second)
+	h.take(h.a.FenceDone(h.now, "d1", nil))
+	h.expectState(StateFenced)
+	h.advance(2 * time.Second)
+	h.ack()
+	h.expectState(StateRejoining)
+	h.take(h.a.Domains(h.now, []Domain{{UUID: "d1"}, {UUID: "d2", Running: true}}))
+	h.log = nil
+	w := h.stop("orderly-stop")
+	for range 100 {
+		if h.a.StopOutcome() != StopPending {
+			break
+		}
+		switch {
+		case w != nil:
+			h.rev++
+			h.take(h.a.Renewed(h.now, w.Seq, RenewResult{Outcome: RenewAcked, Revision: h.rev}))
+			w = nil
+		case slicesContains(h.log, "pause d2"):
+			h.take(h.a.FenceDone(h.now, "d2", nil))
+		default:
+			h.advance(100 * time.Millisecond)
+		}
+	}
+	switch o := h.a.StopOutcome(); {
+	case o == StopWithdrawn:
+	case o == StopFenced && slicesContains(h.log, "pause d2"):
+	default:
+		t.Fatalf("stop outcome %s with d2 running and never fenced; log:\n%v", o, h.log)
+	}
+}
