@@ -458,23 +458,38 @@ func (a *Agent) Domains(now time.Time, ds []Domain) Ready {
 	}
 	switch a.state {
 	case StateFencing, StateFenced, StateAwaitingRelease:
-		var run []string
-		for _, d := range ds {
-			if _, p := a.pending[d.UUID]; d.Running && !p {
-				run = append(run, d.UUID)
-			}
-		}
-		if len(run) > 0 && a.cfg.Enabled && a.cfg.Action != ActionNone {
-			if a.state != StateFencing {
-				a.setState(now, StateFencing, ReasonDomainRunningWhileFenced, fmt.Sprintf("%d running", len(run)))
-				a.fenceDL = now.Add(a.cfg.Timing.FenceDeadline)
-				a.escalated = false
-			}
-			a.fenceDomains(now, run)
+		a.fenceRunning(now)
+	case StateRejoining:
+		if a.stopping && !Mutations.StopTrustsFencedState {
+			// Leaving: whatever started while rejoining (the lease was
+			// held) is fenced, or the stop would leave it running into
+			// a declaration.
+			a.fenceRunning(now)
 		}
 	}
 	a.step(now)
 	return a.take()
+}
+
+// fenceRunning fences every domain of the inventory that runs and is not
+// being fenced already (a domain started on a fenced host, or while
+// rejoining at a stop).
+func (a *Agent) fenceRunning(now time.Time) {
+	var run []string
+	for u, r := range a.inventory {
+		if _, p := a.pending[u]; r && !p {
+			run = append(run, u)
+		}
+	}
+	sort.Strings(run)
+	if len(run) > 0 && a.cfg.Enabled && a.cfg.Action != ActionNone {
+		if a.state != StateFencing {
+			a.setState(now, StateFencing, ReasonDomainRunningWhileFenced, fmt.Sprintf("%d running", len(run)))
+			a.fenceDL = now.Add(a.cfg.Timing.FenceDeadline)
+			a.escalated = false
+		}
+		a.fenceDomains(now, run)
+	}
 }
 
 // FenceDone reports the outcome of a Pause or Destroy of uuid (err nil:
@@ -677,8 +692,9 @@ func (a *Agent) step(now time.Time) {
 // outcome, a conflict with anything but our own renewal), the agent
 // fences before leaving, with the fence deadline counted from then. A
 // host already fencing finishes its fence; a fenced, rejoining or
-// declared host stays as it is (its domains are paused; a declaration is
-// safe). The caller waits until StopOutcome is not StopPending, then
+// declared host stays fenced (its domains are paused; a declaration is
+// safe), after fencing whatever its inventory shows running (a domain
+// started while rejoining). The caller waits until StopOutcome is not StopPending, then
 // disarms the watchdog only for StopWithdrawn and StopFenced.
 func (a *Agent) Stop(now time.Time, reason string) Ready {
 	if a.stopping {
@@ -694,6 +710,14 @@ func (a *Agent) Stop(now time.Time, reason string) Ready {
 			break
 		}
 		a.sendWithdrawal(now)
+	case StateFenced, StateRejoining, StateAwaitingRelease:
+		if !Mutations.StopTrustsFencedState {
+			// "Fenced" is as of the last listing: fence whatever it shows
+			// running (a domain started while rejoining, when the lease
+			// was held and Domains fenced nothing) before the stop may
+			// end "fenced" and the caller disarm the watchdog.
+			a.fenceRunning(now)
+		}
 	}
 	a.step(now)
 	return a.take()

@@ -285,6 +285,10 @@ var Mutations struct {
 	// confirms "cannot renew" to its peers before a renewal of its landed
 	// (the controller does not count a withdrawn host).
 	WithdrawnRestartConfirms bool
+	// StopTrustsFencedState: a stop from fenced, rejoining or awaiting
+	// release ends "fenced" at once, on the last listing, fencing nothing
+	// that runs (a domain started while rejoining).
+	StopTrustsFencedState bool
 }
 
 // Config configures an Agent. Start from DefaultConfig.
