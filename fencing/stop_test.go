@@ -387,3 +387,49 @@ func TestStopWhileRejoiningWithRunningDomain(t *testing.T) {
 		t.Fatalf("stop outcome %s with d2 running and never fenced; log:\n%v", o, h.log)
 	}
 }
+
+// TestRestartBehindWithdrawnKeyConfirmsNothing (reviewer R2): the gap
+// left by TestStartFromWithdrawnConfirmsNothing's fix. A process starts
+// from its withdrawn record (NATS reachable at the read), its renewals do
+// not land (its rack is cut off right after), it crashes and starts again
+// with NATS unreachable: its durable state no longer says withdrawn (the
+// first process rewrote it at start, on purpose: its lease age must
+// carry over), so the second process confirms its peers' holds — while
+// the key still says withdrawn and the controller does not count the
+// host.
+func TestRestartBehindWithdrawnKeyConfirmsNothing(t *testing.T) {
+	h := newHarness(t, testConfig(), 50, "d1")
+	h.healthyFor(time.Second)
+	w := h.stop("orderly-stop")
+	h.rev++
+	h.take(h.a.Renewed(h.now, w.Seq, RenewResult{Outcome: RenewAcked, Revision: h.rev}))
+	start := func(cur *LeaseRecord) {
+		d := h.dur
+		a, r, err := NewAgent(testConfig(), &d, cur, h.rev, h.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.a, h.renew, h.round = a, nil, nil
+		h.take(r)
+		a.SetMembers(members(50), DefaultGuard(50))
+		h.take(a.Domains(h.now, []Domain{{UUID: "d1", Running: true}}))
+	}
+	h.now = h.now.Add(time.Minute)
+	start(&w.Record) // the key says withdrawn
+	h.advance(3 * time.Second)
+	start(nil) // crashed; NATS unreachable at the next start
+	h.advance(5 * time.Second)
+	if k := h.a.PeerStatus(h.now).Answer(); k != PeerLeaseLapsed {
+		t.Fatalf("%s behind a withdrawn key: answers %d, want lease-lapsed", h.a.State(), k)
+	}
+	h.answer(repeat(PeerCannotRenew, 20)...)
+	if k := h.a.PeerStatus(h.now).Answer(); k != PeerLeaseLapsed {
+		t.Fatalf("%s behind a withdrawn key: answers %d, want lease-lapsed", h.a.State(), k)
+	}
+	h.advance(time.Second)
+	h.ack() // a renewal lands: the key is active, the controller counts the host
+	h.advance(5 * time.Second)
+	if k := h.a.PeerStatus(h.now).Answer(); k == PeerLeaseLapsed {
+		t.Fatal("still lease-lapsed after a renewal landed")
+	}
+}
