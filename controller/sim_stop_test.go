@@ -232,6 +232,7 @@ var mutations = map[string]func(s *sim, on bool){
 	"withdrawn-declarable":       func(_ *sim, on bool) { withdrawnDeclarable = on },
 	"fenced-feeds-unlisted":      func(_ *sim, on bool) { fencing.Mutations.FencedFeedsUnlisted = on },
 	"withdrawn-restart-confirms": func(_ *sim, on bool) { fencing.Mutations.WithdrawnRestartConfirms = on },
+	"withdrawn-key-not-carried":  func(_ *sim, on bool) { fencing.Mutations.WithdrawnKeyNotCarried = on },
 	"feed-at-start":              func(s *sim, on bool) { s.feedAtStart = on },
 	"disarm-always":              func(s *sim, on bool) { s.disarmAlways = on },
 }

@@ -89,9 +89,11 @@ type Agent struct {
 	stopping   bool
 	stopReason string
 	// recWithdrawn: the key holds our withdrawn record (this process
-	// started from it) and no renewal of this process landed yet: the
-	// controller neither declares nor counts the host, so this agent's
-	// "cannot renew" must not count toward a peer's hold either.
+	// started from it, an earlier process did and crashed before a
+	// renewal landed, or a conflict showed it) and no renewal of ours
+	// landed on it yet: the controller neither declares nor counts the
+	// host, so this agent's "cannot renew" must not count toward a
+	// peer's hold either.
 	recWithdrawn  bool
 	withdrawSeq   uint64
 	withdrawDL    time.Time
@@ -176,7 +178,11 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 		a.lease = false
 		reason = ReasonStartedFromWithdrawn
 	}
-	a.recWithdrawn = fromWithdrawn && !Mutations.WithdrawnRestartConfirms
+	// Also when an earlier process of this boot started from it and
+	// crashed before a renewal landed (NATS unreachable now): the durable
+	// state carries the flag, not the withdrawn lease age.
+	carried := d != nil && d.Host == cfg.Host && d.KeyWithdrawn && cur == nil && !Mutations.WithdrawnKeyNotCarried
+	a.recWithdrawn = (fromWithdrawn || carried) && !Mutations.WithdrawnRestartConfirms
 	if !a.lease {
 		// No lease known in this boot: act as if the last acknowledged
 		// renewal was one interval ago, so that one renewal and one peer
@@ -331,7 +337,7 @@ func (a *Agent) Durable() Durable {
 		Held:     a.state == StateHeld,
 		Declared: a.declared, Released: a.released,
 		Paused: sortedKeys(a.paused), Reason: a.reason,
-		Withdrawn: a.state == StateWithdrawn,
+		Withdrawn: a.state == StateWithdrawn, KeyWithdrawn: a.recWithdrawn || a.state == StateWithdrawn,
 	}
 }
 
@@ -850,7 +856,10 @@ func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
 		}
 	}
 	a.landedSeq = max(a.landedSeq, seq)
-	a.recWithdrawn = false // the key holds an active record of ours now
+	if a.recWithdrawn && !a.stopping {
+		a.recWithdrawn = false // the key holds an active record of ours now
+		a.persist()
+	}
 	if a.declared {
 		// A landed renewal after a declaration can only be one written on
 		// the released record.
@@ -967,6 +976,11 @@ func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 		if cur.Epoch < a.epoch || a.stopping {
 			a.renewFailed(now, ReasonRenewFailed)
 			return
+		}
+		if !a.recWithdrawn && !Mutations.WithdrawnRestartConfirms {
+			// Not counted by the controller until our renewal lands on it.
+			a.recWithdrawn = true
+			a.persist()
 		}
 		if res.Revision > a.rev {
 			a.rev = res.Revision

@@ -285,6 +285,10 @@ var Mutations struct {
 	// confirms "cannot renew" to its peers before a renewal of its landed
 	// (the controller does not count a withdrawn host).
 	WithdrawnRestartConfirms bool
+	// WithdrawnKeyNotCarried: a restart with NATS unreachable forgets that
+	// the previous process started behind a withdrawn key and never
+	// landed a renewal (it confirms its peers' holds again).
+	WithdrawnKeyNotCarried bool
 	// StopTrustsFencedState: a stop from fenced, rejoining or awaiting
 	// release ends "fenced" at once, on the last listing, fencing nothing
 	// that runs (a domain started while rejoining).

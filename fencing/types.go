@@ -309,6 +309,13 @@ type Durable struct {
 	// with a fresh lease age: the controller declares nothing until it has
 	// seen a renewal of the new process.
 	Withdrawn bool `json:"withdrawn,omitempty"`
+	// KeyWithdrawn: the key holds a withdrawn record of ours and no
+	// renewal landed on it since: the controller does not count the host
+	// for its guard, so the agent confirms no peer's hold. Unlike
+	// Withdrawn it does not restart the lease age: a start from a
+	// withdrawn record keeps it until its first renewal lands, so a crash
+	// and a restart with NATS unreachable still confirm nothing.
+	KeyWithdrawn bool `json:"key_withdrawn,omitempty"`
 }
 
 // StopOutcome is how an orderly stop (Agent.Stop) ended.
