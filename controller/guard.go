@@ -141,8 +141,10 @@ func cmpU(a, b uint64) int {
 // outcome with GuardPublished.
 func (t *Tracker) Guard() fencing.Guard {
 	g := fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare, Window: t.cfg.GuardWindow, Members: t.Members()}
+	g.Deleted = t.deletedHosts()
 	l := t.guards.last
-	if l.Version > 0 && l.Version == t.guards.maxSeen && l.Count == g.Count && l.Share == g.Share && l.Window == g.Window && l.Members == g.Members {
+	if l.Version > 0 && l.Version == t.guards.maxSeen && l.Count == g.Count && l.Share == g.Share && l.Window == g.Window && l.Members == g.Members &&
+		slices.EqualFunc(l.Deleted, g.Deleted, sameDeleted) {
 		g.Version = l.Version
 	} else {
 		g.Version = t.guards.maxSeen + 1
@@ -182,6 +184,7 @@ func (t *Tracker) RestoreGuard(g fencing.Guard) {
 		t.guards.keep(*ref, t.hosts)
 		t.guards.adopted, t.guards.last = g, g
 	}
+	t.restoreDeleted(g.Deleted)
 }
 
 // GuardVersions returns the versions kept (for tests and status).

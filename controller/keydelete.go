@@ -3,6 +3,8 @@ package controller
 import (
 	"fmt"
 	"time"
+
+	"hvguard/fencing"
 )
 
 // A host whose lease key was deleted or purged (docs/fencing.md, "Key
@@ -19,7 +21,10 @@ import (
 // membership (N: a delete shrinks it, which lowers the threshold at once).
 // When the agent re-creates its key, the host is tracked again as a new
 // observation (its clock restarts). Forget drops a deleted host for good
-// (decommissioned: withdraw or stop its agent first).
+// (decommissioned: withdraw or stop its agent first). The deleted hosts
+// that count travel in the published guard (fencing.Guard.Deleted), so a
+// controller that restarts or takes over restores them (RestoreGuard) and
+// counts them as silent at once.
 
 // keyDeleteMutation switches the rule above off, for the simulation's
 // mutation checks only (sim_membership_test.go). Never set outside tests.
@@ -69,4 +74,35 @@ func (t *Tracker) Forget(host string) error {
 	}
 	delete(t.hosts, host)
 	return nil
+}
+
+// deletedHosts lists the deleted hosts whose last record counts toward the
+// guard (not declared, not withdrawn), sorted, for the published guard.
+func (t *Tracker) deletedHosts() []fencing.DeletedHost {
+	var out []fencing.DeletedHost
+	for _, name := range t.Hosts() {
+		h := t.hosts[name]
+		if h.deleted && h.rec.State != fencing.LeaseExpired && h.rec.State != fencing.LeaseWithdrawn {
+			out = append(out, fencing.DeletedHost{Host: name, Guard: h.rec.Guard})
+		}
+	}
+	return out
+}
+
+func sameDeleted(a, b fencing.DeletedHost) bool {
+	return a.Host == b.Host && (a.Guard == nil) == (b.Guard == nil) && (a.Guard == nil || *a.Guard == *b.Guard)
+}
+
+// restoreDeleted adds the published deleted hosts this tracker does not
+// know (its watch showed only their delete markers): silent from now on
+// (lastSeen zero), never declared, their named guard version in force.
+func (t *Tracker) restoreDeleted(ds []fencing.DeletedHost) {
+	sa := time.Duration(float64(fencing.DefaultTiming().SuspectAfter()) * (1 - 2*t.cfg.Drift))
+	for _, d := range ds {
+		if _, ok := t.hosts[d.Host]; ok || d.Host == "" {
+			continue
+		}
+		t.hosts[d.Host] = &hostState{deleted: true, silentAft: sa,
+			rec: fencing.LeaseRecord{Schema: fencing.RecordSchema, Host: d.Host, State: fencing.LeaseActive, Guard: d.Guard}}
+	}
 }

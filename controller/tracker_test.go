@@ -231,3 +231,55 @@ func TestDeletedKeyNeverDeclaredButCounted(t *testing.T) {
 		t.Fatalf("forget: %v, silent %d", err, tr.Silent(now.Add(2*time.Second)))
 	}
 }
+
+// TestDeletedHostSurvivesRestart: a deleted host that counts travels in
+// the published guard; a new controller (restart, take-over), whose watch
+// shows only the delete marker, restores it: counted as silent at once,
+// its named guard version in force, never declared; when the key comes
+// back it is tracked anew. A deleted host whose last record was withdrawn
+// is not published (it counts toward nothing). Before, a restarted
+// controller forgot every deleted host.
+func TestDeletedHostSurvivesRestart(t *testing.T) {
+	tr := newTracker(t, 10)
+	named := rec("h3", fencing.BackstopReset)
+	named.Guard = &fencing.GuardVersion{Version: 1, Threshold: 0}
+	tr.Observe(t0, "h3", 50, named)
+	w := rec("h4", fencing.BackstopReset)
+	w.State = fencing.LeaseWithdrawn
+	tr.Observe(t0, "h4", 51, w)
+	tr.Observe(t0, "h3", 60, nil)
+	tr.Observe(t0, "h4", 61, nil)
+	g := tr.Guard()
+	tr.GuardPublished(g, nil)
+	if len(g.Deleted) != 1 || g.Deleted[0].Host != "h3" || g.Deleted[0].Guard == nil {
+		t.Fatalf("published deleted hosts %+v, want h3 with its guard", g.Deleted)
+	}
+	b, _ := fencing.EncodeGuard(g)
+	published, _ := fencing.DecodeGuard(b)
+
+	nt, _ := NewTracker(DefaultConfig())
+	now := t0.Add(time.Minute)
+	for i := range 10 {
+		if i != 3 && i != 4 {
+			nt.Observe(now, fmt.Sprintf("h%d", i), 100, rec(fmt.Sprintf("h%d", i), fencing.BackstopReset))
+		}
+	}
+	nt.Observe(now, "h3", 60, nil) // the watch shows the marker only
+	nt.WatchStarted(now)
+	nt.RestoreGuard(published)
+	if s := nt.Silent(now); s != 1 {
+		t.Fatalf("silent %d after the restore, want 1 (h3)", s)
+	}
+	if th := nt.Threshold(); th != 0 {
+		t.Fatalf("threshold %d, want 0 (h3 names version 1, threshold 0)", th)
+	}
+	for _, d := range nt.Tick(now.Add(time.Hour)) {
+		if d.Op == OpDeclare && d.Host == "h3" {
+			t.Fatal("declared a deleted host")
+		}
+	}
+	nt.Observe(now.Add(time.Hour), "h3", 70, rec("h3", fencing.BackstopReset))
+	if nt.Members() != 9 {
+		t.Fatalf("members %d after h3 came back, want 9", nt.Members())
+	}
+}

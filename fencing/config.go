@@ -220,6 +220,18 @@ type Guard struct {
 	// controller that restarts (or takes over) restores it, so that it
 	// never holds later than an agent still on an older guard expects.
 	History []GuardVersion `json:"history,omitempty"`
+	// Deleted lists the hosts whose lease key was deleted while their
+	// agent may still run (and confirm its peers' holds): the controller
+	// keeps counting them as silent, and a controller that restarts (or
+	// takes over) restores them from here. Agents ignore it.
+	Deleted []DeletedHost `json:"deleted,omitempty"`
+}
+
+// DeletedHost is a host of Guard.Deleted: its name and the guard version
+// its last record named.
+type DeletedHost struct {
+	Host  string        `json:"host"`
+	Guard *GuardVersion `json:"guard,omitempty"`
 }
 
 // GuardVersion is one published guard version and its threshold.
