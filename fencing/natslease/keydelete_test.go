@@ -2,6 +2,7 @@ package natslease_test
 
 import (
 	"context"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
+	"hvguard/fencing/peer"
 )
 
 // newStore returns a Store on a fresh embedded JetStream.
@@ -202,4 +204,47 @@ func TestKeyDeletedFencedAgentStaysFenced(t *testing.T) {
 		t.Fatalf("record %+v %v: want the agent's own expired record of epoch 1\n%s", rec, err, r.dump())
 	}
 	t.Logf("\n%s", r.dump())
+}
+
+// TestRelayThroughPeerEndpointAfterDelete: a healthy peer (the real
+// peer.Handler over HTTP, relaying with a real Store) is asked to relay for
+// h0 after h0's key was purged: the relay on h0's old revision is rejected
+// and the answer says the key holds no record (key_absent), which makes
+// h0's next renewal a create; that one is relayed and lands over the
+// marker.
+func TestRelayThroughPeerEndpointAfterDelete(t *testing.T) {
+	ctx := context.Background()
+	st := newStore(t)
+	res := st.Renew(ctx, fencing.RenewRequest{Seq: 1, Record: activeRecord("h0", 1)}, time.Second)
+	if res.Outcome != fencing.RenewAcked {
+		t.Fatal(res)
+	}
+	if err := st.KV.Purge(ctx, "h0"); err != nil {
+		t.Fatal(err)
+	}
+	secret := []byte("0123456789abcdef-fleet")
+	h := &peer.Handler{Host: "h1", Secret: secret, Relayer: st, View: func() (fencing.PeerView, time.Time) {
+		now := time.Now()
+		return fencing.PeerView{Lease: true, LastAck: now, Timing: fencing.DefaultTiming()}, now
+	}}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	c := &peer.Client{Host: "h0", Secret: secret, URL: func(string) string { return srv.URL + peer.Path }}
+	ask := func(rev, seq uint64) fencing.PeerAnswer {
+		rd := fencing.PeerRound{ID: seq, Peers: []string{"h1"}, Renewal: fencing.RenewRequest{Seq: seq, Revision: rev, Record: activeRecord("h0", seq)}}
+		ans, err := c.Ask(ctx, "h1", rd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ans
+	}
+	if ans := ask(res.Revision, 2); ans.Kind != fencing.PeerRelayFailed || !ans.KeyAbsent || ans.Current != nil {
+		t.Fatalf("relay on the old revision after a purge: %+v, want relay-failed with key_absent", ans)
+	}
+	if ans := ask(0, 3); ans.Kind != fencing.PeerRelayed || ans.Revision <= res.Revision {
+		t.Fatalf("relayed create over the marker: %+v", ans)
+	}
+	if cur, _, err := st.Read(ctx, "h0"); err != nil || cur.Seq != 3 {
+		t.Fatalf("read %+v %v", cur, err)
+	}
 }
