@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-multierror"
@@ -479,18 +478,14 @@ const StateDirLockFile = "agent.lock"
 // lockStateDir takes the state_dir lock, or says which process holds it.
 func lockStateDir(dir string) (unlock func(), err error) {
 	path := filepath.Join(dir, StateDirLockFile)
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := delivery.LockFile(path)
+	if errors.Is(err, delivery.ErrLocked) {
+		holder, _ := os.ReadFile(path)
+		return nil, fmt.Errorf("state_dir %s is in use by another hvguard-agent (pid %s): one agent per host and state_dir; nothing was touched",
+			dir, strings.TrimSpace(string(holder)))
+	}
 	if err != nil {
 		return nil, fmt.Errorf("state_dir lock: %w", err)
-	}
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		holder, _ := os.ReadFile(path)
-		f.Close()
-		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("state_dir %s is in use by another hvguard-agent (pid %s): one agent per host and state_dir; nothing was touched",
-				dir, strings.TrimSpace(string(holder)))
-		}
-		return nil, fmt.Errorf("state_dir lock %s: %w", path, err)
 	}
 	_ = f.Truncate(0)
 	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)

@@ -252,19 +252,36 @@ func OpenOutbox(dir string, cfg OutboxConfig, log *slog.Logger) (*Outbox, error)
 // events under the same incarnation, and JetStream would keep only one of
 // each pair (same Msg-Id): a second agent on the same state_dir is refused.
 func (o *Outbox) lockDir() error {
-	f, err := os.OpenFile(filepath.Join(o.dir, lockFileName), os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := LockFile(filepath.Join(o.dir, lockFileName))
+	if errors.Is(err, ErrLocked) {
+		return fmt.Errorf("%w (another hvguard-agent with this state_dir?): two agents on one outbox would reuse each other's seqs", err)
+	}
 	if err != nil {
 		return err
+	}
+	o.lock = f
+	return nil
+}
+
+// ErrLocked: LockFile found the lock held by another process.
+var ErrLocked = errors.New("in use by another process")
+
+// LockFile opens (creating it) path and takes an exclusive flock(2) on it
+// without waiting: held until the file is closed, or the process dies
+// (SIGKILL too). The agent's state_dir lock and the outbox's use it.
+func LockFile(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, err
 	}
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return errors.New("in use by another process (another hvguard-agent with this state_dir?): two agents on one outbox would reuse each other's seqs")
+			return nil, ErrLocked
 		}
-		return fmt.Errorf("lock %s: %w", lockFileName, err)
+		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
-	o.lock = f
-	return nil
+	return f, nil
 }
 
 // load reads state.json and the segments. Called once, before any other use.
