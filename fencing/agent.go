@@ -94,7 +94,11 @@ type Agent struct {
 	// landed on it yet: the controller neither declares nor counts the
 	// host, so this agent's "cannot renew" must not count toward a
 	// peer's hold either.
-	recWithdrawn  bool
+	recWithdrawn bool
+	// feedLimit (zero: none): the lease feeds the watchdog only before it.
+	// Set by a restart with a longer watchdog_timeout than the record the
+	// controller saw last; cleared when a renewal of ours lands.
+	feedLimit     time.Time
 	withdrawSeq   uint64
 	withdrawDL    time.Time
 	withdrawTries int
@@ -135,6 +139,7 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 		}
 		if d.BootID == cfg.BootID {
 			a.lease, a.lastAck = d.HaveLease, d.LastAck
+			a.feedLimit = d.FeedUntil
 			a.held = d.Held
 			if d.Fenced {
 				a.state, reason = StateFenced, ReasonRestartedFenced
@@ -183,6 +188,29 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 	// state carries the flag, not the withdrawn lease age.
 	carried := d != nil && d.Host == cfg.Host && d.KeyWithdrawn && cur == nil && !Mutations.WithdrawnKeyNotCarried
 	a.recWithdrawn = (fromWithdrawn || carried) && !Mutations.WithdrawnRestartConfirms
+	if a.lease && !Mutations.NewTimingForOldLease {
+		// The lease inherited from the durable state was granted by a
+		// record with the constants the controller saw last (the key's, if
+		// read; else the durable state's): a restart with changed
+		// constants must not stretch it.
+		var seen *Timing
+		if d != nil && d.Timing != nil {
+			seen = d.Timing
+		}
+		if cur != nil && cur.Host == cfg.Host && cur.State == LeaseActive {
+			seen = &cur.Timing
+		}
+		if seen != nil {
+			// A longer watchdog_timeout: a dead agent's reset must still
+			// come by the seen record's lease_ttl + watchdog_timeout, so
+			// the lease feeds the watchdog only until then.
+			if lim := a.lastAck.Add(seen.LeaseTTL + seen.WatchdogTimeout - cfg.Timing.WatchdogTimeout); cfg.Timing.WatchdogTimeout > seen.WatchdogTimeout &&
+				(a.feedLimit.IsZero() || lim.Before(a.feedLimit)) {
+				a.feedLimit = lim
+			}
+			a.lastAck = a.lastAck.Add(-leaseTimingShift(*seen, cfg.Timing))
+		}
+	}
 	if !a.lease {
 		// No lease known in this boot: act as if the last acknowledged
 		// renewal was one interval ago, so that one renewal and one peer
@@ -206,6 +234,20 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 	// No timers run here: the caller first gives SetMembers and Domains,
 	// then calls Tick.
 	return a, a.take(), nil
+}
+
+// leaseTimingShift is how much earlier than its send time a lease granted
+// by a record advertising seen must be counted under the constants now, so
+// that every deadline the controller derived from seen still holds: the
+// fence starts by seen's fence_by, escalates by its lease_ttl, and no
+// confirmation is given past its confirmable_age (a longer
+// watchdog_timeout is bounded by feedLimit instead). Zero when nothing
+// grew.
+func leaseTimingShift(seen, now Timing) time.Duration {
+	return max(0,
+		now.FenceBy()-seen.FenceBy(),
+		now.LeaseTTL-seen.LeaseTTL,
+		now.ConfirmableAge()-seen.ConfirmableAge())
 }
 
 // State returns the current state.
@@ -302,6 +344,9 @@ func (a *Agent) FeedWatchdog(now time.Time) bool {
 			return false // the fence missed its deadline: let the watchdog reset
 		}
 	}
+	if !a.feedLimit.IsZero() && !now.Before(a.feedLimit) {
+		return false
+	}
 	return a.LeaseHeld(now)
 }
 
@@ -337,6 +382,7 @@ func (a *Agent) Durable() Durable {
 		Held:     a.state == StateHeld,
 		Declared: a.declared, Released: a.released,
 		Paused: sortedKeys(a.paused), Reason: a.reason,
+		Timing: &a.cfg.Timing, FeedUntil: a.feedLimit,
 		Withdrawn: a.state == StateWithdrawn, KeyWithdrawn: a.recWithdrawn || a.state == StateWithdrawn,
 	}
 }
@@ -856,6 +902,10 @@ func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
 		}
 	}
 	a.landedSeq = max(a.landedSeq, seq)
+	if !a.feedLimit.IsZero() {
+		a.feedLimit = time.Time{} // the controller saw our constants now
+		a.persist()
+	}
 	if a.recWithdrawn && !a.stopping {
 		a.recWithdrawn = false // the key holds an active record of ours now
 		a.persist()

@@ -301,6 +301,10 @@ var Mutations struct {
 	// the previous process started behind a withdrawn key and never
 	// landed a renewal (it confirms its peers' holds again).
 	WithdrawnKeyNotCarried bool
+	// NewTimingForOldLease: a restart with changed timing constants counts
+	// the lease it inherits with the new ones (a longer lease_ttl or
+	// watchdog_timeout the controller never saw).
+	NewTimingForOldLease bool
 	// StopTrustsFencedState: a stop from fenced, rejoining or awaiting
 	// release ends "fenced" at once, on the last listing, fencing nothing
 	// that runs (a domain started while rejoining).

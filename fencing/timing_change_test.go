@@ -31,13 +31,20 @@ func TestRestartWithNewTimingKeepsOldDeadlines(t *testing.T) {
 			d := h.dur
 			cfg := testConfig()
 			tc.change(&cfg)
-			h.now = L.Add(3 * time.Second) // crash; restarted 3 s later, NATS unreachable
-			a, r, err := NewAgent(cfg, &d, nil, 0, h.now)
-			if err != nil {
-				t.Fatal(err)
+			var a *Agent
+			for _, at := range []time.Duration{3 * time.Second, 5 * time.Second} {
+				// A crash; restarted, NATS unreachable (twice: the second
+				// start inherits what the first one persisted).
+				h.now = L.Add(at)
+				var r Ready
+				var err error
+				if a, r, err = NewAgent(cfg, &d, nil, 0, h.now); err != nil {
+					t.Fatal(err)
+				}
+				h.a, h.renew, h.round, h.log = a, nil, nil, nil
+				h.take(r)
+				d = h.dur
 			}
-			h.a, h.renew, h.round, h.log = a, nil, nil, nil
-			h.take(r)
 			a.SetMembers(members(50), DefaultGuard(50))
 			h.take(a.Domains(h.now, []Domain{{UUID: "d1", Running: true}}))
 			// The last feed a dead agent may give: the reset must come by
@@ -56,5 +63,36 @@ func TestRestartWithNewTimingKeepsOldDeadlines(t *testing.T) {
 				h.advance(100 * time.Millisecond)
 			}
 		})
+	}
+}
+
+// TestRestartWithNewTimingReachableDoesNotFence: the same restart with
+// NATS reachable: the first renewal (with the new constants) lands at once,
+// and the lease is counted from it: nothing is fenced.
+func TestRestartWithNewTimingReachableDoesNotFence(t *testing.T) {
+	h := newHarness(t, testConfig(), 50, "d1")
+	h.healthyFor(time.Second)
+	d := h.dur
+	cfg := testConfig()
+	cfg.Timing.LeaseTTL = 60 * time.Second
+	cfg.Timing.WatchdogTimeout = 30 * time.Second
+	h.now = h.now.Add(3 * time.Second)
+	a, r, err := NewAgent(cfg, &d, nil, 0, h.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.a, h.renew, h.log = a, nil, nil
+	h.take(r)
+	a.SetMembers(members(50), DefaultGuard(50))
+	h.take(a.Domains(h.now, []Domain{{UUID: "d1", Running: true}}))
+	h.take(a.Tick(h.now))
+	h.ack()
+	h.healthyFor(2 * time.Minute)
+	h.expectState(StateHealthy)
+	if slicesContains(h.log, "pause d1") || !a.FeedWatchdog(h.now) {
+		t.Fatalf("log %v, feed %v", h.log, a.FeedWatchdog(h.now))
+	}
+	if h.dur.Timing == nil || h.dur.Timing.LeaseTTL != 60*time.Second {
+		t.Fatalf("durable timing %+v", h.dur.Timing)
 	}
 }

@@ -316,6 +316,15 @@ type Durable struct {
 	// withdrawn record keeps it until its first renewal lands, so a crash
 	// and a restart with NATS unreachable still confirm nothing.
 	KeyWithdrawn bool `json:"key_withdrawn,omitempty"`
+	// Timing: the constants LastAck is counted with (the agent's). A
+	// restart with other constants counts the inherited lease so that no
+	// deadline the controller derived from these moves later (absent in
+	// files written before it existed: taken as unchanged).
+	Timing *Timing `json:"timing,omitempty"`
+	// FeedUntil (zero: none): the lease may feed the watchdog only before
+	// it (a restart with a longer watchdog_timeout than the record the
+	// controller saw last, until a renewal of the new process lands).
+	FeedUntil time.Time `json:"feed_until,omitzero"`
 }
 
 // StopOutcome is how an orderly stop (Agent.Stop) ended.
