@@ -203,7 +203,7 @@ func printLeases(w io.Writer, st Status) {
 	if v.Holding {
 		hold = "HOLDING: declaring nothing"
 	}
-	fmt.Fprintf(w, "guard:      %d silent, threshold %d, %s\n", v.Silent, v.Threshold, hold)
+	fmt.Fprintf(w, "guard:      %d silent, threshold %d, %s%s\n", v.Silent, v.Threshold, hold, guardVersions(v.GuardVersions))
 	fmt.Fprintf(w, "hosts:      %d\n", len(v.Hosts))
 	if len(v.Hosts) == 0 {
 		return
@@ -213,6 +213,8 @@ func printLeases(w io.Writer, st Status) {
 	for _, h := range v.Hosts {
 		note := h.Reason
 		switch {
+		case h.KeyDeleted:
+			note = "UNPROTECTED (lease key deleted: never declared; counted silent until its agent re-creates it)"
 		case h.State == fencing.LeaseWithdrawn:
 			note = "UNPROTECTED (agent withdrew; not declared, not recovered): " + h.Reason
 		case h.Refused != "":
@@ -224,6 +226,18 @@ func printLeases(w io.Writer, st Status) {
 			secs(h.GraceSeconds), secs(h.LastRenewalSeconds), note)
 	}
 	_ = tw.Flush()
+}
+
+// guardVersions formats the guard versions kept in force ("" if none).
+func guardVersions(vs []fencing.GuardVersion) string {
+	if len(vs) == 0 {
+		return ""
+	}
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		parts[i] = fmt.Sprintf("v%d:%d", v.Version, v.Threshold)
+	}
+	return "; versions in force (version:threshold) " + strings.Join(parts, " ")
 }
 
 // printEvents writes the fleet view's summary.
