@@ -1,8 +1,7 @@
 #!/bin/bash
 # Builds dist/<name>_<version>_<arch>.deb and dist/<name>-<version>-1.<arch>.rpm
-# for each packaged command (today only hvguard-agent; hvguard-controller
-# joins by adding packaging/nfpm/hvguard-controller.yaml and its name to
-# PACKAGES in packaging/package.mk).
+# for each packaged command (hvguard-agent, hvguard-controller: PKG_NAMES in
+# packaging/package.mk; what differs between them is in packaging/packages.sh).
 #
 # Usage: packaging/build.sh NAME...   (from the repository root; `make package`)
 # Env:   PKG_VERSION  override the git-derived version (the upgrade test)
@@ -11,6 +10,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
+# shellcheck source=packaging/packages.sh
+source packaging/packages.sh
 
 readonly DIST=${DIST:-dist}
 readonly NFPM=${NFPM:-.cache/bin/nfpm-v2.45.2} # pinned in package.mk (NFPM_VERSION)
@@ -19,7 +20,7 @@ readonly GO=${GO:-go}
 readonly PKG_MAINTAINER_DEFAULT="hvguard maintainers <maintainers@users.noreply.a-seed-75cbc3ff.example>"
 
 PKG_VERSION=$(packaging/version.sh)
-PKG_ARCH=$("$GO" env GOARCH) # the host's: cgo + libvirt, no cross build
+PKG_ARCH=$("$GO" env GOARCH) # the host's: cgo (+ libvirt for the agent), no cross build
 PKG_MAINTAINER=${PKG_MAINTAINER:-$PKG_MAINTAINER_DEFAULT}
 # Reproducible timestamps (binary mtimes, changelog, man page): the commit's.
 SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}
@@ -41,20 +42,24 @@ min_symbol_version() {
 }
 
 for name in "$@"; do
+	pkg_facts "$name"
 	build="$DIST/build/$name-$PKG_ARCH"
 	mkdir -p "$build"
 	export PKG_BUILD=$build
 
 	echo ">> $name $PKG_VERSION ($PKG_ARCH): go build"
 	"$GO" build -trimpath -buildmode=pie \
-		-ldflags "-s -w -X hvguard/agent.Version=$PKG_VERSION" \
+		-ldflags "-s -w -X hvguard/agent.Version=$PKG_VERSION -X hvguard/controller/daemon.Version=$PKG_VERSION" \
 		-o "$build/$name" "./cmd/$name"
 	# gcc's .comment section is dead weight (dh_strip removes it too).
 	objcopy --remove-section=.comment "$build/$name"
 
 	PKG_LIBC_MIN=$(min_symbol_version "$build/$name" GLIBC)
-	PKG_LIBVIRT_MIN=$(min_symbol_version "$build/$name" LIBVIRT)
-	if [[ -z "$PKG_LIBC_MIN" || -z "$PKG_LIBVIRT_MIN" ]]; then
+	PKG_LIBVIRT_MIN=
+	if [[ "$PKG_LIBVIRT" == yes ]]; then
+		PKG_LIBVIRT_MIN=$(min_symbol_version "$build/$name" LIBVIRT)
+	fi
+	if [[ -z "$PKG_LIBC_MIN" || ("$PKG_LIBVIRT" == yes && -z "$PKG_LIBVIRT_MIN") ]]; then
 		echo "build.sh: could not read the glibc/libvirt symbol versions of $build/$name" >&2
 		exit 1
 	fi
@@ -87,15 +92,24 @@ for name in "$@"; do
 		    - commit: $(git rev-parse HEAD)
 		      note: "Build of commit $(git rev-parse --short=12 HEAD)"
 	YAML
+	# Maintainer scripts: the templates in packaging/scripts rendered for
+	# this package (its unit, its state directory), and the nfpm config
+	# pointed at them.
+	for script in packaging/scripts/deb/* packaging/scripts/rpm/*; do
+		out=$build/${script#packaging/}
+		mkdir -p "$(dirname "$out")"
+		sed -e "s|@NAME@|$name|g" -e "s|@STATE_DIR@|$PKG_STATE_DIR|g" "$script" >"$out"
+	done
+	sed "s|packaging/scripts/|$build/scripts/|" "packaging/nfpm/$name.yaml" >"$build/nfpm-deb.yaml"
 	{
-		cat "packaging/nfpm/$name.yaml"
+		cat "$build/nfpm-deb.yaml"
 		printf 'changelog: %s\n' "$build/changelog.yml"
 	} >"$build/nfpm-rpm.yaml"
 
 	echo ">> $name: nfpm deb, rpm"
 	# dist/ holds exactly this build: drop packages of earlier versions.
 	rm -f "$DIST/${name}"_*.deb "$DIST/${name}"-*.rpm
-	"$NFPM" package --config "packaging/nfpm/$name.yaml" --packager deb --target "$DIST/" >/dev/null
+	"$NFPM" package --config "$build/nfpm-deb.yaml" --packager deb --target "$DIST/" >/dev/null
 	"$NFPM" package --config "$build/nfpm-rpm.yaml" --packager rpm --target "$DIST/" >/dev/null
 done
 # The tests read the version of this build from here (the tree's git

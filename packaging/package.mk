@@ -1,9 +1,9 @@
 # Packaging targets (included by the top-level Makefile). See docs/packaging.md
 # and packaging/README.md.
 
-# Commands packaged as .deb and .rpm; hvguard-controller joins when it exists
-# (plus packaging/nfpm/hvguard-controller.yaml).
-PKG_NAMES := hvguard-agent
+# Commands packaged as .deb and .rpm (what differs between them:
+# packaging/packages.sh).
+PKG_NAMES := hvguard-agent hvguard-controller
 # nfpm is a build tool, not a dependency of the module: pinned here and
 # installed into a project-local GOBIN, never added to go.mod.
 NFPM_VERSION := v2.45.2
@@ -25,7 +25,7 @@ package-deps: ## install packaging tools: nfpm v2.45.2 into .cache/bin; lintian,
 	  GOBIN=$(CURDIR)/$(PKG_CACHE)/bin/nfpm-tmp $(GO) install github.com/goreleaser/nfpm/v2/cmd/nfpm@$(NFPM_VERSION) && \
 	  mv $(PKG_CACHE)/bin/nfpm-tmp/nfpm $(NFPM) && rmdir $(PKG_CACHE)/bin/nfpm-tmp; fi
 
-package: deps package-deps ## build dist/*.deb and dist/*.rpm (hvguard-agent; version from git describe)
+package: deps package-deps ## build dist/*.deb and dist/*.rpm (hvguard-agent, hvguard-controller; version from git describe)
 	GO=$(GO) NFPM=$(NFPM) bash packaging/build.sh $(PKG_NAMES)
 
 package-lint: ## lintian, rpmlint, shellcheck, systemd-analyze, config/man/rpm checks on dist/ (after make package)

@@ -17,6 +17,8 @@ readonly DIST=${DIST:-dist}
 readonly ROOT=$DIST/test/root
 # shellcheck source=packaging/test/lib.sh
 source packaging/test/lib.sh
+# shellcheck source=packaging/packages.sh
+source packaging/packages.sh
 
 mkdir -p "$DIST/test"
 version=$(cat "$DIST/VERSION") # written by build.sh
@@ -33,6 +35,7 @@ systemd_running() {
 }
 
 for name in "$@"; do
+	pkg_facts "$name"
 	deb=$DIST/${name}_${version}_${arch}.deb
 	[[ -f "$deb" ]] || fail "$deb missing: run make package"
 
@@ -53,8 +56,10 @@ for name in "$@"; do
 	SH
 	printf '#!/bin/sh\necho "deb-systemd-invoke $*" >>/tmp/systemd-calls\n' >"$ROOT/usr/local/sbin/deb-systemd-invoke"
 	chmod +x "$ROOT/usr/local/sbin/systemctl" "$ROOT/usr/local/sbin/deb-systemd-invoke"
-	conf=/etc/hvguard/agent.yaml
-	state=/var/lib/hvguard
+	conf=/etc/hvguard/$PKG_CONF
+	state=$PKG_STATE_DIR # "" = none
+	# has_state: the package has a state directory to create, keep and purge.
+	has_state() { [[ -n "$state" ]]; }
 	wants=/etc/systemd/system/multi-user.target.wants/$name.service
 
 	step "$name: install (no systemd running: a container or chroot)"
@@ -64,14 +69,18 @@ for name in "$@"; do
 	[[ -z "$(calls)" ]] || fail "maintainer scripts called systemd without systemd: $(calls)"
 	[[ -f "$ROOT$conf" ]] || fail "$conf missing"
 	grep -q " $conf " <<<"$(pkg_field Conffiles)" || fail "$conf is not a conffile"
-	[[ "$(stat -c %a "$ROOT$state")" == 700 ]] || fail "$state is not 0700"
+	if has_state; then
+		[[ "$(stat -c %a "$ROOT$state")" == 700 ]] || fail "$state is not 0700"
+	elif [[ -e "$ROOT/var/lib/hvguard" ]]; then
+		fail "$name created /var/lib/hvguard (it has no state)"
+	fi
 	[[ -L "$ROOT$wants" ]] || fail "unit not enabled ($wants missing)"
 	got=$(in_root "$name" --version)
 	echo "$got"
 	[[ "$got" == "$name $version" ]] || fail "--version: want '$name $version'"
 	in_root "$name" --config "$conf" --check-config
 	grep -q -- --check-config <<<"$(in_root "$name" --help 2>&1)" || fail "--help"
-	echo "installed: config, state 0700, enabled, --version, --check-config ok"
+	echo "installed: config, state (${state:-none}), enabled, --version, --check-config ok"
 
 	step "$name: purge, then install with systemd running: enabled, not started"
 	in_root dpkg --purge "$name"
@@ -80,21 +89,21 @@ for name in "$@"; do
 	in_root dpkg -i /tmp/v1.deb
 	calls
 	grep -qx 'systemctl --system daemon-reload' <<<"$(calls)" || fail "no daemon-reload on install"
-	grep -qE 'start|restart' <<<"$(calls)" && fail "first install must not start the agent"
+	grep -qE 'start|restart' <<<"$(calls)" && fail "first install must not start $name"
 	[[ -L "$ROOT$wants" ]] || fail "unit not enabled"
 
 	step "$name: edit config and state, upgrade to $upversion"
 	sed -i 's/^#log:$/log:/; s/^#  level: info$/  level: debug/' "$ROOT$conf"
 	grep -q '^  level: debug$' "$ROOT$conf" || fail "could not edit $conf"
 	in_root "$name" --config "$conf" --check-config
-	echo marker >"$ROOT$state/marker"
+	if has_state; then echo marker >"$ROOT$state/marker"; fi
 	cp "$ROOT$conf" "$DIST/test/edited.yaml"
 	reset_calls
 	in_root dpkg -i /tmp/v2.deb
 	calls
 	grep -qx "$name $upversion" <<<"$(in_root "$name" --version)" || fail "upgrade did not replace the binary"
 	cmp "$ROOT$conf" "$DIST/test/edited.yaml" || fail "upgrade changed the edited $conf"
-	[[ -f "$ROOT$state/marker" ]] || fail "upgrade lost the state"
+	if has_state && [[ ! -f "$ROOT$state/marker" ]]; then fail "upgrade lost the state"; fi
 	grep -qx "deb-systemd-invoke try-restart $name.service" <<<"$(calls)" || fail "no restart on upgrade"
 	grep -qx 'systemctl --system daemon-reload' <<<"$(calls)" || fail "no daemon-reload on upgrade"
 
@@ -102,16 +111,16 @@ for name in "$@"; do
 	reset_calls
 	in_root dpkg --remove "$name"
 	calls
-	grep -qx "deb-systemd-invoke stop $name.service" <<<"$(calls)" || fail "remove did not stop the agent"
+	grep -qx "deb-systemd-invoke stop $name.service" <<<"$(calls)" || fail "remove did not stop $name"
 	[[ ! -e "$ROOT/usr/bin/$name" ]] || fail "binary left after remove"
 	cmp "$ROOT$conf" "$DIST/test/edited.yaml" || fail "remove changed/deleted $conf"
-	[[ -f "$ROOT$state/marker" ]] || fail "remove deleted the state"
+	if has_state && [[ ! -f "$ROOT$state/marker" ]]; then fail "remove deleted the state"; fi
 	grep -qx 'deinstall ok config-files' <<<"$(pkg_field Status)" || fail "status after remove"
 
 	step "$name: purge removes config, state and the enable link"
 	in_root dpkg --purge "$name"
 	[[ ! -e "$ROOT$conf" && ! -e "$ROOT/etc/hvguard" ]] || fail "purge left /etc/hvguard"
-	[[ ! -e "$ROOT$state" ]] || fail "purge left $state"
+	if has_state && [[ -e "$ROOT$state" ]]; then fail "purge left $state"; fi
 	[[ ! -e "$ROOT$wants" ]] || fail "purge left $wants"
 	if grep -q installed <<<"$(pkg_field Status 2>/dev/null || true)"; then fail "still known to dpkg"; fi
 	echo "purged: nothing left"

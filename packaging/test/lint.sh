@@ -7,6 +7,8 @@ set -euo pipefail
 # pipeline an early-exiting grep -q can fail `cmd` with SIGPIPE (pipefail).
 
 cd "$(dirname "$0")/../.."
+# shellcheck source=packaging/packages.sh
+source packaging/packages.sh
 readonly DIST=${DIST:-dist}
 readonly WORK=$DIST/test/lint
 
@@ -24,6 +26,7 @@ arch=$(dpkg --print-architecture)
 rpmarch=$(uname -m)
 
 for name in "$@"; do
+	pkg_facts "$name"
 	deb=$DIST/${name}_${version}_${arch}.deb
 	rpm=$DIST/${name}-${version}-1.${rpmarch}.rpm
 	[[ -f "$deb" && -f "$rpm" ]] || fail "$deb or $rpm missing: run make package"
@@ -67,23 +70,33 @@ for name in "$@"; do
 		systemd-analyze --root="$root" security --offline=yes --no-pager "$unit" | tail -n1
 	done
 	unit=$root/lib/systemd/system/$name.service
-	for want in 'Type=notify' 'NotifyAccess=main' 'WatchdogSec=30s' 'Restart=on-failure' \
-		'ProtectSystem=strict' 'ProtectHome=yes' 'NoNewPrivileges=yes' \
-		'ReadWritePaths=/var/lib/hvguard' 'PrivateTmp=yes' 'Wants=network-online.target'; do
+	wants=('Type=notify' 'NotifyAccess=main' 'WatchdogSec=30s' 'Restart=on-failure' 'RestartPreventExitStatus=78'
+		'ProtectSystem=strict' 'ProtectHome=yes' 'NoNewPrivileges=yes' 'CapabilityBoundingSet='
+		'PrivateTmp=yes' 'Wants=network-online.target')
+	[[ -z "$PKG_STATE_DIR" ]] || wants+=("ReadWritePaths=$PKG_STATE_DIR")
+	for want in "${wants[@]}"; do
 		grep -qx "$want" "$unit" || fail "$unit: missing $want"
 	done
-	grep -qE '^After=.*libvirtd\.service.*network-online\.target' "$unit" || fail "$unit: After="
+	if [[ "$PKG_LIBVIRT" == yes ]]; then
+		grep -qE '^After=.*libvirtd\.service.*network-online\.target' "$unit" || fail "$unit: After="
+	else
+		grep -qE '^After=.*network-online\.target' "$unit" || fail "$unit: After="
+		if grep -q libvirt "$unit"; then fail "$unit mentions libvirt"; fi
+	fi
+	grep -q ReadWritePaths "$unit" && [[ -z "$PKG_STATE_DIR" ]] && fail "$unit: ReadWritePaths= without a state directory"
 	stop=$(sed -n 's/^TimeoutStopSec=\([0-9]*\)s$/\1/p' "$unit")
 	shutdown=$("$bin" --print-defaults | sed -n 's/^shutdown_timeout: \([0-9]*\)s$/\1/p')
-	((stop > shutdown)) || fail "TimeoutStopSec=${stop}s must exceed shutdown_timeout ${shutdown}s"
+	if [[ -n "$shutdown" ]]; then
+		((stop > shutdown)) || fail "TimeoutStopSec=${stop}s must exceed shutdown_timeout ${shutdown}s"
+	fi
 
 	step "$name: binary, config, man page"
 	grep -qx "$name $version" <<<"$("$bin" --version)" || fail "--version is not '$name $version'"
-	conf=$root/etc/hvguard/agent.yaml
+	conf=$root/etc/hvguard/$PKG_CONF
 	"$bin" --config "$conf" --check-config
 	# Every default is documented (as a commented-out line) in the conffile...
 	while read -r key; do
-		grep -qE "^# *${key}:" "$conf" || fail "agent.yaml does not document '$key'"
+		grep -qE "^# *${key}:" "$conf" || fail "$PKG_CONF does not document '$key'"
 	done < <("$bin" --print-defaults | sed -nE 's/^ *([a-z_]+):.*/\1/p')
 	# ...and uncommenting every setting still gives a valid configuration.
 	sed -E 's/^#( *[a-z_]+:)/\1/' "$conf" >"$WORK/uncommented.yaml"
@@ -99,13 +112,26 @@ for name in "$@"; do
 	rpm -qpl -v "$rpm"
 	rpm -qp --scripts "$rpm"
 	rpm -qpR "$rpm"
-	grep -q '^libvirt-libs >= ' <<<"$(rpm -qpR "$rpm")" || fail "rpm does not require libvirt-libs"
-	grep -qx /etc/hvguard/agent.yaml <<<"$(rpm -qp --configfiles "$rpm")" || fail "agent.yaml is not %config"
-	grep -qx 'cn /etc/hvguard/agent.yaml' <<<"$(rpm -qp --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$rpm")" ||
-		fail "agent.yaml is not %config(noreplace)"
-	grep -qE '^drwx------ .* /var/lib/hvguard$' <<<"$(rpm -qpl -v "$rpm")" || fail "/var/lib/hvguard is not 0700 in the rpm"
+	grep -qx "/etc/hvguard/$PKG_CONF" <<<"$(rpm -qp --configfiles "$rpm")" || fail "$PKG_CONF is not %config"
+	grep -qx "cn /etc/hvguard/$PKG_CONF" <<<"$(rpm -qp --qf '[%{FILEFLAGS:fflags} %{FILENAMES}\n]' "$rpm")" ||
+		fail "$PKG_CONF is not %config(noreplace)"
+	if [[ -n "$PKG_STATE_DIR" ]]; then
+		grep -qE "^drwx------ .* $PKG_STATE_DIR\$" <<<"$(rpm -qpl -v "$rpm")" || fail "$PKG_STATE_DIR is not 0700 in the rpm"
+	else
+		grep -q '^/var/lib' <<<"$(rpm -qpl "$rpm")" && fail "the rpm ships a state directory"
+	fi
 	grep -q '/libvirt' <<<"$(rpm -qpl "$rpm")" && fail "libvirt is bundled in the rpm"
 	grep -q 'libvirt\.so' <<<"$(dpkg-deb -c "$deb")" && fail "libvirt is bundled in the deb"
-	grep -q 'libvirt0 (>= ' <<<"$(dpkg-deb -f "$deb" Depends)" || fail "deb does not depend on libvirt0"
+	if [[ "$PKG_LIBVIRT" == yes ]]; then
+		grep -q '^libvirt-libs >= ' <<<"$(rpm -qpR "$rpm")" || fail "rpm does not require libvirt-libs"
+		grep -q 'libvirt0 (>= ' <<<"$(dpkg-deb -f "$deb" Depends)" || fail "deb does not depend on libvirt0"
+	else
+		grep -q libvirt <<<"$(rpm -qpR "$rpm")" && fail "rpm requires libvirt"
+		grep -q libvirt <<<"$(dpkg-deb -f "$deb" Depends)" && fail "deb depends on libvirt"
+	fi
+	# The maintainer scripts were rendered for this package.
+	scripts=$(rpm -qp --scripts "$rpm")$(dpkg-deb --ctrl-tarfile "$deb" | tar -xO)
+	grep -q '@NAME@\|@STATE_DIR@' <<<"$scripts" && fail "maintainer scripts not rendered"
+	grep -q "UNIT=$name.service" <<<"$scripts" || fail "maintainer scripts not for $name"
 done
 echo "lint: OK"

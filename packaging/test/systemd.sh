@@ -7,11 +7,16 @@
 #   - the sandbox (ProtectSystem=strict, CapabilityBoundingSet=, seccomp, …)
 #     lets the agent reach libvirtd's socket /run/libvirt/libvirt-sock, write
 #     /var/lib/hvguard and listen on 127.0.0.1:9475; Type=notify READY/STATUS;
-#   - WatchdogSec: a frozen agent is aborted (goroutine dump) and restarted;
-#   - upgrade restarts a running agent; stop is clean and within TimeoutStopSec;
+#     the controller reports READY degraded while NATS is down, then, once a
+#     NATS server runs, takes the leader lock (STATUS, `status`, /metrics);
+#   - WatchdogSec: a frozen daemon is aborted (goroutine dump) and restarted;
+#   - upgrade restarts a running daemon; stop is clean and within TimeoutStopSec
+#     (the controller resigns its lock);
 #   - remove stops it, purge removes the state.
 # libvirtd serves its built-in test driver (URI test+unix:///default): real
-# socket, real RPC, no QEMU. NATS is deliberately unreachable (degraded mode).
+# socket, real RPC, no QEMU. For the agent NATS is deliberately unreachable
+# (degraded mode); for the controller a NATS server with JetStream
+# (test/natsd: the embedded server of the Go tests) is started in the root.
 # Usage: packaging/test/systemd.sh NAME... (make package-test)
 set -euo pipefail
 
@@ -20,6 +25,8 @@ readonly DIST=${DIST:-dist}
 readonly ROOT=$PWD/$DIST/test/sdroot
 # shellcheck source=packaging/test/lib.sh
 source packaging/test/lib.sh
+# shellcheck source=packaging/packages.sh
+source packaging/packages.sh
 
 # The unit's WatchdogSec (checked against the unit below); the watchdog test
 # waits up to this plus a margin for systemd to act.
@@ -93,9 +100,79 @@ wait_for() { # wait_for SECONDS DESCRIPTION COMMAND...
 	done
 	fail "timed out after ${secs}s waiting for: $what"
 }
-http_get() { # http_get PATH: body of http://127.0.0.1:9475/PATH inside the root (bash /dev/tcp)
-	# shellcheck disable=SC2016 # $1 is expanded by the inner bash
-	in_root bash -c 'exec 3<>/dev/tcp/127.0.0.1/9475 && printf "GET %s HTTP/1.0\r\n\r\n" "$1" >&3 && cat <&3' _ "$1"
+http_get() { # http_get PATH: body of http://127.0.0.1:$PKG_PORT/PATH inside the root (bash /dev/tcp)
+	# shellcheck disable=SC2016 # $1, $2 are expanded by the inner bash
+	in_root bash -c 'exec 3<>/dev/tcp/127.0.0.1/$2 && printf "GET %s HTTP/1.0\r\n\r\n" "$1" >&3 && cat <&3' _ "$1" "$PKG_PORT"
+}
+# wait_status UNIT SECONDS PATTERN: wait until the unit's STATUS= matches
+# the glob PATTERN; prints it.
+wait_status() {
+	local status
+	for _ in $(seq $(($2 * 10))); do
+		status=$(prop "$1" StatusText)
+		# shellcheck disable=SC2053 # $3 is a glob on purpose
+		[[ "$status" == $3 ]] && break
+		sleep 0.1
+	done
+	echo "STATUS=$status"
+	# shellcheck disable=SC2053
+	[[ "$status" == $3 ]]
+}
+
+# start_unit UNIT: check the configuration just written, start the unit
+# (Type=notify: systemctl returns once READY=1 is sent), check it is active.
+start_unit() {
+	in_root "${1%.service}" --check-config
+	in_root systemctl start "$1"
+	in_root systemctl is-active "$1" >/dev/null || fail "not active after start"
+}
+
+# start_hvguard-agent: start the agent against libvirtd's socket, NATS
+# unreachable (degraded), and check what it reports.
+start_hvguard-agent() {
+	local unit=$1
+	cat >"$ROOT/etc/hvguard/agent.yaml" <<-'YAML'
+		libvirt:
+		  uri: test+unix:///default    # libvirtd's test driver via /run/libvirt/libvirt-sock
+		nats:
+		  urls: [nats://127.0.0.1:1]   # nothing listens: degraded mode
+		  ready_timeout: 2s
+	YAML
+	start_unit "$unit"
+	# READY=1 carries "degraded: libvirt connected, …"; the event loop's
+	# first heartbeat (≤ 1 s later) replaces it with the "libvirt up, …"
+	# summary. Wait for that rather than race it.
+	wait_status "$unit" 5 '*libvirt up*' || fail "agent not connected to libvirt under the sandbox"
+	http_get /healthz | tail -n1
+	grep -q '^hvguard_libvirt_connected 1' <<<"$(http_get /metrics)" || fail "metrics: libvirt not connected"
+	in_root test -f /var/lib/hvguard/domains.json || fail "agent did not write its state"
+	[[ "$(in_root stat -c %a /var/lib/hvguard)" == 700 ]] || fail "/var/lib/hvguard not 0700"
+}
+
+# start_hvguard-controller: start the controller with NATS down (READY in
+# degraded mode), then a NATS server: it opens the bucket and, after the
+# lock's takeover wait (10.2 s), leads; check STATUS=, `status`, /metrics.
+start_hvguard-controller() {
+	local unit=$1
+	cat >"$ROOT/etc/hvguard/controller.yaml" <<-'YAML'
+		id: ctl-sd
+		nats:
+		  urls: [nats://127.0.0.1:4222]   # test/natsd, started below
+		  ready_timeout: 2s
+	YAML
+	start_unit "$unit"
+	wait_status "$unit" 5 'degraded*' || fail "controller not ready (degraded) without NATS"
+	in_root systemd-run --quiet --unit=hvg-natsd /usr/local/bin/natsd -listen 127.0.0.1:4222 -store /var/lib/natsd
+	local start=$SECONDS
+	wait_status "$unit" 30 'LEADER term 1, 0 hosts*' || fail "controller did not lead once NATS was up"
+	echo "leading $((SECONDS - start))s after NATS started"
+	local out
+	out=$(in_root hvguard-controller status)
+	echo "$out"
+	grep -q '^controller ctl-sd (.*): leader,' <<<"$out" || fail "status: not the leader"
+	[[ "$(http_get /healthz | tail -n1)" == ok ]] || fail "/healthz not ok"
+	grep -q '^hvguard_controller_leader 1' <<<"$(http_get /metrics)" || fail "metrics: not leader"
+	if in_root test -e /var/lib/hvguard; then fail "controller created /var/lib/hvguard"; fi
 }
 
 # Preflight: private namespaces and a cgroup2 mount (systemd needs one).
@@ -106,7 +183,13 @@ if ! unshare --mount --pid --net --fork sh -c "mount -t cgroup2 cgroup2 '$probe'
 fi
 rmdir "$probe"
 
+# The NATS server the controller's check starts in the root (static: the
+# root has no Go).
+natsd=$DIST/test/natsd
+CGO_ENABLED=0 "${GO:-go}" build -trimpath -o "$natsd" ./test/natsd
+
 for name in "$@"; do
+	pkg_facts "$name"
 	unit=$name.service
 	deb=$DIST/${name}_${version}_${arch}.deb
 	[[ -f "$deb" ]] || fail "$deb missing: run make package"
@@ -122,6 +205,7 @@ for name in "$@"; do
 	step "$name: dpkg -i under a running systemd: enabled, not started"
 	cp "$deb" "$ROOT/root/v1.deb" # not /tmp: a tmpfs inside
 	cp "$updeb" "$ROOT/root/v2.deb"
+	cp "$natsd" "$ROOT/usr/local/bin/natsd"
 	in_root dpkg -i /root/v1.deb >/dev/null
 	[[ "$(in_root systemctl is-enabled "$unit")" == enabled ]] || fail "not enabled"
 	[[ "$(in_root systemctl is-active "$unit" || true)" == inactive ]] || fail "started on first install"
@@ -130,33 +214,10 @@ for name in "$@"; do
 	in_root systemd-analyze verify --man=no "/lib/systemd/system/$unit" # no man-db in the root
 	in_root systemd-analyze security --no-pager "$unit" | tail -n1
 
-	step "$name: start through libvirtd's socket, NATS unreachable (degraded)"
-	cat >"$ROOT/etc/hvguard/agent.yaml" <<-'YAML'
-		libvirt:
-		  uri: test+unix:///default    # libvirtd's test driver via /run/libvirt/libvirt-sock
-		nats:
-		  urls: [nats://127.0.0.1:1]   # nothing listens: degraded mode
-		  ready_timeout: 2s
-	YAML
-	in_root hvguard-agent --check-config
-	in_root systemctl start "$unit" # Type=notify: returns once READY=1 is sent
-	in_root systemctl is-active "$unit" >/dev/null || fail "not active after start"
-	# READY=1 carries "degraded: libvirt connected, …"; the event loop's
-	# first heartbeat (≤ 1 s later) replaces it with the "libvirt up, …"
-	# summary. Wait for that rather than race it.
-	for _ in $(seq 50); do
-		status=$(prop "$unit" StatusText)
-		[[ "$status" == *"libvirt up"* ]] && break
-		sleep 0.1
-	done
-	echo "STATUS=$status"
-	[[ "$status" == *"libvirt up"* ]] || fail "agent not connected to libvirt under the sandbox"
-	http_get /healthz | tail -n1
-	grep -q '^hvguard_libvirt_connected 1' <<<"$(http_get /metrics)" || fail "metrics: libvirt not connected"
-	in_root test -f /var/lib/hvguard/domains.json || fail "agent did not write its state"
-	[[ "$(in_root stat -c %a /var/lib/hvguard)" == 700 ]] || fail "/var/lib/hvguard not 0700"
+	step "$name: start under the sandbox"
+	"start_$name" "$unit"
 
-	step "$name: watchdog: freeze the agent, expect abort + restart within ~${WATCHDOG_SEC}s"
+	step "$name: watchdog: freeze it, expect abort + restart within ~${WATCHDOG_SEC}s"
 	pid=$(prop "$unit" MainPID)
 	in_root sh -c "kill -STOP $pid"
 	wait_for $((WATCHDOG_SEC + 20)) "watchdog restart" \
@@ -171,20 +232,32 @@ for name in "$@"; do
 	pid=$(prop "$unit" MainPID)
 	in_root dpkg -i /root/v2.deb >/dev/null
 	wait_for "$SETTLE_SEC" "active after upgrade" in_root systemctl is-active "$unit"
-	[[ "$(prop "$unit" MainPID)" != "$pid" ]] || fail "upgrade did not restart the agent"
-	grep -qF "\"version\":\"$version+up1\"" <<<"$(journal "$unit")" || fail "the restarted agent is not the new version"
+	[[ "$(prop "$unit" MainPID)" != "$pid" ]] || fail "upgrade did not restart $name"
+	grep -qF "\"version\":\"$version+up1\"" <<<"$(journal "$unit")" || fail "the restarted $name is not the new version"
 
 	step "$name: stop is graceful and within TimeoutStopSec"
+	released=0
+	if [[ "$name" == hvguard-controller ]]; then
+		# The upgraded process leads (its predecessor resigned: ~2 s).
+		wait_status "$unit" 20 'LEADER term *' || fail "the upgraded controller does not lead"
+		released=$(grep -c '"msg":"leader lock released"' <<<"$(journal "$unit")" || true)
+	fi
 	start=$SECONDS
 	in_root systemctl stop "$unit"
 	echo "stopped in $((SECONDS - start))s, result $(prop "$unit" Result), status $(prop "$unit" ExecMainStatus)"
 	[[ "$(prop "$unit" Result)" == success ]] || fail "stop did not succeed"
+	if [[ "$name" == hvguard-controller ]]; then
+		after=$(grep -c '"msg":"leader lock released"' <<<"$(journal "$unit")" || true)
+		((after > released)) || fail "the controller did not resign its lock on stop"
+	fi
 
 	step "$name: remove stops and keeps state; purge removes it"
 	in_root systemctl start "$unit"
 	in_root dpkg --remove "$name" >/dev/null
-	[[ "$(in_root systemctl is-active "$unit" || true)" != active ]] || fail "remove left the agent running"
-	in_root test -f /var/lib/hvguard/domains.json || fail "remove deleted the state"
+	[[ "$(in_root systemctl is-active "$unit" || true)" != active ]] || fail "remove left $name running"
+	if [[ -n "$PKG_STATE_DIR" ]]; then
+		in_root test -f "$PKG_STATE_DIR/domains.json" || fail "remove deleted the state"
+	fi
 	in_root dpkg --purge "$name" >/dev/null
 	if in_root test -e /var/lib/hvguard; then fail "purge left /var/lib/hvguard"; fi
 
