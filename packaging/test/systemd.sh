@@ -151,7 +151,8 @@ start_hvguard-agent() {
 
 # start_hvguard-controller: start the controller with NATS down (READY in
 # degraded mode), then a NATS server: it opens the bucket and, after the
-# lock's takeover wait (10.2 s), leads; check STATUS=, `status`, /metrics.
+# lock's takeover wait (2.04 s at the test's ttl), leads; check STATUS=,
+# `status`, /metrics.
 start_hvguard-controller() {
 	local unit=$1
 	cat >"$ROOT/etc/hvguard/controller.yaml" <<-'YAML'
@@ -159,6 +160,11 @@ start_hvguard-controller() {
 		nats:
 		  urls: [nats://127.0.0.1:4222]   # test/natsd, started below
 		  ready_timeout: 2s
+		leader:                           # x0.2: takeovers in 2 s, not 10 (the unit is tested, not the timing)
+		  ttl: 2s
+		  renew_interval: 500ms
+		  write_timeout: 500ms
+		  act_margin: 500ms
 	YAML
 	start_unit "$unit"
 	wait_status "$unit" 5 'degraded*' || fail "controller not ready (degraded) without NATS"
