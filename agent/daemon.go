@@ -84,6 +84,8 @@ type Daemon struct {
 	rec    *reconciler // nil unless reconcile.enabled
 	// fenceStopped: the stop path ran; ready: READY was sent.
 	fenceStopped, ready bool
+	// ctx is Run's context (its cause: see failure).
+	ctx context.Context
 }
 
 // Run starts the agent and blocks until ctx is cancelled (SIGTERM), then
@@ -102,7 +104,22 @@ type Daemon struct {
 // fencing started takes the same stop path (withdrawal "start-failed: …",
 // or a fence).
 func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err error) {
-	d := &Daemon{cfg: cfg, log: log, opts: opts, notify: NewNotifier(log)}
+	// fail ends the agent from inside (fencing: a watchdog that cannot be
+	// armed late); context.Cause(ctx) says why.
+	ctx, fail := context.WithCancelCause(ctx)
+	defer fail(nil)
+	d := &Daemon{cfg: cfg, log: log, opts: opts, notify: NewNotifier(log), ctx: ctx}
+	defer func() {
+		// Runs last: a failure from inside is the error, not the start
+		// step it interrupted.
+		if f := d.failure(); f != nil && !errors.Is(err, f) {
+			if err == nil {
+				err = f
+			} else {
+				err = fmt.Errorf("%w (it interrupted: %v)", f, err)
+			}
+		}
+	}()
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state_dir: %w", err)
 	}
@@ -137,6 +154,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		if d.fence, err = newFencer(ctx, cfg, log, fenceHVLate, d.nc, fopts); err != nil {
 			return fmt.Errorf("fencing: %w", err)
 		}
+		d.fence.fail = fail
 		// The fencing loop stops last, after the stop path, the event loop
 		// and the flush: fencing must outlive everything else in the
 		// process.
@@ -292,6 +310,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	var result *multierror.Error
 	select {
 	case <-ctx.Done():
+		if cause := d.failure(); cause != nil {
+			result = multierror.Append(result, cause)
+		}
 	case lerr := <-loopDone:
 		result = multierror.Append(result, fmt.Errorf("event loop: %w", lerr))
 		loopDone = nil
@@ -360,6 +381,9 @@ func (d *Daemon) stopFencing(cause error) {
 		return
 	}
 	d.fenceStopped = true
+	if f := d.failure(); f != nil {
+		cause = f // the real reason, not the start step it interrupted
+	}
 	reason := stopReasonOrderly
 	if cause != nil {
 		what := "start-failed: "
@@ -374,6 +398,18 @@ func (d *Daemon) stopFencing(cause error) {
 	d.notify.Status("stopping: withdrawing the lease")
 	o := d.fence.stop(reason)
 	d.log.Info("fencing stopped", "outcome", o.String(), "reason", reason)
+}
+
+// failure is the error that ended the agent from inside (nil: none, or a
+// signal).
+func (d *Daemon) failure() error {
+	if d.ctx == nil || d.ctx.Err() == nil {
+		return nil
+	}
+	if c := context.Cause(d.ctx); c != nil && !errors.Is(c, context.Canceled) && !errors.Is(c, context.DeadlineExceeded) {
+		return c
+	}
+	return nil
 }
 
 func (d *Daemon) dialNATS() error {

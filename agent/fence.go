@@ -228,8 +228,12 @@ type fencer struct {
 	stats    FenceStats
 	wdLast   watchdog.State
 	wdOpen   func(path string) (watchdog.Device, error)
-	wdErr    error // the last failed lazy arm (logged once)
-	wg       sync.WaitGroup
+	// fail ends the agent (Run's context, with the cause): a watchdog
+	// that cannot be armed late leaves the lease advertising a backstop
+	// that is not there, so the agent leaves through the stop path
+	// (withdrawal) instead of renewing such a lease.
+	fail func(error)
+	wg   sync.WaitGroup
 
 	// The orderly stop (stop): stopReq is closed when Stop was handed to
 	// the loop, stopped when its outcome is known (stopOutcome).
@@ -519,11 +523,13 @@ func (f *fencer) afterIteration() {
 	if f.core.HardwareWatchdog && f.wd == nil && !f.a.Stopping() && f.a.FeedWatchdog(now) {
 		// Armed late (the lease had lapsed at start): now allowed.
 		if err := f.armWatchdog(now); err != nil {
-			if f.wdErr == nil || f.wdErr.Error() != err.Error() {
-				f.log.Error("hardware watchdog cannot be armed; retrying", "err", err)
-			}
-			f.wdErr = err
 			f.stats.Watchdog.Store(int32(watchdog.Malfunction))
+			f.log.Error("hardware watchdog cannot be armed: the agent stops (withdrawing its lease) rather than advertise a backstop that is not there",
+				"host", f.host, "err", err)
+			if f.fail != nil {
+				f.fail(fmt.Errorf("fencing: %w", err))
+				f.fail = nil
+			}
 		}
 	}
 	f.checkStop()

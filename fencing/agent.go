@@ -378,7 +378,10 @@ func (a *Agent) Durable() Durable {
 	return Durable{
 		Host: a.cfg.Host, BootID: a.cfg.BootID, Epoch: a.epoch, Incarnation: a.incarnation, Revision: a.rev,
 		HaveLease: a.lease, LastAck: a.lastAck,
-		Fenced:   a.state == StateFencing || a.state == StateFenced || a.state == StateRejoining || (a.state == StateAwaitingRelease),
+		Fenced: a.state == StateFencing || a.state == StateFenced || a.state == StateRejoining || (a.state == StateAwaitingRelease) ||
+			// withdrawn during a fence: the next start carries on fenced
+			// and resumes what was paused only through the rejoin.
+			(a.state == StateWithdrawn && len(a.paused) > 0),
 		Held:     a.state == StateHeld,
 		Declared: a.declared, Released: a.released,
 		Paused: sortedKeys(a.paused), Reason: a.reason,
@@ -743,7 +746,8 @@ func (a *Agent) step(now time.Time) {
 // If the withdrawal is not confirmed (NATS unreachable, timeout = unknown
 // outcome, a conflict with anything but our own renewal), the agent
 // fences before leaving, with the fence deadline counted from then. A
-// host already fencing finishes its fence; a fenced, rejoining or
+// host already fencing also withdraws (not declared) while its fence goes
+// on; a fenced, rejoining or
 // declared host stays fenced (its domains are paused; a declaration is
 // safe), after fencing whatever its inventory shows running (a domain
 // started while rejoining). The caller waits until StopOutcome is not StopPending, then
@@ -762,6 +766,15 @@ func (a *Agent) Stop(now time.Time, reason string) Ready {
 			break
 		}
 		a.sendWithdrawal(now)
+	case StateFencing:
+		// The fence goes on; if NATS takes the withdrawal meanwhile the
+		// host cannot be declared whatever the fence does (a fence that
+		// cannot complete — libvirt not connected yet, hung — would
+		// otherwise leave an active record lapsing into a declaration
+		// with no watchdog armed, or none configured).
+		if !a.declared && !Mutations.StopWithoutWithdrawal {
+			a.sendWithdrawal(now)
+		}
 	case StateFenced, StateRejoining, StateAwaitingRelease:
 		if !Mutations.StopTrustsFencedState {
 			// "Fenced" is as of the last listing: fence whatever it shows

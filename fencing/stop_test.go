@@ -433,3 +433,25 @@ func TestRestartBehindWithdrawnKeyConfirmsNothing(t *testing.T) {
 		t.Fatal("still lease-lapsed after a renewal landed")
 	}
 }
+
+// TestStopWhileFencingWithdraws: a stop while a fence is in progress (here
+// it cannot complete: libvirt does not answer) also withdraws: once that
+// lands the host cannot be declared whatever the fence does. The paused
+// set survives as "fenced" in the durable state, so the next start
+// resumes it only through the rejoin.
+func TestStopWhileFencingWithdraws(t *testing.T) {
+	h := newHarness(t, testConfig(), 50, "d1", "d2")
+	h.advance(10 * time.Second) // fencing; the pauses are never answered
+	h.expectState(StateFencing)
+	h.take(h.a.FenceDone(h.now, "d1", nil)) // one of them done
+	w := h.stop("start-failed: fencing: watchdog")
+	if w == nil {
+		t.Fatal("no withdrawal from a fencing host")
+	}
+	h.rev++
+	h.take(h.a.Renewed(h.now, w.Seq, RenewResult{Outcome: RenewAcked, Revision: h.rev}))
+	h.expectStop(StopWithdrawn)
+	if !h.dur.Fenced || !h.dur.Withdrawn || len(h.dur.Paused) != 2 {
+		t.Fatalf("durable %+v: want fenced, withdrawn, the paused set", h.dur)
+	}
+}

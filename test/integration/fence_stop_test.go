@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"net"
 	"os"
@@ -218,6 +219,59 @@ func TestFenceFailedStartWithdraws(t *testing.T) {
 	r.waitState(fencing.StateHealthy, 10*time.Second)
 }
 
+// writeLapsedFenceState writes a fence.json whose lease lapsed a minute ago
+// in this boot: the previous process crashed.
+func (r *fenceRig) writeLapsedFenceState() {
+	r.t.Helper()
+	bootID, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		r.t.Skip("no boot id:", err)
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		r.t.Fatal(err)
+	}
+	d := fencing.Durable{Host: r.host, BootID: strings.TrimSpace(string(bootID)), Incarnation: 1, HaveLease: true,
+		LastAck: time.Unix(ts.Sec, ts.Nsec).UTC().Add(-time.Minute)}
+	b, _ := json.Marshal(d)
+	if err := os.MkdirAll(r.cfg.StateDir, 0o700); err != nil {
+		r.t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(r.cfg.StateDir, "fence.json"), b, 0o600); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// TestFenceWatchdogLateArmFailureStops: the watchdog is armed late (the
+// lease had lapsed at start: the agent fenced at once) and the device then
+// refuses to be armed: the record must not go on advertising a watchdog
+// backstop that is not there, so the agent leaves through the stop path
+// (Run returns the arming error) instead of retrying while it renews; it
+// leaves the host fenced (or withdrawn): no rig domain runs under an
+// active record.
+func TestFenceWatchdogLateArmFailureStops(t *testing.T) {
+	t.Parallel()
+	r := newFenceRig(t, true, 2)
+	r.cfg.Fence.AllowReset = false
+	r.cfg.Fence.WatchdogDevice = "/dev/watchdog-test"
+	r.cfg.Fence.WatchdogTimeout = agent.Duration(time.Second)
+	r.writeLapsedFenceState()
+	opts := r.agentOptions(agent.Options{
+		OpenWatchdog: func(string) (watchdog.Device, error) { return nil, errors.New("device busy (test)") },
+	})
+	err := runUntilExit(t, r.cfg, opts)
+	if err == nil || !strings.Contains(err.Error(), "device busy") {
+		t.Fatalf("Run: %v, want the arming error\n%s", err, r.history())
+	}
+	rec := r.record()
+	for _, u := range r.domains {
+		if st, err := r.wl.State(context.Background(), u); rec.State == fencing.LeaseActive && (err != nil || st == lifecycle.StateRunning) {
+			t.Fatalf("left with record %s and %s %v (%v)\n%s", rec.State, u, st, err, r.history())
+		}
+	}
+	t.Logf("%v\n%s", err, r.history())
+}
+
 // TestFenceWatchdogNotArmedAfterLapse (crash loops): the agent starts with
 // a fence.json whose lease lapsed a minute ago in this boot (the previous
 // process crashed) and NATS unreachable, libvirt's Suspend hanging: arming
@@ -230,23 +284,7 @@ func TestFenceWatchdogNotArmedAfterLapse(t *testing.T) {
 	r.cfg.Fence.AllowReset = false
 	r.cfg.Fence.WatchdogDevice = "/dev/watchdog-test"
 	r.cfg.Fence.WatchdogTimeout = agent.Duration(time.Second)
-	bootID, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
-	if err != nil {
-		t.Skip("no boot id:", err)
-	}
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
-		t.Fatal(err)
-	}
-	d := fencing.Durable{Host: r.host, BootID: strings.TrimSpace(string(bootID)), Incarnation: 1, HaveLease: true,
-		LastAck: time.Unix(ts.Sec, ts.Nsec).UTC().Add(-time.Minute)}
-	b, _ := json.Marshal(d)
-	if err := os.MkdirAll(r.cfg.StateDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(r.cfg.StateDir, "fence.json"), b, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	r.writeLapsedFenceState()
 	var armed atomic.Int64 // unix nanos of the arming
 	dev := &recDevice{}
 	release := make(chan struct{})
