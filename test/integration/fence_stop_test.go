@@ -2,8 +2,8 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -219,6 +219,18 @@ func TestFenceFailedStartWithdraws(t *testing.T) {
 	r.waitState(fencing.StateHealthy, 10*time.Second)
 }
 
+// lapsedWatchdogRig is a rig whose agent has a (test) watchdog device, no
+// reset, and a fence.json whose lease lapsed a minute ago.
+func lapsedWatchdogRig(t *testing.T) *fenceRig {
+	t.Helper()
+	r := newFenceRig(t, true, 2)
+	r.cfg.Fence.AllowReset = false
+	r.cfg.Fence.WatchdogDevice = "/dev/watchdog-test"
+	r.cfg.Fence.WatchdogTimeout = agent.Duration(time.Second)
+	r.writeLapsedFenceState()
+	return r
+}
+
 // writeLapsedFenceState writes a fence.json whose lease lapsed a minute ago
 // in this boot: the previous process crashed.
 func (r *fenceRig) writeLapsedFenceState() {
@@ -251,11 +263,7 @@ func (r *fenceRig) writeLapsedFenceState() {
 // active record.
 func TestFenceWatchdogLateArmFailureStops(t *testing.T) {
 	t.Parallel()
-	r := newFenceRig(t, true, 2)
-	r.cfg.Fence.AllowReset = false
-	r.cfg.Fence.WatchdogDevice = "/dev/watchdog-test"
-	r.cfg.Fence.WatchdogTimeout = agent.Duration(time.Second)
-	r.writeLapsedFenceState()
+	r := lapsedWatchdogRig(t)
 	opts := r.agentOptions(agent.Options{
 		OpenWatchdog: func(string) (watchdog.Device, error) { return nil, errors.New("device busy (test)") },
 	})
@@ -280,11 +288,7 @@ func TestFenceWatchdogLateArmFailureStops(t *testing.T) {
 // would keep the host alive); once the fence completes it arms it.
 func TestFenceWatchdogNotArmedAfterLapse(t *testing.T) {
 	t.Parallel()
-	r := newFenceRig(t, true, 2)
-	r.cfg.Fence.AllowReset = false
-	r.cfg.Fence.WatchdogDevice = "/dev/watchdog-test"
-	r.cfg.Fence.WatchdogTimeout = agent.Duration(time.Second)
-	r.writeLapsedFenceState()
+	r := lapsedWatchdogRig(t)
 	var armed atomic.Int64 // unix nanos of the arming
 	dev := &recDevice{}
 	release := make(chan struct{})
