@@ -420,8 +420,7 @@ func (s *sim) ask(x *simHost, a *fencing.Agent, rd fencing.PeerRound, p *simHost
 				// The relay contract: a conflict with the requester's own
 				// active record of the same epoch is retried once on its
 				// revision (never over an expired or released record).
-				if c := res.Current; res.Outcome == fencing.RenewConflict && retry && c != nil &&
-					c.State == fencing.LeaseActive && c.Host == req.Record.Host && c.Epoch == req.Record.Epoch {
+				if c := res.Current; res.Outcome == fencing.RenewConflict && retry && c != nil && c.RelayRetryOver(req.Record) {
 					req.Revision = res.Revision
 					relay(req, false)
 					return

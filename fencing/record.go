@@ -71,6 +71,19 @@ type LeaseRecord struct {
 	Guard *GuardVersion `json:"guard,omitempty"`
 }
 
+// RelayRetryOver is the relay contract's retry rule: r, the key's current
+// record after a relay's CAS conflict, is an active record of the very
+// agent process that asked (host, epoch, boot and incarnation of asker):
+// one of its own renewals landed meanwhile, so the relay is retried once
+// on r's revision. Never over a record of another process of the same host
+// (a restart, maybe with other timing constants): a question of an earlier
+// process relayed late would put that process's stale record, and its
+// constants, in front of the controller.
+func (r LeaseRecord) RelayRetryOver(asker LeaseRecord) bool {
+	return r.State == LeaseActive && r.Host == asker.Host && r.Epoch == asker.Epoch &&
+		r.BootID == asker.BootID && r.Incarnation == asker.Incarnation
+}
+
 // Encode returns the JSON encoding of r.
 func (r LeaseRecord) Encode() ([]byte, error) {
 	b, err := json.Marshal(r)

@@ -92,13 +92,13 @@ func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest, timeout tim
 	return s.cas(ctx, req.Record.Host, req.Revision, req.Record, timeout)
 }
 
-// Relay performs req for another host: like Renew, but a conflict with the
-// asker's own active record of the same epoch is retried once on its
-// revision (never over an expired or released record).
+// Relay performs req for another host: like Renew, but a conflict with an
+// active record of the asking process itself (LeaseRecord.RelayRetryOver)
+// is retried once on its revision (never over an expired, released or
+// withdrawn record, nor over another process's record).
 func (s *Store) Relay(ctx context.Context, req fencing.RenewRequest, timeout time.Duration) fencing.RenewResult {
 	res := s.Renew(ctx, req, timeout)
-	if c := res.Current; res.Outcome == fencing.RenewConflict && c != nil &&
-		c.State == fencing.LeaseActive && c.Host == req.Record.Host && c.Epoch == req.Record.Epoch {
+	if c := res.Current; res.Outcome == fencing.RenewConflict && c != nil && c.RelayRetryOver(req.Record) {
 		req.Revision = res.Revision
 		res = s.Renew(ctx, req, timeout)
 	}
