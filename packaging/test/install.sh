@@ -3,7 +3,8 @@
 # first install without and with systemd "running", config and state
 # directory, --version/--check-config, upgrade to a newer build keeps an
 # edited config and restarts, remove keeps config and state, purge removes
-# them. Usage: packaging/test/install.sh NAME... (make package-test)
+# them; with both packages, that they coexist (purging one keeps the other's
+# files). Usage: packaging/test/install.sh NAME... (make package-test)
 #
 # systemctl and deb-systemd-invoke are replaced in the root by shims that log
 # their arguments, so the test sees exactly what the maintainer scripts ask
@@ -125,5 +126,26 @@ for name in "$@"; do
 	if grep -q installed <<<"$(pkg_field Status 2>/dev/null || true)"; then fail "still known to dpkg"; fi
 	echo "purged: nothing left"
 done
+
+# Both packages on one machine (a lab, a small cloud): they share
+# /etc/hvguard; purging the controller must leave the agent's conffile and
+# state alone, and the agent's purge then removes /etc/hvguard.
+if [[ " $* " == *" hvguard-agent "* && " $* " == *" hvguard-controller "* ]]; then
+	step "hvguard-agent + hvguard-controller together: purge one, the other's files stay"
+	fresh_root "$ROOT"
+	cp "$DIST/hvguard-agent_${version}_${arch}.deb" "$ROOT/tmp/agent.deb"
+	cp "$DIST/hvguard-controller_${version}_${arch}.deb" "$ROOT/tmp/controller.deb"
+	systemd_running no
+	in_root dpkg -i /tmp/agent.deb /tmp/controller.deb >/dev/null
+	echo marker >"$ROOT/var/lib/hvguard/marker"
+	in_root dpkg --purge hvguard-controller >/dev/null
+	[[ -f "$ROOT/var/lib/hvguard/marker" ]] || fail "purging the controller deleted the agent's state"
+	[[ -f "$ROOT/etc/hvguard/agent.yaml" ]] || fail "purging the controller deleted agent.yaml"
+	[[ ! -e "$ROOT/etc/hvguard/controller.yaml" ]] || fail "controller.yaml left after its purge"
+	in_root hvguard-agent --config /etc/hvguard/agent.yaml --check-config >/dev/null
+	in_root dpkg --purge hvguard-agent >/dev/null
+	[[ ! -e "$ROOT/etc/hvguard" && ! -e "$ROOT/var/lib/hvguard" ]] || fail "purging both left /etc/hvguard or /var/lib/hvguard"
+	echo "coexist: controller purge kept the agent's state and config; both purged: nothing left"
+fi
 rm -rf "$ROOT"
 echo "install: OK"
