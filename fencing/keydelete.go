@@ -44,7 +44,7 @@ func (a *Agent) keyDeleted(now time.Time) {
 		if !repeat {
 			a.nextRenew = now
 			a.transition(now, a.state, a.state, ReasonLeaseKeyDeletedRecreated,
-				fmt.Sprintf("lease held until %s, not fenced: re-creating the key", a.LeaseExpiry()))
+				fmt.Sprintf("lease held for %s more, not fenced: re-creating the key", a.LeaseExpiry().Sub(now).Round(time.Millisecond)))
 		}
 		return
 	}
