@@ -202,7 +202,7 @@ func lockHistory(t *testing.T, kv jetstream.KeyValue) []controller.LockRecord {
 // resignation): the standby leads after the lock stood still for
 // TakeoverAfter(ttl), not before.
 func TestKill9Leader(t *testing.T) {
-	url, _ := haBucket(t)
+	url, kv := haBucket(t)
 	a := startProc(t, url, "ctl-a", "")
 	waitRole(t, a, "leader", 10*TakeoverWait())
 	b := startProc(t, url, "ctl-b", "")
@@ -215,6 +215,11 @@ func TestKill9Leader(t *testing.T) {
 	t.Logf("kill -9 of the leader → standby leading after %s (TakeoverAfter(ttl) %s)", time.Since(killed), controller.TakeoverAfter(ttl, controller.DefaultDrift))
 	if min := controller.TakeoverAfter(ttl, controller.DefaultDrift) - renew - write; d < min {
 		t.Fatalf("took over %s after the kill: before the old lock could have lapsed (%s)", d, min)
+	}
+	// The controllers opened the existing bucket and left its
+	// configuration alone.
+	if st, err := kv.Status(context.Background()); err != nil || st.History() != 64 {
+		t.Fatalf("the lease bucket's history is %v (err %v), want the 64 it was created with", st.History(), err)
 	}
 }
 
