@@ -110,12 +110,25 @@ func (s *sim) deleteKey(host string) {
 }
 
 // startGlobalEvent handles the events that concern no existing host:
-// "grow" (len(e.hosts) hosts join) and "guard-fail" (every guard publish
-// fails from now on, none lands); it reports whether e was one.
+// "grow" (len(e.hosts) hosts join), "guard-fail" (every guard publish
+// fails from now on, none lands) and "guard-stale" (the first guard
+// lands again, late, and connected agents read it); it reports whether e
+// was one.
 func (s *sim) startGlobalEvent(e simEvent) bool {
 	switch e.kind {
 	case "guard-fail":
 		s.pGuardFail, s.failedLost = 1, true
+		return true
+	case "guard-stale":
+		// An old publish of the first guard lands late; connected agents
+		// read it at once.
+		s.kvGuard = s.guard
+		names := s.memberNames()
+		for _, h := range s.hosts {
+			if h.agentUp(s.now) && h.cut == 0 {
+				h.agent.SetMembers(names, s.kvGuard)
+			}
+		}
 		return true
 	case "grow":
 	default:
@@ -212,12 +225,12 @@ func (s *sim) runToEnd() string {
 // they are Held by the guard they know. failPublish: from the growth on,
 // every guard publish fails (the cut comes at 30 s then: nobody could read
 // the new guard anyway).
-func growthSim(failPublish bool) *sim {
+func growthSim(seed uint64, failPublish bool) *sim {
 	cut := 10 * time.Second
 	if failPublish {
 		cut = 30 * time.Second
 	}
-	s := newSim(3, 20, 6, 1, 0, DefaultConfig(), []simEvent{
+	s := newSim(seed, 20, 6, 1, 0, DefaultConfig(), []simEvent{
 		{at: 10 * time.Second, kind: "grow", hosts: make([]int, 30)},
 		{at: cut, kind: "cut-rack", hosts: []int{0, 1, 2, 3, 4, 5}, dur: 150 * time.Second},
 	})
@@ -239,7 +252,7 @@ func growthSim(failPublish bool) *sim {
 func TestSimGuardGrowthHeldNotDeclared(t *testing.T) {
 	for _, fail := range []bool{false, true} {
 		t.Run(fmt.Sprintf("publish-fails=%t", fail), func(t *testing.T) {
-			s := growthSim(fail)
+			s := growthSim(3, fail)
 			if v := s.runToEnd(); v != "" {
 				t.Fatalf("%s\n%s", v, strings.Join(s.tail(60), "\n"))
 			}
@@ -261,42 +274,55 @@ func TestSimGuardGrowthHeldNotDeclared(t *testing.T) {
 
 // TestSimMembershipMutations: each fix of items 3 and 4 is needed —
 // switching one off makes the simulation's safety (or, for the lock-out,
-// liveness) property fail on its schedule.
+// liveness) property fail on its schedule (some seed of the first 30),
+// while the schedule passes with the fix (the first 3 seeds).
 func TestSimMembershipMutations(t *testing.T) {
 	cases := []struct {
 		name string
-		sim  func() *sim
+		sim  func(seed uint64) *sim
 		set  func(s *sim, on bool)
 		// caught reports the failure the mutation must cause ("" none).
 		caught func(s *sim, violation string) string
 	}{
-		{"controller holds with the latest guard only (growth)", func() *sim { return growthSim(false) },
+		{"controller holds with the latest guard only (growth)", func(seed uint64) *sim { return growthSim(seed, false) },
 			func(_ *sim, on bool) { guardMutation.latestOnly = on }, violated},
-		{"controller holds with the latest guard only (failed publish)", func() *sim { return growthSim(true) },
+		{"controller holds with the latest guard only (failed publish)", func(seed uint64) *sim { return growthSim(seed, true) },
 			func(_ *sim, on bool) { guardMutation.latestOnly = on }, violated},
+		{"agent takes an older guard", staleGuardSim,
+			func(_ *sim, on bool) { fencing.Mutations.AcceptOlderGuard = on }, violated},
 		{"controller forgets a deleted host", deletedHeldSim,
 			func(_ *sim, on bool) { keyDeleteMutation.forget = on }, violated},
+		{"agent re-creates its key whatever its state", deletedDeclaredSim,
+			func(_ *sim, on bool) { fencing.Mutations.KeyDeleteAlwaysRecreates = on }, violated},
 		{"shell hides a delete from the agent", deletedDeclaredSim,
 			func(s *sim, on bool) { s.shellMut.hideDelete = on }, violated},
+		{"self-declaration before the fence completed", deletedLapsedSim,
+			func(_ *sim, on bool) { fencing.Mutations.SelfDeclareBeforeFence = on }, violated},
 		{"create rejected by the delete marker (lock-out)", deletedHealthySim,
 			func(s *sim, on bool) { s.shellMut.oldCreate = on }, fencedAny},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := tc.sim()
-			v := s.runToEnd()
-			if got := tc.caught(s, v); got != "" {
-				t.Fatalf("without the mutation: %s\n%s", got, strings.Join(s.tail(60), "\n"))
+			for seed := range uint64(3) {
+				s := tc.sim(seed)
+				if got := tc.caught(s, s.runToEnd()); got != "" {
+					t.Fatalf("seed %d, without the mutation: %s\n%s", seed, got, strings.Join(s.tail(60), "\n"))
+				}
 			}
-			s = tc.sim()
-			tc.set(s, true)
-			defer tc.set(s, false)
-			v = s.runToEnd()
-			got := tc.caught(s, v)
-			if got == "" {
-				t.Fatalf("mutation %q survived: the property cannot see it\n%s", tc.name, strings.Join(s.tail(60), "\n"))
+			found := ""
+			for seed := uint64(0); seed < 30 && found == ""; seed++ {
+				s := tc.sim(seed)
+				tc.set(s, true)
+				found = tc.caught(s, s.runToEnd())
+				tc.set(s, false)
+				if found != "" {
+					found = fmt.Sprintf("seed %d: %s", seed, found)
+				}
 			}
-			t.Logf("caught: %s", got)
+			if found == "" {
+				t.Fatalf("mutation %q survived 30 seeds: the property cannot see it", tc.name)
+			}
+			t.Logf("caught: %s", found)
 		})
 	}
 }
@@ -318,10 +344,10 @@ func fencedAny(s *sim, v string) string {
 // an operator deletes h00's key. The controller must keep counting h00:
 // forgetting it leaves 1 silent host, not more than 1, and h01 — Held,
 // domains running — is declared.
-func deletedHeldSim() *sim {
+func deletedHeldSim(seed uint64) *sim {
 	gc := DefaultConfig()
 	gc.GuardCount, gc.GuardShare = 1, 0.8
-	s := newSim(5, 5, 2, 1, 0, gc, []simEvent{
+	s := newSim(seed, 5, 2, 1, 0, gc, []simEvent{
 		{at: 5 * time.Second, kind: "cut-rack", hosts: []int{0, 1}, dur: 100 * time.Second},
 		{at: 20 * time.Second, kind: "delete-key", hosts: []int{0}},
 	})
@@ -334,10 +360,10 @@ func deletedHeldSim() *sim {
 // heals. The agent must not resume: a shell that makes the renewal land
 // over the marker without telling the core lets it rejoin and resume the
 // domains of a declared host.
-func deletedDeclaredSim() *sim {
+func deletedDeclaredSim(seed uint64) *sim {
 	gc := DefaultConfig()
 	gc.GuardCount, gc.GuardShare = 2, 0.8
-	s := newSim(7, 5, 1, 1, 0, gc, []simEvent{
+	s := newSim(seed, 5, 1, 1, 0, gc, []simEvent{
 		{at: 5 * time.Second, kind: "cut-host", hosts: []int{0}, dur: 60 * time.Second},
 		{at: 50 * time.Second, kind: "delete-key", hosts: []int{0}},
 	})
@@ -348,12 +374,47 @@ func deletedDeclaredSim() *sim {
 // deletedHealthySim: an operator deletes the keys of healthy hosts (h00
 // at 10 s, h01 at 20 s, h02 twice): nobody fences. With creates rejected
 // by the marker (natslease before the fix) they are locked out and fence.
-func deletedHealthySim() *sim {
-	s := newSim(11, 5, 1, 1, 0, DefaultConfig(), []simEvent{
+func deletedHealthySim(seed uint64) *sim {
+	s := newSim(seed, 5, 1, 1, 0, DefaultConfig(), []simEvent{
 		{at: 10 * time.Second, kind: "delete-key", hosts: []int{0}},
 		{at: 20 * time.Second, kind: "delete-key", hosts: []int{1}},
 		{at: 30 * time.Second, kind: "delete-key", hosts: []int{2}},
 		{at: 60 * time.Second, kind: "delete-key", hosts: []int{2}},
+	})
+	s.maxLate = 0
+	return s
+}
+
+// staleGuardSim: 20 hosts grow to 50 at 10 s (guard version 2, threshold
+// 10); every member reads and names version 2, and the controller stops
+// keeping version 1 (threshold 4). At 70 s an old publish of version 1
+// lands late and every connected agent reads it; at that moment rack 0 (6
+// hosts) is cut off. The agents must keep version 2 (6 is not more than
+// 10: they fence, and may be declared); an agent taking the older version
+// is Held with 6 > 4 while the controller, which no member told about
+// version 1 again, declares it.
+func staleGuardSim(seed uint64) *sim {
+	s := newSim(seed, 20, 6, 1, 0, DefaultConfig(), []simEvent{
+		{at: 10 * time.Second, kind: "grow", hosts: make([]int, 30)},
+		{at: 70 * time.Second, kind: "guard-stale"},
+		{at: 70 * time.Second, kind: "cut-rack", hosts: []int{0, 1, 2, 3, 4, 5}, dur: 100 * time.Second},
+	})
+	s.maxLate = 0
+	return s
+}
+
+// deletedLapsedSim (found by the safety property): 3 hosts, guard
+// threshold 0 (h00 alone is Held: 1 > 0); h00 is cut off, its key is
+// deleted meanwhile, and after 35 s the link heals: its lease lapsed long
+// ago, so it fences and declares itself — the expired record must wait
+// until its pauses completed, or a record says "declared" while its
+// domain runs.
+func deletedLapsedSim(seed uint64) *sim {
+	gc := DefaultConfig()
+	gc.GuardCount, gc.GuardShare = 1, 0.2
+	s := newSim(seed, 3, 1, 1, 0, gc, []simEvent{
+		{at: 5 * time.Second, kind: "delete-key", hosts: []int{0}},
+		{at: 5 * time.Second, kind: "cut-rack", hosts: []int{0}, dur: 35 * time.Second},
 	})
 	s.maxLate = 0
 	return s

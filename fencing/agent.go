@@ -365,7 +365,7 @@ func (a *Agent) SetMembers(members []string, g Guard) {
 		}
 	}
 	sort.Strings(a.members)
-	if g.Valid() && (!a.guard.Valid() || g.Version >= a.guard.Version) {
+	if g.Valid() && (!a.guard.Valid() || g.Version >= a.guard.Version || Mutations.AcceptOlderGuard) {
 		a.guard = g
 	}
 }
@@ -669,7 +669,7 @@ func (a *Agent) step(now time.Time) {
 	doubt := a.state != StateHealthy && a.state != StateStarting && a.state != StateRejoining
 	// A self-declaration (keydelete.go) waits for the fence to complete:
 	// a record saying "declared" is never written while domains may run.
-	waitFence := a.selfDecl && a.state == StateFencing
+	waitFence := a.selfDecl && a.state == StateFencing && !Mutations.SelfDeclareBeforeFence
 	if (a.inflight == 0 || doubt) && !now.Before(a.nextRenew) && !a.stopping && !waitFence {
 		var req RenewRequest
 		if a.selfDecl {

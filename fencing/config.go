@@ -309,6 +309,20 @@ var Mutations struct {
 	// release ends "fenced" at once, on the last listing, fencing nothing
 	// that runs (a domain started while rejoining).
 	StopTrustsFencedState bool
+
+	// Issue 10 items 3 and 4 (guard versions, deleted keys):
+	//
+	// AcceptOlderGuard: SetMembers takes a guard older than the one the
+	// agent has (a lagging read, an old publish landing late): the agent
+	// may act on a version the controller no longer keeps.
+	AcceptOlderGuard bool
+	// KeyDeleteAlwaysRecreates: an agent that finds its key deleted
+	// re-creates its active record whatever its state (it rejoins and
+	// resumes, though the delete may have erased a declaration).
+	KeyDeleteAlwaysRecreates bool
+	// SelfDeclareBeforeFence: the self-declaration after a key delete is
+	// written while the fence is still in progress.
+	SelfDeclareBeforeFence bool
 }
 
 // Config configures an Agent. Start from DefaultConfig.

@@ -40,7 +40,7 @@ func (a *Agent) keyDeleted(now time.Time) {
 		a.declRev = 0
 		return
 	}
-	if a.keyDeleteSafe(now) {
+	if a.keyDeleteSafe(now) || Mutations.KeyDeleteAlwaysRecreates {
 		if !repeat {
 			a.nextRenew = now
 			a.transition(now, a.state, a.state, ReasonLeaseKeyDeletedRecreated,
