@@ -10,6 +10,11 @@
 #                                    agent/delivery BenchmarkPublish (publisher alone),
 #                                    libvirtx BenchmarkEventHandoff* (hand-off alone)
 #      agent RSS                     test/bench BenchmarkAgentRSS (separate agent process)
+#   5. issue 12: fleet scale         test/bench BenchmarkFleetScale (3 nats-server processes, 10 000
+#                                    simulated agents, 1 000 events/s, the real hvguard-controller;
+#                                    baseline: the same load without it)
+#      leader failover               test/bench BenchmarkLeaderFailover (real controller processes:
+#                                    kill -9 and SIGTERM of the leader, 10 runs each)
 #
 # Raw `go test -bench` output goes to $HVG_BENCH_OUT (default
 # .cache/bench/<UTC time>/), one file per target, with machine.txt (uname,
@@ -20,6 +25,13 @@
 #   HVG_BENCH_COUNT      -count of the micro benchmarks (default 6)
 #   HVG_BENCH_COUNT_E2E  -count of the end-to-end benchmarks (default 3)
 #   HVG_BENCH_OUT        output directory
+#   HVG_BENCH_ONLY       comma-separated targets to run (default all): debounce,
+#                        storm, stoplatency, e2e, rss, fleet, failover
+#   HVG_FLEET_HOSTS, HVG_FLEET_EVENTS, HVG_FLEET_SECONDS, HVG_FLEET_SILENT,
+#   HVG_FLEET_CONNS, HVG_FAILOVER_RUNS, HVG_FAILOVER_HOSTS
+#                        the issue-12 benchmarks' sizes (defaults 10000 hosts,
+#                        1000 events/s, 150 s per phase, 5 silent hosts, 16
+#                        connections; 10 runs, 50 hosts): docs/BENCHMARKS.md
 #
 # The end-to-end benchmarks run a private libvirtd as user nobody (RSS over
 # a real daemon socket); without root or libvirtd that one sub-benchmark is
@@ -30,6 +42,7 @@ cd "$(dirname "$0")/.."
 readonly ROOT="$PWD"
 readonly COUNT="${HVG_BENCH_COUNT:-6}"
 readonly COUNT_E2E="${HVG_BENCH_COUNT_E2E:-3}"
+readonly ONLY="${HVG_BENCH_ONLY:-debounce,storm,stoplatency,e2e,rss,fleet,failover}"
 OUT="${HVG_BENCH_OUT:-$ROOT/.cache/bench/$(date -u +%Y%m%dT%H%M%SZ)}"
 readonly OUT
 readonly GOBIN_DIR="$ROOT/.cache/bin"
@@ -58,12 +71,16 @@ cat "$OUT/machine.txt" >&2
 BENCHSTAT="$GOBIN_DIR/benchstat"
 if [[ ! -x "$BENCHSTAT" ]]; then
 	log "installing benchstat into $GOBIN_DIR (not a module dependency)"
-	GOBIN="$GOBIN_DIR" go install golang.org/x/perf/cmd/benchstat@latest || die "go install benchstat failed"
+	GOBIN="$GOBIN_DIR" go install golang.org/x/perf/cmd/benchstat@latest ||
+		log "WARNING: go install benchstat failed: no benchstat tables (the summary does not need them)"
 fi
 
-log "building hvguard-agent and benchagent into $OUT/bin"
+log "building hvguard-agent, benchagent, hvguard-controller and nats-server into $OUT/bin"
 go build -o "$OUT/bin/hvguard-agent" ./cmd/hvguard-agent || die "build hvguard-agent"
 go build -tags bench -o "$OUT/bin/benchagent" ./test/bench/cmd/benchagent || die "build benchagent"
+go build -o "$OUT/bin/hvguard-controller" ./cmd/hvguard-controller || die "build hvguard-controller"
+# The module's own nats-server (a dependency of the embedded test servers).
+go build -o "$OUT/bin/nats-server" github.com/nats-io/nats-server/v2 || die "build nats-server"
 export HVG_BENCH_BIN_DIR="$OUT/bin"
 go vet -tags bench ./test/bench/... || die "go vet -tags bench ./test/bench/..."
 
@@ -96,10 +113,15 @@ bench e2e.txt -bench '^BenchmarkPublish$' -count "$COUNT_E2E" ./agent/delivery/
 bench e2e.txt -bench '^BenchmarkEventHandoff' -benchtime 2s -count "$COUNT_E2E" ./libvirtx/
 bench rss.txt -tags bench -bench '^BenchmarkAgentRSS$' -benchtime 1x -count "$COUNT_E2E" -timeout 20m ./test/bench/
 
+# ---- 5. issue 12: fleet scale and leader failover (one run each) -------------
+bench fleet.txt -tags bench -bench '^BenchmarkFleetScale$' -benchtime 1x -count 1 -timeout 40m ./test/bench/
+bench failover.txt -tags bench -bench '^BenchmarkLeaderFailover$' -benchtime 1x -count 1 -timeout 40m ./test/bench/
+
 echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min, at end)" >>"$OUT/machine.txt"
 
 # ---- report --------------------------------------------------------------------
-for f in debounce storm stoplatency e2e rss; do
+for f in debounce storm stoplatency e2e rss fleet failover; do
+	[[ -s "$OUT/$f.txt" && -x "$BENCHSTAT" ]] || continue
 	echo
 	echo "======== $f ($OUT/$f.txt) ========"
 	"$BENCHSTAT" "$OUT/$f.txt" || true
@@ -125,7 +147,7 @@ med() {
 # check LABEL VALUE OP LIMIT: one summary line with ok/MISSED.
 check() {
 	local verdict
-	if [[ "$2" == n/a ]]; then
+	if [[ "$2" == n/a || -z "$2" ]]; then
 		verdict="n/a (skipped or failed)"
 	elif awk -v v="$2" -v l="$4" -v op="$3" 'BEGIN { exit !((op == ">=") ? v >= l : v <= l) }'; then
 		verdict="ok"
@@ -177,6 +199,25 @@ P=binary=hvguard-agent/libvirt=private-libvirtd
 	printf '  %-58s %14s\n' "  of which private (RssAnon) after burst (MB)" "$(med rss.txt $R/$P burst_anon_MB)"
 	printf '  %-58s %14s\n' "events/s through a real libvirtd (agent process)" "$(med rss.txt $R/$P burst_events/s)"
 	printf '  %-58s %14s\n' "agent process CPU µs per event at that rate" "$(med rss.txt $R/$P agent_cpu_µs/event)"
+	F=BenchmarkFleetScale
+	L=BenchmarkLeaderFailover
+	echo "5. issue 12: fleet scale (3-node NATS, R3; hosts renewing every 2 s, events/s; real controller)"
+	printf '  %-58s %14s\n' "hosts" "$(med fleet.txt $F hosts)"
+	check "silent host declared, max s after its last renewal" "$(med fleet.txt $F declare_max_s)" "<=" "$(med fleet.txt $F declare_bound_s)"
+	printf '  %-58s %14s\n' "  min / median s" "$(med fleet.txt $F declare_min_s) / $(med fleet.txt $F declare_median_s)"
+	check "consumer lag max s (pending + unacked at the event rate)" "$(med fleet.txt $F lag_max_s)" "<=" 1
+	printf '  %-58s %14s\n' "controller CPU (cores)" "$(med fleet.txt $F ctl_cpu_cores)"
+	printf '  %-58s %14s\n' "controller RSS / peak (MB)" "$(med fleet.txt $F ctl_rss_MB) / $(med fleet.txt $F ctl_hwm_MB)"
+	printf '  %-58s %14s\n' "renewal p50 / p99 ms, with controller" "$(med fleet.txt $F ctl_renew_p50_ms) / $(med fleet.txt $F ctl_renew_p99_ms)"
+	printf '  %-58s %14s\n' "baseline (no controller): renewal p50 / p99 ms" "$(med fleet.txt $F base_renew_p50_ms) / $(med fleet.txt $F base_renew_p99_ms)"
+	printf '  %-58s %14s\n' "renewal failures, with / without controller" "$(med fleet.txt $F ctl_renew_failures) / $(med fleet.txt $F base_renew_failures)"
+	printf '  %-58s %14s\n' "NATS CPU (3 servers, cores), with / without controller" "$(med fleet.txt $F ctl_nats_cpu_cores) / $(med fleet.txt $F base_nats_cpu_cores)"
+	printf '  %-58s %14s\n' "NATS RSS (3 servers, MB), with / without controller" "$(med fleet.txt $F ctl_nats_rss_MB) / $(med fleet.txt $F base_nats_rss_MB)"
+	echo "   leader failover (real controllers, default lock timing; runs: $(med failover.txt $L runs))"
+	printf '  %-58s %14s\n' "kill -9 -> standby leading, median / max s" "$(med failover.txt $L kill_leading_median_s) / $(med failover.txt $L kill_leading_max_s)"
+	printf '  %-58s %14s\n' "kill -9 -> its first declaration, median / max s" "$(med failover.txt $L kill_declared_median_s) / $(med failover.txt $L kill_declared_max_s)"
+	printf '  %-58s %14s\n' "SIGTERM -> standby leading, median / max s" "$(med failover.txt $L term_leading_median_s) / $(med failover.txt $L term_leading_max_s)"
+	printf '  %-58s %14s\n' "TakeoverAfter(TTL) / TakeoverAfter(act_margin) s" "$(med failover.txt $L base_takeover_after_ttl_s) / $(med failover.txt $L base_takeover_after_margin_s)"
 	echo "  total time: $(($(date +%s) - T0)) s"
 } | tee "$OUT/summary.txt"
 if ((FAILED)); then

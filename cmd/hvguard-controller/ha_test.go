@@ -1,15 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"regexp"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,7 +14,6 @@ import (
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
-	"hvguard/controller/daemon"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 )
@@ -37,15 +30,6 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// proc is one controller process.
-type proc struct {
-	id, addr string
-	cmd      *exec.Cmd
-	mu       sync.Mutex
-	log      []string
-	exited   chan struct{}
-}
-
 // leaderTiming is the lock's timing of the HA tests: ×0.1 of the defaults,
 // or the defaults with HVGUARD_TEST_DEFAULT_TIMING=1 (slow; for the
 // figures in docs/controller.md).
@@ -56,7 +40,9 @@ func leaderTiming() (ttl, renew, write, margin time.Duration) {
 	return time.Second, 250 * time.Millisecond, 200 * time.Millisecond, 200 * time.Millisecond
 }
 
-func startProc(t *testing.T, url, id string, extra string) *proc {
+// startProc starts the test binary as controller id (main's run(), the
+// same CLI and daemon) on url at leaderTiming, with extra YAML appended.
+func startProc(t *testing.T, url, id string, extra string) *controllertest.Proc {
 	t.Helper()
 	ttl, renew, write, margin := leaderTiming()
 	cfg := fmt.Sprintf(`id: %s
@@ -66,99 +52,11 @@ leader: {ttl: %s, renew_interval: %s, write_timeout: %s, act_margin: %s}
 guard: {share: 0.5, window: 1s}
 metrics: {listen: "127.0.0.1:0"}
 %s`, id, url, ttl, renew, write, margin, extra)
-	p := filepath.Join(t.TempDir(), id+".yaml")
-	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &proc{id: id, exited: make(chan struct{})}
-	c.cmd = exec.Command(exe, "--config", p)
-	c.cmd.Env = append(os.Environ(), mainEnv+"=1")
-	stderr, err := c.cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			c.mu.Lock()
-			c.log = append(c.log, sc.Text())
-			c.mu.Unlock()
-			if os.Getenv("HVGUARD_TEST_LOG") != "" {
-				fmt.Fprintln(os.Stderr, id, sc.Text())
-			}
-		}
-		_ = c.cmd.Wait()
-		close(c.exited)
-	}()
-	t.Cleanup(func() {
-		_ = c.cmd.Process.Signal(syscall.SIGCONT)
-		_ = c.cmd.Process.Kill()
-		<-c.exited
-	})
-	// The endpoint's address (port 0: chosen by the kernel) from its log.
-	re := regexp.MustCompile(`"msg":"status and metrics endpoint listening".*"addr":"([0-9.:]+)"`)
-	for end := time.Now().Add(10 * time.Second); c.addr == "" && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
-		c.mu.Lock()
-		for _, l := range c.log {
-			if m := re.FindStringSubmatch(l); m != nil {
-				c.addr = m[1]
-			}
-		}
-		c.mu.Unlock()
-	}
-	if c.addr == "" {
-		t.Fatalf("%s: no endpoint address in its log", id)
-	}
-	return c
-}
-
-func (c *proc) role() string {
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-	defer cancel()
-	st, err := daemon.FetchStatus(ctx, c.addr, "")
-	if err != nil {
-		return "unreachable"
-	}
-	return st.Role
-}
-
-// logged counts the process's log lines containing every one of subs.
-func (c *proc) logged(subs ...string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-line:
-	for _, l := range c.log {
-		for _, s := range subs {
-			if !strings.Contains(l, s) {
-				continue line
-			}
-		}
-		n++
-	}
-	return n
-}
-
-// waitRole polls c's /status every 10 ms until it reports role.
-func waitRole(t *testing.T, c *proc, role string, within time.Duration) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for time.Since(start) < within {
-		if c.role() == role {
-			return time.Since(start)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("%s not %s within %s", c.id, role, within)
-	return 0
+	return controllertest.StartProc(t, exe, []string{mainEnv + "=1"}, id, cfg)
 }
 
 // haBucket starts an embedded JetStream and creates the lease bucket with a
@@ -204,13 +102,13 @@ func lockHistory(t *testing.T, kv jetstream.KeyValue) []controller.LockRecord {
 func TestKill9Leader(t *testing.T) {
 	url, kv := haBucket(t)
 	a := startProc(t, url, "ctl-a", "")
-	waitRole(t, a, "leader", 10*TakeoverWait())
+	controllertest.WaitRole(t, a, "leader", 10*TakeoverWait())
 	b := startProc(t, url, "ctl-b", "")
-	waitRole(t, b, "standby", 5*time.Second)
+	controllertest.WaitRole(t, b, "standby", 5*time.Second)
 	killed := time.Now()
-	_ = a.cmd.Process.Kill()
-	<-a.exited
-	d := waitRole(t, b, "leader", 3*TakeoverWait())
+	_ = a.Cmd.Process.Kill()
+	<-a.Exited
+	d := controllertest.WaitRole(t, b, "leader", 3*TakeoverWait())
 	ttl, renew, write, _ := leaderTiming()
 	t.Logf("kill -9 of the leader → standby leading after %s (TakeoverAfter(ttl) %s)", time.Since(killed), controller.TakeoverAfter(ttl, controller.DefaultDrift))
 	if min := controller.TakeoverAfter(ttl, controller.DefaultDrift) - renew - write; d < min {
@@ -260,15 +158,15 @@ func TestSIGSTOPLeaderPastTTL(t *testing.T) {
 	}()
 
 	a := startProc(t, url, "ctl-a", "tracker: {accept_no_backstop: true}\n")
-	waitRole(t, a, "leader", 10*TakeoverWait())
+	controllertest.WaitRole(t, a, "leader", 10*TakeoverWait())
 	b := startProc(t, url, "ctl-b", "")
-	waitRole(t, b, "standby", 5*time.Second)
+	controllertest.WaitRole(t, b, "standby", 5*time.Second)
 	time.Sleep(500 * time.Millisecond) // b's tracker has seen hn renew
 
 	stopHN()
-	_ = a.cmd.Process.Signal(syscall.SIGSTOP)
+	_ = a.Cmd.Process.Signal(syscall.SIGSTOP)
 	stopped := time.Now()
-	d := waitRole(t, b, "leader", 3*TakeoverWait())
+	d := controllertest.WaitRole(t, b, "leader", 3*TakeoverWait())
 	t.Logf("SIGSTOP of the leader → standby leading after %s", d)
 	grace, err := controller.Config{Drift: 0.01, MaxHostDrift: 0.05, MaxGrace: time.Minute, AcceptNoBackstop: true, GuardWindow: time.Minute}.Grace(hn)
 	if err != nil {
@@ -276,11 +174,11 @@ func TestSIGSTOPLeaderPastTTL(t *testing.T) {
 	}
 	due := hn.Timing.LeaseTTL + grace
 	time.Sleep(time.Until(stopped.Add(due + 2*time.Second)))
-	_ = a.cmd.Process.Signal(syscall.SIGCONT)
+	_ = a.Cmd.Process.Signal(syscall.SIGCONT)
 	resumed := time.Now()
 	// The resumed process's tracker finds hn due at its next ticks and
 	// may not act; its lock loop learns of the takeover.
-	for time.Since(resumed) < 5*time.Second && a.logged(notActingHN...) == 0 {
+	for time.Since(resumed) < 5*time.Second && a.Logged(notActingHN...) == 0 {
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(time.Second)
@@ -305,15 +203,15 @@ func TestSIGSTOPLeaderPastTTL(t *testing.T) {
 	if !sawB {
 		t.Fatalf("ctl-b never held the lock: %+v", locks)
 	}
-	if n := a.logged(notActingHN...); n == 0 {
+	if n := a.Logged(notActingHN...); n == 0 {
 		t.Fatalf("the resumed leader never decided to declare hn (the test proves nothing)")
 	}
-	if a.role() != "standby" {
-		t.Fatalf("the resumed old leader reports %s", a.role())
+	if a.Role() != "standby" {
+		t.Fatalf("the resumed old leader reports %s", a.Role())
 	}
 
 	t.Logf("resumed leader: %d declarations of hn decided and not written; %d lock records, none of ctl-a after ctl-b's",
-		a.logged(notActingHN...), len(locks))
+		a.Logged(notActingHN...), len(locks))
 }
 
 // TestSIGTERMLeaderHandsOver: SIGTERM makes the leader process resign and
@@ -322,14 +220,14 @@ func TestSIGSTOPLeaderPastTTL(t *testing.T) {
 func TestSIGTERMLeaderHandsOver(t *testing.T) {
 	url, kv := haBucket(t)
 	a := startProc(t, url, "ctl-a", "")
-	waitRole(t, a, "leader", 10*TakeoverWait())
+	controllertest.WaitRole(t, a, "leader", 10*TakeoverWait())
 	b := startProc(t, url, "ctl-b", "")
-	waitRole(t, b, "standby", 5*time.Second)
+	controllertest.WaitRole(t, b, "standby", 5*time.Second)
 	termed := time.Now()
-	_ = a.cmd.Process.Signal(syscall.SIGTERM)
-	d := waitRole(t, b, "leader", 3*TakeoverWait())
-	<-a.exited
-	if code := a.cmd.ProcessState.ExitCode(); code != 0 {
+	_ = a.Cmd.Process.Signal(syscall.SIGTERM)
+	d := controllertest.WaitRole(t, b, "leader", 3*TakeoverWait())
+	<-a.Exited
+	if code := a.Cmd.ProcessState.ExitCode(); code != 0 {
 		t.Fatalf("the leader exited %d after SIGTERM", code)
 	}
 	_, renew, _, margin := leaderTiming()

@@ -19,8 +19,8 @@ import (
 	"hvguard/libvirtx"
 )
 
-// binDirEnv names a directory holding prebuilt hvguard-agent and
-// benchagent binaries (scripts/bench.sh builds them); unset, the benchmark
+// binDirEnv names a directory holding prebuilt hvguard-agent, benchagent,
+// hvguard-controller and nats-server binaries (scripts/bench.sh builds them); unset, the benchmark
 // builds them once into a temp directory.
 const binDirEnv = "HVG_BENCH_BIN_DIR"
 
@@ -30,7 +30,8 @@ var (
 	buildErr  error
 )
 
-// binaries returns the directory with hvguard-agent and benchagent.
+// binaries returns the directory with hvguard-agent, benchagent,
+// hvguard-controller and nats-server.
 func binaries(b *testing.B) string {
 	b.Helper()
 	buildOnce.Do(func() {
@@ -45,6 +46,8 @@ func binaries(b *testing.B) string {
 		for _, args := range [][]string{
 			{"build", "-o", filepath.Join(binDir, "hvguard-agent"), "hvguard/cmd/hvguard-agent"},
 			{"build", "-tags", "bench", "-o", filepath.Join(binDir, "benchagent"), "hvguard/test/bench/cmd/benchagent"},
+			{"build", "-o", filepath.Join(binDir, "hvguard-controller"), "hvguard/cmd/hvguard-controller"},
+			{"build", "-o", filepath.Join(binDir, "nats-server"), "github.com/nats-io/nats-server/v2"},
 		} {
 			if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
 				buildErr = fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
