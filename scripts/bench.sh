@@ -84,10 +84,15 @@ go build -o "$OUT/bin/nats-server" github.com/nats-io/nats-server/v2 || die "bui
 export HVG_BENCH_BIN_DIR="$OUT/bin"
 go vet -tags bench ./test/bench/... || die "go vet -tags bench ./test/bench/..."
 
-# bench FILE ARGS...: go test -run '^$' ARGS, output appended to $OUT/FILE.
+# on TARGET: whether TARGET is in HVG_BENCH_ONLY.
+on() { [[ ",$ONLY," == *",$1,"* ]]; }
+
+# bench FILE ARGS...: go test -run '^$' ARGS, output appended to $OUT/FILE;
+# skipped unless FILE's target (its name without .txt) is in HVG_BENCH_ONLY.
 bench() {
 	local file="$1"
 	shift
+	on "${file%.txt}" || return 0
 	log "go test -run '^\$' $*  >> $file"
 	if ! go test -run '^$' "$@" >>"$OUT/$file" 2>&1; then
 		tail -n 40 "$OUT/$file" >&2
@@ -161,63 +166,77 @@ B=BenchmarkDebounce
 E=BenchmarkEndToEnd
 R=BenchmarkAgentRSS
 P=binary=hvguard-agent/libvirt=private-libvirtd
+F=BenchmarkFleetScale
+L=BenchmarkLeaderFailover
 {
 	echo
 	echo "======== summary (medians; raw output in $OUT) ========"
 	sed 's/^/  /' "$OUT/machine.txt"
-	echo "1. debouncer (events/s on one core; allocs per event)"
-	check "hvguard debouncer events/s" "$(med debounce.txt $B/impl=hvguard events/s)" ">=" 1000000
-	printf '  %-58s %14s\n' "hvguard debouncer allocs/event (fraction)" "$(med debounce.txt $B/impl=hvguard allocs/event)"
-	printf '  %-58s %14s\n' "baseline: Nova delay-only events/s" "$(med debounce.txt $B/impl=nova-delay-only events/s)"
-	printf '  %-58s %14s\n' "baseline: bare map lookup events/s" "$(med debounce.txt $B/impl=map-lookup events/s)"
-	printf '  %-58s %14s\n' "lifecycle BenchmarkObserve events/s" "$(med debounce.txt BenchmarkObserve events/s)"
-	echo "2. reboot storm (1000 domains, 1 simulated hour)"
-	check "hvguard false stops" "$(med storm.txt BenchmarkRebootStorm hvguard_false_stops)" "<=" 0
-	printf '  %-58s %14s\n' "baseline: Nova delay-only false stops" "$(med storm.txt BenchmarkRebootStorm nova_false_stops)"
-	check "hvguard false stops (5% long-off reboots)" "$(med storm.txt BenchmarkRebootStormLongOff hvguard_false_stops)" "<=" 0
-	printf '  %-58s %14s\n' "baseline: Nova false stops (5% long-off reboots)" "$(med storm.txt BenchmarkRebootStormLongOff nova_false_stops)"
-	echo "3. real-stop report latency (window 1 s, 200 domains per run)"
-	check "stop overhead p99 ms (receive - destroy - window)" "$(med stoplatency.txt BenchmarkStopLatency stop_overhead_p99_ms)" "<=" 100
-	printf '  %-58s %14s\n' "stop overhead p50 ms" "$(med stoplatency.txt BenchmarkStopLatency stop_overhead_p50_ms)"
-	printf '  %-58s %14s\n' "stop overhead max ms" "$(med stoplatency.txt BenchmarkStopLatency stop_overhead_max_ms)"
-	printf '  %-58s %14s\n' "baseline: suspend latency p99 ms (not debounced)" "$(med stoplatency.txt BenchmarkStopLatency suspend_latency_p99_ms)"
-	check "wrong or missing stops" "$(med stoplatency.txt BenchmarkStopLatency wrong_stops)" "<=" 0
-	echo "4. end to end: test driver -> agent -> JetStream -> consumer (1000 domains)"
-	check "saturated events/s" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max events/s)" ">=" 20000
-	printf '  %-58s %14s\n' "saturated latency p99 ms" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max latency_p99_ms)"
-	printf '  %-58s %14s\n' "saturated lost events (hand-off overflow -> resync)" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max lost_events)"
-	check "at 20 000 events/s offered: delivered (keeps up = ≥ 99 %)" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 events/s)" ">=" 19800
-	printf '  %-58s %14s\n' "at 20 000 events/s offered: latency p99 ms" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 latency_p99_ms)"
-	printf '  %-58s %14s\n' "at 20 000 events/s offered: lost events" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 lost_events)"
-	printf '  %-58s %14s\n' "at 10 000 events/s offered: events/s" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=10000 events/s)"
-	printf '  %-58s %14s\n' "at 10 000 events/s offered: latency p99 ms" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=10000 latency_p99_ms)"
-	printf '  %-58s %14s\n' "baseline: test driver alone events/s" "$(med e2e.txt $E/pipeline=testdriver-only events/s)"
-	printf '  %-58s %14s\n' "baseline: publisher alone events/s" "$(med e2e.txt BenchmarkPublish events/s)"
-	check "agent RSS, 1000 domains, after burst (MB)" "$(med rss.txt $R/$P burst_rss_MB)" "<=" 40
-	check "agent peak RSS (VmHWM), whole run (MB)" "$(med rss.txt $R/$P burst_hwm_MB)" "<=" 40
-	printf '  %-58s %14s\n' "agent RSS idle after resync (MB)" "$(med rss.txt $R/$P idle_rss_MB)"
-	printf '  %-58s %14s\n' "  of which private (RssAnon) after burst (MB)" "$(med rss.txt $R/$P burst_anon_MB)"
-	printf '  %-58s %14s\n' "events/s through a real libvirtd (agent process)" "$(med rss.txt $R/$P burst_events/s)"
-	printf '  %-58s %14s\n' "agent process CPU µs per event at that rate" "$(med rss.txt $R/$P agent_cpu_µs/event)"
-	F=BenchmarkFleetScale
-	L=BenchmarkLeaderFailover
-	echo "5. issue 12: fleet scale (3-node NATS, R3; hosts renewing every 2 s, events/s; real controller)"
-	printf '  %-58s %14s\n' "hosts" "$(med fleet.txt $F hosts)"
-	check "silent host declared, max s after its last renewal" "$(med fleet.txt $F declare_max_s)" "<=" "$(med fleet.txt $F declare_bound_s)"
-	printf '  %-58s %14s\n' "  min / median s" "$(med fleet.txt $F declare_min_s) / $(med fleet.txt $F declare_median_s)"
-	check "consumer lag max s (pending + unacked at the event rate)" "$(med fleet.txt $F lag_max_s)" "<=" 1
-	printf '  %-58s %14s\n' "controller CPU (cores)" "$(med fleet.txt $F ctl_cpu_cores)"
-	printf '  %-58s %14s\n' "controller RSS / peak (MB)" "$(med fleet.txt $F ctl_rss_MB) / $(med fleet.txt $F ctl_hwm_MB)"
-	printf '  %-58s %14s\n' "renewal p50 / p99 ms, with controller" "$(med fleet.txt $F ctl_renew_p50_ms) / $(med fleet.txt $F ctl_renew_p99_ms)"
-	printf '  %-58s %14s\n' "baseline (no controller): renewal p50 / p99 ms" "$(med fleet.txt $F base_renew_p50_ms) / $(med fleet.txt $F base_renew_p99_ms)"
-	printf '  %-58s %14s\n' "renewal failures, with / without controller" "$(med fleet.txt $F ctl_renew_failures) / $(med fleet.txt $F base_renew_failures)"
-	printf '  %-58s %14s\n' "NATS CPU (3 servers, cores), with / without controller" "$(med fleet.txt $F ctl_nats_cpu_cores) / $(med fleet.txt $F base_nats_cpu_cores)"
-	printf '  %-58s %14s\n' "NATS RSS (3 servers, MB), with / without controller" "$(med fleet.txt $F ctl_nats_rss_MB) / $(med fleet.txt $F base_nats_rss_MB)"
-	echo "   leader failover (real controllers, default lock timing; runs: $(med failover.txt $L runs))"
-	printf '  %-58s %14s\n' "kill -9 -> standby leading, median / max s" "$(med failover.txt $L kill_leading_median_s) / $(med failover.txt $L kill_leading_max_s)"
-	printf '  %-58s %14s\n' "kill -9 -> its first declaration, median / max s" "$(med failover.txt $L kill_declared_median_s) / $(med failover.txt $L kill_declared_max_s)"
-	printf '  %-58s %14s\n' "SIGTERM -> standby leading, median / max s" "$(med failover.txt $L term_leading_median_s) / $(med failover.txt $L term_leading_max_s)"
-	printf '  %-58s %14s\n' "TakeoverAfter(TTL) / TakeoverAfter(act_margin) s" "$(med failover.txt $L base_takeover_after_ttl_s) / $(med failover.txt $L base_takeover_after_margin_s)"
+	if on debounce; then
+		echo "1. debouncer (events/s on one core; allocs per event)"
+		check "hvguard debouncer events/s" "$(med debounce.txt $B/impl=hvguard events/s)" ">=" 1000000
+		printf '  %-58s %14s\n' "hvguard debouncer allocs/event (fraction)" "$(med debounce.txt $B/impl=hvguard allocs/event)"
+		printf '  %-58s %14s\n' "baseline: Nova delay-only events/s" "$(med debounce.txt $B/impl=nova-delay-only events/s)"
+		printf '  %-58s %14s\n' "baseline: bare map lookup events/s" "$(med debounce.txt $B/impl=map-lookup events/s)"
+		printf '  %-58s %14s\n' "lifecycle BenchmarkObserve events/s" "$(med debounce.txt BenchmarkObserve events/s)"
+	fi
+	if on storm; then
+		echo "2. reboot storm (1000 domains, 1 simulated hour)"
+		check "hvguard false stops" "$(med storm.txt BenchmarkRebootStorm hvguard_false_stops)" "<=" 0
+		printf '  %-58s %14s\n' "baseline: Nova delay-only false stops" "$(med storm.txt BenchmarkRebootStorm nova_false_stops)"
+		check "hvguard false stops (5% long-off reboots)" "$(med storm.txt BenchmarkRebootStormLongOff hvguard_false_stops)" "<=" 0
+		printf '  %-58s %14s\n' "baseline: Nova false stops (5% long-off reboots)" "$(med storm.txt BenchmarkRebootStormLongOff nova_false_stops)"
+	fi
+	if on stoplatency; then
+		echo "3. real-stop report latency (window 1 s, 200 domains per run)"
+		check "stop overhead p99 ms (receive - destroy - window)" "$(med stoplatency.txt BenchmarkStopLatency stop_overhead_p99_ms)" "<=" 100
+		printf '  %-58s %14s\n' "stop overhead p50 ms" "$(med stoplatency.txt BenchmarkStopLatency stop_overhead_p50_ms)"
+		printf '  %-58s %14s\n' "stop overhead max ms" "$(med stoplatency.txt BenchmarkStopLatency stop_overhead_max_ms)"
+		printf '  %-58s %14s\n' "baseline: suspend latency p99 ms (not debounced)" "$(med stoplatency.txt BenchmarkStopLatency suspend_latency_p99_ms)"
+		check "wrong or missing stops" "$(med stoplatency.txt BenchmarkStopLatency wrong_stops)" "<=" 0
+	fi
+	if on e2e; then
+		echo "4. end to end: test driver -> agent -> JetStream -> consumer (1000 domains)"
+		check "saturated events/s" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max events/s)" ">=" 20000
+		printf '  %-58s %14s\n' "saturated latency p99 ms" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max latency_p99_ms)"
+		printf '  %-58s %14s\n' "saturated lost events (hand-off overflow -> resync)" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=max lost_events)"
+		check "at 20 000 events/s offered: delivered (keeps up = ≥ 99 %)" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 events/s)" ">=" 19800
+		printf '  %-58s %14s\n' "at 20 000 events/s offered: latency p99 ms" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 latency_p99_ms)"
+		printf '  %-58s %14s\n' "at 20 000 events/s offered: lost events" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=20000 lost_events)"
+		printf '  %-58s %14s\n' "at 10 000 events/s offered: events/s" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=10000 events/s)"
+		printf '  %-58s %14s\n' "at 10 000 events/s offered: latency p99 ms" "$(med e2e.txt $E/pipeline=agent-jetstream/offered=10000 latency_p99_ms)"
+		printf '  %-58s %14s\n' "baseline: test driver alone events/s" "$(med e2e.txt $E/pipeline=testdriver-only events/s)"
+		printf '  %-58s %14s\n' "baseline: publisher alone events/s" "$(med e2e.txt BenchmarkPublish events/s)"
+	fi
+	if on rss; then
+		check "agent RSS, 1000 domains, after burst (MB)" "$(med rss.txt $R/$P burst_rss_MB)" "<=" 40
+		check "agent peak RSS (VmHWM), whole run (MB)" "$(med rss.txt $R/$P burst_hwm_MB)" "<=" 40
+		printf '  %-58s %14s\n' "agent RSS idle after resync (MB)" "$(med rss.txt $R/$P idle_rss_MB)"
+		printf '  %-58s %14s\n' "  of which private (RssAnon) after burst (MB)" "$(med rss.txt $R/$P burst_anon_MB)"
+		printf '  %-58s %14s\n' "events/s through a real libvirtd (agent process)" "$(med rss.txt $R/$P burst_events/s)"
+		printf '  %-58s %14s\n' "agent process CPU µs per event at that rate" "$(med rss.txt $R/$P agent_cpu_µs/event)"
+	fi
+	if on fleet; then
+		echo "5. issue 12: fleet scale (3-node NATS, R3; hosts renewing every 2 s, events/s; real controller)"
+		printf '  %-58s %14s\n' "hosts" "$(med fleet.txt $F hosts)"
+		check "silent host declared, max s after its last renewal" "$(med fleet.txt $F declare_max_s)" "<=" "$(med fleet.txt $F declare_bound_s)"
+		printf '  %-58s %14s\n' "  min / median s" "$(med fleet.txt $F declare_min_s) / $(med fleet.txt $F declare_median_s)"
+		check "consumer lag max s (pending + unacked at the event rate)" "$(med fleet.txt $F lag_max_s)" "<=" 1
+		printf '  %-58s %14s\n' "controller CPU (cores)" "$(med fleet.txt $F ctl_cpu_cores)"
+		printf '  %-58s %14s\n' "controller RSS / peak (MB)" "$(med fleet.txt $F ctl_rss_MB) / $(med fleet.txt $F ctl_hwm_MB)"
+		printf '  %-58s %14s\n' "renewal p50 / p99 ms, with controller" "$(med fleet.txt $F ctl_renew_p50_ms) / $(med fleet.txt $F ctl_renew_p99_ms)"
+		printf '  %-58s %14s\n' "baseline (no controller): renewal p50 / p99 ms" "$(med fleet.txt $F base_renew_p50_ms) / $(med fleet.txt $F base_renew_p99_ms)"
+		printf '  %-58s %14s\n' "renewal failures, with / without controller" "$(med fleet.txt $F ctl_renew_failures) / $(med fleet.txt $F base_renew_failures)"
+		printf '  %-58s %14s\n' "NATS CPU (3 servers, cores), with / without controller" "$(med fleet.txt $F ctl_nats_cpu_cores) / $(med fleet.txt $F base_nats_cpu_cores)"
+		printf '  %-58s %14s\n' "NATS RSS (3 servers, MB), with / without controller" "$(med fleet.txt $F ctl_nats_rss_MB) / $(med fleet.txt $F base_nats_rss_MB)"
+	fi
+	if on failover; then
+		echo "6. issue 12: leader failover (real controllers, default lock timing; runs: $(med failover.txt $L runs))"
+		printf '  %-58s %14s\n' "kill -9 -> standby leading, median / max s" "$(med failover.txt $L kill_leading_median_s) / $(med failover.txt $L kill_leading_max_s)"
+		printf '  %-58s %14s\n' "kill -9 -> its first declaration, median / max s" "$(med failover.txt $L kill_declared_median_s) / $(med failover.txt $L kill_declared_max_s)"
+		printf '  %-58s %14s\n' "SIGTERM -> standby leading, median / max s" "$(med failover.txt $L term_leading_median_s) / $(med failover.txt $L term_leading_max_s)"
+		printf '  %-58s %14s\n' "TakeoverAfter(TTL) / TakeoverAfter(act_margin) s" "$(med failover.txt $L base_takeover_after_ttl_s) / $(med failover.txt $L base_takeover_after_margin_s)"
+	fi
 	echo "  total time: $(($(date +%s) - T0)) s"
 } | tee "$OUT/summary.txt"
 if ((FAILED)); then

@@ -38,6 +38,15 @@ func seconds(ds []time.Duration) (lo, med, hi float64) {
 	return s[0].Seconds(), s[len(s)/2].Seconds(), s[len(s)-1].Seconds()
 }
 
+// list formats ds in seconds, in run order.
+func list(ds []time.Duration) string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, fmt.Sprintf("%.3f", d.Seconds()))
+	}
+	return strings.Join(out, " ")
+}
+
 // BenchmarkLeaderFailover is issue 12's failover benchmark (run once:
 // -benchtime 1x) with real hvguard-controller processes at the DEFAULT
 // lock timing (TTL 10 s, renew 2.5 s, write timeout 2 s, act margin 2 s)
@@ -92,6 +101,7 @@ func BenchmarkLeaderFailover(b *testing.B) {
 		waitHealthyStandby(b, standby, 60*time.Second)
 
 		var killLeading, killDeclared, termLeading []time.Duration
+		var details []string // per run; logged after the lists (go test keeps only the first 10 lines of a benchmark's log)
 		for r := range runs {
 			h := fl.hosts[r]
 			decl := watchDeclared(b, kv, h.name)
@@ -117,8 +127,8 @@ func BenchmarkLeaderFailover(b *testing.B) {
 			<-leader.Exited
 			killLeading = append(killLeading, d)
 			killDeclared = append(killDeclared, dd.at.Sub(killed))
-			b.Logf("kill -9 run %d: %s leading after %s, %s declared after %s (due %s after the kill)", r+1, standby.ID,
-				d.Round(time.Millisecond), h.name, dd.at.Sub(killed).Round(time.Millisecond), acked.Add(due).Sub(killed).Round(time.Millisecond))
+			details = append(details, fmt.Sprintf("kill -9 run %d: %s leading after %s, %s declared after %s (due %s after the kill)", r+1, standby.ID,
+				d.Round(time.Millisecond), h.name, dd.at.Sub(killed).Round(time.Millisecond), acked.Add(due).Sub(killed).Round(time.Millisecond)))
 			leader, standby = standby, next()
 			waitHealthyStandby(b, standby, 60*time.Second)
 		}
@@ -131,11 +141,17 @@ func BenchmarkLeaderFailover(b *testing.B) {
 				b.Fatalf("run %d: %s exited %d after SIGTERM", r, leader.ID, code)
 			}
 			termLeading = append(termLeading, d)
-			b.Logf("SIGTERM run %d: %s leading after %s (%s after the signal)", r+1, standby.ID, d.Round(time.Millisecond), time.Since(termed).Round(time.Millisecond))
+			details = append(details, fmt.Sprintf("SIGTERM run %d: %s leading after %s (%s after the signal)", r+1, standby.ID, d.Round(time.Millisecond), time.Since(termed).Round(time.Millisecond)))
 			leader, standby = standby, next()
 			waitHealthyStandby(b, standby, 60*time.Second)
 		}
 
+		b.Logf("kill -9 → leading, s: %s", list(killLeading))
+		b.Logf("kill -9 → first declaration, s: %s", list(killDeclared))
+		b.Logf("SIGTERM → leading, s: %s", list(termLeading))
+		for _, d := range details {
+			b.Log(d)
+		}
 		lo, med, hi := seconds(killLeading)
 		b.ReportMetric(lo, "kill_leading_min_s")
 		b.ReportMetric(med, "kill_leading_median_s")

