@@ -33,9 +33,21 @@ func waitHealthyStandby(b *testing.B, p *controllertest.Proc, within time.Durati
 
 // seconds returns min, median and max of ds in seconds.
 func seconds(ds []time.Duration) (lo, med, hi float64) {
-	s := slices.Clone(ds)
+	s := make([]float64, len(ds))
+	for i, d := range ds {
+		s[i] = d.Seconds()
+	}
 	slices.Sort(s)
-	return s[0].Seconds(), s[len(s)/2].Seconds(), s[len(s)-1].Seconds()
+	return s[0], median(s), s[len(s)-1]
+}
+
+// median returns the median of sorted s (the mean of the middle two for an
+// even count).
+func median(s []float64) float64 {
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // list formats ds in seconds, in run order.
