@@ -200,6 +200,7 @@ func BenchmarkFleetScale(b *testing.B) {
 		}
 		var silents []silent
 		var lags, pend []float64
+		lagMetric := 0.0 // the controller's own lag gauge (read by it every 5 s)
 		end := t0.Add(max(phase, time.Duration(nSilent-1)*gap+due+3*time.Second))
 		nextSilent := t0.Add(2 * time.Second)
 		for now := time.Now(); now.Before(end); now = time.Now() {
@@ -216,6 +217,9 @@ func BenchmarkFleetScale(b *testing.B) {
 				pend = append(pend, float64(ci.NumPending))
 			}
 			cancel()
+			if v, err := scrape(ctl.Addr, "hvguard_controller_stream_lag_messages"); err == nil {
+				lagMetric = max(lagMetric, v)
+			}
 			time.Sleep(time.Until(now.Add(time.Second)))
 		}
 		el := time.Since(t0)
@@ -249,6 +253,18 @@ func BenchmarkFleetScale(b *testing.B) {
 				b.ReportMetric(lags[len(lags)-1]/float64(rate), "lag_max_s")
 			}
 			b.ReportMetric(float64(len(lags)), "lag_samples")
+		}
+		b.ReportMetric(lagMetric, "lag_metric_max_msgs")
+		for _, m := range []struct{ metric, name string }{
+			{`hvguard_controller_declarations_total{result="written"}`, "ctl_declarations_written"},
+			{`hvguard_controller_declarations_total{result="failed"}`, "ctl_declarations_failed"},
+			{"hvguard_controller_guard_holds_total", "ctl_guard_holds"},
+			{"hvguard_controller_refusals_total", "ctl_refusals"},
+			{"hvguard_controller_hosts_stale", "ctl_hosts_stale"},
+		} {
+			if v, err := scrape(ctl.Addr, m.metric); err == nil {
+				b.ReportMetric(v, m.name)
+			}
 		}
 
 		// Declarations.
