@@ -44,9 +44,9 @@ func TestPartitionedLeader(t *testing.T) {
 
 	link := netcut.New(t, strings.TrimPrefix(url, "nats://"))
 	a := startProc(t, "nats://"+link.Addr(), "ctl-a", "")
-	waitRole(t, a, "leader", 10*TakeoverWait())
+	controllertest.WaitRole(t, a, "leader", 10*TakeoverWait())
 	b := startProc(t, url, "ctl-b", "")
-	waitRole(t, b, "standby", 5*time.Second)
+	controllertest.WaitRole(t, b, "standby", 5*time.Second)
 	time.Sleep(500 * time.Millisecond) // b's tracker has seen hs renew
 
 	// Sample both roles every 10 ms until the end.
@@ -58,7 +58,7 @@ func TestPartitionedLeader(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		for sctx.Err() == nil {
-			ra, rb := a.role(), b.role()
+			ra, rb := a.Role(), b.Role()
 			if ra == "leader" && rb == "leader" {
 				both.Add(1)
 				bothAt.Store(time.Now().Format("15:04:05.000"))
@@ -70,9 +70,9 @@ func TestPartitionedLeader(t *testing.T) {
 	link.Blackhole(true)
 	cut := time.Now()
 	stopHS()
-	d := waitRole(t, b, "leader", 3*TakeoverWait())
+	d := controllertest.WaitRole(t, b, "leader", 3*TakeoverWait())
 	t.Logf("leader's link cut → standby leading after %s (TakeoverAfter(ttl) %s)", d, TakeoverWait())
-	if role := a.role(); role != "standby" {
+	if role := a.Role(); role != "standby" {
 		t.Fatalf("the partitioned leader reports %s after the standby took over", role)
 	}
 	grace, err := controller.Config{Drift: 0.01, MaxHostDrift: 0.05, MaxGrace: time.Minute, GuardWindow: time.Minute}.Grace(hs)
@@ -111,8 +111,8 @@ func TestPartitionedLeader(t *testing.T) {
 			t.Fatalf("ctl-a wrote the lock after ctl-b took it: %+v", locks)
 		}
 	}
-	if a.role() != "standby" || b.role() != "leader" {
-		t.Fatalf("after the heal: ctl-a %s, ctl-b %s; want standby, leader", a.role(), b.role())
+	if a.Role() != "standby" || b.Role() != "leader" {
+		t.Fatalf("after the heal: ctl-a %s, ctl-b %s; want standby, leader", a.Role(), b.Role())
 	}
 	t.Logf("hs declared once by ctl-b (%s); %d lock records, none of ctl-a after ctl-b's; never two leaders", decl[0], len(locks))
 }
