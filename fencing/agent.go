@@ -172,7 +172,13 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 			}
 		case LeaseReleased:
 			if cur.Epoch >= a.epoch {
-				a.declared, a.released = false, a.declared || a.released
+				// Released, not taken over yet (our renewal on it turns
+				// it active): declared and released, whether or not we
+				// saw the declaration; the takeover resumes nothing.
+				a.declared, a.released = true, true
+				if Mutations.ReleaseHidesDeclaration {
+					a.declared, a.released = false, a.declared || a.released
+				}
 				a.epoch = cur.Epoch
 			}
 		default:
@@ -225,10 +231,16 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 		a.heldUntil = now.Add(cfg.Timing.PeerTimeout)
 		a.nextHeld = now
 	}
-	if a.declared && a.state != StateFenced {
-		a.startFence(now, ReasonDeclaredExpired)
-	} else if a.declared {
+	switch {
+	case !a.declared:
+	case a.state == StateFenced:
 		a.setState(now, StateAwaitingRelease, ReasonDeclaredExpired, "")
+	case a.released:
+		// Released while this agent was down (a new boot, a lost state):
+		// the release is the evidence that what runs now may run;
+		// nothing is fenced, nothing of the paused set is resumed.
+	default:
+		a.startFence(now, ReasonDeclaredExpired)
 	}
 	a.persist()
 	// No timers run here: the caller first gives SetMembers and Domains,
@@ -1054,6 +1066,15 @@ func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 		if cur.Epoch < a.epoch {
 			a.renewFailed(now, ReasonRenewFailed)
 			return
+		}
+		if !a.declared && cur.Epoch > a.epoch && !Mutations.ReleaseHidesDeclaration {
+			// The release of a declaration we never saw (cut off while
+			// declared, evacuated and released): the declaration
+			// happened. Take it first (fence if not fenced, never resume
+			// what is paused), then the release below.
+			exp := *cur
+			exp.State = LeaseExpired
+			a.conflict(now, seq, RenewResult{Outcome: RenewConflict, Revision: res.Revision, Current: &exp})
 		}
 		a.rev, a.epoch = res.Revision, cur.Epoch
 		if a.declared {

@@ -305,6 +305,10 @@ var Mutations struct {
 	// the lease it inherits with the new ones (a longer lease_ttl or
 	// watchdog_timeout the controller never saw).
 	NewTimingForOldLease bool
+	// ReleaseHidesDeclaration: a released record read at start, or of a
+	// newer epoch in a conflict, is taken over as if the host had never
+	// been declared (the rejoin resumes the paused set).
+	ReleaseHidesDeclaration bool
 	// StopTrustsFencedState: a stop from fenced, rejoining or awaiting
 	// release ends "fenced" at once, on the last listing, fencing nothing
 	// that runs (a domain started while rejoining).
