@@ -322,8 +322,11 @@ func (l *Leader) WatchLost() { l.watching = false }
 // deleted) as seen by the watch at now.
 func (l *Leader) Observe(now time.Time, rev uint64, rec *LockRecord) []LeaderOp {
 	l.out = l.out[:0]
-	if rev != 0 && rev <= l.rev {
-		return l.out // stale or repeated delivery
+	if rev <= l.rev && (rev != 0 || l.rev != 0) {
+		// Stale or repeated: revisions only grow, so an older one (or an
+		// "absent" snapshot after a revision was seen, as a watch that
+		// started before a delete may deliver it) says nothing new.
+		return l.out
 	}
 	l.rev, l.cur, l.since = rev, rec, now
 	if rec != nil && rec.Term > l.maxTerm {
@@ -476,6 +479,12 @@ func (l *Leader) WriteResult(now time.Time, rec LockRecord, outcome WriteOutcome
 		}
 		if current != nil && current.Term > l.maxTerm {
 			l.maxTerm = current.Term
+		}
+		if rev > l.rev {
+			// The conflict shows a newer revision than the watch has
+			// delivered: take it as observed now (the takeover wait
+			// restarts: conservative).
+			l.rev, l.cur, l.since = rev, current, now
 		}
 		if l.leading {
 			reason := "lock deleted or rewritten"

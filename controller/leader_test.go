@@ -189,3 +189,24 @@ func TestLeaderConfigValidate(t *testing.T) {
 		t.Fatalf("empty id: %v", err)
 	}
 }
+
+// A watch that started before an operator deleted the key may deliver its
+// "absent" snapshot after the delete marker: the takeover must still be a
+// CAS on the marker's revision (found by the simulation: a CAS on 0
+// conflicted forever and no controller ever led).
+func TestLeaderStaleAbsentSnapshotAfterDelete(t *testing.T) {
+	l := mustLeader(t, "a")
+	t0 := lsT0
+	l.WatchStarted(t0)
+	l.Observe(t0, 1, nil) // the delete marker
+	l.Observe(t0, 0, nil) // the snapshot, late
+	ops := l.Tick(t0.Add(TakeoverAfter(DefaultLeaderTTL, DefaultDrift)))
+	if len(ops) != 1 || ops[0].Revision != 1 {
+		t.Fatalf("takeover %+v, want a CAS on revision 1", ops)
+	}
+	// And a conflict that reveals a newer revision is taken as observed.
+	l.WriteResult(t0.Add(time.Minute), ops[0].Record, WriteConflict, 5, nil)
+	if next := l.Tick(t0.Add(time.Minute + TakeoverAfter(DefaultLeaderTTL, DefaultDrift))); len(next) != 1 || next[0].Revision != 5 {
+		t.Fatalf("after a conflict at revision 5: %+v", next)
+	}
+}
