@@ -120,6 +120,7 @@ func (f FenceConfig) Core(host, bootID string) fencing.Config {
 	c.Timing.MaxClockDrift = f.MaxClockDrift
 	c.HeldRecheck = f.HeldRecheck.D()
 	c.PeerBatch = f.PeerBatch
+	c.AgentVersion = Version
 	return c
 }
 

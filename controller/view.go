@@ -33,6 +33,10 @@ type LeaseView struct {
 	KeyDeleted bool `json:"key_deleted,omitempty"`
 	// Guard is the guard version and threshold the host's agent names.
 	Guard *fencing.GuardVersion `json:"guard,omitempty"`
+	// FenceState is the agent's fencing state when it wrote the record
+	// (healthy, fencing, fenced, held, …); AgentVersion its version.
+	FenceState   fencing.State `json:"fence_state,omitempty"`
+	AgentVersion string        `json:"agent_version,omitempty"`
 }
 
 // TrackerView is the tracker's state at one instant.
@@ -54,7 +58,7 @@ func (t *Tracker) View(now time.Time) TrackerView {
 			Host: name, State: h.rec.State, Epoch: h.rec.Epoch, Revision: h.rev, Backstop: h.rec.Backstop,
 			GraceSeconds: h.grace.Seconds(), LastRenewalSeconds: now.Sub(h.lastSeen).Seconds(),
 			Silent: t.counted(h, now), Refused: h.refused, Reason: h.rec.Reason,
-			KeyDeleted: h.deleted, Guard: h.rec.Guard,
+			KeyDeleted: h.deleted, Guard: h.rec.Guard, FenceState: h.rec.AgentState, AgentVersion: h.rec.AgentVersion,
 		})
 	}
 	return v

@@ -635,7 +635,7 @@ func (a *Agent) record(seq uint64) LeaseRecord {
 		Schema: RecordSchema, Host: a.cfg.Host, BootID: a.cfg.BootID, Epoch: a.epoch,
 		State: LeaseActive, Incarnation: a.incarnation, Seq: seq, FencingEnabled: a.cfg.Enabled && a.cfg.Action != ActionNone,
 		Action: a.cfg.Action, Backstop: a.cfg.Backstop(), Timing: a.cfg.Timing, AgentState: a.state,
-		Guard: a.guard.Ref(),
+		Guard: a.guard.Ref(), AgentVersion: a.cfg.AgentVersion,
 	}
 }
 

@@ -355,6 +355,9 @@ type Config struct {
 	PeerBatch int
 	// Seed seeds the random choice of peers.
 	Seed uint64
+	// AgentVersion is advertised in the lease record (agent_version), for
+	// the controller's fleet view; informational only.
+	AgentVersion string
 }
 
 // DefaultConfig returns the defaults for host (fencing off).

@@ -69,6 +69,9 @@ type LeaseRecord struct {
 	// guard versions). The controller never uses a larger threshold than
 	// any guard a member may still act on.
 	Guard *GuardVersion `json:"guard,omitempty"`
+	// AgentVersion is the agent's version (informational: the
+	// controller's fleet view shows it; nothing decides on it).
+	AgentVersion string `json:"agent_version,omitempty"`
 }
 
 // RelayRetryOver is the relay contract's retry rule: r, the key's current

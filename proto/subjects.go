@@ -26,6 +26,13 @@ const (
 	// stream.
 	KindReconcile = "reconcile"
 
+	// ControllerDecisionSubject carries the leading controller's decisions
+	// (controller.DecisionEvent: declarations, releases, guard holds,
+	// refusals, …), published live with a core NATS publish, best effort:
+	// the lease bucket is the authority, the events are for humans and
+	// tools. Its third token starts with '_', which no host token does.
+	ControllerDecisionSubject = SubjectPrefix + "._controller.decision"
+
 	// LifecycleWildcard matches the lifecycle subjects of every host.
 	LifecycleWildcard = SubjectPrefix + ".*." + KindLifecycle
 	// FenceWildcard matches the (reserved) fence subjects of every host.

@@ -17,6 +17,7 @@ import (
 	"hvguard/controller"
 	"hvguard/daemonkit"
 	"hvguard/fencing/natslease"
+	"hvguard/proto"
 )
 
 // Daemon constants.
@@ -71,6 +72,8 @@ type Daemon struct {
 	run    *controller.Runner
 	cons   *controller.Consumer
 	start  time.Time
+
+	decisions chan controller.DecisionEvent
 
 	started                     atomic.Bool // lr and run are set
 	leaderSynced, trackerSynced atomic.Bool
@@ -137,6 +140,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 		Now: d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
 		OnSynced:  func(int) { d.trackerSynced.Store(true); d.maybeReady() },
 		Signature: func() string { return fmt.Sprintf("declared by controller %s, term %d", cfg.ID, d.lr.Term()) }}
+
+	d.decisions = make(chan controller.DecisionEvent, DecisionQueue)
+	pubCtx, stopPub := context.WithCancel(context.Background())
+	defer stopPub()
+	go d.publishDecisions(pubCtx)
 
 	// The fleet view: every controller (leader or standby) consumes the
 	// event stream with its own durable consumer.
@@ -280,8 +288,54 @@ func (d *Daemon) leaderChanged(op controller.LeaderOp) {
 
 func (d *Daemon) decided(dc controller.Decision, err error) {
 	d.m.count(dc, err)
+	d.publishDecision(dc, err)
 	if d.opts.OnDecision != nil {
 		d.opts.OnDecision(dc, err)
+	}
+}
+
+// DecisionQueue bounds the decision events waiting to be published: a
+// core publish on a blackholed connection blocked 1.3 s (measured for the
+// agents' fence events), so they are published from their own goroutine
+// and dropped (counted) when it falls this far behind.
+const DecisionQueue = 64
+
+// publishDecision queues dc's event when this controller carried it out,
+// or, for decisions that only say something (guard holds, refusals, …),
+// when it leads: a standby decides too but acts on nothing, and its
+// decisions would be duplicates.
+func (d *Daemon) publishDecision(dc controller.Decision, err error) {
+	if errors.Is(err, controller.ErrNotActing) {
+		return
+	}
+	acted := dc.Op == controller.OpDeclare || dc.Op == controller.OpRelease
+	if !acted && !d.lr.MayAct(d.now()) {
+		return
+	}
+	ev := controller.NewDecisionEvent(d.cfg.ID, d.lr.Term(), dc, err, time.Now())
+	select {
+	case d.decisions <- ev:
+	default:
+		d.m.decisionsDropped.Add(1)
+	}
+}
+
+// publishDecisions publishes queued decision events until ctx ends.
+func (d *Daemon) publishDecisions(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-d.decisions:
+			b, err := ev.Encode()
+			if err == nil {
+				err = d.nc.Publish(proto.ControllerDecisionSubject, b)
+			}
+			if err != nil {
+				d.m.decisionsDropped.Add(1)
+				d.log.Debug("decision event not published", "op", ev.Op, "host", ev.Host, "err", err)
+			}
+		}
 	}
 }
 

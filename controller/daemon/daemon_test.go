@@ -13,12 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
 	"hvguard/controller/daemon"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
+	"hvguard/proto"
 )
 
 // fastConfig is the default configuration at ×0.1 of the leader lock's
@@ -144,8 +147,40 @@ func TestTwoControllers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	st := &natslease.Store{KV: kv}
-	if _, err := st.Write(ctx, "h0", 0, controllertest.HostRecord("h0"), time.Second); err != nil {
+	h0 := controllertest.HostRecord("h0")
+	h0.AgentVersion, h0.AgentState = "9.9.9", fencing.StateHealthy
+	if _, err := st.Write(ctx, "h0", 0, h0, time.Second); err != nil {
 		t.Fatal(err)
+	}
+	// The leader's decisions, as published (best effort, live).
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var evMu sync.Mutex
+	var events []controller.DecisionEvent
+	sub, err := nc.Subscribe(proto.ControllerDecisionSubject, func(m *nats.Msg) {
+		if e, err := controller.DecodeDecisionEvent(m.Data); err == nil {
+			evMu.Lock()
+			events = append(events, e)
+			evMu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	declaredBy := func(host string) []string {
+		evMu.Lock()
+		defer evMu.Unlock()
+		var out []string
+		for _, e := range events {
+			if e.Op == "declare" && e.Host == host && e.Error == "" {
+				out = append(out, fmt.Sprintf("%s/%d", e.Controller, e.Term))
+			}
+		}
+		return out
 	}
 	hn := controllertest.HostRecord("hn")
 	hn.Backstop = fencing.BackstopNone
@@ -190,6 +225,28 @@ func TestTwoControllers(t *testing.T) {
 		t.Fatalf("the leader wrote %v, want one declaration of h0", a.written)
 	}
 	a.mu.Unlock()
+	// Published: the leader's declaration of h0, nothing of the standby's.
+	for end := time.Now().Add(2 * time.Second); len(declaredBy("h0")) == 0 && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if got := declaredBy("h0"); len(got) != 1 || !strings.HasPrefix(got[0], "ctl-a/") {
+		t.Fatalf("decision events declaring h0: %v, want one by ctl-a", got)
+	}
+	if got := declaredBy("hn"); len(got) != 0 {
+		t.Fatalf("the standby published declarations of hn: %v", got)
+	}
+	// The fleet view's lease columns: the agent's version and fence state.
+	sctx, scancel := context.WithTimeout(ctx, 2*time.Second)
+	sta, err := daemon.FetchStatus(sctx, a.addr, "")
+	scancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range sta.Tracker.Hosts {
+		if h.Host == "h0" && (h.AgentVersion != "9.9.9" || h.FenceState != fencing.StateHealthy) {
+			t.Fatalf("status of h0: agent %q fence %q, want 9.9.9 healthy", h.AgentVersion, h.FenceState)
+		}
+	}
 
 	// Orderly stop of the leader: resign, hand-over.
 	stopped := time.Now()

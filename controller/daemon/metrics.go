@@ -26,6 +26,9 @@ type counters struct {
 	refusals      atomic.Int64 // hosts refused (per change)
 	refusedDue    atomic.Int64
 	keysDeleted   atomic.Int64 // lease keys deleted or purged (lease-deleted)
+	// decisionsDropped: decision events not published (queue full, NATS
+	// refused the publish).
+	decisionsDropped atomic.Int64
 }
 
 func (c *counters) count(d controller.Decision, err error) {
@@ -52,27 +55,28 @@ func (c *counters) count(d controller.Decision, err error) {
 }
 
 var (
-	descLeader        = prometheus.NewDesc("hvguard_controller_leader", "1 while this controller holds the leader lock and may act.", nil, nil)
-	descTerm          = prometheus.NewDesc("hvguard_controller_leader_term", "Term of the leader lock as this controller's watch shows it (0: none).", nil, nil)
-	descLeaderChanges = prometheus.NewDesc("hvguard_controller_leader_changes_total", "Times this controller was elected or deposed.", nil, nil)
-	descDeclarations  = prometheus.NewDesc("hvguard_controller_declarations_total", "Host declarations (lease expired), by result: written, failed (CAS conflict: the host renewed; or NATS), not-acting (decided while not allowed to act: not written).", []string{"result"}, nil)
-	descReleases      = prometheus.NewDesc("hvguard_controller_releases_total", "Declared hosts released.", nil, nil)
-	descHolds         = prometheus.NewDesc("hvguard_controller_guard_holds_total", "Mass-failure guard holds started (nothing declared while one lasts).", nil, nil)
-	descHolding       = prometheus.NewDesc("hvguard_controller_guard_holding", "1 while the mass-failure guard holds.", nil, nil)
-	descHeldBack      = prometheus.NewDesc("hvguard_controller_held_back_total", "Due hosts not declared because the guard held.", nil, nil)
-	descRefusals      = prometheus.NewDesc("hvguard_controller_refusals_total", "Hosts refused (constants the controller cannot honour; never declared), counted per change.", nil, nil)
-	descRefusedDue    = prometheus.NewDesc("hvguard_controller_refused_due_total", "Refused hosts that fell silent and were NOT declared.", nil, nil)
-	descHosts         = prometheus.NewDesc("hvguard_controller_hosts", "Hosts in the lease bucket, by lease state (active, expired, released, withdrawn).", []string{"state"}, nil)
-	descRefused       = prometheus.NewDesc("hvguard_controller_hosts_refused", "Hosts currently refused.", nil, nil)
-	descSilent        = prometheus.NewDesc("hvguard_controller_hosts_silent", "Hosts the guard counts silent now.", nil, nil)
-	descEvents        = prometheus.NewDesc("hvguard_controller_events_total", "Lifecycle messages consumed from the event stream, by what the fleet view did with them: applied, duplicate, old-incarnation (dropped), missing (applied after a hole: the host's view went stale), new-incarnation (applied: the host's view went stale), poison (undecodable: terminated, never redelivered).", []string{"verdict"}, nil)
-	descStreamLag     = prometheus.NewDesc("hvguard_controller_stream_lag_messages", "Messages in the event stream not yet delivered to this controller's consumer (read every 5 s).", nil, nil)
-	descAckPending    = prometheus.NewDesc("hvguard_controller_stream_ack_pending_messages", "Messages delivered to this controller's consumer and not yet acknowledged.", nil, nil)
-	descStaleHosts    = prometheus.NewDesc("hvguard_controller_hosts_stale", "Hosts whose fleet view is stale (events missing, a new incarnation, a gap, or no full report yet) until their agent's next full report.", nil, nil)
-	descKeysDeleted   = prometheus.NewDesc("hvguard_controller_lease_keys_deleted_total", "Lease keys deleted or purged (the host is unprotected until its agent re-creates the key).", nil, nil)
-	descHostsDeleted  = prometheus.NewDesc("hvguard_controller_hosts_key_deleted", "Hosts whose lease key is deleted now (never declared; still counted by the guard).", nil, nil)
-	descThreshold     = prometheus.NewDesc("hvguard_controller_guard_threshold", "The mass-failure guard's threshold now: the smallest over the membership and every guard version an agent may still act on.", nil, nil)
-	descNatsUp        = prometheus.NewDesc("hvguard_controller_nats_connected", "1 when the NATS connection is up.", nil, nil)
+	descLeader           = prometheus.NewDesc("hvguard_controller_leader", "1 while this controller holds the leader lock and may act.", nil, nil)
+	descTerm             = prometheus.NewDesc("hvguard_controller_leader_term", "Term of the leader lock as this controller's watch shows it (0: none).", nil, nil)
+	descLeaderChanges    = prometheus.NewDesc("hvguard_controller_leader_changes_total", "Times this controller was elected or deposed.", nil, nil)
+	descDeclarations     = prometheus.NewDesc("hvguard_controller_declarations_total", "Host declarations (lease expired), by result: written, failed (CAS conflict: the host renewed; or NATS), not-acting (decided while not allowed to act: not written).", []string{"result"}, nil)
+	descReleases         = prometheus.NewDesc("hvguard_controller_releases_total", "Declared hosts released.", nil, nil)
+	descHolds            = prometheus.NewDesc("hvguard_controller_guard_holds_total", "Mass-failure guard holds started (nothing declared while one lasts).", nil, nil)
+	descHolding          = prometheus.NewDesc("hvguard_controller_guard_holding", "1 while the mass-failure guard holds.", nil, nil)
+	descHeldBack         = prometheus.NewDesc("hvguard_controller_held_back_total", "Due hosts not declared because the guard held.", nil, nil)
+	descRefusals         = prometheus.NewDesc("hvguard_controller_refusals_total", "Hosts refused (constants the controller cannot honour; never declared), counted per change.", nil, nil)
+	descRefusedDue       = prometheus.NewDesc("hvguard_controller_refused_due_total", "Refused hosts that fell silent and were NOT declared.", nil, nil)
+	descHosts            = prometheus.NewDesc("hvguard_controller_hosts", "Hosts in the lease bucket, by lease state (active, expired, released, withdrawn).", []string{"state"}, nil)
+	descRefused          = prometheus.NewDesc("hvguard_controller_hosts_refused", "Hosts currently refused.", nil, nil)
+	descSilent           = prometheus.NewDesc("hvguard_controller_hosts_silent", "Hosts the guard counts silent now.", nil, nil)
+	descEvents           = prometheus.NewDesc("hvguard_controller_events_total", "Lifecycle messages consumed from the event stream, by what the fleet view did with them: applied, duplicate, old-incarnation (dropped), missing (applied after a hole: the host's view went stale), new-incarnation (applied: the host's view went stale), poison (undecodable: terminated, never redelivered).", []string{"verdict"}, nil)
+	descStreamLag        = prometheus.NewDesc("hvguard_controller_stream_lag_messages", "Messages in the event stream not yet delivered to this controller's consumer (read every 5 s).", nil, nil)
+	descAckPending       = prometheus.NewDesc("hvguard_controller_stream_ack_pending_messages", "Messages delivered to this controller's consumer and not yet acknowledged.", nil, nil)
+	descStaleHosts       = prometheus.NewDesc("hvguard_controller_hosts_stale", "Hosts whose fleet view is stale (events missing, a new incarnation, a gap, or no full report yet) until their agent's next full report.", nil, nil)
+	descKeysDeleted      = prometheus.NewDesc("hvguard_controller_lease_keys_deleted_total", "Lease keys deleted or purged (the host is unprotected until its agent re-creates the key).", nil, nil)
+	descHostsDeleted     = prometheus.NewDesc("hvguard_controller_hosts_key_deleted", "Hosts whose lease key is deleted now (never declared; still counted by the guard).", nil, nil)
+	descThreshold        = prometheus.NewDesc("hvguard_controller_guard_threshold", "The mass-failure guard's threshold now: the smallest over the membership and every guard version an agent may still act on.", nil, nil)
+	descDecisionsDropped = prometheus.NewDesc("hvguard_controller_decision_events_dropped_total", "Decision events (hvguard.v1._controller.decision) not published: queue full or NATS refused the publish (best effort; the lease bucket is the authority).", nil, nil)
+	descNatsUp           = prometheus.NewDesc("hvguard_controller_nats_connected", "1 when the NATS connection is up.", nil, nil)
 )
 
 type collector struct{ d *Daemon }
@@ -97,6 +101,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ctr(descHeldBack, d.m.heldBack.Load())
 	ctr(descRefusals, d.m.refusals.Load())
 	ctr(descRefusedDue, d.m.refusedDue.Load())
+	ctr(descDecisionsDropped, d.m.decisionsDropped.Load())
 	ctr(descKeysDeleted, d.m.keysDeleted.Load())
 	if !d.started.Load() {
 		return

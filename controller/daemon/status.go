@@ -209,7 +209,7 @@ func printLeases(w io.Writer, st Status) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
-	fmt.Fprintln(tw, "HOST\tLEASE\tEPOCH\tBACKSTOP\tGRACE\tLAST RENEWAL\tNOTE")
+	fmt.Fprintln(tw, "HOST\tLEASE\tFENCE\tEPOCH\tBACKSTOP\tGRACE\tLAST RENEWAL\tAGENT\tNOTE")
 	for _, h := range v.Hosts {
 		note := h.Reason
 		switch {
@@ -222,8 +222,8 @@ func printLeases(w io.Writer, st Status) {
 		case h.Silent:
 			note = strings.TrimSpace("silent " + note)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s ago\t%s\n", h.Host, h.State, h.Epoch, orDash(string(h.Backstop)),
-			secs(h.GraceSeconds), secs(h.LastRenewalSeconds), note)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s ago\t%s\t%s\n", h.Host, h.State, orDash(string(h.FenceState)), h.Epoch, orDash(string(h.Backstop)),
+			secs(h.GraceSeconds), secs(h.LastRenewalSeconds), orDash(h.AgentVersion), note)
 	}
 	_ = tw.Flush()
 }
