@@ -50,6 +50,16 @@ func (s *sim) startStopEvent(e simEvent, h *simHost) {
 			s.after(e.dur+e.up, loop)
 		}
 		loop()
+	case "domain-start":
+		// An operator (or Nova) starts domain 0 (paused or shut off) on
+		// the host; a running agent's shell relists on the started event.
+		if !h.dead && h.doms[0] != domDead {
+			h.doms[0] = domRunning
+			if h.agentUp(s.now) && h.agent != nil {
+				a := h.agent
+				s.apply(h, a, a.Domains(s.local(h), s.inventory(h)))
+			}
+		}
 	case "libvirt-down":
 		h.lvDown++
 		s.after(e.dur, func() {
