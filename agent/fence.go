@@ -333,6 +333,12 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 			if err := f.armWatchdog(now); err != nil {
 				return nil, err
 			}
+		} else if st := a.State(); st == fencing.StateFenced || st == fencing.StateAwaitingRelease || st == fencing.StateRejoining {
+			// Restarted fenced (a crash, or a stop that fenced and left the
+			// watchdog armed): fed again once this process listed (and
+			// re-fenced) the domains.
+			f.log.Warn("hardware watchdog not armed yet: restarted fenced; a watchdog left running keeps counting, "+
+				"and it is armed once the domains are listed (and re-fenced)", "device", fc.WatchdogDevice, "state", string(st))
 		} else {
 			f.log.Error("hardware watchdog NOT armed at start: the lease lapsed while the agent was down (a crash or a crash loop); "+
 				"a watchdog left running keeps counting, and it is armed once the lease is renewed or the fence is complete",
@@ -868,7 +874,8 @@ func (f *fencer) stopWait() time.Duration {
 // loop (which keeps running: renewals stop, the withdrawal or the fence
 // proceeds, the watchdog is fed as the Agent allows) and waits for its
 // outcome, at most stopWait. The watchdog is magic-closed (on the loop)
-// as soon as the host is withdrawn or fenced; otherwise it stays armed.
+// as soon as the withdrawal is confirmed (StopOutcome.MagicClose);
+// otherwise — fenced, or not — it stays armed.
 // Only the first call acts; later calls wait for the same outcome.
 func (f *fencer) stop(reason string) fencing.StopOutcome {
 	f.stopOnce.Do(func() {
@@ -909,14 +916,20 @@ func (f *fencer) checkStop() {
 	switch o {
 	case fencing.StopWithdrawn:
 		f.log.Warn("lease withdrawn: the controller will not declare this host; it is UNPROTECTED until the agent runs again", "host", f.host)
-		f.disarm()
 	case fencing.StopFenced:
-		f.log.Error("stopped FENCED: every domain is fenced; the controller may declare this host", "host", f.host,
-			"paused", len(f.a.Paused()), "state", string(f.a.State()))
-		f.disarm()
+		if f.wd != nil && !o.MagicClose() {
+			f.log.Error(fmt.Sprintf("withdrawal not confirmed: domains fenced, the hardware watchdog stays armed: this host resets in %s unless hvguard-agent starts again",
+				f.wd.Timeout()), "host", f.host, "paused", len(f.a.Paused()), "state", string(f.a.State()), "device", f.cfg.WatchdogDevice)
+		} else {
+			f.log.Error("stopped FENCED: every domain is fenced; the controller may declare this host", "host", f.host,
+				"paused", len(f.a.Paused()), "state", string(f.a.State()))
+		}
 	default:
 		f.log.Error("stopping with the fence INCOMPLETE: the hardware watchdog is LEFT ARMED and unfed (reset if allowed was requested)",
 			"host", f.host, "state", string(f.a.State()), "watchdog", f.wd != nil)
+	}
+	if o.MagicClose() {
+		f.disarm()
 	}
 	close(f.stopped)
 }
@@ -933,14 +946,18 @@ func (f *fencer) disarm() {
 }
 
 // shutdown runs after the loop ended: a watchdog still armed (the stop
-// did not withdraw or fence, or never ran) is closed WITHOUT the magic
-// close, so it resets the host unless the next agent feeds it.
+// did not withdraw — it fenced, or the fence is incomplete — or never
+// ran) is closed WITHOUT the magic close, so it resets the host unless
+// the next agent feeds it.
 func (f *fencer) shutdown() {
 	if f.wd == nil || f.wd.State() == watchdog.Disarmed {
 		return
 	}
-	f.log.Error("hardware watchdog left ARMED on exit: the fence is not known complete and the lease not withdrawn",
-		"host", f.host, "state", *f.stats.State.Load(), "err", f.wd.Leave())
+	msg := "hardware watchdog left ARMED on exit: the fence is not known complete and the lease not withdrawn"
+	if fencing.StopOutcome(f.stopOutcome.Load()) == fencing.StopFenced {
+		msg = "hardware watchdog left ARMED on exit: fenced, the lease not withdrawn; the host resets unless hvguard-agent starts again"
+	}
+	f.log.Error(msg, "host", f.host, "state", *f.stats.State.Load(), "timeout", f.wd.Timeout(), "err", f.wd.Leave())
 }
 
 // fenceHV wraps the event loop's Hypervisor: every resync also makes the

@@ -73,8 +73,10 @@ func (s *sim) startStopEvent(e simEvent, h *simHost) {
 }
 
 // stopStep ends the process once its stop is done (or systemd's budget is
-// spent): the watchdog is magic-closed only when the host was withdrawn
-// or fenced, otherwise left armed (and unfed).
+// spent): the watchdog is magic-closed only when the withdrawal was
+// confirmed (StopOutcome.MagicClose), otherwise left armed (and unfed):
+// after a fenced stop the host resets watchdog_timeout later unless the
+// agent starts again and feeds it.
 func (s *sim) stopStep(h *simHost, a *fencing.Agent) {
 	o := a.StopOutcome()
 	if o == fencing.StopPending && s.now.Sub(h.stopAt) < stopBudget {
@@ -84,7 +86,7 @@ func (s *sim) stopStep(h *simHost, a *fencing.Agent) {
 		h.stops = map[fencing.StopOutcome]int{}
 	}
 	h.stops[o]++
-	if o == fencing.StopWithdrawn || o == fencing.StopFenced || s.disarmAlways {
+	if o.MagicClose() || s.disarmAlways {
 		h.wdArmed = false
 	}
 	s.logf("%s agent stopped: %s (watchdog armed %v)", h.name, o, h.wdArmed)
@@ -164,6 +166,12 @@ func drawStopSim(t *rapid.T, upgradesOnly bool) *sim {
 			}
 			e.kind = k
 			e.at += time.Duration(rapid.IntRange(0, 250).Draw(t, "phase")) * simStep
+			if k == "stop" && rapid.Bool().Draw(t, "domain_start_after_stop") {
+				// An operator (or Nova) starts a domain on the host after
+				// its stop (fenced, if its withdrawal could not land).
+				evs = append(evs, simEvent{kind: "domain-start", hosts: e.hosts,
+					at: e.at + time.Duration(rapid.IntRange(1, 300).Draw(t, "domain_start_delay"))*simStep})
+			}
 		}
 		evs = append(evs, e)
 	}
@@ -245,6 +253,7 @@ var mutations = map[string]func(s *sim, on bool){
 	"withdrawn-key-not-carried":  func(_ *sim, on bool) { fencing.Mutations.WithdrawnKeyNotCarried = on },
 	"feed-at-start":              func(s *sim, on bool) { s.feedAtStart = on },
 	"disarm-always":              func(s *sim, on bool) { s.disarmAlways = on },
+	"fenced-stop-magic-closes":   func(_ *sim, on bool) { fencing.Mutations.FencedStopMagicCloses = on },
 }
 
 // envMutation applies HVGUARD_SIM_MUTATION to s (and resets it when the

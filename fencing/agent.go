@@ -551,6 +551,7 @@ func (a *Agent) fenceRunning(now time.Time) {
 	sort.Strings(run)
 	if len(run) > 0 && a.cfg.Enabled && a.cfg.Action != ActionNone {
 		if a.state != StateFencing {
+			a.fenceStart = now
 			a.setState(now, StateFencing, ReasonDomainRunningWhileFenced, fmt.Sprintf("%d running", len(run)))
 			a.fenceDL = now.Add(a.cfg.Timing.FenceDeadline)
 			a.escalated = false
@@ -763,7 +764,8 @@ func (a *Agent) step(now time.Time) {
 // declared host stays fenced (its domains are paused; a declaration is
 // safe), after fencing whatever its inventory shows running (a domain
 // started while rejoining). The caller waits until StopOutcome is not StopPending, then
-// disarms the watchdog only for StopWithdrawn and StopFenced.
+// disarms the watchdog only when StopOutcome.MagicClose says so (a
+// confirmed withdrawal); after any other outcome it leaves it armed.
 func (a *Agent) Stop(now time.Time, reason string) Ready {
 	if a.stopping {
 		a.step(now)
@@ -792,7 +794,7 @@ func (a *Agent) Stop(now time.Time, reason string) Ready {
 			// "Fenced" is as of the last listing: fence whatever it shows
 			// running (a domain started while rejoining, when the lease
 			// was held and Domains fenced nothing) before the stop may
-			// end "fenced" and the caller disarm the watchdog.
+			// end "fenced" (the controller may then declare the host).
 			a.fenceRunning(now)
 		}
 	}

@@ -313,6 +313,10 @@ var Mutations struct {
 	// release ends "fenced" at once, on the last listing, fencing nothing
 	// that runs (a domain started while rejoining).
 	StopTrustsFencedState bool
+	// FencedStopMagicCloses: a stop that fenced (its withdrawal not
+	// confirmed) magic-closes the watchdog as a withdrawn one does: a
+	// domain started after it runs into the controller's declaration.
+	FencedStopMagicCloses bool
 
 	// Issue 10 items 3 and 4 (guard versions, deleted keys):
 	//

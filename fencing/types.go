@@ -335,17 +335,30 @@ const (
 	// StopPending: not stopping, or the stop is still in progress.
 	StopPending StopOutcome = iota
 	// StopWithdrawn: the withdrawn record landed: the controller will not
-	// declare the host; the watchdog may be disarmed.
+	// declare the host; the watchdog may be disarmed (magic close).
 	StopWithdrawn
 	// StopFenced: the host is fenced (every domain paused/destroyed, or a
 	// monitor-only host would be); the controller may declare it, which
-	// is safe; the watchdog may be disarmed.
+	// is safe as long as nothing starts a domain afterwards: the watchdog
+	// stays armed and unfed (MagicClose), so the host resets
+	// watchdog_timeout after the process left unless an agent starts
+	// again and feeds it.
 	StopFenced
 	// StopUnfenced: the fence did not complete by its deadline (escalated:
 	// a reset was requested if allowed): the watchdog must be left armed
 	// and unfed.
 	StopUnfenced
 )
+
+// MagicClose reports whether the stop's outcome allows disarming the
+// hardware watchdog: only a confirmed withdrawal. After a fenced stop the
+// controller may declare the host while no agent runs; a domain started
+// afterwards (an operator, Nova) would run into that declaration, so the
+// watchdog is left armed: the host resets unless an agent starts again
+// (which carries on fenced and re-fences what runs before it feeds).
+func (o StopOutcome) MagicClose() bool {
+	return o == StopWithdrawn || (o == StopFenced && Mutations.FencedStopMagicCloses)
+}
 
 var stopNames = [...]string{"pending", "withdrawn", "fenced", "unfenced"}
 

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -134,10 +135,32 @@ func TestFenceOrderlyStopWithdraws(t *testing.T) {
 
 // TestFenceStopCutOffFences: the agent is stopped while cut off from NATS:
 // the withdrawal cannot land, so it fences (pauses every domain) before
-// leaving; the controller's later declaration finds them paused.
+// leaving; the controller's later declaration finds them paused. The
+// hardware watchdog is left armed (closed without the magic close: the
+// host would reset watchdog_timeout later). Then an operator resumes a
+// domain and the agent starts again (still cut off): it carries on fenced,
+// pauses that domain again and arms (feeds) the watchdog.
 func TestFenceStopCutOffFences(t *testing.T) {
 	t.Parallel()
 	r := newFenceRig(t, true, fenceDomains(2))
+	r.cfg.Fence.WatchdogDevice = "/dev/watchdog-test"
+	r.cfg.Fence.WatchdogTimeout = agent.Duration(time.Second)
+	var devs []*recDevice
+	var devMu sync.Mutex
+	r.opts.OpenWatchdog = func(string) (watchdog.Device, error) {
+		devMu.Lock()
+		defer devMu.Unlock()
+		devs = append(devs, &recDevice{})
+		return devs[len(devs)-1], nil
+	}
+	dev := func(i int) *recDevice {
+		devMu.Lock()
+		defer devMu.Unlock()
+		if i < len(devs) {
+			return devs[i]
+		}
+		return nil
+	}
 	r.startAgent()
 	r.waitState(fencing.StateHealthy, 10*time.Second)
 	time.Sleep(time.Second)
@@ -161,8 +184,38 @@ func TestFenceStopCutOffFences(t *testing.T) {
 	if !found {
 		t.Fatalf("no %s transition\n%s", fencing.ReasonWithdrawalNotConfirmed, r.history())
 	}
-	t.Logf("stop (fenced) took %s; declared %s after the stop, every domain paused\n%s", took.Round(time.Millisecond),
+	d0 := dev(0)
+	d0.mu.Lock()
+	mc, cl := d0.magicClosed, d0.closed
+	d0.mu.Unlock()
+	if mc || !cl {
+		t.Fatalf("fenced stop: watchdog magic-closed %v, closed %v (want closed without the magic close: left armed)\n%s", mc, cl, r.history())
+	}
+	t.Logf("stop (fenced) took %s; declared %s after the stop, every domain paused; watchdog left armed\n%s", took.Round(time.Millisecond),
 		at.Sub(stop).Round(time.Millisecond), r.history())
+
+	// An operator starts a domain again; the agent starts, NATS still cut.
+	if err := r.wl.Resume(context.Background(), r.domains[0]); err != nil {
+		t.Fatal(err)
+	}
+	i := r.nTransitions()
+	restarted := time.Now()
+	r.startAgent()
+	r.waitFor("the restart arms the watchdog", 10*time.Second, func() bool { d := dev(1); return d != nil && !d.lastFeed().IsZero() })
+	r.waitFor("the resumed domain paused again", 10*time.Second, func() bool { return r.allDomains(lifecycle.StatePaused) })
+	var refenced bool
+	for _, tr := range r.transitionsSince(i) {
+		refenced = refenced || tr.Reason == fencing.ReasonRestartedFenced
+	}
+	if !refenced {
+		t.Fatalf("the restart did not carry on fenced\n%s", r.history())
+	}
+	d1 := dev(1)
+	d1.mu.Lock()
+	first := d1.feeds[0]
+	d1.mu.Unlock()
+	t.Logf("restart: watchdog armed (fed) %s after the restart began (the stopped process's watchdog must be fed within watchdog_timeout of its exit)\n%s",
+		first.Sub(restarted).Round(time.Millisecond), r.history())
 }
 
 // runUntilExit runs agent.Run and returns its error (a failed start).
