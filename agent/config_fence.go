@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -50,6 +51,10 @@ type FenceConfig struct {
 	MembersRefresh Duration `yaml:"members_refresh"`
 	// FenceConcurrency bounds the pause/destroy/resume calls in flight.
 	FenceConcurrency int `yaml:"fence_concurrency"`
+	// RuntimeDir holds a second copy of the durable fence state
+	// (fence.json) on a per-boot tmpfs: a state_dir lost within the boot
+	// keeps the lease age and the fence state (docs/fencing.md).
+	RuntimeDir string `yaml:"runtime_dir"`
 
 	RenewInterval Duration `yaml:"renew_interval"`
 	RenewTimeout  Duration `yaml:"renew_timeout"`
@@ -78,6 +83,10 @@ const (
 	// in flight: the figure docs/fencing.md's timeline assumes (8 at a
 	// time); libvirtd serialises per domain, not per connection.
 	DefaultFenceConcurrency = 8
+	// DefaultRuntimeDir is the per-boot directory of the runtime copy of
+	// fence.json: systemd's RuntimeDirectory=hvguard (tmpfs, emptied at
+	// boot, kept across agent restarts with RuntimeDirectoryPreserve=yes).
+	DefaultRuntimeDir = "/run/hvguard"
 )
 
 // defaultFence returns the `fence:` defaults (fencing off).
@@ -93,6 +102,7 @@ func defaultFence() FenceConfig {
 		CreateBucket:     true,
 		MembersRefresh:   Duration(DefaultMembersRefresh),
 		FenceConcurrency: DefaultFenceConcurrency,
+		RuntimeDir:       DefaultRuntimeDir,
 		RenewInterval:    Duration(t.RenewInterval),
 		RenewTimeout:     Duration(t.RenewTimeout),
 		PeerTimeout:      Duration(t.PeerTimeout),
@@ -173,6 +183,9 @@ func (f FenceConfig) validate(bad func(field string, val any, why string)) {
 	}
 	if f.FenceConcurrency < 1 {
 		bad("fence.fence_concurrency", f.FenceConcurrency, "must be at least 1")
+	}
+	if f.RuntimeDir == "" || !filepath.IsAbs(f.RuntimeDir) {
+		bad("fence.runtime_dir", fmt.Sprintf("%q", f.RuntimeDir), "must be an absolute path")
 	}
 	if ok {
 		t := f.Core("validate", "").Timing

@@ -213,9 +213,12 @@ type fencer struct {
 	rec       FenceReconciler
 	now       func() time.Time
 	statePath string
-	membPath  string
-	onTrans   func(fencing.Transition)
-	subject   string
+	state     fenceStateFiles
+	// runtimeErr: the last write of the runtime copy failed (loop only).
+	runtimeErr bool
+	membPath   string
+	onTrans    func(fencing.Transition)
+	subject    string
 
 	a        *fencing.Agent
 	inbox    chan func(time.Time) fencing.Ready
@@ -298,15 +301,14 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 		}
 	}
 
-	// 1. The durable state and the current record.
-	d, err := loadDurable(f.statePath)
-	if err != nil {
-		// Without it the paused set is lost (nothing is resumed) and the
-		// lease age restarts; fencing still works. Loud, not fatal: a
-		// node whose agent refuses to start is not fenced at all.
-		f.log.Error("fence state unreadable; starting without it", "err", err)
-		d = nil
+	// 1. The durable state (state_dir's copy, or the per-boot runtime
+	// copy) and the current record.
+	f.state = fenceStateFiles{stateDir: cfg.StateDir, statePath: f.statePath,
+		runtimePath: filepath.Join(fc.RuntimeDir, fenceStateFile)}
+	if err := os.MkdirAll(fc.RuntimeDir, 0o700); err != nil {
+		f.log.Warn("fence.runtime_dir cannot be created: the fence state has only its state_dir copy", "dir", fc.RuntimeDir, "err", err)
 	}
+	d, _ := f.state.load(bootID, f.log)
 	var cur *fencing.LeaseRecord
 	var rev uint64
 	rctx, cancel := context.WithTimeout(ctx, fenceStartTimeout)
@@ -572,9 +574,20 @@ func (f *fencer) post(ctx context.Context, fn func(time.Time) fencing.Ready) {
 // perform carries out rd in the order fencing.Ready prescribes.
 func (f *fencer) perform(ctx context.Context, rd fencing.Ready) {
 	if rd.Persist != nil {
-		if err := writeJSONAtomic(f.statePath, rd.Persist); err != nil {
+		serr, rerr := f.state.write(rd.Persist)
+		if serr != nil {
 			// Fence anyway: a fence matters more than remembering it.
-			f.log.Error("fence state not persisted; fencing anyway", "host", f.host, "err", err)
+			f.log.Error("fence state not persisted; fencing anyway", "host", f.host, "err", serr)
+		}
+		if (rerr != nil) != f.runtimeErr {
+			// Logged when it starts and stops failing, not at every write.
+			f.runtimeErr = rerr != nil
+			if rerr != nil {
+				f.log.Warn("runtime copy of the fence state not written (a state_dir lost within this boot would lose the lease age)",
+					"host", f.host, "err", rerr)
+			} else {
+				f.log.Info("runtime copy of the fence state written again", "host", f.host)
+			}
 		}
 	}
 	if len(rd.Pause) > 0 {

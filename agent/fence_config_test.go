@@ -58,6 +58,8 @@ func TestFenceConfigValidation(t *testing.T) {
 			f.WatchdogDevice, f.WatchdogTimeout = "/dev/watchdog", Duration(1500*time.Millisecond)
 		}},
 		{"nosecret", `fence.peer_secret_file: "": required when fencing is enabled`, func(f *FenceConfig) { f.Enabled = true }},
+		{"runtimedir", `fence.runtime_dir: "run/hvguard": must be an absolute path`, func(f *FenceConfig) { f.RuntimeDir = "run/hvguard" }},
+		{"noruntimedir", `fence.runtime_dir: "": must be an absolute path`, func(f *FenceConfig) { f.RuntimeDir = "" }},
 		{"shortsecret", "secret must be at least 16 bytes", func(f *FenceConfig) { f.Enabled, f.PeerSecretFile = true, short }},
 		{"missing", "cannot be read", func(f *FenceConfig) { f.Enabled, f.PeerSecretFile = true, filepath.Join(dir, "none") }},
 	} {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -77,6 +78,65 @@ func loadDurable(path string) (*fencing.Durable, error) {
 		return nil, fmt.Errorf("fence state %s: %w", path, err)
 	}
 	return &d, nil
+}
+
+// runtimeCopy is the per-boot copy of fenceStateFile in fence.runtime_dir
+// (tmpfs): the durable state and the state_dir it belongs to (a copy left
+// by an agent with another state_dir — a test, a second instance — is
+// not ours).
+type runtimeCopy struct {
+	StateDir string          `json:"state_dir"`
+	Durable  fencing.Durable `json:"durable"`
+}
+
+// fenceStateFiles are the two copies of the durable fence state.
+type fenceStateFiles struct {
+	stateDir, statePath, runtimePath string
+}
+
+// write writes both copies, each atomically (the same helper), and
+// returns each one's error.
+func (p fenceStateFiles) write(d *fencing.Durable) (stateErr, runtimeErr error) {
+	return writeJSONAtomic(p.statePath, d),
+		writeJSONAtomic(p.runtimePath, runtimeCopy{StateDir: p.stateDir, Durable: *d})
+}
+
+// load reads both copies and picks one (fencing.ChooseDurable): a
+// state_dir copy missing or unreadable (logged at ERROR) is replaced by
+// the runtime copy of this boot, which is logged at WARN.
+func (p fenceStateFiles) load(bootID string, log *slog.Logger) (*fencing.Durable, fencing.DurableSource) {
+	st, err := loadDurable(p.statePath)
+	if err != nil {
+		// Without it (and without the runtime copy) the paused set is lost
+		// (nothing is resumed) and the lease age restarts; fencing still
+		// works. Loud, not fatal: a node whose agent refuses to start is
+		// not fenced at all.
+		log.Error("fence state unreadable", "path", p.statePath, "err", err)
+		st = nil
+	}
+	var rt *fencing.Durable
+	switch b, err := os.ReadFile(p.runtimePath); {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		log.Warn("runtime copy of the fence state unreadable", "path", p.runtimePath, "err", err)
+	default:
+		var c runtimeCopy
+		if err := json.Unmarshal(b, &c); err != nil {
+			log.Warn("runtime copy of the fence state unreadable", "path", p.runtimePath, "err", err)
+		} else if c.StateDir == p.stateDir {
+			rt = &c.Durable
+		}
+	}
+	d, src := fencing.ChooseDurable(st, rt, bootID)
+	switch {
+	case src == fencing.DurableRuntime:
+		log.Warn("fence state restored from the runtime copy (state_dir's is missing, unreadable or older): the lease age and the fence state of this boot are kept",
+			"used", p.runtimePath, "missing", p.statePath, "writes", d.Writes)
+	case src == fencing.DurableNone && st == nil && rt == nil:
+	case src == fencing.DurableNone:
+		log.Warn("no fence state of this boot: starting as a first start", "state", p.statePath, "runtime", p.runtimePath)
+	}
+	return d, src
 }
 
 // membersCache is fenceMembersFile.

@@ -44,6 +44,7 @@ type Agent struct {
 	reason   Reason
 
 	seq         uint64
+	writes      uint64 // Durable.Writes of the last state persisted
 	landedSeq   uint64 // highest seq known to have landed
 	incarnation uint64 // one per NewAgent: tells our renewals from an earlier process's
 	nextRound   time.Time
@@ -131,7 +132,7 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 	}
 	reason := ReasonStarted
 	if d != nil && d.Host == cfg.Host {
-		a.incarnation = d.Incarnation
+		a.incarnation, a.writes = d.Incarnation, d.Writes
 		a.epoch, a.rev = d.Epoch, d.Revision
 		a.declared, a.released = d.Declared, d.Released
 		for _, u := range d.Paused {
@@ -388,7 +389,7 @@ func (a *Agent) Guard() Guard { return a.guard }
 // Durable returns the state to persist.
 func (a *Agent) Durable() Durable {
 	return Durable{
-		Host: a.cfg.Host, BootID: a.cfg.BootID, Epoch: a.epoch, Incarnation: a.incarnation, Revision: a.rev,
+		Host: a.cfg.Host, BootID: a.cfg.BootID, Epoch: a.epoch, Incarnation: a.incarnation, Writes: a.writes, Revision: a.rev,
 		HaveLease: a.lease, LastAck: a.lastAck,
 		Fenced: a.state == StateFencing || a.state == StateFenced || a.state == StateRejoining || (a.state == StateAwaitingRelease) ||
 			// withdrawn during a fence: the next start carries on fenced
@@ -614,6 +615,7 @@ func (a *Agent) take() Ready {
 }
 
 func (a *Agent) persist() {
+	a.writes++
 	d := a.Durable()
 	a.r.Persist = &d
 }

@@ -317,6 +317,11 @@ var Mutations struct {
 	// confirmed) magic-closes the watchdog as a withdrawn one does: a
 	// domain started after it runs into the controller's declaration.
 	FencedStopMagicCloses bool
+	// RuntimeCopyIgnored: ChooseDurable ignores the per-boot runtime copy
+	// of the durable state: a restart whose state_dir lost fence.json
+	// starts as a first start (the lease age of one interval feeds the
+	// watchdog past the real lease).
+	RuntimeCopyIgnored bool
 
 	// Issue 10 items 3 and 4 (guard versions, deleted keys):
 	//

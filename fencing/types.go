@@ -284,6 +284,10 @@ type Durable struct {
 	// restarted agent never mistakes an earlier process's renewal for one
 	// of its own.
 	Incarnation uint64 `json:"incarnation"`
+	// Writes counts the durable states written (across processes of one
+	// host): of two copies (state_dir and the per-boot runtime copy,
+	// ChooseDurable) the one with more writes is newer.
+	Writes uint64 `json:"writes,omitempty"`
 	// Revision is the latest revision of our key known to hold our record
 	// (the next CAS expects it), for a restart while NATS is unreachable.
 	Revision uint64 `json:"revision"`

@@ -74,6 +74,9 @@ for name in "$@"; do
 		'ProtectSystem=strict' 'ProtectHome=yes' 'NoNewPrivileges=yes' 'CapabilityBoundingSet='
 		'PrivateTmp=yes' 'Wants=network-online.target')
 	[[ -z "$PKG_STATE_DIR" ]] || wants+=("ReadWritePaths=$PKG_STATE_DIR")
+	# The agent's per-boot copy of fence.json (fence.runtime_dir): kept
+	# across restarts within the boot.
+	[[ "$name" != hvguard-agent ]] || wants+=('RuntimeDirectory=hvguard' 'RuntimeDirectoryPreserve=yes')
 	for want in "${wants[@]}"; do
 		grep -qx "$want" "$unit" || fail "$unit: missing $want"
 	done

@@ -89,6 +89,7 @@ func agentConfig(t *testing.T, host, natsURL, stateDir string) agent.Config {
 	cfg := agent.DefaultConfig()
 	cfg.Host = host
 	cfg.StateDir = stateDir
+	cfg.Fence.RuntimeDir = t.TempDir() // never the machine's /run/hvguard
 	cfg.Libvirt.URI = "test:///default"
 	cfg.Lifecycle.Window = agent.Duration(testWindow)
 	cfg.Lifecycle.RecheckInterval = agent.Duration(100 * time.Millisecond)

@@ -42,6 +42,7 @@ func newPeerPair(t *testing.T) *peerPair {
 	cfgB := r.cfg
 	cfgB.Host = p.hostB
 	cfgB.StateDir = t.TempDir()
+	cfgB.Fence.RuntimeDir = t.TempDir()
 	cfgB.NATS.URLs = []string{"nats://" + p.prxB.Addr()}
 	cfgB.Fence.PeerListen = fmt.Sprintf("127.0.0.1:%d", portB)
 	cfgB.Fence.PeerURLs = map[string]string{r.host: fmt.Sprintf("http://127.0.0.1:%d", portA)}

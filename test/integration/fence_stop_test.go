@@ -333,6 +333,26 @@ func TestFenceWatchdogLateArmFailureStops(t *testing.T) {
 	t.Logf("%v\n%s", err, r.history())
 }
 
+// startLapsedCutHung runs the rig's agent with NATS cut and libvirt's
+// Suspend hanging (until release is closed) and a recording watchdog,
+// and returns when it has been fencing for 2 s. armed is the unix nanos
+// of the arming (0: not armed); stop ends the agent.
+func (r *fenceRig) startLapsedCutHung() (armed *atomic.Int64, release chan struct{}, stop func()) {
+	armed, release = new(atomic.Int64), make(chan struct{})
+	dev := &recDevice{}
+	opts := r.agentOptions(agent.Options{
+		OpenWatchdog:        func(string) (watchdog.Device, error) { armed.Store(time.Now().UnixNano()); return dev, nil },
+		WrapFenceHypervisor: func(h agent.FenceHypervisor) agent.FenceHypervisor { return hungPause{h, release} },
+	})
+	r.prx.Blackhole(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- agent.Run(ctx, r.cfg, quietLog(), opts) }()
+	r.waitState(fencing.StateFencing, 10*time.Second)
+	time.Sleep(2 * time.Second)
+	return armed, release, func() { cancel(); <-done }
+}
+
 // TestFenceWatchdogNotArmedAfterLapse (crash loops): the agent starts with
 // a fence.json whose lease lapsed a minute ago in this boot (the previous
 // process crashed) and NATS unreachable, libvirt's Suspend hanging: arming
@@ -342,20 +362,8 @@ func TestFenceWatchdogLateArmFailureStops(t *testing.T) {
 func TestFenceWatchdogNotArmedAfterLapse(t *testing.T) {
 	t.Parallel()
 	r := lapsedWatchdogRig(t)
-	var armed atomic.Int64 // unix nanos of the arming
-	dev := &recDevice{}
-	release := make(chan struct{})
-	opts := r.agentOptions(agent.Options{
-		OpenWatchdog:        func(string) (watchdog.Device, error) { armed.Store(time.Now().UnixNano()); return dev, nil },
-		WrapFenceHypervisor: func(h agent.FenceHypervisor) agent.FenceHypervisor { return hungPause{h, release} },
-	})
-	r.prx.Blackhole(true)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- agent.Run(ctx, r.cfg, quietLog(), opts) }()
-	defer func() { cancel(); <-done }()
-	r.waitState(fencing.StateFencing, 10*time.Second)
-	time.Sleep(2 * time.Second)
+	armed, release, stop := r.startLapsedCutHung()
+	defer stop()
 	if at := armed.Load(); at != 0 {
 		t.Fatalf("watchdog armed (fed) with the lease lapsed and the fence incomplete\n%s", r.history())
 	}
@@ -423,4 +431,43 @@ func TestFenceLibvirtHungAtStart(t *testing.T) {
 		t.Fatalf("declared %v after the failed start\n%s", at, r.history())
 	}
 	t.Logf("renewed while libvirt hung; %v; withdrawn (%s); transitions %v", err, rec.Reason, r.transitionsSince(i))
+}
+
+// TestFenceLostStateUsesRuntimeCopy (limit (2), reviewer R2): the previous
+// process of this boot crashed with its lease lapsed a minute ago, and
+// state_dir/fence.json is lost; the per-boot runtime copy
+// (fence.runtime_dir) survives. NATS unreachable, libvirt's Suspend
+// hanging. The start takes the runtime copy (the lease age of the crashed
+// process): it fences at once and does not arm (feed) the watchdog while
+// the fence is incomplete. Before the copy existed it started as a first
+// start, whose assumed lease age armed the watchdog at once. Both copies
+// are written again.
+func TestFenceLostStateUsesRuntimeCopy(t *testing.T) {
+	t.Parallel()
+	r := lapsedWatchdogRig(t)
+	state := filepath.Join(r.cfg.StateDir, "fence.json")
+	raw, err := os.ReadFile(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp, _ := json.Marshal(map[string]any{"state_dir": r.cfg.StateDir, "durable": json.RawMessage(raw)})
+	runtimeCopy := filepath.Join(r.cfg.Fence.RuntimeDir, "fence.json")
+	if err := os.WriteFile(runtimeCopy, cp, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(state); err != nil {
+		t.Fatal(err)
+	}
+	armed, release, stop := r.startLapsedCutHung()
+	defer stop()
+	defer close(release)
+	if armed.Load() != 0 {
+		t.Fatalf("watchdog armed (fed) at a start whose state_dir lost fence.json: the runtime copy was not used\n%s", r.history())
+	}
+	for _, p := range []string{state, runtimeCopy} {
+		if st, err := os.Stat(p); err != nil || !st.ModTime().After(time.Now().Add(-5*time.Second)) {
+			t.Fatalf("%s not written again: %v", p, err)
+		}
+	}
+	t.Logf("not armed; fencing from the runtime copy's lease age\n%s", r.history())
 }

@@ -275,7 +275,8 @@ fence:
   lease_ttl: 1500ms
   held_recheck: 500ms
   members_refresh: 500ms
-%s`, host, filepath.Join(r.dir, "state"), libvirt, r.srvURL, nsAddr, nsAddr, r.secret, extra)
+  runtime_dir: %s
+%s`, host, filepath.Join(r.dir, "state"), libvirt, r.srvURL, nsAddr, nsAddr, r.secret, filepath.Join(r.dir, "run"), extra)
 	path := filepath.Join(r.dir, name+".yaml")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		r.t.Fatal(err)

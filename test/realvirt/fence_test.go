@@ -109,6 +109,7 @@ func TestFenceQEMUGuestsPauseAndResume(t *testing.T) {
 	cfg := agent.DefaultConfig()
 	cfg.Host = host
 	cfg.StateDir = t.TempDir()
+	cfg.Fence.RuntimeDir = t.TempDir()
 	cfg.Libvirt.URI = sysQEMUURI
 	cfg.Libvirt.CallTimeout = agent.Duration(60 * time.Second)
 	cfg.NATS.URLs = []string{"nats://" + prx.Addr()}
