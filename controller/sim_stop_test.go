@@ -52,8 +52,9 @@ func (s *sim) startStopEvent(e simEvent, h *simHost) {
 		loop()
 	case "domain-start":
 		// An operator (or Nova) starts domain 0 (paused or shut off) on
-		// the host; a running agent's shell relists on the started event.
-		if !h.dead && h.doms[0] != domDead {
+		// the host, through libvirt (so not while it is down); a running
+		// agent's shell relists on the started event.
+		if !h.dead && h.doms[0] != domDead && h.lvDown == 0 {
 			h.doms[0] = domRunning
 			if h.agentUp(s.now) && h.agent != nil {
 				a := h.agent
@@ -166,12 +167,6 @@ func drawStopSim(t *rapid.T, upgradesOnly bool) *sim {
 			}
 			e.kind = k
 			e.at += time.Duration(rapid.IntRange(0, 250).Draw(t, "phase")) * simStep
-			if k == "stop" && rapid.Bool().Draw(t, "domain_start_after_stop") {
-				// An operator (or Nova) starts a domain on the host after
-				// its stop (fenced, if its withdrawal could not land).
-				evs = append(evs, simEvent{kind: "domain-start", hosts: e.hosts,
-					at: e.at + time.Duration(rapid.IntRange(1, 300).Draw(t, "domain_start_delay"))*simStep})
-			}
 		}
 		evs = append(evs, e)
 	}
