@@ -220,7 +220,9 @@ func scenario(t *testing.T, clouds string, n int) {
 	stop = runAgentAsync(t, cfg)
 	last := waitOff(t, c, evacuated, 60*time.Second)
 	took := last.Sub(start)
-	st = status(t, state)
+	// The copies are off before the run writes its report (it marks them
+	// first): wait for this start's report, not the previous one.
+	st = reportSince(t, state, start, time.Minute)
 	t.Logf("agent start → last of %d evacuated duplicates destroyed: %v (reconciliation %v, %d API calls: %d evacuation records, %d candidates, %d destinations listed, %d lookups)",
 		len(evacuated), took.Round(time.Millisecond), st.Report.FinishedAt.Sub(st.Report.StartedAt).Round(time.Millisecond),
 		st.Report.APICalls, st.Report.Evacuations, st.Report.Candidates, st.Report.Listings, st.Report.Lookups)
@@ -298,12 +300,7 @@ func scenario(t *testing.T, clouds string, n int) {
 	stop = runAgentAsync(t, cfg)
 	last = waitOff(t, c, evacuated[1:], 60*time.Second)
 	took = last.Sub(start)
-	for {
-		if st = status(t, state); st.Report.StartedAt.After(start) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	st = reportSince(t, state, start, time.Minute)
 	t.Logf("restart, nova-api warm: agent start → last of %d running duplicates destroyed: %v (reconciliation %v, %d API calls)",
 		len(evacuated)-1, took.Round(time.Millisecond), st.Report.FinishedAt.Sub(st.Report.StartedAt).Round(time.Millisecond), st.Report.APICalls)
 	if !st.Report.OK() || st.Report.Destroyed != len(evacuated)-1 {
@@ -342,7 +339,7 @@ func rejoinStep(t *testing.T, ctx context.Context, h *osharness.Harness, step fu
 
 	link.Blackhole(true)
 	cut := time.Now()
-	fenced := fence.wait(t, fencing.StateFenced, time.Minute)
+	fenced := fence.wait(t, fencing.StateFenced, cut, time.Minute)
 	expectStates(t, c, "paused", append(slices.Clone(evacuated), kept...)...)
 	t.Logf("NATS cut → fenced (all domains paused) in %.2f s", fenced.Sub(cut).Seconds())
 	step("stop nova-compute on node1", func() error { return h.StopCompute(ctx, "node1") })
@@ -350,16 +347,22 @@ func rejoinStep(t *testing.T, ctx context.Context, h *osharness.Harness, step fu
 	step(fmt.Sprintf("evacuate %d servers to node2", len(evacuated)), func() error { return h.EvacuateAndWait(ctx, "node2", evacuated...) })
 
 	link.Blackhole(false)
-	renewed := fence.wait(t, fencing.StateRejoining, time.Minute)
+	healed := time.Now()
+	renewed := fence.wait(t, fencing.StateRejoining, healed, time.Minute)
 	last := waitOff(t, c, evacuated, failDestroy)
 	took := last.Sub(renewed)
-	fence.wait(t, fencing.StateHealthy, time.Minute)
-	st = status(t, state)
+	// Healthy again after the rejoin (not the start's transition to
+	// healthy): fencing leaves rejoining only once the reconciliation
+	// returned, after it wrote its report. The copies are off before that
+	// (the runner marks them and the report is written after the destroys).
+	fence.wait(t, fencing.StateHealthy, renewed, time.Minute)
+	st = reportSince(t, state, healed, time.Minute)
 	t.Logf("rejoin: lease renewed → last of %d evacuated duplicates destroyed: %v (reconciliation %v, %d API calls: %d evacuation records, %d candidates, %d destinations listed, %d lookups)",
 		len(evacuated), took.Round(time.Millisecond), st.Report.FinishedAt.Sub(st.Report.StartedAt).Round(time.Millisecond),
 		st.Report.APICalls, st.Report.Evacuations, st.Report.Candidates, st.Report.Listings, st.Report.Lookups)
 	if !st.Report.OK() || st.Report.Trigger != reconcile.TriggerRejoin || st.Report.Destroyed != len(evacuated) {
-		t.Fatalf("rejoin reconciliation: %s", st.Report.Summary())
+		t.Fatalf("rejoin reconciliation: want an OK %s run that destroyed %d, the status file shows: %s (fence transitions: %s)",
+			reconcile.TriggerRejoin, len(evacuated), st.Report.Summary(), fence)
 	}
 	checkTarget(t, "rejoin", took)
 	expectStates(t, c, "shutoff", evacuated...)
@@ -447,27 +450,38 @@ func (l *fenceLog) add(tr fencing.Transition) {
 	l.trans, l.at = append(l.trans, tr), append(l.at, time.Now())
 }
 
-// wait returns when the agent first entered state to (wall clock at the
-// callback), failing after timeout.
-func (l *fenceLog) wait(t *testing.T, to fencing.State, timeout time.Duration) time.Time {
+// wait returns when the agent first entered state to at or after since
+// (wall clock at the callback), failing after timeout. since matters: the
+// agent went starting → healthy at its start, long before a rejoin.
+func (l *fenceLog) wait(t *testing.T, to fencing.State, since time.Time, timeout time.Duration) time.Time {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		l.mu.Lock()
 		for i, tr := range l.trans {
-			if tr.To == to {
+			if tr.To == to && !l.at[i].Before(since) {
 				at := l.at[i]
 				l.mu.Unlock()
 				return at
 			}
 		}
-		hist := fmt.Sprint(l.trans)
 		l.mu.Unlock()
 		if time.Now().After(deadline) {
-			t.Fatalf("fencing never reached %s within %v: %s", to, timeout, hist)
+			t.Fatalf("fencing never reached %s within %v: %s", to, timeout, l)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// String lists the transitions with their times.
+func (l *fenceLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var b strings.Builder
+	for i, tr := range l.trans {
+		fmt.Fprintf(&b, "\n  %s %s → %s (%s)", l.at[i].Format("15:04:05.000"), tr.From, tr.To, tr.Reason)
+	}
+	return b.String()
 }
 
 func checkTarget(t *testing.T, what string, took time.Duration) {
@@ -556,6 +570,26 @@ func status(t *testing.T, state string) agent.ReconcileStatus {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// reportSince polls the status file until it holds a reconciliation that
+// started at or after since: the domains a run destroys are off before it
+// writes its report (it marks them first), so the file read right after
+// they went off may still show the previous run.
+func reportSince(t *testing.T, state string, since time.Time, timeout time.Duration) agent.ReconcileStatus {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		st, err := agent.ReadReconcileStatus(state)
+		if err == nil && !st.Report.StartedAt.Before(since) {
+			return st
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no reconciliation report since %s within %v: last %s (err %v)",
+				since.Format("15:04:05.000"), timeout, st.Report.Summary(), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func libvirtConn(t *testing.T) *libvirtx.Conn {
