@@ -117,6 +117,7 @@ func TestAgentReconcileE2E(t *testing.T) {
 func scenario(t *testing.T, clouds string, n int) {
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
+	distinctMachine(t)
 	h, err := osharness.Connect(ctx, osharness.WorkDir())
 	if err != nil {
 		t.Fatalf("harness not reachable: %v", err)
@@ -310,6 +311,27 @@ func scenario(t *testing.T, clouds string, n int) {
 	expectStates(t, c, "running", append([]string{back, notNova}, stay...)...)
 	if err := stop(); err != nil {
 		t.Errorf("agent: %v", err)
+	}
+}
+
+// distinctMachine fails unless the evacuation destination (node2) is
+// distinguishable from this machine. The harness runs node1 and node2 as
+// fake-driver nova-computes on THIS machine, each with its node name equal
+// to its host name; the agent plays node1. Its reconciliation counts
+// os.Hostname() among this machine's names and never destroys a copy whose
+// evacuation went to a host or node that may be this machine (same name or
+// same first DNS label, issue 10 item 9): on a machine named "node2" every
+// evacuation here would look like one to this machine and nothing would be
+// destroyed — safe, but the scenario would fail for a reason that is the
+// rig's, not the agent's.
+func distinctMachine(t *testing.T) {
+	t.Helper()
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatalf("os.Hostname: %v", err)
+	}
+	if short, _, _ := strings.Cut(h, "."); strings.EqualFold(short, "node2") {
+		t.Fatalf("this machine's host name %q names the harness compute node2: the agent (node1) would take every evacuation to node2 for one to itself and destroy nothing; run the e2e on a machine with another name", h)
 	}
 }
 
