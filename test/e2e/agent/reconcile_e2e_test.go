@@ -444,6 +444,7 @@ func fenceConfig(t *testing.T, cfg *agent.Config) {
 	f := &cfg.Fence
 	f.Enabled, f.Action, f.AllowReset = true, "pause", true
 	f.PeerSecretFile, f.PeerListen, f.PeerURL = secret, "127.0.0.1:0", "http://127.0.0.1:9/{host}"
+	f.RuntimeDir = t.TempDir() // never the machine's /run/hvguard
 	f.RenewInterval = agent.Duration(200 * time.Millisecond)
 	f.RenewTimeout = agent.Duration(200 * time.Millisecond)
 	f.PeerTimeout = agent.Duration(300 * time.Millisecond)
