@@ -5,7 +5,8 @@
 #   1. installs libvirt + QEMU with apt if any piece is missing
 #      (one `apt-get update`, then `apt-get install --no-install-recommends`);
 #   2. sends SIGCONT to a daemon left stopped (SIGSTOP) by a test;
-#   3. starts `virtlogd -d` and `libvirtd -d` if they are not running;
+#   3. starts `virtlogd -d` and `libvirtd -d` if they are not running
+#      (with max_client_requests = 20 in libvirtd.conf: see below);
 #   4. waits (bounded) until `virsh -c qemu:///system version` and
 #      `virsh -c test+unix:///default list` answer.
 #
@@ -99,6 +100,20 @@ if pid="$(pid_alive /run/libvirtd.pid)"; then
 		log "libvirtd already running (pid $pid)"
 	fi
 else
+	# 15 concurrent Nova hard reboots (the e2e storm) exceed libvirtd's
+	# default of 5 concurrent requests per client; libvirtd then delays the
+	# client's keepalive answers and drops nova-compute's connection ("Client
+	# hit max requests limit 5", then "keepalive timeout": the rebooted
+	# server goes to ERROR; seen once at load ~37). libvirtd.conf warns that
+	# "setting this too low may cause keepalive timeouts": raise it to 20
+	# (= max_workers) before the daemon starts (a running daemon keeps its
+	# configuration; CI starts it fresh).
+	conf=/etc/libvirt/libvirtd.conf
+	if [[ -w "$conf" ]] && ! grep -q '^max_client_requests *= *20$' "$conf"; then
+		sed -i '/^max_client_requests *=/d' "$conf"
+		echo 'max_client_requests = 20  # hvguard test/libvirtd/start.sh' >>"$conf"
+		log "set max_client_requests = 20 in $conf"
+	fi
 	log "starting libvirtd"
 	/usr/sbin/libvirtd -d || die "libvirtd -d failed (see /var/log/libvirt or run 'libvirtd -v' by hand)"
 fi
