@@ -62,9 +62,15 @@ func (t *Tracker) recreated(now time.Time, old *hostState) *hostState {
 	return h
 }
 
-// Forget drops a host whose key was deleted (decommissioned for good); it
-// no longer counts toward the guard. It refuses a host whose key exists.
-func (t *Tracker) Forget(host string) error {
+// Forget drops a host whose key was deleted (decommissioned for good) at
+// now. It keeps counting toward the guard for one more guard window, then
+// is gone: a peer that was Held on its confirmations may rely on them for
+// up to held_recheck + peer_timeout + fence_deadline (13 s) after the last
+// one, and the guard window (60 s) is what covers that (found by the
+// simulation: a rack of two Held hosts, one decommissioned; forgetting it
+// at once ended the hold and the other was declared while its domain ran).
+// It refuses a host whose key exists.
+func (t *Tracker) Forget(now time.Time, host string) error {
 	h := t.hosts[host]
 	switch {
 	case h == nil:
@@ -72,8 +78,19 @@ func (t *Tracker) Forget(host string) error {
 	case !h.deleted:
 		return fmt.Errorf("forget %s: its lease key exists (delete it first)", host)
 	}
-	delete(t.hosts, host)
+	if h.forgotten.IsZero() {
+		h.forgotten = now
+	}
 	return nil
+}
+
+// purgeForgotten drops the forgotten hosts whose guard window is over.
+func (t *Tracker) purgeForgotten(now time.Time) {
+	for name, h := range t.hosts {
+		if !h.forgotten.IsZero() && now.Sub(h.forgotten) > t.cfg.GuardWindow {
+			delete(t.hosts, name)
+		}
+	}
 }
 
 // deletedHosts lists the deleted hosts whose last record counts toward the

@@ -156,7 +156,7 @@ func (s *sim) startMembershipEvent(e simEvent, h *simHost) {
 			h.agent = nil
 		}
 		s.deleteKey(h.name)
-		s.after(time.Second, func() { _ = s.ctrl.Forget(h.name) })
+		s.after(time.Second, func() { _ = s.ctrl.Forget(s.ctrlNow(), h.name) })
 	}
 }
 

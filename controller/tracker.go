@@ -162,6 +162,9 @@ type hostState struct {
 	// deleted: the key was deleted or purged at revision rev (see
 	// observeDeleted); rec is the last record seen before.
 	deleted bool
+	// forgotten: Forget was called at this time (the host is dropped one
+	// guard window later; it counts until then).
+	forgotten time.Time
 }
 
 // Mutation switches (controller/sim_test.go): each removes one fix and
@@ -397,6 +400,7 @@ func (t *Tracker) Silent(now time.Time) int {
 // Tick evaluates the guard and every host's expiry at now.
 func (t *Tracker) Tick(now time.Time) []Decision {
 	t.out = t.out[:0]
+	t.purgeForgotten(now)
 	silent, th := t.Silent(now), t.Threshold()
 	switch hold := silent > th; {
 	case hold && !t.holding:

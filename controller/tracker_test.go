@@ -223,12 +223,30 @@ func TestDeletedKeyNeverDeclaredButCounted(t *testing.T) {
 	if tr.Members() != 50 || tr.Silent(now) != 1 {
 		t.Fatalf("re-created: members %d, silent %d (want 50, 1: its silence counts one more window)", tr.Members(), tr.Silent(now))
 	}
-	if err := tr.Forget("h7"); err == nil {
+	if err := tr.Forget(now, "h7"); err == nil {
 		t.Fatal("forgot a host whose key exists")
 	}
 	tr.Observe(now.Add(time.Second), "h7", 100001, nil)
-	if err := tr.Forget("h7"); err != nil || tr.Silent(now.Add(2*time.Second)) != 0 {
-		t.Fatalf("forget: %v, silent %d", err, tr.Silent(now.Add(2*time.Second)))
+	// Forgotten: it still counts for one guard window, then it is gone.
+	counts := func(at time.Time) (present, silent bool) {
+		for _, h := range tr.View(at).Hosts {
+			if h.Host == "h7" {
+				return true, h.Silent
+			}
+		}
+		return false, false
+	}
+	if err := tr.Forget(now.Add(2*time.Second), "h7"); err != nil {
+		t.Fatal(err)
+	}
+	tr.Tick(now.Add(3 * time.Second))
+	if p, s := counts(now.Add(3 * time.Second)); !p || !s {
+		t.Fatalf("right after forget: present %v counted %v (want both: it counts one more window)", p, s)
+	}
+	later := now.Add(3*time.Second + DefaultConfig().GuardWindow)
+	tr.Tick(later)
+	if p, _ := counts(later); p {
+		t.Fatal("a guard window after forget, h7 is still tracked")
 	}
 }
 

@@ -228,8 +228,15 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 	a.nextRenew = now
 	a.transition(now, StateStarting, a.state, reason, "")
 	if a.state == StateHeld {
-		// Confirm the hold again at once; fence if the round does not.
+		// Confirm the hold again at once; fence if the round does not —
+		// and never later than the last confirmation allowed (found by the
+		// simulation: an agent crash-looping while Held, cut off and with
+		// libvirt down, gave itself a fresh hold at every start and fed
+		// the watchdog for ever while the controller declared it).
 		a.heldUntil = now.Add(cfg.Timing.PeerTimeout)
+		if d != nil && d.BootID == cfg.BootID && !d.HeldUntil.IsZero() && d.HeldUntil.Before(a.heldUntil) && !Mutations.RestartRefreshesHold {
+			a.heldUntil = d.HeldUntil
+		}
 		a.nextHeld = now
 	}
 	switch {
@@ -395,7 +402,7 @@ func (a *Agent) Durable() Durable {
 			// withdrawn during a fence: the next start carries on fenced
 			// and resumes what was paused only through the rejoin.
 			(a.state == StateWithdrawn && len(a.paused) > 0),
-		Held:     a.state == StateHeld,
+		Held: a.state == StateHeld, HeldUntil: a.heldUntil,
 		Declared: a.declared, Released: a.released,
 		Paused: sortedKeys(a.paused), Reason: a.reason,
 		Timing: &a.cfg.Timing, FeedUntil: a.feedLimit,
@@ -1208,7 +1215,9 @@ func (a *Agent) holdConfirmed(now time.Time) bool {
 func (a *Agent) enterHeld(now time.Time, n int) {
 	a.isolation = ""
 	a.heldUntil = now.Add(a.cfg.HeldRecheck + a.cfg.Timing.PeerTimeout)
-	if a.state != StateHeld {
+	if a.state == StateHeld {
+		a.persist() // the new heldUntil survives a restart
+	} else {
 		a.nextHeld = now.Add(a.cfg.HeldRecheck)
 		th, _ := a.threshold()
 		a.setState(now, StateHeld, ReasonHeldBecauseMostPeersCantRenew, fmt.Sprintf("%d peers + self cannot renew > guard threshold %d", n, th))

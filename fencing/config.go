@@ -278,6 +278,10 @@ func (g Guard) Valid() bool {
 // safety property fail there, which shows that the property guards the
 // fix. Production code never sets them.
 var Mutations struct {
+	// RestartRefreshesHold: a restart carrying Held over from the durable
+	// state grants itself a fresh hold (peer_timeout from now) however old
+	// its last confirmation is.
+	RestartRefreshesHold bool
 	// LegacyBackstop: advertise reset over an armed watchdog when reset
 	// is allowed (the grace then misses a dead agent's watchdog reset).
 	LegacyBackstop bool

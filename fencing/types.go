@@ -298,8 +298,12 @@ type Durable struct {
 	LastAck   time.Time `json:"last_ack"`
 	// Fenced: a fence was started (and not ended by a rejoin).
 	Fenced bool `json:"fenced"`
-	// Held: the agent was Held.
-	Held bool `json:"held"`
+	// Held: the agent was Held; HeldUntil: until when its last
+	// confirmation lets it stay Held (boot clock). A restart never holds
+	// longer than that: a crash-looping Held agent must not renew its own
+	// hold (and keep feeding the watchdog) without new confirmations.
+	Held      bool      `json:"held"`
+	HeldUntil time.Time `json:"held_until,omitzero"`
 	// Declared: the controller declared this host expired (not released).
 	Declared bool `json:"declared"`
 	// Released: the declaration was released; waiting to renew.
