@@ -46,11 +46,34 @@ func newDomain(t *testing.T, wl *libvirtx.Conn, prefix string) (uuid, name strin
 	if err := wl.Start(ctx, uuid); err != nil {
 		t.Fatalf("start %s: %v", name, err)
 	}
+	waitDispatched(t, wl, uuid, "STARTED")
 	t.Cleanup(func() {
 		_ = wl.Destroy(context.Background(), uuid)
 		_ = wl.Undefine(context.Background(), uuid)
 	})
 	return uuid, name
+}
+
+// waitDispatched waits until wl's own event callback received the domain's
+// event (libvirt name, e.g. "STARTED"): the in-process test driver queues
+// events and dispatches them to the callbacks registered when its queue is
+// flushed, so an agent started right after a define/start could otherwise
+// receive them as if they had just happened (seen: a domain defined, started
+// and destroyed before the agent started was reported defined(event),
+// started(event), then stopped). Nothing else reads wl's events.
+func waitDispatched(t *testing.T, wl *libvirtx.Conn, uuid, event string) {
+	t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case ev := <-wl.Events():
+			if ev.UUID == uuid && ev.Event == event {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the test driver never dispatched %s of %s", event, uuid)
+		}
+	}
 }
 
 // flapDomain suspends and resumes the domain n times (2n events).

@@ -80,6 +80,7 @@ func TestStopRacingFirstListing(t *testing.T) {
 	racing, _ := newDomain(t, wl, "race-stop")
 	idle, _ := newDomain(t, wl, "race-idle")
 	must(t, wl.Destroy(context.Background(), idle)) // off before the agent starts; never runs again
+	waitDispatched(t, wl, idle, "STOPPED")
 	gate := make(chan struct{})
 	var open sync.Once
 	cfg := agentConfig(t, host, ns.ClientURL(), stateDir(t))
