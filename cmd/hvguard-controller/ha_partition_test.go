@@ -10,7 +10,6 @@ import (
 
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
-	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 	"hvguard/test/netcut"
 )
@@ -31,16 +30,7 @@ func TestPartitionedLeader(t *testing.T) {
 	defer cancel()
 	go controllertest.Renew(ctx, st, "h1", "h2", "h3")
 	hs := controllertest.HostRecord("hs")
-	renewHS, stopHS := context.WithCancel(ctx)
-	go func() {
-		var rev uint64
-		for renewHS.Err() == nil {
-			if n, err := st.Write(renewHS, "hs", rev, hs, time.Second); err == nil {
-				rev = n
-			}
-			time.Sleep(150 * time.Millisecond)
-		}
-	}()
+	stopHS := controllertest.RenewRecord(ctx, st, hs)
 
 	link := netcut.New(t, strings.TrimPrefix(url, "nats://"))
 	a := startProc(t, "nats://"+link.Addr(), "ctl-a", "")
@@ -90,27 +80,11 @@ func TestPartitionedLeader(t *testing.T) {
 	if n := both.Load(); n > 0 {
 		t.Fatalf("/status showed two leaders in %d samples (last at %v)", n, bothAt.Load())
 	}
-	h, err := kv.History(context.Background(), "hs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var decl []string
-	for _, e := range h {
-		if r, err := fencing.DecodeRecord(e.Value()); err == nil && r.State == fencing.LeaseExpired {
-			decl = append(decl, r.Reason)
-		}
-	}
+	decl := controllertest.Declarations(t, kv, "hs")
 	if len(decl) != 1 || !strings.Contains(decl[0], "ctl-b") {
 		t.Fatalf("hs declarations: %q, want exactly one, by ctl-b", decl)
 	}
-	locks := lockHistory(t, kv)
-	sawB := false
-	for _, r := range locks {
-		sawB = sawB || r.Holder == "ctl-b"
-		if sawB && r.Holder == "ctl-a" {
-			t.Fatalf("ctl-a wrote the lock after ctl-b took it: %+v", locks)
-		}
-	}
+	locks := controllertest.CheckTakeover(t, kv, "ctl-a", "ctl-b")
 	if a.Role() != "standby" || b.Role() != "leader" {
 		t.Fatalf("after the heal: ctl-a %s, ctl-b %s; want standby, leader", a.Role(), b.Role())
 	}

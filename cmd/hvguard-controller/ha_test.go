@@ -80,22 +80,6 @@ func haBucket(t *testing.T) (string, jetstream.KeyValue) {
 	return srv.ClientURL(), kv
 }
 
-// lockHistory returns the holders of every landed lock record, in order.
-func lockHistory(t *testing.T, kv jetstream.KeyValue) []controller.LockRecord {
-	t.Helper()
-	h, err := kv.History(context.Background(), controller.LeaderKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []controller.LockRecord
-	for _, e := range h {
-		if r, err := controller.DecodeLockRecord(e.Value()); err == nil {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
 // TestKill9Leader: the leader process is killed with SIGKILL (no
 // resignation): the standby leads after the lock stood still for
 // TakeoverAfter(ttl), not before.
@@ -146,16 +130,7 @@ func TestSIGSTOPLeaderPastTTL(t *testing.T) {
 	go controllertest.Renew(ctx, st, "h1", "h2", "h3")
 	hn := controllertest.HostRecord("hn")
 	hn.Backstop = fencing.BackstopNone
-	renewHN, stopHN := context.WithCancel(ctx)
-	go func() {
-		var rev uint64
-		for renewHN.Err() == nil {
-			if n, err := st.Write(renewHN, "hn", rev, hn, time.Second); err == nil {
-				rev = n
-			}
-			time.Sleep(150 * time.Millisecond)
-		}
-	}()
+	stopHN := controllertest.RenewRecord(ctx, st, hn)
 
 	a := startProc(t, url, "ctl-a", "tracker: {accept_no_backstop: true}\n")
 	controllertest.WaitRole(t, a, "leader", 10*TakeoverWait())
@@ -182,27 +157,12 @@ func TestSIGSTOPLeaderPastTTL(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	time.Sleep(time.Second)
-	h, err := kv.History(context.Background(), "hn")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range h {
-		r, err := fencing.DecodeRecord(e.Value())
-		if err == nil && r.State != fencing.LeaseActive {
-			t.Fatalf("hn's history has a %s record at revision %d: %s", r.State, e.Revision(), r.Reason)
+	for _, r := range controllertest.Records(t, kv, "hn") {
+		if r.State != fencing.LeaseActive {
+			t.Fatalf("hn's history has a %s record: %s", r.State, r.Reason)
 		}
 	}
-	locks := lockHistory(t, kv)
-	sawB := false
-	for _, r := range locks {
-		sawB = sawB || r.Holder == "ctl-b"
-		if sawB && r.Holder == "ctl-a" {
-			t.Fatalf("ctl-a wrote the lock after ctl-b took it: %+v", locks)
-		}
-	}
-	if !sawB {
-		t.Fatalf("ctl-b never held the lock: %+v", locks)
-	}
+	locks := controllertest.CheckTakeover(t, kv, "ctl-a", "ctl-b")
 	if n := a.Logged(notActingHN...); n == 0 {
 		t.Fatalf("the resumed leader never decided to declare hn (the test proves nothing)")
 	}
@@ -235,7 +195,7 @@ func TestSIGTERMLeaderHandsOver(t *testing.T) {
 	if bound := controller.TakeoverAfter(margin, controller.DefaultDrift) + renew + 500*time.Millisecond; time.Since(termed) > bound+time.Second || d > bound {
 		t.Fatalf("hand-over after SIGTERM took %s > %s", d, bound)
 	}
-	locks := lockHistory(t, kv)
+	locks := controllertest.LockHistory(t, kv)
 	released := false
 	for _, r := range locks {
 		released = released || (r.Holder == "ctl-a" && r.Released)

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/agent/delivery/deliverytest"
+	"hvguard/controller"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 )
@@ -66,4 +67,86 @@ func Renew(ctx context.Context, st *natslease.Store, hosts ...string) {
 		}
 		time.Sleep(150 * time.Millisecond)
 	}
+}
+
+// RenewRecord writes rec to its host's key every 150 ms until the returned
+// stop is called (or ctx ends): a host that is healthy until the test makes
+// it silent.
+func RenewRecord(ctx context.Context, st *natslease.Store, rec fencing.LeaseRecord) (stop func()) {
+	ctx, stop = context.WithCancel(ctx)
+	go func() {
+		var rev uint64
+		for ctx.Err() == nil {
+			if n, err := st.Write(ctx, rec.Host, rev, rec, time.Second); err == nil {
+				rev = n
+			}
+			time.Sleep(150 * time.Millisecond)
+		}
+	}()
+	return stop
+}
+
+// Records returns every lease record in host's key history, in order
+// (the bucket must keep a history for this to show more than the last).
+func Records(t testing.TB, kv jetstream.KeyValue, host string) []fencing.LeaseRecord {
+	t.Helper()
+	h, err := kv.History(context.Background(), host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []fencing.LeaseRecord
+	for _, e := range h {
+		if r, err := fencing.DecodeRecord(e.Value()); err == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Declarations returns the reasons of the expired records in host's key
+// history (each names the controller and term that wrote it).
+func Declarations(t testing.TB, kv jetstream.KeyValue, host string) []string {
+	t.Helper()
+	var out []string
+	for _, r := range Records(t, kv, host) {
+		if r.State == fencing.LeaseExpired {
+			out = append(out, r.Reason)
+		}
+	}
+	return out
+}
+
+// LockHistory returns every landed leader-lock record, in order.
+func LockHistory(t testing.TB, kv jetstream.KeyValue) []controller.LockRecord {
+	t.Helper()
+	h, err := kv.History(context.Background(), controller.LeaderKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []controller.LockRecord
+	for _, e := range h {
+		if r, err := controller.DecodeLockRecord(e.Value()); err == nil {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// CheckTakeover fails unless newID held the lock and oldID wrote no lock
+// record after newID's first (a deposed leader's late writes changed
+// nothing); it returns the history.
+func CheckTakeover(t testing.TB, kv jetstream.KeyValue, oldID, newID string) []controller.LockRecord {
+	t.Helper()
+	locks := LockHistory(t, kv)
+	sawNew := false
+	for _, r := range locks {
+		sawNew = sawNew || r.Holder == newID
+		if sawNew && r.Holder == oldID {
+			t.Fatalf("%s wrote the lock after %s took it: %+v", oldID, newID, locks)
+		}
+	}
+	if !sawNew {
+		t.Fatalf("%s never held the lock: %+v", newID, locks)
+	}
+	return locks
 }

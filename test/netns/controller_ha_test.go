@@ -19,7 +19,6 @@ import (
 
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
-	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 )
 
@@ -151,23 +150,6 @@ metrics: {listen: "127.0.0.1:0"}
 	return c
 }
 
-// lockHolders returns the holder of every lock record in the key's
-// history, in order.
-func lockHolders(t *testing.T, kv jetstream.KeyValue) []string {
-	t.Helper()
-	h, err := kv.History(context.Background(), controller.LeaderKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for _, e := range h {
-		if r, err := controller.DecodeLockRecord(e.Value()); err == nil {
-			out = append(out, fmt.Sprintf("%s/%d", r.Holder, r.Term))
-		}
-	}
-	return out
-}
-
 func currentHolder(t *testing.T, kv jetstream.KeyValue) string {
 	e, err := kv.Get(context.Background(), controller.LeaderKey)
 	if err != nil {
@@ -217,16 +199,7 @@ func TestControllerHANetns(t *testing.T) {
 	defer cancel()
 	go controllertest.Renew(ctx, st, "h1", "h2", "h3")
 	hs := controllertest.HostRecord("hs")
-	renewHS, stopHS := context.WithCancel(ctx)
-	go func() {
-		var rev uint64
-		for renewHS.Err() == nil {
-			if n, err := st.Write(renewHS, "hs", rev, hs, time.Second); err == nil {
-				rev = n
-			}
-			time.Sleep(150 * time.Millisecond)
-		}
-	}()
+	stopHS := controllertest.RenewRecord(ctx, st, hs)
 
 	linkA := vethNS(t, "hvgca", 10)
 	vethNS(t, "hvgcb", 11)
@@ -255,27 +228,11 @@ func TestControllerHANetns(t *testing.T) {
 	t.Logf("link up → ctl-a logs its deposition after %s", time.Since(healed).Round(time.Millisecond))
 	time.Sleep(2 * time.Second)
 
-	h, err := kv.History(context.Background(), "hs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var decl []string
-	for _, e := range h {
-		if r, err := fencing.DecodeRecord(e.Value()); err == nil && r.State == fencing.LeaseExpired {
-			decl = append(decl, r.Reason)
-		}
-	}
+	decl := controllertest.Declarations(t, kv, "hs")
 	if len(decl) != 1 || !strings.Contains(decl[0], "ctl-b") {
 		t.Fatalf("hs declarations %q: want exactly one, by ctl-b", decl)
 	}
-	holders := lockHolders(t, kv)
-	sawB := false
-	for _, x := range holders {
-		sawB = sawB || strings.HasPrefix(x, "ctl-b/")
-		if sawB && strings.HasPrefix(x, "ctl-a/") {
-			t.Fatalf("ctl-a wrote the lock after ctl-b took it: %v", holders)
-		}
-	}
+	holders := controllertest.CheckTakeover(t, kv, "ctl-a", "ctl-b")
 	if currentHolder(t, kv) != "ctl-b" {
 		t.Fatalf("after the heal the lock is %q's", currentHolder(t, kv))
 	}
@@ -288,5 +245,5 @@ func TestControllerHANetns(t *testing.T) {
 	if got := currentHolder(t, kv); got != "ctl-b" || b.logged("this controller is no longer the leader") != deposedBefore {
 		t.Fatalf("after one NATS server stopped: holder %q, ctl-b deposed %d times (was %d)", got, b.logged("this controller is no longer the leader"), deposedBefore)
 	}
-	t.Logf("hs declared once, by ctl-b: %s; lock history %v; one NATS server down 5 s: ctl-b still leads", decl[0], holders)
+	t.Logf("hs declared once, by ctl-b: %s; %d lock records; one NATS server down 5 s: ctl-b still leads", decl[0], len(holders))
 }
