@@ -216,6 +216,7 @@ func (l *Loop) Run(ctx context.Context) error {
 	for {
 		ds = ds[:0]
 		resynced := -1 // domains listed by a resync applied in this iteration
+		beat := false  // the heartbeat ticked in this iteration
 		select {
 		case <-ctx.Done():
 			l.stop(ctx)
@@ -276,12 +277,17 @@ func (l *Loop) Run(ctx context.Context) error {
 				l.Heartbeat()
 			}
 			l.saveKnown(false)
+			beat = true
 		}
 		l.handle(ctx, ds)
 		if resynced >= 0 {
 			l.invDue = "resync"
 		}
-		l.inventory()
+		if resynced >= 0 || beat {
+			// Not on the event path: a gap marker or the interval is
+			// noticed within a heartbeat (1 s).
+			l.inventory()
+		}
 		if resynced >= 0 && l.OnResync != nil {
 			l.OnResync(resynced)
 		}
@@ -502,7 +508,8 @@ const InventoryInterval = 10 * time.Minute
 type gapMarkers interface{ GapMarkers() uint64 }
 
 // inventory appends a full report if one is due: after a resync, after a
-// gap marker, every InventoryInterval. Its content is what consumers last
+// gap marker, every InventoryInterval. Run after a resync and on every
+// heartbeat, not per event. Its content is what consumers last
 // heard of each domain (known: a stop still held is "running").
 func (l *Loop) inventory() {
 	now := l.now()
