@@ -2,12 +2,13 @@ package controller
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/fencing/natslease"
 )
 
 // LeaderRunner is the NATS shell of Leader: it watches LeaderKey in the
@@ -261,7 +262,7 @@ func (r *LeaderRunner) write(ctx context.Context, op LeaderOp) writeDone {
 	switch {
 	case err == nil:
 		d.outcome, d.rev = WriteLanded, rev
-	case errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) || isWrongLastSequence(err):
+	case natslease.IsConflict(err):
 		d.outcome = WriteConflict
 		if e, gerr := r.KV.Get(ctx, LeaderKey); gerr == nil {
 			d.rev = e.Revision()
@@ -276,11 +277,4 @@ func (r *LeaderRunner) write(ctx context.Context, op LeaderOp) writeDone {
 		d.outcome = WriteUnknown
 	}
 	return d
-}
-
-// isWrongLastSequence reports JetStream's "wrong last sequence" (10071),
-// the CAS conflict of a KV update.
-func isWrongLastSequence(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
 }

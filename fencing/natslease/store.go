@@ -142,7 +142,7 @@ func (s *Store) cas(ctx context.Context, host string, rev uint64, rec fencing.Le
 	switch {
 	case err == nil:
 		return fencing.RenewResult{Outcome: fencing.RenewAcked, Revision: n}
-	case isConflict(err):
+	case IsConflict(err):
 		cur, crev, gerr := s.Read(ctx, host)
 		if gerr != nil && !errors.Is(gerr, jetstream.ErrKeyNotFound) {
 			// The conflict is certain, the current value unknown: the
@@ -157,10 +157,10 @@ func (s *Store) cas(ctx context.Context, host string, rev uint64, rec fencing.Le
 	return fencing.RenewResult{Outcome: fencing.RenewTimedOut}
 }
 
-// isConflict reports a CAS rejection: the key's last revision was not the
+// IsConflict reports a CAS rejection: the key's last revision was not the
 // expected one (codes 10071 and, on replicated streams, 10164, however the
 // client wrapped them), or Create found a record.
-func isConflict(err error) bool {
+func IsConflict(err error) bool {
 	if errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) {
 		return true
 	}
