@@ -37,8 +37,19 @@ var keyDeleteMutation struct {
 // observeDeleted records that host's key was deleted or purged at rev.
 func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 	h := t.hosts[host]
-	if h == nil || h.deleted || rev <= h.rev {
-		return // unknown, already deleted, or a stale delivery
+	if h == nil {
+		// A marker of a host this controller never saw (deleted while it
+		// was down, before a guard listing it was published): its agent
+		// may still run cut off and confirm its peers' holds, so it counts
+		// like any deleted host (restoreDeleted), silent from now.
+		t.restoreDeleted([]fencing.DeletedHost{{Host: host}})
+		if h = t.hosts[host]; h != nil {
+			h.rev = rev
+		}
+		return
+	}
+	if h.deleted || rev <= h.rev {
+		return // already deleted, or a stale delivery
 	}
 	if keyDeleteMutation.forget {
 		delete(t.hosts, host)
@@ -116,7 +127,10 @@ func sameDeleted(a, b fencing.DeletedHost) bool {
 func (t *Tracker) restoreDeleted(ds []fencing.DeletedHost) {
 	sa := time.Duration(float64(fencing.DefaultTiming().SuspectAfter()) * (1 - 2*t.cfg.Drift))
 	for _, d := range ds {
-		if _, ok := t.hosts[d.Host]; ok || d.Host == "" {
+		if h, ok := t.hosts[d.Host]; ok || d.Host == "" {
+			if ok && h.deleted && h.rec.Guard == nil {
+				h.rec.Guard = d.Guard // its marker came first: the guard it named
+			}
 			continue
 		}
 		t.hosts[d.Host] = &hostState{deleted: true, silentAft: sa,

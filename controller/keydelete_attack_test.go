@@ -8,7 +8,7 @@ import (
 	"hvguard/fencing"
 )
 
-// TestAttackDeleteWhileControllerDownIsForgotten (attack, OPEN): a host's
+// TestAttackDeleteWhileControllerDownIsForgotten (found by the final attack; fixed): a host's
 // key is deleted while the controller is down (a restart, an upgrade of a
 // single controller) or before the leader published a guard listing it.
 // The published guard has no `deleted` entry for it, and the restarted

@@ -244,7 +244,9 @@ func (c Config) Grace(r fencing.LeaseRecord) (time.Duration, error) {
 // silence is only measured while watching, so every host's clock restarts.
 func (t *Tracker) WatchStarted(now time.Time) {
 	for _, h := range t.hosts {
-		if h.lastSeen.Before(now) {
+		// A deleted host renews nothing that a watch could show: its
+		// silence is not restarted (it keeps counting for the guard).
+		if h.lastSeen.Before(now) && !h.deleted {
 			h.lastSeen = now
 		}
 		h.declaring = time.Time{}

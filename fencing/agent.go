@@ -234,7 +234,10 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 		// libvirt down, gave itself a fresh hold at every start and fed
 		// the watchdog for ever while the controller declared it).
 		a.heldUntil = now.Add(cfg.Timing.PeerTimeout)
-		if d != nil && d.BootID == cfg.BootID && !d.HeldUntil.IsZero() && d.HeldUntil.Before(a.heldUntil) && !Mutations.RestartRefreshesHold {
+		if d != nil && d.BootID == cfg.BootID && d.HeldUntil.Before(a.heldUntil) && !Mutations.RestartRefreshesHold {
+			// A durable state without held_until (written by a release
+			// before it) says nothing of the last confirmation: the hold
+			// is over (a zero time is before now).
 			a.heldUntil = d.HeldUntil
 		}
 		a.nextHeld = now

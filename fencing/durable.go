@@ -28,7 +28,11 @@ func ChooseDurable(state, runtime *Durable, bootID string) (*Durable, DurableSou
 		}
 		return state, DurableState
 	}
-	if state == nil || state.BootID != bootID || runtime.Writes > state.Writes {
+	// Writes orders the copies of one process's lineage only; a release
+	// before the runtime copy (rolled back to, then upgraded again within
+	// the boot) writes neither Writes nor the copy, so a state_dir copy of
+	// a newer incarnation wins whatever the counts say.
+	if state == nil || state.BootID != bootID || runtime.Incarnation >= state.Incarnation && runtime.Writes > state.Writes {
 		return runtime, DurableRuntime
 	}
 	return state, DurableState

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// TestAttackStaleRuntimeCopyAfterDowngrade (attack, OPEN): within one boot
+// TestAttackStaleRuntimeCopyAfterDowngrade (found by the final attack; fixed): within one boot
 // the agent is upgraded, rolled back, and upgraded again. The new release
 // stopped orderly (withdrawn) and left a runtime copy of this boot with
 // writes 40; the older release (no runtime copy, no writes counter: its

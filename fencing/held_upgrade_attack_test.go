@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// TestAttackUpgradeHeldWithoutHeldUntil (attack, OPEN): a durable state
+// TestAttackUpgradeHeldWithoutHeldUntil (found by the final attack; fixed): a durable state
 // written by the previous release carries Held but no held_until (the
 // field is new, omitzero). An agent upgraded (restarted, same boot) while
 // Held and cut off, long after its last confirmation lapsed, must not
