@@ -50,7 +50,7 @@ type Options struct {
 	Ready chan<- struct{}
 	// OnResync is called on the event loop after each full domain listing
 	// has been applied (the first one at start), with the number of
-	// domains listed. hvguard_resyncs_total counts the same.
+	// domains listed. hvguard_domain_resyncs_total counts the same.
 	OnResync func(domains int)
 
 	// Fencing (fence.enabled; see fence.go). ResetHost resets the host;

@@ -12,7 +12,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"hvguard/agent/delivery"
+	"hvguard/daemonkit"
 )
+
+// unixSeconds is t as a *_timestamp_seconds value.
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
 
 // collector exposes the daemon's live counters at scrape time. Counters live
 // in the components (atomics), so the event path never touches Prometheus.
@@ -20,22 +24,24 @@ type collector struct{ d *Daemon }
 
 var (
 	descEventsIn   = prometheus.NewDesc("hvguard_libvirt_events_total", "libvirt domain events received by the event loop.", nil, nil)
-	descReports    = prometheus.NewDesc("hvguard_reports_total", "Lifecycle transitions reported (appended to the outbox), by transition.", []string{"transition"}, nil)
-	descSuppressed = prometheus.NewDesc("hvguard_suppressed_stops_total", "Stops not reported because the domain ran again (reported as rebooted), by reason.", []string{"reason"}, nil)
-	descChecks     = prometheus.NewDesc("hvguard_state_checks_total", "Real-state checks made at the end of a stop window.", nil, nil)
-	descCheckErrs  = prometheus.NewDesc("hvguard_state_check_errors_total", "Real-state checks that failed.", nil, nil)
-	descResyncs    = prometheus.NewDesc("hvguard_resyncs_total", "Full domain resyncs (after reconnect or hand-off overflow).", nil, nil)
+	descReports    = prometheus.NewDesc("hvguard_lifecycle_reports_total", "Lifecycle transitions reported (appended to the outbox), by transition.", []string{"transition"}, nil)
+	descSuppressed = prometheus.NewDesc("hvguard_lifecycle_stops_suppressed_total", "Stops not reported because the domain ran again (reported as rebooted), by reason.", []string{"reason"}, nil)
+	descChecks     = prometheus.NewDesc("hvguard_domain_state_checks_total", "Real-state checks made at the end of a stop window.", nil, nil)
+	descCheckErrs  = prometheus.NewDesc("hvguard_domain_state_check_errors_total", "Real-state checks that failed.", nil, nil)
+	descResyncs    = prometheus.NewDesc("hvguard_domain_resyncs_total", "Full domain resyncs (after reconnect or hand-off overflow).", nil, nil)
 	descTracked    = prometheus.NewDesc("hvguard_domains_tracked", "Domains the debouncer tracks.", nil, nil)
 	descLvUp       = prometheus.NewDesc("hvguard_libvirt_connected", "1 when the libvirt connection is up.", nil, nil)
 	descLvReconn   = prometheus.NewDesc("hvguard_libvirt_reconnects_total", "libvirt reconnects.", nil, nil)
 	descLvOverflow = prometheus.NewDesc("hvguard_libvirt_event_overflows_total", "Events that found the hand-off buffer full (each forces a resync).", nil, nil)
-	descLoopAge    = prometheus.NewDesc("hvguard_libvirt_event_loop_age_seconds", "Seconds since the libvirt event loop last ticked.", nil, nil)
+	descLoopAge    = prometheus.NewDesc("hvguard_libvirt_event_loop_last_tick_timestamp_seconds", "Unix time of the libvirt event loop's last tick (it ticks every second; the agent withholds systemd's watchdog ping when it is 10 s old).", nil, nil)
 	descNatsUp     = prometheus.NewDesc("hvguard_nats_connected", "1 when the NATS connection is up.", nil, nil)
 	descOutDepth   = prometheus.NewDesc("hvguard_outbox_depth", "Events in the outbox not yet acknowledged by JetStream.", nil, nil)
 	descOutBytes   = prometheus.NewDesc("hvguard_outbox_bytes", "Bytes used by the outbox on disk.", nil, nil)
-	descPublished  = prometheus.NewDesc("hvguard_published_total", "Events acknowledged by JetStream.", nil, nil)
-	descResent     = prometheus.NewDesc("hvguard_resent_total", "Events sent again after an error or timeout (deduplicated by message ID).", nil, nil)
-	descDropped    = prometheus.NewDesc("hvguard_outbox_dropped_total", "Events dropped because the outbox was full (each gap is announced by a gap marker).", nil, nil)
+	descOutMaxEv   = prometheus.NewDesc("hvguard_outbox_max_events", "The outbox's bound in events (outbox.max_events): at the bound the oldest events are dropped and a gap marker published.", nil, nil)
+	descOutMaxB    = prometheus.NewDesc("hvguard_outbox_max_bytes", "The outbox's bound in bytes (outbox.max_bytes).", nil, nil)
+	descPublished  = prometheus.NewDesc("hvguard_outbox_events_published_total", "Events acknowledged by JetStream.", nil, nil)
+	descResent     = prometheus.NewDesc("hvguard_outbox_events_resent_total", "Events sent again after an error or timeout (deduplicated by message ID).", nil, nil)
+	descDropped    = prometheus.NewDesc("hvguard_outbox_events_dropped_total", "Events dropped because the outbox was full (each gap is announced by a gap marker).", nil, nil)
 	descGaps       = prometheus.NewDesc("hvguard_outbox_gap_markers_total", "Gap markers written.", nil, nil)
 	descDrift      = prometheus.NewDesc("hvguard_stream_settings_differing", "Settings of the existing HVGUARD_EVENTS stream that differ from hvguard's recommendation (left unchanged, logged at WARN), by risky (true: can cost events or duplicates).", []string{"risky"}, nil)
 
@@ -48,10 +54,10 @@ var (
 
 	// Fencing (only with fence.enabled).
 	descFenceState    = prometheus.NewDesc("hvguard_fence_state", "1 for the current fencing state (starting, healthy, suspect, asking-peers, held, fencing, fenced, rejoining, awaiting-release).", []string{"state"}, nil)
-	descLeaseAge      = prometheus.NewDesc("hvguard_fence_lease_age_seconds", "Seconds since the send time of the last renewal known to have landed.", nil, nil)
+	descLeaseAge      = prometheus.NewDesc("hvguard_fence_lease_last_renewal_timestamp_seconds", "Unix time (send time) of the last lease renewal known to have landed (0: none since start). Measured on CLOCK_BOOTTIME and converted at scrape time, so a wall-clock step moves it by that step.", nil, nil)
 	descLeaseHeld     = prometheus.NewDesc("hvguard_fence_lease_held", "1 while the agent holds its lease.", nil, nil)
-	descRenewals      = prometheus.NewDesc("hvguard_fence_renewals_total", "Lease renewals sent.", nil, nil)
-	descRenewFailures = prometheus.NewDesc("hvguard_fence_renew_failures_total", "Lease renewals not acknowledged (timed out, failed or CAS conflict).", nil, nil)
+	descRenewals      = prometheus.NewDesc("hvguard_fence_lease_renewals_total", "Lease renewals sent.", nil, nil)
+	descRenewFailures = prometheus.NewDesc("hvguard_fence_lease_renewal_failures_total", "Lease renewals not acknowledged (timed out, failed or CAS conflict).", nil, nil)
 	descPeersAsked    = prometheus.NewDesc("hvguard_fence_peers_asked_total", "Peer questions sent.", nil, nil)
 	descPeerAnswers   = prometheus.NewDesc("hvguard_fence_peer_answers_total", "Peer answers, by kind.", []string{"kind"}, nil)
 	descPausedByHV    = prometheus.NewDesc("hvguard_fence_domains_paused", "Domains hvguard paused and would resume on a rejoin (the durable paused set).", nil, nil)
@@ -90,7 +96,11 @@ func (c collector) collectFence(ch chan<- prometheus.Metric) {
 		}
 		g(descFenceState, v, st)
 	}
-	g(descLeaseAge, bootNow().Sub(time.Unix(0, s.LastAck.Load())).Seconds())
+	lastAck := 0.0
+	if ns := s.LastAck.Load(); ns > 0 {
+		lastAck = unixSeconds(time.Now().Add(-bootNow().Sub(time.Unix(0, ns))))
+	}
+	g(descLeaseAge, lastAck)
 	held := 0.0
 	if s.LeaseHeld.Load() {
 		held = 1
@@ -153,12 +163,18 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descLvUp, b2f(ls.Connected))
 	counter(descLvReconn, ls.Reconnects)
 	counter(descLvOverflow, ls.Overflows)
-	gauge(descLoopAge, time.Since(ls.EventLoopTick).Seconds())
+	tick := 0.0
+	if !ls.EventLoopTick.IsZero() {
+		tick = unixSeconds(ls.EventLoopTick)
+	}
+	gauge(descLoopAge, tick)
 
 	gauge(descNatsUp, b2f(d.nc.IsConnected()))
 	os := d.outbox.Stats()
 	gauge(descOutDepth, float64(os.Depth))
 	gauge(descOutBytes, float64(os.Bytes))
+	gauge(descOutMaxEv, float64(d.cfg.Outbox.MaxEvents))
+	gauge(descOutMaxB, float64(d.cfg.Outbox.MaxBytes))
 	counter(descDropped, os.Dropped)
 	counter(descGaps, os.GapMarkers)
 	counter(descPublished, os.Acked)
@@ -197,7 +213,7 @@ func (c collector) collectClassify(ch chan<- prometheus.Metric) {
 // event loop iterated within the last 5 s).
 func (d *Daemon) metricsHandler() http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collector{d}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collector{d}, daemonkit.BuildInfoGauge("agent", Version), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {

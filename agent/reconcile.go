@@ -63,6 +63,7 @@ type ReconcileStats struct {
 	Destroyed           atomic.Uint64
 	WouldDestroy        atomic.Uint64
 	DestroyFailed       atomic.Uint64
+	LastSkipped         atomic.Int64 // domains the last run skipped (refused to judge)
 	LastSuccess         atomic.Int64 // unix nanos
 	ConsecutiveFailures atomic.Int64
 	EventsPublished     atomic.Uint64
@@ -148,6 +149,7 @@ func (r *reconciler) run(ctx context.Context, trigger reconcile.Trigger) reconci
 	r.stats.Destroyed.Add(uint64(rep.Destroyed))
 	r.stats.WouldDestroy.Add(uint64(rep.WouldDestroy))
 	r.stats.DestroyFailed.Add(uint64(rep.Failed))
+	r.stats.LastSkipped.Store(int64(rep.Skipped))
 	r.stats.ConsecutiveFailures.Store(int64(rep.ConsecutiveFailures))
 
 	r.mu.Lock()

@@ -18,6 +18,8 @@ var (
 		"Stale copies found in reconcile.action report (not destroyed), counted per reconciliation.", nil, nil)
 	descRecFailed = prometheus.NewDesc("hvguard_reconcile_destroy_failures_total",
 		"Destroys of stale copies that failed (the reconciliation is retried).", nil, nil)
+	descRecSkipped = prometheus.NewDesc("hvguard_reconcile_domains_skipped",
+		"Domains the last reconciliation refused to judge (Nova's evidence incomplete or contradictory: nothing done to them; `hvguard-agent status` says why).", nil, nil)
 	descRecLastOK = prometheus.NewDesc("hvguard_reconcile_last_success_timestamp_seconds",
 		"Unix time of the last OK reconciliation (0: none since start).", nil, nil)
 	descRecFailures = prometheus.NewDesc("hvguard_reconcile_consecutive_failures",
@@ -52,6 +54,7 @@ func (c collector) collectReconcile(ch chan<- prometheus.Metric) {
 	if ns := s.LastSuccess.Load(); ns > 0 {
 		last = float64(ns) / 1e9
 	}
+	g(descRecSkipped, float64(s.LastSkipped.Load()))
 	g(descRecLastOK, last)
 	g(descRecFailures, float64(s.ConsecutiveFailures.Load()))
 	cnt(descRecPublished, s.EventsPublished.Load())

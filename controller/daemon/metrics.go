@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"hvguard/controller"
+	"hvguard/daemonkit"
 	"hvguard/fencing"
 )
 
@@ -59,16 +60,16 @@ var (
 	descTerm             = prometheus.NewDesc("hvguard_controller_leader_term", "Term of the leader lock as this controller's watch shows it (0: none).", nil, nil)
 	descLeaderChanges    = prometheus.NewDesc("hvguard_controller_leader_changes_total", "Times this controller was elected or deposed.", nil, nil)
 	descDeclarations     = prometheus.NewDesc("hvguard_controller_declarations_total", "Host declarations (lease expired), by result: written, failed (CAS conflict: the host renewed; or NATS), not-acting (decided while not allowed to act: not written).", []string{"result"}, nil)
-	descReleases         = prometheus.NewDesc("hvguard_controller_releases_total", "Declared hosts released.", nil, nil)
+	descReleases         = prometheus.NewDesc("hvguard_controller_host_releases_total", "Declared hosts released.", nil, nil)
 	descHolds            = prometheus.NewDesc("hvguard_controller_guard_holds_total", "Mass-failure guard holds started (nothing declared while one lasts).", nil, nil)
 	descHolding          = prometheus.NewDesc("hvguard_controller_guard_holding", "1 while the mass-failure guard holds.", nil, nil)
-	descHeldBack         = prometheus.NewDesc("hvguard_controller_held_back_total", "Due hosts not declared because the guard held.", nil, nil)
-	descRefusals         = prometheus.NewDesc("hvguard_controller_refusals_total", "Hosts refused (constants the controller cannot honour; never declared), counted per change.", nil, nil)
-	descRefusedDue       = prometheus.NewDesc("hvguard_controller_refused_due_total", "Refused hosts that fell silent and were NOT declared.", nil, nil)
+	descHeldBack         = prometheus.NewDesc("hvguard_controller_hosts_held_back_total", "Due hosts not declared because the guard held.", nil, nil)
+	descRefusals         = prometheus.NewDesc("hvguard_controller_host_refusals_total", "Hosts refused (constants the controller cannot honour; never declared), counted per change.", nil, nil)
+	descRefusedDue       = prometheus.NewDesc("hvguard_controller_refused_hosts_due_total", "Refused hosts that fell silent and were NOT declared.", nil, nil)
 	descHosts            = prometheus.NewDesc("hvguard_controller_hosts", "Hosts in the lease bucket, by lease state (active, expired, released, withdrawn).", []string{"state"}, nil)
 	descRefused          = prometheus.NewDesc("hvguard_controller_hosts_refused", "Hosts currently refused.", nil, nil)
 	descSilent           = prometheus.NewDesc("hvguard_controller_hosts_silent", "Hosts the guard counts silent now.", nil, nil)
-	descEvents           = prometheus.NewDesc("hvguard_controller_events_total", "Lifecycle messages consumed from the event stream, by what the fleet view did with them: applied, duplicate, old-incarnation (dropped), missing (applied after a hole: the host's view went stale), new-incarnation (applied: the host's view went stale), poison (undecodable: terminated, never redelivered).", []string{"verdict"}, nil)
+	descEvents           = prometheus.NewDesc("hvguard_controller_lifecycle_messages_total", "Lifecycle messages consumed from the event stream, by what the fleet view did with them: applied, duplicate, old-incarnation (dropped), missing (applied after a hole: the host's view went stale), new-incarnation (applied: the host's view went stale), poison (undecodable: terminated, never redelivered).", []string{"verdict"}, nil)
 	descStreamLag        = prometheus.NewDesc("hvguard_controller_stream_lag_messages", "Messages in the event stream not yet delivered to this controller's consumer (read every 5 s).", nil, nil)
 	descAckPending       = prometheus.NewDesc("hvguard_controller_stream_ack_pending_messages", "Messages delivered to this controller's consumer and not yet acknowledged.", nil, nil)
 	descStaleHosts       = prometheus.NewDesc("hvguard_controller_hosts_stale", "Hosts whose fleet view is stale (events missing, a new incarnation, a gap, or no full report yet) until their agent's next full report.", nil, nil)
@@ -159,7 +160,7 @@ func b2f(b bool) float64 {
 // handler serves /metrics, /healthz and /status.
 func (d *Daemon) handler() http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collector{d}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collector{d}, daemonkit.BuildInfoGauge("controller", Version), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

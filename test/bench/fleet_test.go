@@ -183,7 +183,7 @@ func BenchmarkFleetScale(b *testing.B) {
 		natsCPU = newCPUMeter(b, cl.pids()...)
 		harness = newCPUMeter(b, syscall.Getpid())
 		pub0, fail0 = ev.published.Load(), ev.failed.Load()
-		applied0, _ := scrape(ctl.Addr, "hvguard_controller_events_total")
+		applied0, _ := scrape(ctl.Addr, "hvguard_controller_lifecycle_messages_total")
 		fl.phase()
 		t0 = time.Now()
 		// Silent hosts, spread so that the last is due before the phase ends.
@@ -234,7 +234,7 @@ func BenchmarkFleetScale(b *testing.B) {
 		memSum(b, cl.pids()...).report(b, "ctl_nats_", 1)
 		b.ReportMetric(float64(ev.published.Load()-pub0)/el.Seconds(), "ctl_events/s")
 		b.ReportMetric(float64(ev.failed.Load()-fail0), "ctl_event_failures")
-		if applied, err := scrape(ctl.Addr, "hvguard_controller_events_total"); err == nil {
+		if applied, err := scrape(ctl.Addr, "hvguard_controller_lifecycle_messages_total"); err == nil {
 			b.ReportMetric((applied-applied0)/el.Seconds(), "ctl_consumed_events/s")
 		}
 		ctlStats := fl.phase()
@@ -259,7 +259,7 @@ func BenchmarkFleetScale(b *testing.B) {
 			{`hvguard_controller_declarations_total{result="written"}`, "ctl_declarations_written"},
 			{`hvguard_controller_declarations_total{result="failed"}`, "ctl_declarations_failed"},
 			{"hvguard_controller_guard_holds_total", "ctl_guard_holds"},
-			{"hvguard_controller_refusals_total", "ctl_refusals"},
+			{"hvguard_controller_host_refusals_total", "ctl_refusals"},
 			{"hvguard_controller_hosts_stale", "ctl_hosts_stale"},
 		} {
 			if v, err := scrape(ctl.Addr, m.metric); err == nil {
