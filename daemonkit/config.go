@@ -8,7 +8,7 @@ import (
 	"net"
 	"time"
 
-	"gopkg.in/yaml.v3"
+	"go.yaml.in/yaml/v3"
 )
 
 // Duration is a time.Duration that reads and writes YAML as a Go duration
