@@ -17,6 +17,7 @@ import (
 
 	"hvguard/agent/delivery"
 	"hvguard/daemonkit"
+	"hvguard/daemonkit/atomicfile"
 	"hvguard/fencing"
 	"hvguard/fencing/watchdog"
 	"hvguard/libvirtx"
@@ -131,6 +132,11 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		return err
 	}
 	defer unlock()
+	// Sole writer of state_dir now: temporary files of a write that a
+	// crash cut short are never read; remove them (logged).
+	if removed, err := atomicfile.RemoveTemps(cfg.StateDir); len(removed) > 0 || err != nil {
+		d.log.Info("removed temporary files of an interrupted write", "state_dir", cfg.StateDir, "files", removed, "err", err)
+	}
 	d.notify.Status("connecting to NATS")
 	if err := d.dialNATS(); err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/daemonkit"
+	"hvguard/daemonkit/atomicfile"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 )
@@ -45,23 +46,19 @@ const (
 	fenceMembersFile = "fence-members.json"
 )
 
-// writeJSONAtomic writes v to path via a temporary file and a rename: a
-// crash leaves the old or the new file, never a torn one. No fsync: only
-// an agent crash (not a host crash, which stops every domain anyway) must
-// be survived, and the page cache survives an agent crash.
+// writeJSONAtomic writes v to path with atomicfile.WriteNoSync: a crash
+// leaves the old or the new file, never a torn one. No fsync: it runs on
+// the fencing loop, whose latency is a safety input (an fsync behind a
+// busy hypervisor's guest I/O can take seconds, and the fence waits for
+// the Persist before it), and only an agent crash must be survived (a
+// host crash stops every domain anyway; the page cache survives an agent
+// crash).
 func writeJSONAtomic(path string, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rename %s: %w", tmp, err)
-	}
-	return nil
+	return atomicfile.WriteNoSync(path, b, 0o600)
 }
 
 // loadDurable reads the durable fence state (nil, nil when there is none).

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"hvguard/daemonkit/atomicfile"
 	"hvguard/lifecycle"
 	"hvguard/proto"
 )
@@ -158,7 +159,7 @@ func foldReported(known []lifecycle.DomainSnapshot, evs []proto.LifecycleEvent) 
 	return out
 }
 
-// saveKnown writes the file atomically (temp file, fsync, rename).
+// saveKnown writes the file with atomicfile.Write.
 func saveKnown(path string, known []lifecycle.DomainSnapshot, mark *knownMark, now time.Time) error {
 	f := knownFile{Version: 1, SavedAt: now.UTC(), Domains: make([]knownEntry, len(known))}
 	if mark != nil {
@@ -171,21 +172,5 @@ func saveKnown(path string, known []lifecycle.DomainSnapshot, mark *knownMark, n
 	if err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	fh, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := fh.Write(data); err != nil {
-		fh.Close()
-		return err
-	}
-	if err := fh.Sync(); err != nil {
-		fh.Close()
-		return err
-	}
-	if err := fh.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return atomicfile.Write(path, data, 0o600)
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"hvguard/daemonkit/atomicfile"
 	"hvguard/libvirtx"
 	"hvguard/openstack"
 	"hvguard/proto"
@@ -399,21 +400,14 @@ func NewUnfenceReconciler(ctx context.Context, cfg Config, log *slog.Logger) (re
 	return unfenceReconciler{r}, func() { lv.Close() }, nil
 }
 
-// writeStatusAtomic writes v as indented JSON via a temporary file and a
-// rename: `--status` reads the old or the new file, never a torn one.
+// writeStatusAtomic writes v as indented JSON with atomicfile.Write:
+// `--status` reads the old or the new file, never a torn one.
 func writeStatusAtomic(path string, v any) error {
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", filepath.Base(path), err)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rename %s: %w", tmp, err)
-	}
-	return nil
+	return atomicfile.Write(path, append(b, '\n'), 0o600)
 }
 
 // ReadReconcileStatus reads state_dir/reconcile-last.json.

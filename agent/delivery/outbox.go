@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"hvguard/daemonkit/atomicfile"
 	"hvguard/proto"
 )
 
@@ -300,7 +301,10 @@ func (o *Outbox) load() error {
 			return fmt.Errorf("corrupt %s (remove the outbox directory to start over: the new outbox is a new incarnation, consumers resync this host): %w", stateFileName, err)
 		}
 	}
+	// Temporary files of a write a crash cut short (the name releases
+	// before atomicfile used, and atomicfile's): never read, removed.
 	_ = os.Remove(filepath.Join(o.dir, stateFileName+".tmp"))
+	_, _ = atomicfile.RemoveTemps(o.dir)
 	o.acked = st.Acked
 
 	des, err := os.ReadDir(o.dir)
@@ -669,7 +673,7 @@ func (o *Outbox) activeLocked(seq uint64, recLen int64) (*segment, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create segment: %w", err)
 	}
-	if err := syncDir(o.dir); err != nil {
+	if err := atomicfile.SyncDir(o.dir); err != nil {
 		f.Close()
 		os.Remove(path)
 		return nil, err
@@ -769,46 +773,12 @@ func (o *Outbox) writeStateLocked() error {
 		return err
 	}
 	path := filepath.Join(o.dir, stateFileName)
-	if err := writeFileAtomic(path, b); err != nil {
+	if err := atomicfile.Write(path, b, 0o600); err != nil {
 		o.setErrLocked(err.Error())
 		return fmt.Errorf("persist outbox state: %w", err)
 	}
 	o.stateDirty = false
 	o.stateWritten = o.cfg.Now()
-	return nil
-}
-
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(b)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err == nil {
-		err = syncDir(filepath.Dir(path))
-	}
-	return err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("fsync dir %s: %w", dir, err)
-	}
 	return nil
 }
 
