@@ -228,31 +228,20 @@ func decodeMigration(raw json.RawMessage) (reconcile.Migration, error) {
 		return m, fmt.Errorf(`field "id": want a positive integer, got %s`, trimBody(idRaw))
 	}
 	var created, updated string
-	for _, f := range []struct {
-		key string
-		dst *string
-		opt bool
-	}{
-		{"uuid", &m.UUID, false},
-		{"instance_uuid", &m.InstanceUUID, false},
-		{"source_compute", &m.SourceCompute, false},
-		{"dest_compute", &m.DestCompute, true},
-		{"dest_host", &m.DestHost, true},
-		{"source_node", &m.SourceNode, true},
-		{"dest_node", &m.DestNode, true},
-		{"status", &m.Status, false},
-		{"migration_type", &m.Type, false},
-		{"created_at", &created, false},
-		{"updated_at", &updated, true},
-	} {
-		if f.opt {
-			*f.dst, err = optString(o, f.key)
-		} else {
-			*f.dst, err = reqString(o, f.key)
-		}
-		if err != nil {
-			return m, err
-		}
+	if err = readStrings(o,
+		strField{"uuid", &m.UUID, false},
+		strField{"instance_uuid", &m.InstanceUUID, false},
+		strField{"source_compute", &m.SourceCompute, false},
+		strField{"dest_compute", &m.DestCompute, true},
+		strField{"dest_host", &m.DestHost, true},
+		strField{"source_node", &m.SourceNode, true},
+		strField{"dest_node", &m.DestNode, true},
+		strField{"status", &m.Status, false},
+		strField{"migration_type", &m.Type, false},
+		strField{"created_at", &created, false},
+		strField{"updated_at", &updated, true},
+	); err != nil {
+		return m, err
 	}
 	m.UUID, m.InstanceUUID = strings.ToLower(m.UUID), strings.ToLower(m.InstanceUUID)
 	if !reconcile.ValidUUID(m.UUID) {

@@ -1,5 +1,6 @@
-// Package openstack is hvguard's Nova client for rejoin reconciliation,
-// built on gophercloud v2.
+// Package openstack is hvguard's OpenStack client, built on gophercloud
+// v2: Nova for rejoin reconciliation and stop classification (Client),
+// Nova, Cinder and Masakari for recovery (Recovery).
 //
 // Configuration is clouds.yaml (and secure.yaml) read by gophercloud's own
 // loader (openstack/config/clouds), the way the openstack CLI reads it:
@@ -39,6 +40,30 @@
 // "Nova said no" (rejected, not found) and "the answer is unusable"
 // (malformed, too large); Error.ReconcileReason maps them onto
 // reconcile's global reasons.
+//
+// Recovery (recovery*.go) is the adapter the controller's host recovery
+// (issue 13) and instance recovery (issue 14) call: NewRecovery(
+// RecoveryConfig{Config, ServiceCloud}) shares the admin token of a Client
+// among Nova, Cinder (block-storage v3) and Masakari (instance-ha), and
+// keeps a second token for the service-role user (ServiceCloud) that only
+// ever travels as X-Service-Token on Cinder attachment deletes. Calls and
+// microversions (each answer must echo it):
+//
+//   - Service(host), ForceDown(host, down): GET /os-services?binary=
+//     nova-compute&host=, PUT /os-services/{uuid} {"forced_down"} at 2.53;
+//     clearing it while `done` evacuations remain → ErrDoneEvacuations.
+//   - HostServers(host), Server(id): servers/detail (all_tenants, paged) and
+//     GET /servers/{id} at 2.59: state, metadata, attached volumes,
+//     boot-from-volume (image "").
+//   - Evacuate(id): {"evacuate": {}} at min(Nova's max, 2.94) ≥ 2.14 (from
+//     2.95 the server would be left stopped); Migrations(host, since):
+//     ListEvacuationsFrom filtered by created_at.
+//   - Start(id), HardReboot(id): os-start, reboot HARD at 2.59.
+//   - Volume(id), RemoveAttachment(volume, attachment, expectHost): GET
+//     /volumes/{id} and DELETE /attachments/{id} (X-Service-Token) at
+//     3.44; refuses an attachment whose host_name is not expectHost.
+//   - HostNotification(host, at), InstanceNotification(VMNotification),
+//     Notification(id): Masakari notifications at API 1.0.
 //
 // openstacktest replays responses recorded from a real Nova 26.2.2
 // (testdata/) for contract tests; e2e_test.go (build tag e2e) runs against

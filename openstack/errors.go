@@ -29,6 +29,7 @@ const (
 	KindMalformed        // an answer of unexpected shape (JSON, fields, types, headers)
 	KindTooLarge         // a body, page or listing beyond this package's caps
 	KindConfig           // configuration: clouds.yaml, no compute endpoint in the catalog
+	KindConflict         // HTTP 409: the resource's state forbids the request now (a task in flight, a wrong vm_state)
 )
 
 var kindNames = [...]string{
@@ -42,6 +43,7 @@ var kindNames = [...]string{
 	KindMalformed:   "malformed",
 	KindTooLarge:    "too-large",
 	KindConfig:      "config",
+	KindConflict:    "conflict",
 }
 
 // String returns the kind's name.
@@ -151,6 +153,8 @@ func kindOfStatus(status int) Kind {
 		return KindAuth
 	case status == 404:
 		return KindNotFound
+	case status == 409:
+		return KindConflict
 	case status >= 500:
 		return KindServer
 	case status >= 400:

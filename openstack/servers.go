@@ -65,54 +65,9 @@ type ServerState struct {
 // right types, no id twice. Any failure is an error: a partial list is
 // never returned.
 func (c *Client) ServersOnHost(ctx context.Context, host string) ([]ServerState, error) {
-	op := "list servers on " + host
-	if !reconcile.ValidHostName(host) {
-		return nil, &Error{Kind: KindConfig, Op: op, Err: fmt.Errorf("invalid host name %q", host)}
-	}
-	var out []ServerState
-	seen := make(map[string]bool)
-	marker := ""
-	for page := 0; ; page++ {
-		q := url.Values{}
-		q.Set("all_tenants", "1")
-		q.Set("host", host)
-		q.Set("limit", fmt.Sprint(c.pageSize))
-		if marker != "" {
-			q.Set("marker", marker)
-		}
-		_, body, err := c.get(ctx, op, "servers/detail?"+q.Encode(), []int{http.StatusOK}, maxServersPageBytes)
-		if err != nil {
-			return nil, err
-		}
-		p, err := decodeServersPage(body, c.pageSize)
-		if err != nil {
-			return nil, &Error{Kind: KindMalformed, Op: fmt.Sprintf("%s (page %d)", op, page+1), Err: err}
-		}
-		for _, s := range p.Servers {
-			switch {
-			case !strings.EqualFold(s.Host, host):
-				return nil, &Error{Kind: KindMalformed, Op: op, Err: fmt.Errorf("server %s has host %q: the host filter was not applied", s.ID, s.Host)}
-			case seen[s.ID]:
-				return nil, &Error{Kind: KindMalformed, Op: op, Err: fmt.Errorf("server %s listed twice: paging is inconsistent", s.ID)}
-			}
-			seen[s.ID] = true
-		}
-		out = append(out, p.Servers...)
-		if len(out) > MaxServersOnHost {
-			return nil, &Error{Kind: KindTooLarge, Op: op, Err: fmt.Errorf("more than %d servers", MaxServersOnHost)}
-		}
-		if !p.Next {
-			return out, nil
-		}
-		if len(p.Servers) == 0 {
-			return nil, &Error{Kind: KindMalformed, Op: op, Err: fmt.Errorf("page %d is empty but has a next link", page+1)}
-		}
-		last := p.Servers[len(p.Servers)-1].ID
-		if !strings.EqualFold(p.NextMarker, last) {
-			return nil, &Error{Kind: KindMalformed, Op: op, Err: fmt.Errorf("next link marker %q is not the last server %q", p.NextMarker, last)}
-		}
-		marker = last
-	}
+	return listPaged(ctx, c, "list servers on "+host, host, "servers/detail", "servers", "server",
+		func(q url.Values) { q.Set("all_tenants", "1"); q.Set("host", host) },
+		decodeServerState, func(s ServerState) (string, string) { return s.ID, s.Host }, MaxServersOnHost)
 }
 
 // serversPage is one decoded servers/detail page.
@@ -250,25 +205,9 @@ func decodeInstanceActions(body []byte, uuid string) ([]InstanceAction, error) {
 		}
 		var a InstanceAction
 		var inst, start string
-		for _, f := range []struct {
-			key string
-			dst *string
-			opt bool
-		}{
-			{"action", &a.Action, false},
-			{"instance_uuid", &inst, false},
-			{"request_id", &a.RequestID, false},
-			{"user_id", &a.UserID, true},
-			{"start_time", &start, false},
-		} {
-			if f.opt {
-				*f.dst, err = optString(o, f.key)
-			} else {
-				*f.dst, err = reqString(o, f.key)
-			}
-			if err != nil {
-				return nil, fmt.Errorf("action %d: %w", i, err)
-			}
+		if err := readStrings(o, strField{"action", &a.Action, false}, strField{"instance_uuid", &inst, false},
+			strField{"request_id", &a.RequestID, false}, strField{"user_id", &a.UserID, true}, strField{"start_time", &start, false}); err != nil {
+			return nil, fmt.Errorf("action %d: %w", i, err)
 		}
 		if a.Action == "" {
 			return nil, fmt.Errorf("action %d: action is empty", i)

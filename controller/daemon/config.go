@@ -7,13 +7,16 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"regexp"
+	"strings"
 	"time"
 
 	"hvguard/controller"
 	"hvguard/daemonkit"
 	"hvguard/fencing"
+	"hvguard/openstack"
 )
 
 // Version is set at build time (-ldflags -X hvguard/controller/daemon.Version=...).
@@ -29,14 +32,14 @@ type Config struct {
 	// ID names this controller process in the leader lock. Empty: the host
 	// name and a random suffix, new for every process (a restarted
 	// controller is a new candidate, never mistaken for its predecessor).
-	ID        string                    `yaml:"id"`
-	Log       daemonkit.LogConfig       `yaml:"log"`
-	NATS      NATSConfig                `yaml:"nats"`
-	Leader    LeaderConfig              `yaml:"leader"`
-	Guard     GuardConfig               `yaml:"guard"`
-	Tracker   TrackerConfig             `yaml:"tracker"`
-	OpenStack daemonkit.OpenStackConfig `yaml:"openstack"`
-	Metrics   MetricsConfig             `yaml:"metrics"`
+	ID        string              `yaml:"id"`
+	Log       daemonkit.LogConfig `yaml:"log"`
+	NATS      NATSConfig          `yaml:"nats"`
+	Leader    LeaderConfig        `yaml:"leader"`
+	Guard     GuardConfig         `yaml:"guard"`
+	Tracker   TrackerConfig       `yaml:"tracker"`
+	OpenStack OpenStackConfig     `yaml:"openstack"`
+	Metrics   MetricsConfig       `yaml:"metrics"`
 }
 
 // NATSConfig is the NATS connection and the lease bucket.
@@ -78,6 +81,54 @@ type TrackerConfig struct {
 	AcceptAgentDependentBackstop bool `yaml:"accept_agent_dependent_backstop"`
 }
 
+// OpenStackConfig is the cloud host and instance recovery call (the
+// agent's section, daemonkit.OpenStackConfig, plus the service user).
+type OpenStackConfig struct {
+	daemonkit.OpenStackConfig `yaml:",inline"`
+	// ServiceCloud is the clouds.yaml entry (same file) of a user with the
+	// `service` role. Its token goes only into the X-Service-Token header
+	// of Cinder attachment deletes: Cinder removes an attachment Nova still
+	// uses only for a service's request (OSSA-2023-003). Empty: host
+	// recovery cannot clear attachments.
+	ServiceCloud string `yaml:"service_cloud"`
+}
+
+// Recovery is the recovery adapter's configuration.
+func (o OpenStackConfig) Recovery() openstack.RecoveryConfig {
+	return openstack.RecoveryConfig{Config: o.Client(), ServiceCloud: o.ServiceCloud}
+}
+
+// Validate reports every problem (fields named openstack.*) through bad;
+// users names what needs the cloud ("" = nothing). With service_cloud set
+// it must be loadable from the same clouds.yaml (no network).
+func (o OpenStackConfig) Validate(users string, bad daemonkit.Bad) {
+	o.OpenStackConfig.Validate(users, bad)
+	if strings.TrimSpace(o.ServiceCloud) == "" {
+		return
+	}
+	if strings.TrimSpace(o.Cloud) == "" {
+		bad("openstack.service_cloud", fmt.Sprintf("%q", o.ServiceCloud), "needs openstack.cloud (the admin entry) too")
+		return
+	}
+	if _, err := openstack.NewRecovery(o.Recovery(), nil); err != nil {
+		bad("openstack.service_cloud", fmt.Sprintf("%q (clouds_file %q)", o.ServiceCloud, o.CloudsFile), err.Error())
+	}
+}
+
+// NewOpenStack builds the OpenStack adapter host and instance recovery call
+// (openstack.Recovery) from the openstack section, or nil when no cloud
+// is configured. It parses clouds.yaml and contacts nothing.
+func (c *Config) NewOpenStack(log *slog.Logger) (*openstack.Recovery, error) {
+	if strings.TrimSpace(c.OpenStack.Cloud) == "" {
+		return nil, nil
+	}
+	r, err := openstack.NewRecovery(c.OpenStack.Recovery(), log)
+	if err != nil {
+		return nil, fmt.Errorf("openstack: %w", err)
+	}
+	return r, nil
+}
+
 // MetricsConfig is the HTTP endpoint: /metrics (Prometheus), /healthz and
 // /status (what `hvguard-controller status` reads).
 type MetricsConfig struct {
@@ -113,7 +164,7 @@ func DefaultConfig() Config {
 		Guard: GuardConfig{Count: tc.GuardCount, Share: tc.GuardShare, Window: Duration(tc.GuardWindow)},
 		Tracker: TrackerConfig{Drift: tc.Drift, MaxHostDrift: tc.MaxHostDrift, MaxGrace: Duration(tc.MaxGrace),
 			AcceptNoBackstop: tc.AcceptNoBackstop, AcceptAgentDependentBackstop: tc.AcceptAgentDependentBackstop},
-		OpenStack: daemonkit.DefaultOpenStack(),
+		OpenStack: OpenStackConfig{OpenStackConfig: daemonkit.DefaultOpenStack()},
 		Metrics:   MetricsConfig{Listen: DefaultListen},
 	}
 }

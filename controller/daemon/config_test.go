@@ -100,3 +100,44 @@ func TestConfigReportsAllErrors(t *testing.T) {
 		}
 	}
 }
+
+// openstack.service_cloud: needs cloud, must load from the same
+// clouds.yaml, and reaches the adapter's configuration.
+func TestConfigServiceCloud(t *testing.T) {
+	path := t.TempDir() + "/clouds.yaml"
+	y := `clouds:
+  admin:
+    auth: {auth_url: "http://127.0.0.1:1/v3", username: a, password: p, project_name: admin, user_domain_name: Default, project_domain_name: Default}
+  svc:
+    auth: {auth_url: "http://127.0.0.1:1/v3", username: s, password: p, project_name: service, user_domain_name: Default, project_domain_name: Default}
+`
+	if err := os.WriteFile(path, []byte(y), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, yaml, want string }{
+		{"without cloud", "openstack:\n  service_cloud: svc\n  clouds_file: " + path + "\n", `openstack.service_cloud: "svc": needs openstack.cloud`},
+		{"not in clouds.yaml", "openstack:\n  cloud: admin\n  service_cloud: nope\n  clouds_file: " + path + "\n", `openstack.service_cloud: "nope"`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := ParseConfig([]byte(c.yaml))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("error %v, want it to mention %s", err, c.want)
+			}
+		})
+	}
+	cfg, err := ParseConfig([]byte("openstack:\n  cloud: admin\n  service_cloud: svc\n  clouds_file: " + path + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc := cfg.OpenStack.Recovery(); rc.Cloud != "admin" || rc.ServiceCloud != "svc" || rc.CloudsFile != path {
+		t.Fatalf("recovery config %+v", rc)
+	}
+	r, err := cfg.NewOpenStack(nil)
+	if err != nil || r == nil {
+		t.Fatalf("adapter %v %v", r, err)
+	}
+	none, _ := ParseConfig(nil)
+	if r, err := none.NewOpenStack(nil); r != nil || err != nil {
+		t.Fatalf("no cloud: %v %v", r, err)
+	}
+}

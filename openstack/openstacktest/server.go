@@ -133,10 +133,32 @@ type Server struct {
 	failFromFault Fault
 	keystoneDown  bool
 	requests      []string
+	captured      []Request
 
-	novaRequests atomic.Int64
-	tokens       atomic.Int64
-	hang         chan struct{}
+	novaRequests  atomic.Int64
+	tokens        atomic.Int64
+	serviceTokens atomic.Int64
+	tokenTTL      atomic.Int64 // token lifetime in ns; 0 = an hour
+	hang          chan struct{}
+}
+
+// Catalog paths of the fake Cinder v3 and Masakari (project p1).
+const (
+	VolumePath   = "/volume/v3/p1"
+	MasakariPath = "/instance-ha/v1/p1"
+)
+
+// ServiceTokens returns the number of tokens issued to ServiceUser.
+func (s *Server) ServiceTokens() int { return int(s.serviceTokens.Load()) }
+
+// SetTokenLife sets the lifetime of the tokens issued from now on.
+func (s *Server) SetTokenLife(d time.Duration) { s.tokenTTL.Store(int64(d)) }
+
+func (s *Server) tokenLife() time.Duration {
+	if d := time.Duration(s.tokenTTL.Load()); d > 0 {
+		return d
+	}
+	return time.Hour
 }
 
 // New starts a server. Its keystone issues tokens whose catalog points to
@@ -162,13 +184,40 @@ func key(path string, q url.Values) string {
 
 // Route answers GET path?query (query in any order) with rec.
 func (s *Server) Route(pathAndQuery string, rec Recorded) {
+	s.RouteMethod(http.MethodGet, pathAndQuery, rec)
+}
+
+// RouteMethod answers method path?query with rec.
+func (s *Server) RouteMethod(method, pathAndQuery string, rec Recorded) {
 	u, err := url.Parse(pathAndQuery)
 	if err != nil {
 		s.t.Fatal(err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.routes[key(u.Path, u.Query())] = rec
+	s.routes[routeKey(method, key(u.Path, u.Query()))] = rec
+}
+
+// routeKey is the routes map's key: GET routes are the bare target.
+func routeKey(method, target string) string {
+	if method == http.MethodGet || method == "" {
+		return target
+	}
+	return method + " " + target
+}
+
+// Request is a request the fake served (keystone's excluded).
+type Request struct {
+	Method, Target string
+	Header         http.Header
+	Body           []byte
+}
+
+// Captured returns the requests served so far (not keystone's), in order.
+func (s *Server) Captured() []Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Request(nil), s.captured...)
 }
 
 // RouteFile is Route with a recorded response from testdata.
@@ -217,8 +266,12 @@ func (s *Server) Requests() []string {
 	return append([]string(nil), s.requests...)
 }
 
-// CloudsYAML writes a clouds.yaml for cloud "test" pointing at s and
-// returns its path.
+// ServiceUser is the user name of the clouds.yaml entry "service": its
+// tokens are "svc-token-N" with the role service.
+const ServiceUser = "hvg-service"
+
+// CloudsYAML writes a clouds.yaml for cloud "test" (admin) and cloud
+// "service" (ServiceUser) pointing at s and returns its path.
 func (s *Server) CloudsYAML(t testing.TB) string {
 	p := filepath.Join(t.TempDir(), "clouds.yaml")
 	y := fmt.Sprintf(`clouds:
@@ -233,7 +286,18 @@ func (s *Server) CloudsYAML(t testing.TB) string {
     region_name: RegionOne
     interface: public
     identity_api_version: 3
-`, s.URL)
+  service:
+    auth:
+      auth_url: %s/v3
+      username: %s
+      password: secret
+      project_name: service
+      user_domain_name: Default
+      project_domain_name: Default
+    region_name: RegionOne
+    interface: public
+    identity_api_version: 3
+`, s.URL, s.URL, ServiceUser)
 	if err := os.WriteFile(p, []byte(y), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -246,8 +310,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n := int(s.novaRequests.Add(1))
+	reqBody, _ := io.ReadAll(r.Body)
 	s.mu.Lock()
 	s.requests = append(s.requests, key(r.URL.Path, r.URL.Query()))
+	s.captured = append(s.captured, Request{Method: r.Method, Target: key(r.URL.Path, r.URL.Query()), Header: r.Header.Clone(), Body: reqBody})
 	f := s.faults[n]
 	if f == FaultNone && s.failFrom > 0 && n >= s.failFrom {
 		f = s.failFromFault
@@ -255,7 +321,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if f == FaultNone {
 		f = s.always
 	}
-	rec, ok := s.routes[key(r.URL.Path, r.URL.Query())]
+	rec, ok := s.routes[routeKey(r.Method, key(r.URL.Path, r.URL.Query()))]
 	s.mu.Unlock()
 	switch f {
 	case Fault500:
@@ -287,7 +353,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ok {
-		s.t.Logf("openstacktest: no route for %s", key(r.URL.Path, r.URL.Query()))
+		s.t.Logf("openstacktest: no route for %s", routeKey(r.Method, key(r.URL.Path, r.URL.Query())))
 		writeJSON(w, 404, "2.59", `{"itemNotFound": {"code": 404, "message": "no route in openstacktest"}}`)
 		return
 	}
@@ -328,14 +394,36 @@ func (s *Server) keystone(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n := s.tokens.Add(1)
-	exp := time.Now().Add(time.Hour).UTC().Format("2006-01-02T15:04:05.000000Z")
-	body := fmt.Sprintf(`{"token": {"methods": ["password"], "user": {"domain": {"id": "default", "name": "Default"}, "id": "u1", "name": "admin", "password_expires_at": null},
+	var auth struct {
+		Auth struct {
+			Identity struct {
+				Password struct {
+					User struct {
+						Name string `json:"name"`
+					} `json:"user"`
+				} `json:"password"`
+			} `json:"identity"`
+		} `json:"auth"`
+	}
+	b, _ := io.ReadAll(r.Body)
+	_ = json.Unmarshal(b, &auth)
+	user, role, prefix := "admin", "admin", "token"
+	if auth.Auth.Identity.Password.User.Name == ServiceUser {
+		user, role, prefix = ServiceUser, "service", "svc-token"
+		s.serviceTokens.Add(1)
+	}
+	exp := time.Now().Add(s.tokenLife()).UTC().Format("2006-01-02T15:04:05.000000Z")
+	ep := func(id, typ, name, url string) string {
+		return fmt.Sprintf(`{"endpoints": [{"id": %q, "interface": "public", "region_id": "RegionOne", "url": %q, "region": "RegionOne"}], "id": "s-%s", "type": %q, "name": %q}`, id, url, id, typ, name)
+	}
+	body := fmt.Sprintf(`{"token": {"methods": ["password"], "user": {"domain": {"id": "default", "name": "Default"}, "id": "u-%s", "name": %q, "password_expires_at": null},
  "audit_ids": ["a"], "expires_at": %q, "issued_at": %q,
  "project": {"domain": {"id": "default", "name": "Default"}, "id": "p1", "name": "admin"}, "is_domain": false,
- "roles": [{"id": "r1", "name": "admin"}],
- "catalog": [{"endpoints": [{"id": "e1", "interface": "public", "region_id": "RegionOne", "url": %q, "region": "RegionOne"}], "id": "s1", "type": "compute", "name": "nova"}]}}`,
-		exp, time.Now().UTC().Format("2006-01-02T15:04:05.000000Z"), s.URL+"/v2.1")
-	w.Header().Set("X-Subject-Token", fmt.Sprintf("token-%d", n))
+ "roles": [{"id": "r1", "name": %q}],
+ "catalog": [%s, %s, %s]}}`,
+		user, user, exp, time.Now().UTC().Format("2006-01-02T15:04:05.000000Z"), role,
+		ep("e1", "compute", "nova", s.URL+"/v2.1"), ep("e2", "volumev3", "cinderv3", s.URL+VolumePath), ep("e3", "instance-ha", "masakari", s.URL+MasakariPath))
+	w.Header().Set("X-Subject-Token", fmt.Sprintf("%s-%d", prefix, n))
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(201)
 	io.WriteString(w, body)
