@@ -7,7 +7,7 @@ BIN := bin
 APT_DEPS := libvirt-dev pkg-config gcc git ca-certificates
 export CGO_ENABLED := 1
 
-.PHONY: help deps build run test test-go test-realvirt test-netns bench verify fuzz clean
+.PHONY: help deps build run test test-go test-rules test-realvirt test-netns bench verify fuzz clean
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-22s %s\n", $$1, $$2}'
@@ -24,11 +24,16 @@ build: deps ## build the binaries into bin/
 run: build ## run the agent on embedded defaults (libvirt test driver, embedded NATS) with a scripted workload
 	$(BIN)/hvguard-demo
 
-test: deps test-go test-realvirt test-netns ## all tests: unit, integration (test driver + embedded NATS), the real libvirtd/QEMU tier and the network-namespace fencing tier
+test: deps test-rules test-go test-realvirt test-netns ## all tests: alerting rules (promtool), unit, integration (test driver + embedded NATS), the real libvirtd/QEMU tier and the network-namespace fencing tier
 
 test-go: ## unit and integration tests (no daemons needed)
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m ./...
+
+test-rules: ## promtool check rules + promtool test rules of packaging/monitoring (installs Debian's prometheus for promtool)
+	@command -v promtool >/dev/null || { echo "installing: prometheus (for promtool)"; apt-get -o DPkg::Lock::Timeout=600 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends prometheus; }
+	cd packaging/monitoring && promtool check rules hvguard-agent.rules.yml hvguard-controller.rules.yml && \
+		promtool test rules hvguard-agent.rules.test.yml hvguard-controller.rules.test.yml
 
 test-realvirt: ## real libvirtd tier: starts libvirtd, builds a tiny QEMU/TCG guest, runs cross-process/restart/guest tests
 	bash test/realvirt/run.sh

@@ -65,6 +65,7 @@ var (
 	descFenceOpErrs   = prometheus.NewDesc("hvguard_fence_operation_errors_total", "Failed pause/destroy/resume calls (pause/destroy are retried).", nil, nil)
 	descFenceAlerts   = prometheus.NewDesc("hvguard_fence_alerts_total", "Fencing alerts (logged at ERROR).", nil, nil)
 	descFenceResets   = prometheus.NewDesc("hvguard_fence_host_resets_requested_total", "Host resets requested (only ever seen > 0 in tests or when the reset failed).", nil, nil)
+	descFenceAction   = prometheus.NewDesc("hvguard_fence_action", "Always 1; action: the configured fence action (pause, destroy, reset-host, none = monitor only).", []string{"action"}, nil)
 	descWatchdog      = prometheus.NewDesc("hvguard_fence_watchdog_state", "1 for the hardware watchdog's state (none, disarmed, armed, triggered, malfunction).", []string{"state"}, nil)
 )
 
@@ -119,6 +120,7 @@ func (c collector) collectFence(ch chan<- prometheus.Metric) {
 	cnt(descFenceOpErrs, s.FenceOpErrors.Load())
 	cnt(descFenceAlerts, s.Alerts.Load())
 	cnt(descFenceResets, s.ResetRequested.Load())
+	g(descFenceAction, 1, string(f.core.Action))
 	wd := s.Watchdog.Load()
 	for i, n := range []string{"none", "disarmed", "armed", "triggered", "malfunction"} {
 		v := 0.0

@@ -85,10 +85,10 @@ func TestMetricsEndpoint(t *testing.T) {
 		`hvguard_lifecycle_reports_total{transition="resumed"}`:                    5,
 		`hvguard_lifecycle_reports_total{transition="rebooted"}`:                   1,
 		`hvguard_lifecycle_stops_suppressed_total{reason="started-within-window"}`: 1,
-		`hvguard_libvirt_events_total`:                                   12,
-		`hvguard_libvirt_connected`:                                      1,
-		`hvguard_nats_connected`:                                         1,
-		`hvguard_domains_tracked`:                                        1,
+		`hvguard_libvirt_events_total`:                                             12,
+		`hvguard_libvirt_connected`:                                                1,
+		`hvguard_nats_connected`:                                                   1,
+		`hvguard_domains_tracked`:                                                  1,
 	} {
 		if v := metric(body, series); v < min {
 			t.Errorf("%s = %v, want ≥ %v", series, v, min)
