@@ -99,6 +99,7 @@ type LoopStats struct {
 	ResyncErrors atomic.Uint64
 	SinkErrors   atomic.Uint64
 	Tracked      atomic.Int64
+	StopsHeld    atomic.Int64 // stops in their window or awaiting a state check (Debouncer.Pending)
 	LastLoop     atomic.Int64 // unix nanos of the last loop iteration
 }
 
@@ -293,6 +294,7 @@ func (l *Loop) Run(ctx context.Context) error {
 		}
 		l.stats.LastLoop.Store(l.now().UnixNano())
 		l.stats.Tracked.Store(int64(l.deb.Len()))
+		l.stats.StopsHeld.Store(int64(l.deb.Pending()))
 		if next, ok := l.nextDeadline(); ok {
 			resetTimer(timer, next.Sub(l.now()))
 		}

@@ -36,6 +36,8 @@ type Config struct {
 	NATS      NATSConfig      `yaml:"nats"`
 	Outbox    OutboxConfig    `yaml:"outbox"`
 	Metrics   MetricsConfig   `yaml:"metrics"`
+	// Status is the local socket `hvguard-agent status` asks.
+	Status StatusConfig `yaml:"status"`
 	// Fence is self-fencing (off unless fence.enabled); see config_fence.go.
 	Fence FenceConfig `yaml:"fence"`
 	// Reconcile is the rejoin reconciliation with Nova (off unless
@@ -101,6 +103,14 @@ type OutboxConfig struct {
 }
 
 // MetricsConfig is the Prometheus endpoint.
+// StatusConfig is the operator's status socket (agent/status.go).
+type StatusConfig struct {
+	// Socket is the unix socket the agent answers `hvguard-agent status`
+	// on (mode 0600: root only); empty disables it (status then reads
+	// the state files only).
+	Socket string `yaml:"socket"`
+}
+
 type MetricsConfig struct {
 	// Listen is host:port for /metrics and /healthz; empty disables it.
 	Listen string `yaml:"listen"`
@@ -159,6 +169,7 @@ func DefaultConfig() Config {
 		},
 		Outbox:          OutboxConfig{MaxBytes: DefaultOutboxMaxBytes, MaxEvents: DefaultOutboxMaxEvents},
 		Metrics:         MetricsConfig{Listen: DefaultMetricsListen},
+		Status:          StatusConfig{Socket: DefaultStatusSocket},
 		Fence:           defaultFence(),
 		Reconcile:       defaultReconcile(),
 		Classification:  defaultClassification(),
@@ -240,6 +251,9 @@ func (c *Config) Validate() error {
 		bad("outbox.max_events", c.Outbox.MaxEvents, "must be at least 100")
 	}
 	daemonkit.ValidateListen(bad, "metrics.listen", c.Metrics.Listen)
+	if s := c.Status.Socket; s != "" && (!filepath.IsAbs(s) || len(s) > maxSocketPath) {
+		bad("status.socket", fmt.Sprintf("%q", s), fmt.Sprintf("must be an absolute path of at most %d bytes, or empty", maxSocketPath))
+	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
 	c.Fence.validate(bad)
 	c.Reconcile.validate(bad)

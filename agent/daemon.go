@@ -87,6 +87,8 @@ type Daemon struct {
 	fenceStopped, ready bool
 	// ctx is Run's context (its cause: see failure).
 	ctx context.Context
+	// started: when Run was called (status).
+	started time.Time
 }
 
 // Run starts the agent and blocks until ctx is cancelled (SIGTERM), then
@@ -109,7 +111,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	// armed late); context.Cause(ctx) says why.
 	ctx, fail := context.WithCancelCause(ctx)
 	defer fail(nil)
-	d := &Daemon{cfg: cfg, log: log, opts: opts, notify: NewNotifier(log), ctx: ctx}
+	d := &Daemon{cfg: cfg, log: log, opts: opts, notify: NewNotifier(log), ctx: ctx, started: time.Now()}
 	defer func() {
 		// Runs last: a failure from inside is the error, not the start
 		// step it interrupted.
@@ -294,6 +296,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		}
 	}
 
+	defer d.serveStatus()()
 	if cfg.Metrics.Listen != "" {
 		stop, err := d.serveMetrics()
 		if err != nil {

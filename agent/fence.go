@@ -177,7 +177,8 @@ type FenceHypervisor interface {
 // FenceStats are the fencing loop's counters, read by the metrics collector.
 type FenceStats struct {
 	State          atomic.Pointer[string]
-	LastAck        atomic.Int64 // boot-clock nanos of the last landed renewal's send time
+	Reason         atomic.Pointer[string] // fencing.Agent.Reason of the current state
+	LastAck        atomic.Int64           // boot-clock nanos of the last landed renewal's send time
 	LeaseHeld      atomic.Bool
 	Renewals       atomic.Uint64
 	RenewFailures  atomic.Uint64 // timed out, failed or conflict
@@ -556,6 +557,8 @@ func (f *fencer) afterIteration() {
 	}
 	s := string(f.a.State())
 	f.stats.State.Store(&s)
+	r := string(f.a.Reason())
+	f.stats.Reason.Store(&r)
 	v := f.view.Load()
 	f.stats.LastAck.Store(v.LastAck.UnixNano())
 	f.stats.LeaseHeld.Store(f.a.LeaseHeld(now))

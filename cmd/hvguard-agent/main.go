@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
-	"time"
 
 	"hvguard/agent"
 	"hvguard/daemonkit"
@@ -27,7 +26,9 @@ debounced per domain and checked against the domain's real state, so that a
 rebooting guest is never reported as stopped and a real stop is reported once.
 
 Usage:
-  hvguard-agent [flags]
+  hvguard-agent [flags]                 run the agent
+  hvguard-agent status [--json] [flags] one screen: is this host healthy?
+  hvguard-agent unfence [flags]         release this host after a declaration
 
 Flags:
   --config PATH        configuration file (default %s)
@@ -35,20 +36,34 @@ Flags:
                        validate the configuration file (--config, or PATH)
                        and exit (0 = valid, 78 = invalid)
   --print-defaults     print the built-in default configuration as YAML and exit
-  --unfence            release this host after the controller declared it
-                       expired (fencing), or after the agent declared itself
-                       because its lease key was deleted while it was
-                       fenced: writes a released lease record; refuses
-                       while evacuations are not reconciled; the agent then
-                       resumes nothing (see docs/fencing.md)
-  --status             print the last rejoin reconciliation with Nova
-                       (state_dir/reconcile-last.json): what was checked,
-                       found, destroyed and why not; exit 0 if it was OK,
-                       1 if not or none is recorded (see docs/reconcile.md)
   --log-level LEVEL    override log.level (debug, info, warn, error)
   --log-format FORMAT  override log.format (json, text)
   --version            print the version and exit
   -h, --help           this help
+
+status (alias --status): asks the running agent on its unix socket
+(status.socket, default /run/hvguard/agent.sock, mode 0600: run it as root)
+and prints the fence state and reason, the lease (held, last renewal, age),
+the hardware watchdog, the NATS and libvirt connections, the outbox (depth
+of its bound, dropped events, gap markers), the stops held back (in their
+window, being classified) and the last reconciliation with Nova (what was
+checked, found, destroyed and why not). When the agent does not answer
+within 3 s it says so and reads the state files instead (state_dir/fence.json
+or its runtime copy, state_dir/reconcile-last.json).
+  --json               the same as JSON (its fields: README, "Status")
+  --socket PATH        ask this socket instead of status.socket
+Exit status of status: 0 healthy, 1 degraded (running, but NATS or libvirt
+disconnected, the lease not held, fencing not healthy, the watchdog not
+armed, the outbox at 80%% of its bound, or the last reconciliation not OK),
+3 fenced (fencing, fenced or declared: awaiting release; also from the
+state files when the agent is down), 4 the agent is down (and its state
+files do not say fenced), 2 bad command line, 78 invalid configuration.
+
+unfence (alias --unfence): release this host after the controller declared
+it expired (fencing), or after the agent declared itself because its lease
+key was deleted while it was fenced: writes a released lease record;
+refuses while evacuations are not reconciled; the agent then resumes
+nothing (see docs/fencing.md).
 
 Exit status: 0 stopped cleanly, 1 failed at run time, 2 bad command line,
 78 unreadable or invalid configuration (systemd does not restart it).
@@ -73,12 +88,37 @@ func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
+// Subcommands (the first argument); the flags --status and --unfence
+// are their older spellings, kept as aliases.
+const (
+	cmdStatus  = "status"
+	cmdUnfence = "unfence"
+)
+
 func run(args []string, stdout, stderr io.Writer) int {
 	cli := daemonkit.NewCLI("hvguard-agent", DefaultConfigPath, stderr, func() { fmt.Fprintf(stderr, usage, DefaultConfigPath) })
 	unfence := cli.FS.Bool("unfence", false, "")
 	status := cli.FS.Bool("status", false, "")
+	asJSON := cli.FS.Bool("json", false, "")
+	socket := cli.FS.String("socket", "", "")
+	if len(args) > 0 {
+		switch args[0] {
+		case cmdStatus:
+			*status, args = true, args[1:]
+		case cmdUnfence:
+			*unfence, args = true, args[1:]
+		}
+	}
 	if code, done := cli.Parse(args, stderr); done {
 		return code
+	}
+	if *status && *unfence {
+		fmt.Fprintln(stderr, "hvguard-agent: status and unfence exclude each other (see --help)")
+		return 2
+	}
+	if !*status && (*asJSON || daemonkit.FlagSet(cli.FS, "socket")) {
+		fmt.Fprintln(stderr, "hvguard-agent: --json and --socket go with status (see --help)")
+		return 2
 	}
 	cfg, code, done := daemonkit.Start(cli, stdout, stderr, agent.Version, agent.DefaultConfig(), agent.LoadConfig)
 	if done {
@@ -90,7 +130,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	if *status {
-		return printStatus(cfg, stdout, stderr, time.Now())
+		return runStatus(cfg, *socket, *asJSON, stdout, stderr)
 	}
 	log, err := agent.NewLogger(stderr, cfg.Log)
 	if err != nil {

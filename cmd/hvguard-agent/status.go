@@ -1,10 +1,11 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -14,32 +15,138 @@ import (
 	"hvguard/reconcile"
 )
 
-// statusNoReport is the exit status of --status when the last
-// reconciliation was not OK or none is recorded: scripts and monitoring
-// can test it.
-const statusNoReport = 1
+// runStatus is `hvguard-agent status`: the running agent's Status over
+// its socket, or (it does not answer) the state files'; printed as one
+// screen or as JSON. The exit status is the Status's health.
+func runStatus(cfg agent.Config, socket string, asJSON bool, stdout, stderr io.Writer) int {
+	if socket == "" {
+		socket = cfg.Status.Socket
+	}
+	var st agent.Status
+	var err error
+	if socket == "" {
+		err = errors.New("status.socket is empty in this configuration")
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), agent.StatusTimeout)
+		st, err = agent.QueryStatus(ctx, socket)
+		cancel()
+	}
+	if err != nil {
+		st = agent.StatusFromFiles(cfg, err, time.Now())
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(st); err != nil {
+			fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
+		}
+	} else {
+		printStatus(cfg, st, stdout)
+	}
+	return st.Health.ExitCode()
+}
 
-// printStatus prints the last reconciliation recorded in
+// printStatus prints st on one screen: the verdict and its reasons first,
+// then each part, then the last reconciliation in detail.
+func printStatus(cfg agent.Config, st agent.Status, stdout io.Writer) {
+	w := func(k, f string, a ...any) { fmt.Fprintf(stdout, "%-13s %s\n", k+":", fmt.Sprintf(f, a...)) }
+	ago := func(t time.Time) string { return st.Now.Sub(t).Round(100 * time.Millisecond).String() }
+	fmt.Fprintf(stdout, "hvguard-agent on %s: %s\n", st.Host, strings.ToUpper(string(st.Health)))
+	if st.Source == "agent" {
+		w("source", "the running agent (pid %d, %s, up %s)", st.PID, st.Version, st.Now.Sub(st.StartedAt).Round(time.Second))
+	} else {
+		w("source", "STATE FILES ONLY: %s", st.SourceError)
+	}
+	for i, p := range st.Problems {
+		k := ""
+		if i == 0 {
+			k = "problems"
+		}
+		fmt.Fprintf(stdout, "%-13s - %s\n", k+map[bool]string{true: ":", false: " "}[i == 0], p)
+	}
+	f := st.Fence
+	switch {
+	case !f.Enabled:
+		w("fence", "off (fence.enabled is false)")
+	default:
+		line := fmt.Sprintf("%s", orDash(f.State))
+		if f.Reason != "" {
+			line += " (" + f.Reason + ")"
+		}
+		line += ", action " + f.Action
+		if st.Source == "agent" {
+			line += ", watchdog " + f.Watchdog
+		}
+		w("fence", "%s, %d domains paused by hvguard", line, f.PausedDomains)
+		lease := "not held"
+		if f.LeaseHeld {
+			lease = "held"
+		}
+		if st.Source != "agent" {
+			lease = "unknown (agent down)"
+		}
+		if f.LeaseAgeSeconds != nil {
+			lease += fmt.Sprintf(", last renewal landed %s ago (%s)", ago(f.LastRenewal), f.LastRenewal.UTC().Format(time.RFC3339))
+		} else {
+			lease += ", no renewal landed in this boot"
+		}
+		w("lease", "%s", lease)
+	}
+	conn := func(k string, c *agent.ConnStatus) {
+		if c == nil {
+			w(k, "unknown (agent down)")
+			return
+		}
+		state := "connected"
+		if !c.Connected {
+			state = "DISCONNECTED"
+			if c.LastError != "" {
+				state += " (" + c.LastError + ")"
+			}
+		}
+		w(k, "%s, %s", state, c.Endpoint)
+	}
+	conn("nats", st.NATS)
+	conn("libvirt", st.Libvirt)
+	if o := st.Outbox; o != nil {
+		w("outbox", "%d events, %d bytes not yet acknowledged (bound %d events / %d bytes); %d dropped, %d gap markers since start",
+			o.Depth, o.Bytes, o.MaxEvents, o.MaxBytes, o.Dropped, o.GapMarkers)
+	} else {
+		w("outbox", "unknown (agent down): what it holds is sent at its next start")
+	}
+	if s := st.Stops; s != nil {
+		w("held stops", "%d in their window, %d being classified with Nova; %d domains tracked", s.Held, s.Classifying, s.Domains)
+	} else {
+		w("held stops", "unknown (agent down)")
+	}
+	printReconcile(cfg, st, stdout)
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// printReconcile prints the last reconciliation recorded in
 // state_dir/reconcile-last.json: what was checked, found, destroyed and
-// why not. It returns 0 when that reconciliation was OK.
-func printStatus(cfg agent.Config, stdout, stderr io.Writer, now time.Time) int {
+// why not.
+func printReconcile(cfg agent.Config, sst agent.Status, stdout io.Writer) {
 	path := filepath.Join(cfg.StateDir, agent.ReconcileStatusFile)
-	st, err := agent.ReadReconcileStatus(cfg.StateDir)
-	if errors.Is(err, fs.ErrNotExist) {
+	st := sst.Reconcile
+	now := sst.Now
+	if st == nil {
 		why := "the agent has not reconciled since this state_dir was created"
 		if !cfg.Reconcile.Enabled {
 			why = "reconcile.enabled is false in this configuration"
 		}
-		fmt.Fprintf(stdout, "no reconciliation recorded (%s): %s\n", path, why)
-		return statusNoReport
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "hvguard-agent: %v\n", err)
-		return statusNoReport
+		fmt.Fprintf(stdout, "%-13s none recorded (%s): %s\n", "reconcile:", path, why)
+		return
 	}
 	r := st.Report
 	w := func(k, f string, a ...any) { fmt.Fprintf(stdout, "%-13s %s\n", k+":", fmt.Sprintf(f, a...)) }
-	fmt.Fprintf(stdout, "rejoin reconciliation with Nova, host %s (%s)\n", st.Host, path)
+	fmt.Fprintf(stdout, "rejoin reconciliation with Nova (%s)\n", path)
 	w("last run", "%s, %s (%s ago), took %s, action %s, nova hosts %s", r.Trigger, r.FinishedAt.UTC().Format(time.RFC3339),
 		now.Sub(r.FinishedAt).Round(time.Second), r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond), r.Mode, strings.Join(r.Hosts, ","))
 	if r.OK() {
@@ -112,8 +219,4 @@ func printStatus(cfg agent.Config, stdout, stderr io.Writer, now time.Time) int 
 		sort.Strings(ks)
 		fmt.Fprintf(stdout, "kept, nothing to report: %s\n", strings.Join(ks, ", "))
 	}
-	if !r.OK() {
-		return statusNoReport
-	}
-	return 0
 }

@@ -17,10 +17,12 @@ func TestStatus(t *testing.T) {
 	state := filepath.Join(dir, "state")
 	os.MkdirAll(state, 0o700)
 	conf := filepath.Join(dir, "agent.yaml")
-	os.WriteFile(conf, []byte("host: node1\nstate_dir: "+state+"\n"), 0o600)
+	os.WriteFile(conf, []byte("host: node1\nstate_dir: "+state+"\nstatus: {socket: "+filepath.Join(dir, "agent.sock")+"}\n"), 0o600)
 
-	code, out, _ := runCLI("--config", conf, "--status")
-	if code != statusNoReport || !strings.Contains(out, "no reconciliation recorded") || !strings.Contains(out, "reconcile.enabled is false") {
+	// No agent runs on this configuration (its socket does not exist):
+	// status says so, reads the state files, and exits 4 (down).
+	code, out, _ := runCLI("status", "--config", conf)
+	if code != agent.ExitDown || !strings.Contains(out, "STATE FILES ONLY") || !strings.Contains(out, "none recorded") || !strings.Contains(out, "reconcile.enabled is false") {
 		t.Fatalf("no file: exit %d, %q", code, out)
 	}
 
@@ -44,9 +46,9 @@ func TestStatus(t *testing.T) {
 		}
 	}
 	write(agent.ReconcileStatus{Host: "node1", LastSuccess: rep.FinishedAt, Report: rep})
-	code, out, errOut := runCLI("--config", conf, "--status")
-	if code != 0 {
-		t.Fatalf("OK report: exit %d: %s %s", code, out, errOut)
+	code, out, errOut := runCLI("--config", conf, "--status") // the old spelling
+	if code != agent.ExitDown {
+		t.Fatalf("OK report, agent down: exit %d: %s %s", code, out, errOut)
 	}
 	for _, want := range []string{"result:       OK", "destroyed 1", "d3fe1837-1656-48ea-8337-667709b89817 instance-d3fe", "destroyed      evacuated-elsewhere; migration 1 (done) node1→node2; server on node2",
 		"server-on-this-host; migration 2 (completed) node1→node2; server on node1", "kept, nothing to report: not-a-nova-instance 1", "4 API calls"} {
@@ -57,8 +59,8 @@ func TestStatus(t *testing.T) {
 
 	rep.Global, rep.GlobalDetail, rep.Destroyed, rep.Results = reconcile.ReasonNovaUnavailable, "GET /os-migrations: connection refused", 0, nil
 	write(agent.ReconcileStatus{Host: "node1", Report: rep})
-	code, out, _ = runCLI("--config", conf, "--status")
-	if code != statusNoReport || !strings.Contains(out, "NOT OK, NOTHING DESTROYED: nova-unavailable: GET /os-migrations: connection refused") ||
+	code, out, _ = runCLI("status", "--config", conf)
+	if code != agent.ExitDown || !strings.Contains(out, "NOT OK, NOTHING DESTROYED: nova-unavailable: GET /os-migrations: connection refused") ||
 		!strings.Contains(out, "none since the agent started") {
 		t.Fatalf("failed report: exit %d:\n%s", code, out)
 	}

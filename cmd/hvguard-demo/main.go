@@ -118,6 +118,7 @@ func run(ctx context.Context, window, lag time.Duration, verbose bool) error {
 	cfg.Lifecycle.Window = agent.Duration(window)
 	cfg.NATS.URLs = []string{ns.ClientURL()}
 	cfg.Metrics.Listen = "127.0.0.1:0"
+	cfg.Status.Socket = ""
 	// Nova-aware stop classification against an OpenStack that is not
 	// there (its keystone refuses connections): every real stop is
 	// reported after the window as without Nova, classification unknown.

@@ -121,6 +121,7 @@ func agentConfig(b *testing.B, natsURL string, window time.Duration) agent.Confi
 	cfg.Lifecycle.Window = agent.Duration(window)
 	cfg.NATS.URLs = []string{natsURL}
 	cfg.Metrics.Listen = "127.0.0.1:0" // a free port: the metrics code runs as in production
+	cfg.Status.Socket = ""
 	if err := cfg.Validate(); err != nil {
 		b.Fatalf("agent config: %v", err)
 	}

@@ -113,6 +113,7 @@ func agentConfig(t *testing.T, host, natsURL, stateDir string) agent.Config {
 	cfg.Host = host
 	cfg.StateDir = stateDir
 	cfg.Fence.RuntimeDir = t.TempDir() // never the machine's /run/hvguard
+	cfg.Status.Socket = ""             // nor its status socket (the status tests set one)
 	cfg.Libvirt.URI = "test:///default"
 	cfg.Lifecycle.Window = agent.Duration(testWindow)
 	cfg.Lifecycle.RecheckInterval = agent.Duration(100 * time.Millisecond)

@@ -58,6 +58,7 @@ func childMain() int {
 	cfg.Lifecycle.Window = agent.Duration(testWindow)
 	cfg.NATS.URLs = []string{os.Getenv(childNATSEnv)}
 	cfg.Metrics.Listen = ""
+	cfg.Status.Socket = ""
 	if scenario == childClassify {
 		cfg.Host = childClsHost
 		cfg.Lifecycle.RecheckInterval = agent.Duration(100 * time.Millisecond)

@@ -260,6 +260,7 @@ libvirt: %s
 lifecycle: {window: 400ms}
 nats: {urls: ["%s"], ready_timeout: 2s}
 metrics: {listen: "%s:9475"}
+status: {socket: %s}
 shutdown_timeout: 1s
 fence:
   enabled: true
@@ -276,7 +277,7 @@ fence:
   held_recheck: 500ms
   members_refresh: 500ms
   runtime_dir: %s
-%s`, host, filepath.Join(r.dir, "state"), libvirt, r.srvURL, nsAddr, nsAddr, r.secret, filepath.Join(r.dir, "run"), extra)
+%s`, host, filepath.Join(r.dir, "state"), libvirt, r.srvURL, nsAddr, filepath.Join(r.dir, "agent.sock"), nsAddr, r.secret, filepath.Join(r.dir, "run"), extra)
 	path := filepath.Join(r.dir, name+".yaml")
 	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
 		r.t.Fatal(err)

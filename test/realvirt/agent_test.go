@@ -64,6 +64,7 @@ func TestAgentQEMUReboots(t *testing.T) {
 	cfg := agent.DefaultConfig()
 	cfg.Host = host
 	cfg.StateDir = t.TempDir()
+	cfg.Status.Socket = "" // never the machine's /run/hvguard/agent.sock
 	cfg.Libvirt.URI = sysQEMUURI
 	cfg.Libvirt.CallTimeout = agent.Duration(60 * time.Second)
 	cfg.Lifecycle.Window = agent.Duration(agentWindow)

@@ -110,6 +110,7 @@ func TestFenceQEMUGuestsPauseAndResume(t *testing.T) {
 	cfg.Host = host
 	cfg.StateDir = t.TempDir()
 	cfg.Fence.RuntimeDir = t.TempDir()
+	cfg.Status.Socket = ""
 	cfg.Libvirt.URI = sysQEMUURI
 	cfg.Libvirt.CallTimeout = agent.Duration(60 * time.Second)
 	cfg.NATS.URLs = []string{"nats://" + prx.Addr()}

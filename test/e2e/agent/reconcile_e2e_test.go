@@ -526,6 +526,7 @@ func config(t *testing.T, natsURL, state, clouds string) agent.Config {
 	cfg.NATS.URLs = []string{natsURL}
 	cfg.NATS.ReadyTimeout = agent.Duration(2 * time.Second)
 	cfg.Metrics.Listen = ""
+	cfg.Status.Socket = ""
 	cfg.Reconcile.Enabled = true
 	cfg.Reconcile.Interval = agent.Duration(periodicInterval)
 	cfg.OpenStack.Cloud = osharness.CloudName

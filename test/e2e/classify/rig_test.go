@@ -104,6 +104,7 @@ func startAgent(t *testing.T, name, clouds, logs string) *runningAgent {
 	cfg.NATS.URLs = []string{ns.ClientURL()}
 	cfg.NATS.ReadyTimeout = agent.Duration(2 * time.Second)
 	cfg.Metrics.Listen = ""
+	cfg.Status.Socket = ""
 	if clouds != "" {
 		cfg.OpenStack.Cloud = osharness.CloudName
 		cfg.OpenStack.CloudsFile = clouds
