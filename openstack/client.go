@@ -2,11 +2,13 @@ package openstack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"mime"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -99,8 +101,9 @@ func New(cfg Config, log *slog.Logger) (*Client, error) {
 	tr.MaxIdleConnsPerHost = lookupConcurrency
 	c := &Client{cfg: cfg, cloud: cl, log: log, pageSize: cfg.PageSize}
 	c.http = http.Client{
-		Transport: countingTransport{next: tr, n: &c.calls},
-		Timeout:   cfg.RequestTimeout, // backstop; requests also carry a context deadline
+		Transport:     countingTransport{next: tr, n: &c.calls},
+		Timeout:       cfg.RequestTimeout, // backstop; requests also carry a context deadline
+		CheckRedirect: stripTokensOffOrigin,
 	}
 	return c, nil
 }
@@ -108,6 +111,40 @@ func New(cfg Config, log *slog.Logger) (*Client, error) {
 // Calls returns the number of HTTP requests made to keystone and Nova so
 // far (authentication included).
 func (c *Client) Calls() uint64 { return c.calls.Load() }
+
+// tokenHeaders are the headers that carry keystone tokens.
+var tokenHeaders = []string{"X-Auth-Token", "X-Service-Token"}
+
+// stripTokensOffOrigin is the redirect policy: follow (net/http's limit of
+// ten), but a request redirected to another origin (scheme, host, port)
+// than the first goes without X-Auth-Token and X-Service-Token.
+// gophercloud's own default policy strips only X-Auth-Token, and setting
+// any policy replaces it; the service user's token must not travel to
+// whatever host a Location header names either.
+func stripTokensOffOrigin(req *http.Request, via []*http.Request) error {
+	if len(via) >= 10 {
+		return errors.New("stopped after 10 redirects")
+	}
+	for _, hop := range append(via[1:], req) {
+		if !sameOrigin(via[0].URL, hop.URL) {
+			for _, h := range tokenHeaders {
+				req.Header.Del(h)
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+func sameOrigin(a, b *url.URL) bool {
+	port := func(u *url.URL) string {
+		if p := u.Port(); p != "" {
+			return p
+		}
+		return map[string]string{"http": "80", "https": "443"}[strings.ToLower(u.Scheme)]
+	}
+	return strings.EqualFold(a.Scheme, b.Scheme) && strings.EqualFold(a.Hostname(), b.Hostname()) && port(a) == port(b)
+}
 
 type countingTransport struct {
 	next http.RoundTripper

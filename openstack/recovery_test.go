@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -321,5 +322,44 @@ func TestRecoveryMasakari(t *testing.T) {
 	post = lastRequest(t, s, "POST")
 	if !strings.Contains(string(post.Body), `"payload":{"event":"LIFECYCLE","instance_uuid":"`+synServer+`","vir_domain_event":"STOPPED_FAILED"}`) {
 		t.Fatalf("VM notification %s", post.Body)
+	}
+}
+
+// A redirect to another origin never carries the tokens (the service
+// token included); one on the same origin keeps them.
+func TestRedirectStripsTokens(t *testing.T) {
+	got := make(chan http.Header, 2)
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got <- r.Header.Clone() }))
+	defer other.Close()
+	var first *httptest.Server
+	first = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/away":
+			http.Redirect(w, r, other.URL+"/x", http.StatusTemporaryRedirect)
+		case "/here":
+			http.Redirect(w, r, first.URL+"/end", http.StatusTemporaryRedirect)
+		default:
+			got <- r.Header.Clone()
+		}
+	}))
+	defer first.Close()
+	s := openstacktest.New(t)
+	c, err := New(Config{Cloud: "test", CloudsFile: s.CloudsYAML(t)}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, keep := range map[string]bool{"/away": false, "/here": true} {
+		req, _ := http.NewRequest(http.MethodDelete, first.URL+path, nil)
+		req.Header.Set("X-Auth-Token", "a")
+		req.Header.Set("X-Service-Token", "s")
+		resp, err := c.http.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		h := <-got
+		if (h.Get("X-Auth-Token") != "") != keep || (h.Get("X-Service-Token") != "") != keep {
+			t.Fatalf("%s: tokens at the destination: %q %q", path, h.Get("X-Auth-Token"), h.Get("X-Service-Token"))
+		}
 	}
 }
