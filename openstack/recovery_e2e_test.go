@@ -453,7 +453,7 @@ func saveRaw(t *testing.T, name, method string, status int, body []byte, sc *gop
 	}
 	rec, _ := json.MarshalIndent(map[string]any{"request": method, "status": status,
 		"headers": map[string]string{"Content-Type": "application/json", "OpenStack-API-Version": "volume " + sc.Microversion},
-		"body": json.RawMessage(body)}, "", "  ")
+		"body":    json.RawMessage(body)}, "", "  ")
 	_ = os.WriteFile(filepath.Join("testdata", name+".json"), append(rec, '\n'), 0o644)
 }
 
