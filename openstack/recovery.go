@@ -63,6 +63,9 @@ const (
 	// maxServicesBytes bounds one /os-services listing (filtered to one
 	// host and binary: one record; 1 MiB leaves room for odd deployments).
 	maxServicesBytes = 1 << 20
+	// maxNotificationsBytes bounds a Masakari notification listing (one
+	// type, generated since a second: a handful, ~600 bytes each).
+	maxNotificationsBytes = 4 << 20
 )
 
 // RecoveryConfig configures the recovery adapter: the admin cloud (Config:

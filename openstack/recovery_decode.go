@@ -330,11 +330,42 @@ func decodeAttachmentStatus(body []byte, id string) (string, error) {
 
 // decodeNotification decodes a Masakari {"notification": {…}} body.
 func decodeNotification(body []byte) (MasakariNotification, error) {
-	var n MasakariNotification
 	o, err := member(body, "notification")
 	if err != nil {
-		return n, err
+		return MasakariNotification{}, err
 	}
+	return decodeNotificationObject(o)
+}
+
+// decodeNotifications decodes a Masakari {"notifications": […]} body.
+func decodeNotifications(body []byte) ([]MasakariNotification, error) {
+	top, err := object(body)
+	if err != nil {
+		return nil, err
+	}
+	items, err := array(top, "notifications")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]MasakariNotification, 0, len(items))
+	for i, it := range items {
+		o, err := object(it)
+		if err == nil {
+			var n MasakariNotification
+			if n, err = decodeNotificationObject(o); err == nil {
+				out = append(out, n)
+				continue
+			}
+		}
+		return nil, fmt.Errorf("notification %d: %w", i, err)
+	}
+	return out, nil
+}
+
+// decodeNotificationObject decodes one notification.
+func decodeNotificationObject(o map[string]json.RawMessage) (MasakariNotification, error) {
+	var n MasakariNotification
+	var err error
 	var gen string
 	if err = readStrings(o, strField{"notification_uuid", &n.ID, false}, strField{"type", &n.Type, false},
 		strField{"status", &n.Status, false}, strField{"generated_time", &gen, false}); err != nil {

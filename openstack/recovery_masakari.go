@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"net/url"
+	"strings"
 	"time"
+
+	"github.com/gophercloud/gophercloud/v2"
 
 	"hvguard/reconcile"
 )
@@ -38,11 +43,23 @@ const (
 	NotificationFinished = "finished"
 )
 
-// ErrDuplicateNotification: Masakari refused the notification as a
-// duplicate (409): an identical one (type, host, payload) generated within
-// its duplicate_notification_detection_interval (180 s) is still new or
-// running. A retry of a notification already created meets this.
-var ErrDuplicateNotification = errors.New("masakari refused a duplicate of a notification still new or running")
+// Errors of the Masakari calls (wrapped in *Error of KindConflict; test
+// with errors.Is). Masakari answers 409 for both; they are told apart by
+// its message (English; a translated one reads as a duplicate).
+var (
+	// ErrDuplicateNotification: Masakari refused the notification as a
+	// duplicate: one of the same type, host and payload generated at most
+	// duplicate_notification_detection_interval (180 s) before it exists
+	// (whatever its status). A retry with the same generation time meets
+	// this; HostNotification and InstanceNotification then look the
+	// existing one up and return its id, and return this error only when
+	// that is not unambiguous.
+	ErrDuplicateNotification = errors.New("masakari refused a duplicate notification")
+	// ErrHostOnMaintenance: Masakari ignores notifications from a host it
+	// has put on maintenance (its engine does so when it recovers a failed
+	// host; an operator clears it).
+	ErrHostOnMaintenance = errors.New("masakari refused the notification: the host is on maintenance")
+)
 
 // MasakariNotification is a notification as Masakari answers it.
 type MasakariNotification struct {
@@ -63,8 +80,10 @@ func (n MasakariNotification) Done() bool {
 	return false
 }
 
-// masakariTime is the generated_time format sent (RFC 3339, UTC, µs).
-const masakariTime = "2006-01-02T15:04:05.000000Z"
+// masakariTime is the generated_time format sent: RFC 3339, UTC, whole
+// seconds (Masakari's database column keeps no fraction; what is sent is
+// then exactly what a lookup finds).
+const masakariTime = "2006-01-02T15:04:05Z"
 
 // HostNotification hands a failed host to Masakari: POST /notifications
 // {"notification": {"type": "COMPUTE_HOST", "hostname": host,
@@ -125,10 +144,23 @@ func (r *Recovery) notify(ctx context.Context, op, typ, host string, at time.Tim
 		body: body, ok: []int{http.StatusAccepted}, max: maxSmallBytes})
 	if err != nil {
 		var e *Error
-		if errors.As(err, &e) && e.Kind == KindConflict {
-			e.Err = fmt.Errorf("%w: %v", ErrDuplicateNotification, e.Err)
+		if !errors.As(err, &e) || e.Kind != KindConflict {
+			return "", err
 		}
-		return "", err
+		if e.Err != nil && strings.Contains(e.Err.Error(), "maintenance") {
+			e.Err = fmt.Errorf("%w: %v", ErrHostOnMaintenance, e.Err)
+			return "", err
+		}
+		e.Err = fmt.Errorf("%w: %v", ErrDuplicateNotification, e.Err)
+		id, lerr := r.findNotification(ctx, sc, op, typ, at, payload)
+		if lerr != nil || id == "" {
+			if lerr != nil {
+				r.log.Warn("looking up the notification Masakari called a duplicate failed", "op", op, "err", lerr)
+			}
+			return "", err
+		}
+		r.log.Info("Masakari already has this notification", "op", op, "notification", id)
+		return id, nil
 	}
 	n, err := decodeNotification(resp)
 	if err != nil {
@@ -165,4 +197,31 @@ func (r *Recovery) Notification(ctx context.Context, id string) (MasakariNotific
 		return MasakariNotification{}, &Error{Kind: KindMalformed, Op: op, Err: fmt.Errorf("asked for notification %s, got %s", id, n.ID)}
 	}
 	return n, nil
+}
+
+// findNotification returns the id of the one notification of type typ
+// generated at at (to the second) with exactly payload, "" if there is
+// none or more than one (two hosts' COMPUTE_HOST notifications of the
+// same second look alike: the list does not name the host).
+func (r *Recovery) findNotification(ctx context.Context, sc *gophercloud.ServiceClient, op, typ string, at time.Time, payload map[string]string) (string, error) {
+	q := url.Values{"type": {typ}, "generated-since": {at.UTC().Format(masakariTime)}}
+	_, body, err := r.do(ctx, request{op: op + ": find the existing notification", sc: sc, method: http.MethodGet,
+		url: sc.ServiceURL("notifications") + "?" + q.Encode(), ok: []int{http.StatusOK}, max: maxNotificationsBytes})
+	if err != nil {
+		return "", err
+	}
+	ns, err := decodeNotifications(body)
+	if err != nil {
+		return "", &Error{Kind: KindMalformed, Op: op, Err: err}
+	}
+	id := ""
+	for _, n := range ns {
+		if n.Type == typ && n.GeneratedTime.Equal(at.UTC().Truncate(time.Second)) && maps.Equal(n.Payload, payload) {
+			if id != "" {
+				return "", nil
+			}
+			id = n.ID
+		}
+	}
+	return id, nil
 }

@@ -348,3 +348,10 @@ func listPaged[T any](ctx context.Context, c *Client, op, host, path, field, wha
 		marker = last
 	}
 }
+
+// InstanceActions is Client.InstanceActions (newest first, at most
+// MaxActions; a null user_id is Nova itself) for instance recovery's
+// confirmation of who stopped a server.
+func (r *Recovery) InstanceActions(ctx context.Context, id string) ([]InstanceAction, error) {
+	return r.nova.InstanceActions(ctx, id)
+}

@@ -284,7 +284,7 @@ func TestRecoveryRemoveAttachment(t *testing.T) {
 func TestRecoveryMasakari(t *testing.T) {
 	s, r := recovery(t)
 	at := time.Date(2026, 12, 1, 18, 0, 0, 123456000, time.UTC)
-	notif := `{"notification": {"notification_uuid": "` + synNotif + `", "generated_time": "2026-12-01T18:00:00.123456", "source_host_uuid": "` + synSvc +
+	notif := `{"notification": {"notification_uuid": "` + synNotif + `", "generated_time": "2026-12-01T18:00:00.000000", "source_host_uuid": "` + synSvc +
 		`", "type": "COMPUTE_HOST", "payload": {"event": "STOPPED", "host_status": "NORMAL", "cluster_status": "OFFLINE"}, "status": "new", "id": 1, "created_at": "2026-12-01T18:00:01.000000", "updated_at": null, "deleted_at": null, "deleted": false}}`
 	s.RouteMethod("POST", openstacktest.MasakariPath+"/notifications", rec(202, "instance-ha", "1.0", notif))
 	s.Route(openstacktest.MasakariPath+"/notifications/"+synNotif, rec(200, "instance-ha", "1.0", strings.Replace(notif, `"status": "new"`, `"status": "finished"`, 1)))
@@ -299,7 +299,7 @@ func TestRecoveryMasakari(t *testing.T) {
 	}
 	n := body["notification"]
 	p, _ := json.Marshal(n["payload"])
-	if n["type"] != "COMPUTE_HOST" || n["hostname"] != "node1" || n["generated_time"] != "2026-12-01T18:00:00.123456Z" ||
+	if n["type"] != "COMPUTE_HOST" || n["hostname"] != "node1" || n["generated_time"] != "2026-12-01T18:00:00Z" ||
 		string(p) != `{"cluster_status":"OFFLINE","event":"STOPPED","host_status":"NORMAL"}` || post.Header.Get("OpenStack-API-Version") != "instance-ha 1.0" {
 		t.Fatalf("POST %s %v", post.Body, post.Header)
 	}
@@ -307,10 +307,30 @@ func TestRecoveryMasakari(t *testing.T) {
 	if err != nil || got.Status != NotificationFinished || !got.Done() || got.Type != "COMPUTE_HOST" {
 		t.Fatalf("%+v %v", got, err)
 	}
-	// A duplicate (409) is typed.
+	// A duplicate (409): the existing notification is looked up (same
+	// type, generation second and payload) and its id returned; two alike
+	// (two hosts' in the same second) are not guessed between.
 	s.RouteMethod("POST", openstacktest.MasakariPath+"/notifications", rec(409, "instance-ha", "1.0",
 		`{"conflictingRequest": {"code": 409, "message": "Notification received from host node1 of type COMPUTE_HOST is duplicate."}}`))
-	if _, err := r.HostNotification(context.Background(), "node1", at); !errors.Is(err, ErrDuplicateNotification) {
+	other := strings.Replace(strings.Replace(notif, synNotif, recEvac1, 1), `"host_status": "NORMAL"`, `"host_status": "UNKNOWN"`, 1)
+	list := func(items ...string) openstacktest.Recorded {
+		for i, it := range items {
+			items[i] = strings.TrimSuffix(strings.TrimPrefix(it, `{"notification": `), "}")
+		}
+		return rec(200, "instance-ha", "1.0", `{"notifications": [`+strings.Join(items, ", ")+`]}`)
+	}
+	listURL := openstacktest.MasakariPath + "/notifications?generated-since=2026-12-01T18%3A00%3A00Z&type=COMPUTE_HOST"
+	s.Route(listURL, list(notif, other))
+	if id, err := r.HostNotification(context.Background(), "node1", at); err != nil || id != synNotif {
+		t.Fatalf("duplicate: %q %v", id, err)
+	}
+	s.Route(listURL, list(notif, strings.Replace(notif, synNotif, recEvac1, 1)))
+	if id, err := r.HostNotification(context.Background(), "node1", at); !errors.Is(err, ErrDuplicateNotification) || id != "" {
+		t.Fatalf("ambiguous duplicate: %q %v", id, err)
+	}
+	s.RouteMethod("POST", openstacktest.MasakariPath+"/notifications", rec(409, "instance-ha", "1.0",
+		`{"conflictingRequest": {"code": 409, "message": "Notification received from host node1 of type 'COMPUTE_HOST' is ignored as the host is already under maintenance."}}`))
+	if _, err := r.HostNotification(context.Background(), "node1", at); !errors.Is(err, ErrHostOnMaintenance) {
 		t.Fatalf("%v", err)
 	}
 	// The VM notification's payload is exactly Masakari's three keys.
