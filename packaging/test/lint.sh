@@ -72,7 +72,7 @@ for name in "$@"; do
 	unit=$root/lib/systemd/system/$name.service
 	wants=('Type=notify' 'NotifyAccess=main' 'WatchdogSec=30s' 'Restart=on-failure' 'RestartPreventExitStatus=78'
 		'ProtectSystem=strict' 'ProtectHome=yes' 'NoNewPrivileges=yes' 'CapabilityBoundingSet='
-		'PrivateTmp=yes' 'Wants=network-online.target')
+		'PrivateTmp=yes' 'Wants=network-online.target' 'SyslogLevelPrefix=yes')
 	[[ -z "$PKG_STATE_DIR" ]] || wants+=("ReadWritePaths=$PKG_STATE_DIR")
 	# The agent's per-boot copy of fence.json (fence.runtime_dir): kept
 	# across restarts within the boot.

@@ -12,6 +12,9 @@
 #   - WatchdogSec: a frozen daemon is aborted (goroutine dump) and restarted;
 #   - upgrade restarts a running daemon; stop is clean and within TimeoutStopSec
 #     (the controller resigns its lock);
+#   - journal priorities: the "<N>" prefix is stored as PRIORITY (every JSON
+#     line at err/warning/info has that level); the agent, fencing on and
+#     NATS unreachable, fences and `journalctl -p err` finds FENCING;
 #   - remove stops it, purge removes the state.
 # libvirtd serves its built-in test driver (URI test+unix:///default): real
 # socket, real RPC, no QEMU. For the agent NATS is deliberately unreachable
@@ -118,6 +121,51 @@ wait_status() {
 	# shellcheck disable=SC2053
 	[[ "$status" == $3 ]]
 }
+
+# journal_has UNIT PRIORITY STRING: the unit's journal at PRIORITY or more
+# urgent (journalctl -p) holds STRING.
+journal_has() { grep -qF -- "$3" <<<"$(in_root journalctl -u "$1" -p "$2" --no-pager -o cat)"; }
+
+# check_priorities UNIT: the daemon's JSON lines landed at the priority of
+# their level (its "<N>" prefix, SyslogLevelPrefix=yes): each at err,
+# warning, info exactly has level ERROR, WARN, INFO; info and warning are
+# not empty (every start logs both). Non-JSON lines (systemd's own, a
+# goroutine dump) are not the daemon's log.
+check_priorities() {
+	local unit=$1 pl prio level out bad
+	for pl in err:ERROR warning:WARN info:INFO; do
+		prio=${pl%%:*} level=${pl#*:}
+		out=$(in_root journalctl -u "$unit" -p "$prio..$prio" --no-pager -o cat)
+		out=$(grep '^{' <<<"$out" || true)
+		if [[ -z "$out" && "$prio" != err ]]; then fail "no $level line at priority $prio: the prefix is not parsed"; fi
+		bad=$(grep -v "\"level\":\"$level\"" <<<"$out" || true)
+		[[ -z "$bad" ]] || fail "at priority $prio, lines of another level: $bad"
+		echo "priority $prio: $(grep -c . <<<"$out" || true) $level lines"
+	done
+}
+
+# fence_hvguard-agent UNIT: fencing on, NATS unreachable: the agent never
+# renews its lease, fences (pause, at ERROR) 8 s after start (no lease, no
+# guard known), and `journalctl -p err` finds it. Then stopped and set back
+# to the configuration without fencing.
+fence_hvguard-agent() {
+	local unit=$1 conf=$ROOT/etc/hvguard/agent.yaml
+	cp "$conf" "$conf.nofence"
+	head -c 32 /dev/urandom | base64 >"$ROOT/etc/hvguard/peer-secret"
+	chmod 600 "$ROOT/etc/hvguard/peer-secret"
+	cat >>"$conf" <<-'YAML'
+		fence:
+		  enabled: true
+		  peer_secret_file: /etc/hvguard/peer-secret
+	YAML
+	start_unit "$unit"
+	wait_for 40 "FENCING in journalctl -p err -u $unit" journal_has "$unit" err 'FENCING: pausing domains'
+	if journal_has "$unit" err '"msg":"ready in degraded mode"'; then fail "a WARN line at priority err"; fi
+	in_root journalctl -u "$unit" -p err --no-pager -o cat | grep -F FENCING
+	in_root systemctl stop "$unit"
+	mv "$conf.nofence" "$conf"
+}
+fence_hvguard-controller() { :; }
 
 # start_unit UNIT: check the configuration just written, start the unit
 # (Type=notify: systemctl returns once READY=1 is sent), check it is active.
@@ -256,6 +304,10 @@ for name in "$@"; do
 		after=$(grep -c '"msg":"leader lock released"' <<<"$(journal "$unit")" || true)
 		((after > released)) || fail "the controller did not resign its lock on stop"
 	fi
+
+	step "$name: journal priorities (SyslogLevelPrefix): journalctl -p err finds the errors"
+	"fence_$name" "$unit"
+	check_priorities "$unit"
 
 	step "$name: remove stops and keeps state; purge removes it"
 	in_root systemctl start "$unit"
