@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/hashicorp/go-multierror"
 	"github.com/nats-io/nats.go"
 
 	"hvguard/agent/delivery"
@@ -189,7 +188,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	d.outbox = ob
 	defer func() {
 		if cerr := ob.Close(); cerr != nil {
-			err = multierror.Append(err, fmt.Errorf("close outbox: %w", cerr)).ErrorOrNil()
+			err = errors.Join(err, fmt.Errorf("close outbox: %w", cerr))
 		}
 	}()
 
@@ -316,30 +315,30 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 
 	d.waitReady(ctx)
 
-	var result *multierror.Error
+	var result error
 	select {
 	case <-ctx.Done():
 		if cause := d.failure(); cause != nil {
-			result = multierror.Append(result, cause)
+			result = errors.Join(result, cause)
 		}
 	case lerr := <-loopDone:
-		result = multierror.Append(result, fmt.Errorf("event loop: %w", lerr))
+		result = errors.Join(result, fmt.Errorf("event loop: %w", lerr))
 		loopDone = nil
 	}
 	d.notify.Stopping()
 	// The lease first (withdraw, or fence), while the fencing loop, libvirt
 	// and NATS all run: the drain and the flush below may take
 	// shutdown_timeout, and nothing may lapse into a declaration meanwhile.
-	d.stopFencing(result.ErrorOrNil())
+	d.stopFencing(result)
 	log.Info("shutting down: flushing outbox", "timeout", cfg.ShutdownTimeout.D())
 	stopLoop()
 	if loopDone != nil {
 		if lerr := <-loopDone; lerr != nil {
-			result = multierror.Append(result, lerr)
+			result = errors.Join(result, lerr)
 		}
 	}
 	if serr := ob.Sync(); serr != nil {
-		result = multierror.Append(result, fmt.Errorf("outbox sync: %w", serr))
+		result = errors.Join(result, fmt.Errorf("outbox sync: %w", serr))
 	}
 	fctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout.D())
 	if ferr := d.pub.Flush(fctx); ferr != nil {
@@ -349,7 +348,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	stopPub()
 	<-pubDone
 	log.Info("stopped")
-	return result.ErrorOrNil()
+	return result
 }
 
 // dialLibvirt connects, retrying with backoff until ctx ends: at boot

@@ -65,6 +65,11 @@ for name in "$@"; do
 	fi
 	export PKG_LIBC_MIN PKG_LIBVIRT_MIN
 
+	echo ">> $name: copyright and License (packaging/licenses: every linked module, reviewed)"
+	"$GO" run ./packaging/licenses -copyright "./cmd/$name" >"$build/copyright"
+	PKG_LICENSE=$("$GO" run ./packaging/licenses -spdx "./cmd/$name")
+	export PKG_LICENSE
+
 	echo ">> $name: man page (help2man from --help)"
 	help2man --no-info --no-discard-stderr --section=8 \
 		--source="hvguard $PKG_VERSION" --manual="System Administration" \
@@ -100,7 +105,9 @@ for name in "$@"; do
 		mkdir -p "$(dirname "$out")"
 		sed -e "s|@NAME@|$name|g" -e "s|@STATE_DIR@|$PKG_STATE_DIR|g" "$script" >"$out"
 	done
-	sed "s|packaging/scripts/|$build/scripts/|" "packaging/nfpm/$name.yaml" >"$build/nfpm-deb.yaml"
+	# (nfpm does not expand variables in license:, so this does.)
+	sed -e "s|packaging/scripts/|$build/scripts/|" -e "s|\${PKG_LICENSE}|$PKG_LICENSE|" \
+		"packaging/nfpm/$name.yaml" >"$build/nfpm-deb.yaml"
 	{
 		cat "$build/nfpm-deb.yaml"
 		printf 'changelog: %s\n' "$build/changelog.yml"

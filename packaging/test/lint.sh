@@ -110,6 +110,20 @@ for name in "$@"; do
 	done
 	echo "man page documents every --help flag"
 
+	step "$name: license (Apache-2.0, every linked module's license: packaging/licenses)"
+	license=$(rpm -qp --qf '%{LICENSE}' "$rpm")
+	echo "rpm License: $license"
+	[[ "$license" =~ ^Apache-2\.0( AND [A-Za-z0-9.-]+)*$ ]] || fail "rpm License is not Apache-2.0 AND …: $license"
+	for f in copyright LICENSE NOTICE; do
+		grep -qx "/usr/share/licenses/$name/$f" <<<"$(rpm -qp --licensefiles "$rpm")" || fail "rpm lacks %license $f"
+	done
+	copyright=$root/usr/share/doc/$name/copyright
+	[[ "$(head -n1 "$copyright")" == 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' ]] ||
+		fail "$copyright is not a machine-readable copyright file"
+	[[ "$(cat "$copyright")" == *$'\n\nFiles: *\nCopyright: 2026 the hvguard authors\nLicense: Apache-2.0\n'* ]] ||
+		fail "$copyright does not license hvguard's files under Apache-2.0"
+	echo "deb copyright: $(grep -c '^Files: ' "$copyright") Files paragraphs"
+
 	step "$name: rpm inspection"
 	rpm -qp --info "$rpm" | grep -E '^(Name|Version|Release|Architecture|License)'
 	rpm -qpl -v "$rpm"
