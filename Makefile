@@ -54,6 +54,7 @@ verify: ## gofmt, go vet, go mod tidy leaves no diff
 fuzz: ## run each fuzzer for 30 s
 	$(GO) test -run '^$$' -fuzz FuzzDecodeLifecycle -fuzztime 30s ./proto/
 	$(GO) test -run '^$$' -fuzz FuzzHostToken -fuzztime 30s ./proto/
+	$(GO) test -run '^$$' -fuzz FuzzSchemaAgreesWithDecoder -fuzztime 30s ./proto/schema/
 
 clean: ## remove build outputs
 	rm -rf $(BIN) dist

@@ -29,6 +29,11 @@
 //     domain reset), an old consumer just sees fewer duplicates of it and
 //     a new one reads an absent count as 1.
 //
+// The published contract is JSON Schema (draft 2020-12): proto/schema/v1
+// (package hvguard/proto/schema embeds it), documented with examples and
+// the consumer rules in docs/events.md; its tests check the encoders and
+// decoders against it.
+//
 // Every message carries "schema". SchemaVersion changes only for an
 // incompatible change (a field removed, or its meaning changed); such a
 // change also gets new subjects (hvguard.v2...) so old and new readers never
