@@ -47,6 +47,8 @@ Flags:
   --print-defaults     print the built-in default configuration as YAML and exit
   --log-level LEVEL    override log.level (debug, info, warn, error)
   --log-format FORMAT  override log.format (json, text)
+                       (under systemd, on the journal's stream, each line
+                       starts with its syslog priority: journalctl -p err)
   --version            print the version and exit
   -h, --help           this help
 
