@@ -40,6 +40,9 @@ type Config struct {
 	Tracker   TrackerConfig       `yaml:"tracker"`
 	OpenStack OpenStackConfig     `yaml:"openstack"`
 	Metrics   MetricsConfig       `yaml:"metrics"`
+	// InstanceRecovery: restart instances that stopped unexpectedly
+	// (config_instance.go).
+	InstanceRecovery InstanceRecoveryConfig `yaml:"instance_recovery"`
 }
 
 // NATSConfig is the NATS connection and the lease bucket.
@@ -164,8 +167,9 @@ func DefaultConfig() Config {
 		Guard: GuardConfig{Count: tc.GuardCount, Share: tc.GuardShare, Window: Duration(tc.GuardWindow)},
 		Tracker: TrackerConfig{Drift: tc.Drift, MaxHostDrift: tc.MaxHostDrift, MaxGrace: Duration(tc.MaxGrace),
 			AcceptNoBackstop: tc.AcceptNoBackstop, AcceptAgentDependentBackstop: tc.AcceptAgentDependentBackstop},
-		OpenStack: OpenStackConfig{OpenStackConfig: daemonkit.DefaultOpenStack()},
-		Metrics:   MetricsConfig{Listen: DefaultListen},
+		OpenStack:        OpenStackConfig{OpenStackConfig: daemonkit.DefaultOpenStack()},
+		Metrics:          MetricsConfig{Listen: DefaultListen},
+		InstanceRecovery: defaultInstanceRecovery(),
 	}
 }
 
@@ -246,8 +250,8 @@ func (c *Config) Validate() error {
 		// Every field above passed: a rule only the core knows.
 		bad("tracker", fmt.Sprintf("%+v", c.Tracker), err.Error())
 	}
-	users := ""
-	if c.OpenStack.Cloud != "" {
+	users := c.validateInstanceRecovery(bad)
+	if users == "" && c.OpenStack.Cloud != "" {
 		users = "openstack.cloud set"
 	}
 	c.OpenStack.Validate(users, bad)
