@@ -27,7 +27,8 @@ type InstanceCloud interface {
 	Start(ctx context.Context, id string) error
 	HardReboot(ctx context.Context, id string) error
 	// MasakariVM creates a Masakari VM notification for the server on
-	// host (the instance's stop, reported at at) and returns its id.
+	// host (Nova's name of its compute host; the instance's stop,
+	// reported at at) and returns its id.
 	MasakariVM(ctx context.Context, id, host string, at time.Time) (string, error)
 	// Refused reports whether err is a refusal (the action certainly did
 	// not happen: 4xx), as opposed to an outcome that is unknown.
@@ -269,7 +270,11 @@ func (r *InstanceRecoveryRunner) do(ctx context.Context, log *slog.Logger, op in
 			err = r.Cloud.HardReboot(cctx, op.UUID)
 		case instancerecovery.ActionMasakari:
 			var id string
-			id, err = r.Cloud.MasakariVM(cctx, op.UUID, op.Stop.Host, op.Stop.ObservedAt)
+			host := op.NovaHost
+			if host == "" {
+				host = op.Stop.Host
+			}
+			id, err = r.Cloud.MasakariVM(cctx, op.UUID, host, op.Stop.ObservedAt)
 			if err == nil {
 				log.Info("Masakari notification created", "domain_uuid", op.UUID, "notification", id)
 			}
@@ -388,6 +393,19 @@ func (r *InstanceRecoveryRunner) View() InstanceRecoveryView {
 		v.OverBudget = append(v.OverBudget, o)
 	}
 	return v
+}
+
+// InstanceRecoveryEventSchema is the version of InstanceRecoveryEvent.
+const InstanceRecoveryEventSchema = 1
+
+// InstanceRecoveryEvent is a report as the leading controller publishes it
+// on proto.ControllerInstanceRecoverySubject (JSON; decoders tolerate
+// unknown fields).
+type InstanceRecoveryEvent struct {
+	Schema     int    `json:"schema"`
+	Controller string `json:"controller"`
+	Term       uint64 `json:"term"`
+	instancerecovery.Report
 }
 
 // EnsureInstanceBucket opens (or, with create, creates: one replica, file

@@ -33,6 +33,13 @@ const (
 	// tools. Its third token starts with '_', which no host token does.
 	ControllerDecisionSubject = SubjectPrefix + "._controller.decision"
 
+	// ControllerInstanceRecoverySubject carries the leading controller's
+	// instance recovery progress (controller.InstanceRecoveryEvent: a stop
+	// skipped and why, waiting, acting, recovered, failed, over budget),
+	// published live, best effort: the KV bucket hvguard-instance-recovery
+	// is the authority.
+	ControllerInstanceRecoverySubject = SubjectPrefix + "._controller.instance-recovery"
+
 	// LifecycleWildcard matches the lifecycle subjects of every host.
 	LifecycleWildcard = SubjectPrefix + ".*." + KindLifecycle
 	// FenceWildcard matches the (reserved) fence subjects of every host.

@@ -71,7 +71,10 @@ type Daemon struct {
 	lr     *controller.LeaderRunner
 	run    *controller.Runner
 	cons   *controller.Consumer
-	start  time.Time
+	ir     *controller.InstanceRecoveryRunner // nil: instance_recovery.mode off
+	// irReports: instance recovery events waiting to be published.
+	irReports chan controller.InstanceRecoveryEvent
+	start     time.Time
 
 	decisions chan controller.DecisionEvent
 
@@ -149,6 +152,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	// The fleet view: every controller (leader or standby) consumes the
 	// event stream with its own durable consumer.
 	d.cons = &controller.Consumer{JS: js, ID: cfg.ID, Log: log.With("component", "events")}
+	// Instance recovery (issue 14) hooks into the consumer.
+	irDone := make(chan struct{})
+	irCtx, stopIR := context.WithCancel(context.Background())
+	if err := d.startInstanceRecovery(ctx, irCtx, js, irDone); err != nil {
+		stopIR()
+		return err
+	}
 	consCtx, stopCons := context.WithCancel(context.Background())
 	consDone := make(chan struct{})
 	go func() { defer close(consDone); _ = d.cons.Run(consCtx) }()
@@ -166,6 +176,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	log.Info("stopping: tracker first (no write in flight), then resigning the leader lock")
 	stopTracker()
 	<-trackerDone
+	stopIR() // no record write or action in flight
+	<-irDone
 	stopLeader()
 	<-leaderDone
 	stopCons()

@@ -77,6 +77,11 @@ var (
 	descHostsDeleted     = prometheus.NewDesc("hvguard_controller_hosts_key_deleted", "Hosts whose lease key is deleted now (never declared; still counted by the guard).", nil, nil)
 	descThreshold        = prometheus.NewDesc("hvguard_controller_guard_threshold", "The mass-failure guard's threshold now: the smallest over the membership and every guard version an agent may still act on.", nil, nil)
 	descDecisionsDropped = prometheus.NewDesc("hvguard_controller_decision_events_dropped_total", "Decision events (hvguard.v1._controller.decision) not published: queue full or NATS refused the publish (best effort; the lease bucket is the authority).", nil, nil)
+	descIRReports        = prometheus.NewDesc("hvguard_controller_instance_recovery_reports_total", "Instance recovery reports, by step (skipped, waiting, acting, verifying, recovered, failed, over-budget, notified) and reason (docs/controller.md).", []string{"step", "reason"}, nil)
+	descIRActions        = prometheus.NewDesc("hvguard_controller_instance_recovery_actions_total", "Instance recovery actions performed (start, hard-reboot, masakari), each after its intent was recorded.", []string{"action"}, nil)
+	descIRInProgress     = prometheus.NewDesc("hvguard_controller_instance_recovery_in_progress", "Stops being handled (waiting for Nova, acting, verifying) or queued behind one.", nil, nil)
+	descIROverBudget     = prometheus.NewDesc("hvguard_controller_instance_recovery_over_budget", "Instances that used their restart budget within the budget window (left alone, reported).", nil, nil)
+	descIRSeconds        = prometheus.NewDesc("hvguard_controller_instance_recovery_seconds", "Stop reported by the agent → the server ACTIVE in Nova and the domain running again, per recovery.", nil, nil)
 	descNatsUp           = prometheus.NewDesc("hvguard_controller_nats_connected", "1 when the NATS connection is up.", nil, nil)
 )
 
@@ -119,6 +124,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	stale := 0
 	d.cons.View(func(f *controller.Fleet) { stale = f.StaleHosts() })
 	g(descStaleHosts, float64(stale))
+	if d.ir != nil {
+		collectInstanceRecovery(ch, d.ir.View())
+	}
 	g(descLeader, b2f(d.lr.MayAct(d.now())))
 	_, term := d.lr.Holder()
 	g(descTerm, float64(term))

@@ -42,6 +42,8 @@ type Status struct {
 	Events *EventsStatus `json:"events,omitempty"`
 	// Host is one host's domains and recent events (status HOST).
 	Host *HostDetail `json:"host,omitempty"`
+	// InstanceRecovery: recent stops and what was done (nil: mode off).
+	InstanceRecovery *controller.InstanceRecoveryView `json:"instance_recovery,omitempty"`
 }
 
 // EventsStatus summarises the event-stream consumer and the fleet view.
@@ -124,6 +126,10 @@ func (d *Daemon) status(host string) (Status, error) {
 		st.Role = "leader"
 	}
 	st.Events, st.Host = d.events(host)
+	if d.ir != nil {
+		v := d.ir.View()
+		st.InstanceRecovery = &v
+	}
 	st.Leader, st.LeaderTerm = d.lr.Holder()
 	ctx, cancel := context.WithTimeout(context.Background(), ViewTimeout)
 	defer cancel()
@@ -180,6 +186,7 @@ func FetchStatus(ctx context.Context, addr, host string) (Status, error) {
 func PrintStatus(w io.Writer, st Status) {
 	printLeases(w, st)
 	printEvents(w, st.Events)
+	printInstanceRecovery(w, st.InstanceRecovery)
 }
 
 func printLeases(w io.Writer, st Status) {

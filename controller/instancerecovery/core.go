@@ -159,6 +159,9 @@ type Op struct {
 	Action Action
 	Stop   Event
 	Report Report
+	// NovaHost (OpAct): the server's host in Nova's last answer (a
+	// Masakari notification names it).
+	NovaHost string
 	// Actions (OpQuery): also read the server's instance actions to fill
 	// Server.StopByUser.
 	Actions bool
@@ -182,9 +185,10 @@ type Report struct {
 	// Attempt: the action's number within the budget window.
 	Attempt int    `json:"attempt,omitempty"`
 	Error   string `json:"error,omitempty"`
-	// Took: on recovered, from the agent's report of the stop to Nova
-	// ACTIVE with the domain running.
-	Took time.Duration `json:"took,omitempty"`
+	// Took (TookSeconds in JSON): on recovered, from the agent's report
+	// of the stop to Nova ACTIVE with the domain running.
+	Took        time.Duration `json:"-"`
+	TookSeconds float64       `json:"took_seconds,omitempty"`
 	// Nova's view when decided.
 	VMState   string `json:"vm_state,omitempty"`
 	TaskState string `json:"task_state,omitempty"`
@@ -432,7 +436,7 @@ func (c *Core) step(now time.Time, j *job) []Op {
 		return []Op{{Kind: OpWrite, UUID: j.ev.UUID, Record: j.pending, Rev: j.rev}}
 	case phAct:
 		j.busy = true
-		return []Op{{Kind: OpAct, UUID: j.ev.UUID, Action: j.action, Stop: j.ev}}
+		return []Op{{Kind: OpAct, UUID: j.ev.UUID, Action: j.action, Stop: j.ev, NovaHost: j.server.Host}}
 	}
 	return nil
 }
@@ -735,6 +739,7 @@ func (c *Core) Written(now time.Time, uuid string, rev uint64, res WriteResult) 
 		r.At = now
 		if r.Step == StepRecovered {
 			r.Took = now.Sub(j.ev.ObservedAt)
+			r.TookSeconds = r.Took.Seconds()
 		}
 		return c.done(now, j, r)
 	}
