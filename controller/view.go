@@ -37,6 +37,11 @@ type LeaseView struct {
 	// (healthy, fencing, fenced, held, …); AgentVersion its version.
 	FenceState   fencing.State `json:"fence_state,omitempty"`
 	AgentVersion string        `json:"agent_version,omitempty"`
+	// SilentFor is how long no renewal was observed (watching), Due the
+	// lease_ttl + grace this controller grants the host (host recovery
+	// confirms a declaration with them: controller/recovery).
+	SilentFor time.Duration `json:"-"`
+	Due       time.Duration `json:"-"`
 }
 
 // TrackerView is the tracker's state at one instant.
@@ -59,6 +64,7 @@ func (t *Tracker) View(now time.Time) TrackerView {
 			GraceSeconds: h.grace.Seconds(), LastRenewalSeconds: now.Sub(h.lastSeen).Seconds(),
 			Silent: t.counted(h, now), Refused: h.refused, Reason: h.rec.Reason,
 			KeyDeleted: h.deleted, Guard: h.rec.Guard, FenceState: h.rec.AgentState, AgentVersion: h.rec.AgentVersion,
+			SilentFor: now.Sub(h.lastSeen), Due: h.rec.Timing.LeaseTTL + h.grace,
 		})
 	}
 	return v

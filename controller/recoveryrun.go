@@ -1,0 +1,534 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/controller/recovery"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+	"hvguard/proto"
+)
+
+// RecoveryCloud is what host recovery calls: the openstack adapter
+// (openstack.Recovery) behind a thin conversion to the core's types. Its
+// errors may carry the core's classification (RecoveryKind); anything
+// else counts as recovery.ErrOther (outcome unknown).
+type RecoveryCloud interface {
+	ForceDown(ctx context.Context, novaHost string, down bool) error
+	HostServers(ctx context.Context, novaHost string) ([]recovery.Server, error)
+	Server(ctx context.Context, id string) (recovery.Server, error)
+	Volume(ctx context.Context, id string) (recovery.VolumeInfo, error)
+	// RemoveAttachment removes attachmentID of volumeID, which must be
+	// on host (the adapter refuses another host's).
+	RemoveAttachment(ctx context.Context, volumeID, attachmentID, host string) error
+	Evacuate(ctx context.Context, serverID string) error
+	Migrations(ctx context.Context, novaHost string, since time.Time) ([]recovery.Migration, error)
+	HostNotification(ctx context.Context, novaHost string, at time.Time) (string, error)
+	Notification(ctx context.Context, id string) (string, error)
+}
+
+// RecoveryError is an error classified for the core.
+type RecoveryError struct {
+	Kind recovery.ErrKind
+	Err  error
+}
+
+func (e *RecoveryError) Error() string { return e.Err.Error() }
+func (e *RecoveryError) Unwrap() error { return e.Err }
+
+// RecoveryKind classifies err for the core (recovery.ErrOther unless it
+// wraps a *RecoveryError).
+func RecoveryKind(err error) recovery.ErrKind {
+	var re *RecoveryError
+	switch {
+	case err == nil:
+		return recovery.ErrNone
+	case errors.As(err, &re):
+		return re.Kind
+	}
+	return recovery.ErrOther
+}
+
+// Runner constants of host recovery.
+const (
+	// RecoveryTick is how often the recovery loop looks at the tracker's
+	// declarations and its workers: a declared host's recovery starts
+	// within it (the 60 s target of issue 13 is far above).
+	RecoveryTick = 500 * time.Millisecond
+	// RecoveryIdleWait bounds a worker's sleep, so a wait re-reads the
+	// lease view at least this often.
+	RecoveryIdleWait = time.Second
+)
+
+// EnsureRecoveryBucket opens (or, with create, creates with one replica
+// and a short history) the bucket of the recoveries' progress.
+func EnsureRecoveryBucket(ctx context.Context, js jetstream.JetStream, create bool) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, recovery.Bucket)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
+		return nil, fmt.Errorf("recovery bucket %s: %w (provision it with: nats kv add %s --history 5 --storage file --replicas 3)", recovery.Bucket, err, recovery.Bucket)
+	}
+	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: recovery.Bucket, History: 5, Storage: jetstream.FileStorage,
+		Description: "hvguard host recovery progress (controller/recovery.Record per host token)"})
+	if err != nil {
+		return nil, fmt.Errorf("recovery bucket %s: create: %w", recovery.Bucket, err)
+	}
+	return kv, nil
+}
+
+// RecoveryRunner is host recovery's shell: as the leader, it starts a
+// recovery for each declaration the tracker shows (recovery.Core.Start),
+// runs one worker per host performing the core's steps — every write to
+// the recovery bucket by CAS, every gated call after a fresh read of the
+// lease key, MayAct asked right before each write and each mutating call —
+// and publishes the events. A standby runs nothing and writes nothing.
+type RecoveryRunner struct {
+	// KV is the recovery bucket; Leases the lease bucket (fresh reads).
+	KV     jetstream.KeyValue
+	Leases *natslease.Store
+	Core   *recovery.Core
+	// Cloud is nil in mode notify (nothing is called).
+	Cloud RecoveryCloud
+	// View returns the tracker's view (Runner.View).
+	View func(ctx context.Context) (TrackerView, error)
+	// MayAct gates every write and every mutating call.
+	MayAct func(time.Time) bool
+	// Now is the controller's clock (timers); Wall the wall clock
+	// (durable stamps, Nova's timestamps). time.Now when nil.
+	Now, Wall func() time.Time
+	Log       *slog.Logger
+	// By names this controller and its term in the records it starts.
+	By func() string
+	// OnEvent is called with every event of a step carried out (leader
+	// only; from the workers' goroutines).
+	OnEvent func(recovery.Event)
+
+	mu      sync.Mutex // guards Core, revs, leases, workers
+	revs    map[string]uint64
+	leases  map[string]recovery.Lease
+	workers map[string]context.CancelFunc
+	wg      sync.WaitGroup
+	loaded  bool
+}
+
+func (r *RecoveryRunner) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *RecoveryRunner) wall() time.Time {
+	if r.Wall != nil {
+		return r.Wall()
+	}
+	return time.Now()
+}
+
+func (r *RecoveryRunner) mayAct() bool { return r.MayAct == nil || r.MayAct(r.now()) }
+
+func (r *RecoveryRunner) log() *slog.Logger {
+	if r.Log != nil {
+		return r.Log
+	}
+	return slog.Default()
+}
+
+// Records returns every record the core holds, with what each waits for
+// now (status; safe for concurrent use).
+func (r *RecoveryRunner) Records() ([]recovery.Record, map[string]string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []recovery.Record
+	why := map[string]string{}
+	for _, h := range r.Core.Hosts() {
+		out = append(out, *r.Core.Record(h))
+		if w := r.Core.Why(h); w != "" {
+			why[h] = w
+		}
+	}
+	// Hosts refused before any record: their why too.
+	for h := range r.leases {
+		if w := r.Core.Why(h); w != "" {
+			why[h] = w
+		}
+	}
+	return out, why
+}
+
+// InFlight returns the evacuations in flight (safe for concurrent use).
+func (r *RecoveryRunner) InFlight() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.Core.InFlight()
+}
+
+// Run runs until ctx ends.
+func (r *RecoveryRunner) Run(ctx context.Context) error {
+	r.revs, r.leases, r.workers = map[string]uint64{}, map[string]recovery.Lease{}, map[string]context.CancelFunc{}
+	defer r.stopWorkers()
+	tick := time.NewTicker(RecoveryTick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		if !r.mayAct() {
+			if r.loaded {
+				r.log().Warn("not the leader: host recovery stopped (a leader resumes it from the bucket)")
+				r.stopWorkers()
+				r.mu.Lock()
+				r.Core.Forget()
+				r.loaded = false
+				r.mu.Unlock()
+			}
+			continue
+		}
+		if !r.loaded {
+			if err := r.load(ctx); err != nil {
+				r.log().Error("reading the recovery bucket failed; recovering nothing until it is read", "err", err)
+				continue
+			}
+		}
+		vctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		v, err := r.View(vctx)
+		cancel()
+		if err != nil {
+			continue
+		}
+		r.cycle(ctx, v)
+	}
+}
+
+// load reads every record of the bucket into the core.
+func (r *RecoveryRunner) load(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	keys, err := r.KV.ListKeys(lctx)
+	if err != nil {
+		return err
+	}
+	var recs []recovery.Record
+	revs := map[string]uint64{}
+	for k := range keys.Keys() {
+		e, err := r.KV.Get(lctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		rec, err := recovery.DecodeRecord(e.Value())
+		if err != nil {
+			r.log().Error("undecodable recovery record: ignored", "key", k, "err", err)
+			continue
+		}
+		recs = append(recs, rec)
+		revs[rec.Host] = e.Revision()
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.Core.Forget()
+	r.revs = revs
+	for _, rec := range recs {
+		r.Core.Load(rec)
+	}
+	r.loaded = true
+	r.log().Info("host recovery: leading; records loaded", "records", len(recs))
+	return nil
+}
+
+// leaseOf converts the tracker's view of a host.
+func leaseOf(v TrackerView, h LeaseView) recovery.Lease {
+	return recovery.Lease{Host: h.Host, Present: !h.KeyDeleted, State: string(h.State), Epoch: h.Epoch, Revision: h.Revision,
+		AgentState: string(h.FenceState), Reason: h.Reason, Refused: h.Refused, SilentFor: h.SilentFor, Due: h.Due, Holding: v.Holding}
+}
+
+// cycle starts the recoveries of new declarations (oldest declaration
+// first) and a worker for every host with something to do.
+func (r *RecoveryRunner) cycle(ctx context.Context, v TrackerView) {
+	hosts := append([]LeaseView(nil), v.Hosts...)
+	sort.Slice(hosts, func(i, j int) bool { return hosts[i].Revision < hosts[j].Revision })
+	r.mu.Lock()
+	for _, h := range hosts {
+		r.leases[h.Host] = leaseOf(v, h)
+	}
+	r.mu.Unlock()
+	for _, h := range hosts {
+		if h.State != fencing.LeaseExpired || h.KeyDeleted {
+			continue
+		}
+		r.mu.Lock()
+		stop, busy := r.workers[h.Host]
+		var st recovery.Step
+		if rec := r.Core.Record(h.Host); busy && rec != nil && (rec.Epoch != h.Epoch || rec.LeaseRevision != h.Revision) {
+			// A new declaration of a host whose earlier recovery has a
+			// worker: end that worker first (after its current step);
+			// the next cycle starts the new recovery.
+			stop()
+		} else if !busy {
+			st = r.Core.Start(r.now(), r.wall(), r.leases[h.Host], r.by())
+		}
+		r.mu.Unlock()
+		switch {
+		case busy:
+		case st.Op == recovery.OpWrite:
+			r.write(ctx, st)
+		default:
+			r.say(st.Events) // a refusal, or queued: said once
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, h := range r.Core.Hosts() {
+		if _, ok := r.workers[h]; ok || r.Core.Record(h).Phase.Final() {
+			continue
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		r.workers[h] = cancel
+		r.wg.Add(1)
+		go r.work(wctx, h)
+	}
+}
+
+func (r *RecoveryRunner) by() string {
+	if r.By != nil {
+		return r.By()
+	}
+	return "controller"
+}
+
+func (r *RecoveryRunner) stopWorkers() {
+	r.mu.Lock()
+	for _, c := range r.workers {
+		c()
+	}
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// work performs host's steps until its record is final or ctx ends.
+func (r *RecoveryRunner) work(ctx context.Context, host string) {
+	defer r.wg.Done()
+	defer func() {
+		r.mu.Lock()
+		delete(r.workers, host)
+		r.mu.Unlock()
+	}()
+	for ctx.Err() == nil {
+		r.mu.Lock()
+		rec := r.Core.Record(host)
+		if rec == nil || rec.Phase.Final() {
+			r.mu.Unlock()
+			return
+		}
+		st := r.Core.Next(r.now(), r.wall(), host, r.leases[host])
+		r.mu.Unlock()
+		if !r.perform(ctx, st) {
+			return
+		}
+	}
+}
+
+// perform carries out st and what follows from it; false when the worker
+// must end (not acting any more).
+func (r *RecoveryRunner) perform(ctx context.Context, st recovery.Step) bool {
+	for ctx.Err() == nil {
+		switch st.Op {
+		case recovery.OpIdle, recovery.OpWait:
+			r.say(st.Events)
+			d := RecoveryIdleWait
+			if st.Op == recovery.OpWait {
+				d = min(d, max(st.Until.Sub(r.now()), time.Millisecond))
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(d):
+			}
+			return true
+		case recovery.OpWrite:
+			return r.write(ctx, st)
+		}
+		if st.Gate != recovery.GateNone {
+			fresh := r.freshLease(ctx, st.Host)
+			r.mu.Lock()
+			ok, alt := r.Core.Gate(r.now(), r.wall(), st, fresh)
+			r.mu.Unlock()
+			if !ok {
+				st = alt
+				continue
+			}
+		}
+		if st.Mutating && !r.mayAct() {
+			r.log().Info("not acting: recovery call not made", "host", st.Host, "op", st.Op)
+			return false
+		}
+		res := r.call(ctx, st)
+		if st.Mutating {
+			r.log().Info("recovery call", "host", st.Host, "op", st.Op, "server", st.Server, "volume", st.Volume,
+				"attachment", st.Attachment, "err", res.Err)
+		}
+		r.mu.Lock()
+		st = r.Core.Done(r.now(), r.wall(), st, res)
+		r.mu.Unlock()
+	}
+	return false
+}
+
+func (r *RecoveryRunner) say(evs []recovery.Event) {
+	if len(evs) == 0 || !r.mayAct() {
+		return
+	}
+	for _, e := range evs {
+		r.log().Info("host recovery: "+e.Op, "host", e.Host, "phase", e.Phase, "instance", e.Instance, "why", e.Why, "reason", e.Reason, "err", e.Error)
+		if r.OnEvent != nil {
+			r.OnEvent(e)
+		}
+	}
+}
+
+// write writes st.Record by CAS (MayAct right before).
+func (r *RecoveryRunner) write(ctx context.Context, st recovery.Step) bool {
+	if !r.mayAct() {
+		r.log().Info("not acting: recovery record not written", "host", st.Host)
+		return false
+	}
+	b, err := st.Record.Encode()
+	if err != nil {
+		r.log().Error("recovery record not encodable", "host", st.Host, "err", err)
+		return false
+	}
+	k, err := proto.HostToken(st.Host)
+	if err != nil {
+		r.log().Error("recovery record: bad host", "host", st.Host, "err", err)
+		return false
+	}
+	r.mu.Lock()
+	rev := r.revs[st.Host]
+	r.mu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, WriteTimeout)
+	var n uint64
+	if rev == 0 {
+		n, err = r.KV.Create(wctx, k, b)
+	} else {
+		n, err = r.KV.Update(wctx, k, b, rev)
+	}
+	cancel()
+	if err != nil {
+		// A conflict (or an earlier write whose outcome was unknown
+		// that landed): take the bucket's record as the truth.
+		r.log().Warn("recovery record not written; re-reading it", "host", st.Host, "revision", rev, "err", err)
+		if natslease.IsConflict(err) {
+			r.reload(ctx, st.Host, k)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(RecoveryIdleWait):
+		}
+		return true
+	}
+	r.mu.Lock()
+	r.revs[st.Host] = n
+	r.Core.Written(st.Record)
+	r.mu.Unlock()
+	r.say(st.Events)
+	return true
+}
+
+func (r *RecoveryRunner) reload(ctx context.Context, host, k string) {
+	gctx, cancel := context.WithTimeout(ctx, natslease.ReadTimeout)
+	defer cancel()
+	e, err := r.KV.Get(gctx, k)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			r.mu.Lock()
+			r.revs[host] = 0
+			r.mu.Unlock()
+		}
+		return
+	}
+	rec, err := recovery.DecodeRecord(e.Value())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.revs[host] = e.Revision()
+	if err == nil {
+		r.Core.Load(rec)
+	}
+}
+
+// freshLease reads host's lease key now, with the tracker's verdicts.
+func (r *RecoveryRunner) freshLease(ctx context.Context, host string) recovery.Lease {
+	r.mu.Lock()
+	l := r.leases[host]
+	r.mu.Unlock()
+	l.Host = host
+	rec, rev, err := r.Leases.Read(ctx, host)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		l.Present, l.ReadErr = false, ""
+	case err != nil:
+		l.Present, l.ReadErr = false, err.Error()
+	default:
+		l.Present, l.ReadErr = true, ""
+		l.State, l.Epoch, l.Revision, l.AgentState, l.Reason = string(rec.State), rec.Epoch, rev, string(rec.AgentState), rec.Reason
+	}
+	return l
+}
+
+// call performs one OpenStack call, bounded by recovery.CallTimeout.
+func (r *RecoveryRunner) call(ctx context.Context, st recovery.Step) recovery.Result {
+	if r.Cloud == nil {
+		return recovery.Result{Kind: recovery.ErrOther, Err: "no OpenStack configured (mode notify)"}
+	}
+	cctx, cancel := context.WithTimeout(ctx, recovery.CallTimeout)
+	defer cancel()
+	var res recovery.Result
+	var err error
+	c := r.Cloud
+	switch st.Op {
+	case recovery.OpForceDown:
+		err = c.ForceDown(cctx, st.NovaHost, true)
+	case recovery.OpClearForceDown:
+		err = c.ForceDown(cctx, st.NovaHost, false)
+	case recovery.OpListServers:
+		res.Servers, err = c.HostServers(cctx, st.NovaHost)
+	case recovery.OpServer:
+		res.Server, err = c.Server(cctx, st.Server)
+	case recovery.OpVolume:
+		res.Volume, err = c.Volume(cctx, st.Volume)
+	case recovery.OpRemoveAttachment:
+		r.mu.Lock()
+		host := r.Core.Record(st.Host).NovaHost
+		r.mu.Unlock()
+		err = c.RemoveAttachment(cctx, st.Volume, st.Attachment, host)
+	case recovery.OpEvacuate:
+		err = c.Evacuate(cctx, st.Server)
+	case recovery.OpMigrations:
+		res.Migrations, err = c.Migrations(cctx, st.NovaHost, st.Since)
+	case recovery.OpHostNotification:
+		r.mu.Lock()
+		at := r.Core.Record(st.Host).StartedAt
+		r.mu.Unlock()
+		res.NotificationID, err = c.HostNotification(cctx, st.NovaHost, at)
+	case recovery.OpNotificationStatus:
+		res.NotificationStatus, err = c.Notification(cctx, st.NotificationID)
+	default:
+		err = fmt.Errorf("unknown recovery call %s", st.Op)
+	}
+	if err != nil {
+		res.Kind, res.Err = RecoveryKind(err), err.Error()
+	}
+	return res
+}
