@@ -157,7 +157,9 @@ func (t *taggedCloud) HostNotification(context.Context, string, time.Time) (stri
 	return "", fmt.Errorf("not used")
 }
 
-func (t *taggedCloud) Notification(context.Context, string) (string, error) { return "", fmt.Errorf("not used") }
+func (t *taggedCloud) Notification(context.Context, string) (string, error) {
+	return "", fmt.Errorf("not used")
+}
 
 // recoveryEnv is a lease bucket whose host h0 fell silent and is declared
 // by a real tracker (signed), h1-h3 renewing, and the recovery bucket.
