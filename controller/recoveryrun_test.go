@@ -2,7 +2,6 @@ package controller_test
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"strings"
@@ -20,147 +19,6 @@ import (
 	"hvguard/fencing/natslease"
 )
 
-// recCloud is an in-memory Nova/Cinder for the runner's tests (the
-// runner's subject is the bucket and the leadership; the core's tests
-// cover the cloud's answers, the e2e tests the real cloud).
-type recCloud struct {
-	mu         sync.Mutex
-	servers    map[string]*recovery.Server
-	volumes    map[string]*recovery.VolumeInfo
-	migs       []recovery.Migration
-	forced     map[string]bool
-	calls      []string
-	next       int64
-	onEvacuate func(who, id string)
-}
-
-func newRecCloud() *recCloud {
-	c := &recCloud{servers: map[string]*recovery.Server{}, volumes: map[string]*recovery.VolumeInfo{}, forced: map[string]bool{}, next: 10}
-	for i, id := range []string{"s-bfv-1", "s-bfv-2", "s-eph"} {
-		s := &recovery.Server{ID: id, Status: "ACTIVE", Host: "h0"}
-		if i < 2 {
-			v := fmt.Sprintf("vol-%d", i+1)
-			s.VolumeBacked, s.Volumes = true, []string{v}
-			c.volumes[v] = &recovery.VolumeInfo{ID: v, Attachments: []recovery.AttachmentInfo{{ID: "att-" + v, Server: id, Host: "h0"}}}
-		}
-		c.servers[id] = s
-	}
-	return c
-}
-
-func (c *recCloud) count(prefix string) int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, s := range c.calls {
-		if strings.HasPrefix(s, prefix) {
-			n++
-		}
-	}
-	return n
-}
-
-// as returns the cloud as runner who sees it (calls are tagged).
-func (c *recCloud) as(who string) controller.RecoveryCloud { return &taggedCloud{c, who} }
-
-type taggedCloud struct {
-	c   *recCloud
-	who string
-}
-
-func (t *taggedCloud) log(s string) {
-	t.c.calls = append(t.c.calls, s+" by "+t.who)
-}
-
-func (t *taggedCloud) ForceDown(_ context.Context, host string, down bool) error {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	t.log(fmt.Sprintf("force-down=%v %s", down, host))
-	t.c.forced[host] = down
-	return nil
-}
-
-func (t *taggedCloud) HostServers(_ context.Context, host string) ([]recovery.Server, error) {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	var out []recovery.Server
-	for _, s := range t.c.servers {
-		if s.Host == host {
-			out = append(out, *s)
-		}
-	}
-	return out, nil
-}
-
-func (t *taggedCloud) Server(_ context.Context, id string) (recovery.Server, error) {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	return *t.c.servers[id], nil
-}
-
-func (t *taggedCloud) Volume(_ context.Context, id string) (recovery.VolumeInfo, error) {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	v := *t.c.volumes[id]
-	v.Attachments = append([]recovery.AttachmentInfo(nil), v.Attachments...)
-	return v, nil
-}
-
-func (t *taggedCloud) RemoveAttachment(_ context.Context, vol, att, host string) error {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	t.log("remove-attachment " + att)
-	v := t.c.volumes[vol]
-	for i, a := range v.Attachments {
-		if a.ID == att {
-			if a.Host != host {
-				return fmt.Errorf("attachment %s is on %s, not %s", att, a.Host, host)
-			}
-			v.Attachments = append(v.Attachments[:i], v.Attachments[i+1:]...)
-		}
-	}
-	return nil
-}
-
-func (t *taggedCloud) Evacuate(_ context.Context, id string) error {
-	t.c.mu.Lock()
-	t.log("evacuate " + id)
-	s := t.c.servers[id]
-	if !t.c.forced[s.Host] {
-		t.c.mu.Unlock()
-		return &controller.RecoveryError{Kind: recovery.ErrRefused, Err: fmt.Errorf("400 compute service of %s still in use", s.Host)}
-	}
-	t.c.next++
-	t.c.migs = append(t.c.migs, recovery.Migration{ID: t.c.next, Instance: id, Source: s.Host, Dest: "h9", Status: "done", Type: "evacuation", Created: time.Now()})
-	s.Host = "h9"
-	hook := t.c.onEvacuate
-	t.c.mu.Unlock()
-	if hook != nil {
-		hook(t.who, id)
-	}
-	return nil
-}
-
-func (t *taggedCloud) Migrations(_ context.Context, host string, since time.Time) ([]recovery.Migration, error) {
-	t.c.mu.Lock()
-	defer t.c.mu.Unlock()
-	var out []recovery.Migration
-	for _, m := range t.c.migs {
-		if m.Source == host && !m.Created.Before(since) {
-			out = append(out, m)
-		}
-	}
-	return out, nil
-}
-
-func (t *taggedCloud) HostNotification(context.Context, string, time.Time) (string, error) {
-	return "", fmt.Errorf("not used")
-}
-
-func (t *taggedCloud) Notification(context.Context, string) (string, error) {
-	return "", fmt.Errorf("not used")
-}
-
 // recoveryEnv is a lease bucket whose host h0 fell silent and is declared
 // by a real tracker (signed), h1-h3 renewing, and the recovery bucket.
 type recoveryEnv struct {
@@ -169,7 +27,7 @@ type recoveryEnv struct {
 	rkv     jetstream.KeyValue
 	st      *natslease.Store
 	tracker *controller.Runner
-	cloud   *recCloud
+	cloud   *controllertest.RecoveryCloud
 }
 
 func newRecoveryEnv(t *testing.T) *recoveryEnv {
@@ -199,7 +57,7 @@ func newRecoveryEnv(t *testing.T) *recoveryEnv {
 	r := &controller.Runner{Store: st, Tracker: tr, Log: quiet(),
 		Signature: func() string { return "declared by controller ctl-a, term 1" }}
 	go r.Run(ctx)
-	return &recoveryEnv{ctx: ctx, leases: leases, rkv: rkv, st: st, tracker: r, cloud: newRecCloud()}
+	return &recoveryEnv{ctx: ctx, leases: leases, rkv: rkv, st: st, tracker: r, cloud: controllertest.NewRecoveryCloud()}
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -213,7 +71,7 @@ func (e *recoveryEnv) runner(t *testing.T, who string, acting *atomic.Bool, even
 	if err != nil {
 		t.Fatal(err)
 	}
-	rr := &controller.RecoveryRunner{KV: e.rkv, Leases: e.st, Core: core, Cloud: e.cloud.as(who), View: e.tracker.View,
+	rr := &controller.RecoveryRunner{KV: e.rkv, Leases: e.st, Core: core, Cloud: e.cloud.As(who), View: e.tracker.View,
 		MayAct: func(time.Time) bool { return acting.Load() }, Log: quiet(), By: func() string { return who },
 		OnEvent: func(ev recovery.Event) {
 			mu.Lock()
@@ -248,7 +106,7 @@ func (e *recoveryEnv) waitPhase(t *testing.T, p recovery.Phase, within time.Dura
 		time.Sleep(20 * time.Millisecond)
 	}
 	r, _ := e.record(t)
-	t.Fatalf("h0 not %s within %s: %+v; calls %v", p, within, r, e.cloud.calls)
+	t.Fatalf("h0 not %s within %s: %+v; calls %v", p, within, r, e.cloud.Calls())
 	return nil
 }
 
@@ -274,8 +132,8 @@ func TestRecoveryRunnerStandbyWritesNothing(t *testing.T) {
 	e.runner(t, "ctl-a", &acting, &events, &mu)
 	e.waitDeclared(t)
 	time.Sleep(2 * time.Second) // ≥ 4 recovery ticks with the declaration standing
-	if r, _ := e.record(t); r != nil || len(e.cloud.calls) != 0 {
-		t.Fatalf("standby wrote %+v / called %v", r, e.cloud.calls)
+	if r, _ := e.record(t); r != nil || len(e.cloud.Calls()) != 0 {
+		t.Fatalf("standby wrote %+v / called %v", r, e.cloud.Calls())
 	}
 	mu.Lock()
 	n := len(events)
@@ -294,7 +152,7 @@ func TestRecoveryRunnerStandbyWritesNothing(t *testing.T) {
 		t.Errorf("declaration %q epoch %d", r.DeclaredBy, r.Epoch)
 	}
 	for _, id := range []string{"s-bfv-1", "s-bfv-2", "s-eph"} {
-		if n := e.cloud.count("evacuate " + id); n != 1 {
+		if n := e.cloud.Count("evacuate " + id); n != 1 {
 			t.Errorf("%s evacuated %d times", id, n)
 		}
 	}
@@ -309,7 +167,7 @@ func TestRecoveryRunnerLeaderChangeResumes(t *testing.T) {
 	var mu sync.Mutex
 	var aEv, bEv []recovery.Event
 	aActs.Store(true)
-	e.cloud.onEvacuate = func(who, id string) {
+	e.cloud.OnEvacuate = func(who, id string) {
 		if who == "ctl-a" {
 			aActs.Store(false) // deposed right after its first evacuation
 			bActs.Store(true)
@@ -319,9 +177,7 @@ func TestRecoveryRunnerLeaderChangeResumes(t *testing.T) {
 	e.runner(t, "ctl-b", &bActs, &bEv, &mu)
 	e.waitDeclared(t)
 	e.waitPhase(t, recovery.PhaseRecovered, 20*time.Second)
-	e.cloud.mu.Lock()
-	calls := append([]string(nil), e.cloud.calls...)
-	e.cloud.mu.Unlock()
+	calls := e.cloud.Calls()
 	sawB := false
 	evacs := map[string]int{}
 	for _, c := range calls {
@@ -333,7 +189,7 @@ func TestRecoveryRunnerLeaderChangeResumes(t *testing.T) {
 			evacs[f[1]]++
 		}
 	}
-	if !sawB || e.cloud.count("evacuate") != 3 || len(evacs) != 3 {
+	if !sawB || e.cloud.Count("evacuate") != 3 || len(evacs) != 3 {
 		t.Fatalf("calls %v", calls)
 	}
 	for id, n := range evacs {
@@ -358,7 +214,7 @@ func TestRecoveryRunnerLeaseBackStops(t *testing.T) {
 	var events []recovery.Event
 	acting.Store(true)
 	released := make(chan struct{})
-	e.cloud.onEvacuate = func(_, id string) {
+	e.cloud.OnEvacuate = func(_, id string) {
 		select {
 		case <-released:
 			return
@@ -379,8 +235,8 @@ func TestRecoveryRunnerLeaseBackStops(t *testing.T) {
 	e.runner(t, "ctl-a", &acting, &events, &mu)
 	e.waitDeclared(t)
 	r := e.waitPhase(t, recovery.PhaseStopped, 20*time.Second)
-	if n := e.cloud.count("evacuate"); n != 1 {
-		t.Fatalf("%d evacuations after the lease came back: %v", n, e.cloud.calls)
+	if n := e.cloud.Count("evacuate"); n != 1 {
+		t.Fatalf("%d evacuations after the lease came back: %v", n, e.cloud.Calls())
 	}
 	if !strings.Contains(r.Reason, string(recovery.WhyChanged)) {
 		t.Errorf("reason %q", r.Reason)
@@ -401,7 +257,7 @@ func TestRecoveryRunnerLeaseBackStops(t *testing.T) {
 		}
 	}()
 	e.waitPhase(t, recovery.PhaseDone, 15*time.Second)
-	if e.cloud.forced["h0"] || e.cloud.count("force-down=false h0") != 1 {
-		t.Fatalf("forced_down not cleared once: %v", e.cloud.calls)
+	if e.cloud.Forced("h0") || e.cloud.Count("force-down=false h0") != 1 {
+		t.Fatalf("forced_down not cleared once: %v", e.cloud.Calls())
 	}
 }

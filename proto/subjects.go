@@ -32,6 +32,10 @@ const (
 	// the lease bucket is the authority, the events are for humans and
 	// tools. Its third token starts with '_', which no host token does.
 	ControllerDecisionSubject = SubjectPrefix + "._controller.decision"
+	// ControllerRecoverySubject carries the leading controller's host
+	// recovery progress (controller.RecoveryEvent), published like the
+	// decisions: live, best effort; the recovery bucket is the authority.
+	ControllerRecoverySubject = SubjectPrefix + "._controller.recovery"
 
 	// ControllerInstanceRecoverySubject carries the leading controller's
 	// instance recovery progress (controller.InstanceRecoveryEvent: a stop

@@ -32,7 +32,11 @@ leases in the NATS KV bucket hvguard-leases and declares a host expired when
 it stopped renewing for its lease TTL plus the grace its fencing constants
 need (never while the mass-failure guard holds, never a host whose constants
 it cannot honour). Run two or more: one leader, chosen by a compare-and-set
-lock in the same bucket, acts; the standbys watch and take over.
+lock in the same bucket, acts; the standbys watch and take over. The leader
+recovers a declared host as recovery.mode says: notify (the default: publish
+the decision, call nothing), evacuate (force its nova-compute down, remove
+the dead host's Cinder attachments, evacuate and verify, keep it forced down
+until its agent has rejoined) or masakari (hand it to Masakari).
 
 Usage:
   hvguard-controller [flags]            run the daemon
@@ -62,7 +66,11 @@ incarnations, poison messages) and, per host, its domains, how many run,
 its last seq and incarnation and whether its view is complete or STALE
 (and why: until the agent's next full report). status HOST prints that
 host's lease, its domains (state, last transition, reason, classification)
-and its last 50 events with what the controller did with each. --json
+and its last 50 events with what the controller did with each. The
+leader's status also shows host recovery: per host the phase, whether it
+is forced down, its instances (done, in flight, failed, unrecoverable) and
+why it is where it is (a refusal, a pause, Nova refusing to clear
+forced_down); a standby runs none. --json
 prints the endpoint's JSON. Any controller (leader or standby) answers,
 each from its own view of the stream. Exit status:
 0 printed, 1 no controller answered (or a bad answer), 2 bad command line,

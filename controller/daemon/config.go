@@ -38,6 +38,7 @@ type Config struct {
 	Leader    LeaderConfig        `yaml:"leader"`
 	Guard     GuardConfig         `yaml:"guard"`
 	Tracker   TrackerConfig       `yaml:"tracker"`
+	Recovery  RecoveryConfig      `yaml:"recovery"`
 	OpenStack OpenStackConfig     `yaml:"openstack"`
 	Metrics   MetricsConfig       `yaml:"metrics"`
 	// InstanceRecovery: restart instances that stopped unexpectedly
@@ -167,6 +168,7 @@ func DefaultConfig() Config {
 		Guard: GuardConfig{Count: tc.GuardCount, Share: tc.GuardShare, Window: Duration(tc.GuardWindow)},
 		Tracker: TrackerConfig{Drift: tc.Drift, MaxHostDrift: tc.MaxHostDrift, MaxGrace: Duration(tc.MaxGrace),
 			AcceptNoBackstop: tc.AcceptNoBackstop, AcceptAgentDependentBackstop: tc.AcceptAgentDependentBackstop},
+		Recovery:         DefaultRecovery(),
 		OpenStack:        OpenStackConfig{OpenStackConfig: daemonkit.DefaultOpenStack()},
 		Metrics:          MetricsConfig{Listen: DefaultListen},
 		InstanceRecovery: defaultInstanceRecovery(),
@@ -254,6 +256,10 @@ func (c *Config) Validate() error {
 	if users == "" && c.OpenStack.Cloud != "" {
 		users = "openstack.cloud set"
 	}
+	if c.Recovery.Calls() {
+		users = "recovery.mode " + c.Recovery.Mode
+	}
+	c.Recovery.validate(c.OpenStack, bad)
 	c.OpenStack.Validate(users, bad)
 	daemonkit.ValidateListen(bad, "metrics.listen", c.Metrics.Listen)
 	return p.Err()

@@ -2,10 +2,12 @@ package daemon
 
 import (
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 
 	"hvguard/controller"
+	"hvguard/controller/recovery"
 )
 
 func TestDefaultConfigIsValid(t *testing.T) {
@@ -20,6 +22,11 @@ func TestDefaultConfigIsValid(t *testing.T) {
 	lc := controller.DefaultLeaderConfig(cfg.ID)
 	if cfg.LeaderCore() != lc || cfg.TrackerCore() != controller.DefaultConfig() {
 		t.Fatalf("defaults differ from the cores': %+v / %+v", cfg.LeaderCore(), cfg.TrackerCore())
+	}
+	rc, dc := cfg.Recovery.Core(), recovery.DefaultConfig()
+	rc.NovaHosts = nil
+	if !reflect.DeepEqual(rc, dc) {
+		t.Fatalf("recovery defaults differ from the core's: %+v / %+v", rc, dc)
 	}
 }
 
@@ -78,6 +85,17 @@ func TestConfigErrorsNameFieldAndValue(t *testing.T) {
 		{"openstack timeout", "openstack:\n  request_timeout: 0s\n", []string{"openstack.request_timeout", "0s"}},
 		{"openstack cloud not loadable", "openstack:\n  cloud: nope\n  clouds_file: /nonexistent/clouds.yaml\n", []string{"openstack", `cloud "nope"`, "/nonexistent/clouds.yaml"}},
 		{"metrics listen", "metrics:\n  listen: nowhere\n", []string{"metrics.listen", `"nowhere"`}},
+		{"recovery mode", "recovery:\n  mode: evac\n", []string{"recovery.mode", `"evac"`}},
+		{"recovery release", "recovery:\n  release: auto\n", []string{"recovery.release", `"auto"`}},
+		{"recovery max evacuations", "recovery:\n  max_evacuations: 0\n", []string{"recovery.max_evacuations", "0"}},
+		{"recovery max hosts", "recovery:\n  max_hosts: -1\n", []string{"recovery.max_hosts", "-1"}},
+		{"recovery max attempts", "recovery:\n  max_attempts: 0\n", []string{"recovery.max_attempts", "0"}},
+		{"recovery retry base", "recovery:\n  retry_base: 0s\n", []string{"recovery.retry_base", "0s"}},
+		{"recovery retry max", "recovery:\n  retry_max: 1s\n", []string{"recovery.retry_max", "1s", "retry_base (10s)"}},
+		{"recovery release retry", "recovery:\n  release_retry: 0s\n", []string{"recovery.release_retry", "0s"}},
+		{"recovery nova hosts", "recovery:\n  nova_hosts: {node1.example.org: 'node 1'}\n", []string{"recovery.nova_hosts", `"node 1"`}},
+		{"evacuate without a cloud", "recovery:\n  mode: evacuate\n", []string{"openstack.cloud", "required with recovery.mode evacuate"}},
+		{"masakari without a cloud", "recovery:\n  mode: masakari\n", []string{"openstack.cloud", "required with recovery.mode masakari"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := ParseConfig([]byte(c.yaml))
@@ -140,6 +158,13 @@ func TestConfigServiceCloud(t *testing.T) {
 	r, err := cfg.NewOpenStack(nil)
 	if err != nil || r == nil {
 		t.Fatalf("adapter %v %v", r, err)
+	}
+	_, err = ParseConfig([]byte("recovery:\n  mode: evacuate\nopenstack:\n  cloud: admin\n  clouds_file: " + path + "\n"))
+	if err == nil || !strings.Contains(err.Error(), `openstack.service_cloud: "": required with recovery.mode evacuate`) {
+		t.Fatalf("evacuate without service_cloud: %v", err)
+	}
+	if _, err := ParseConfig([]byte("recovery:\n  mode: evacuate\nopenstack:\n  cloud: admin\n  service_cloud: svc\n  clouds_file: " + path + "\n")); err != nil {
+		t.Fatalf("evacuate with both clouds: %v", err)
 	}
 	none, _ := ParseConfig(nil)
 	if r, err := none.NewOpenStack(nil); r != nil || err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"hvguard/agent/delivery"
 	"hvguard/controller"
+	"hvguard/controller/recovery"
 	"hvguard/daemonkit"
 	"hvguard/fencing/natslease"
 	"hvguard/proto"
@@ -58,6 +59,12 @@ type Options struct {
 	// Listening, if set, receives the status endpoint's address once it
 	// listens (tests listen on port 0).
 	Listening func(addr string)
+	// RecoveryCloud, if set, replaces the OpenStack adapter host recovery
+	// calls (tests); otherwise modes evacuate and masakari build it from
+	// the openstack section.
+	RecoveryCloud controller.RecoveryCloud
+	// OnRecoveryEvent is called with every host recovery event published.
+	OnRecoveryEvent func(controller.RecoveryEvent)
 }
 
 // Daemon is a running controller.
@@ -70,13 +77,14 @@ type Daemon struct {
 	nc     *nats.Conn
 	lr     *controller.LeaderRunner
 	run    *controller.Runner
+	rec    *controller.RecoveryRunner
 	cons   *controller.Consumer
 	ir     *controller.InstanceRecoveryRunner // nil: instance_recovery.mode off
 	// irReports: instance recovery events waiting to be published.
 	irReports chan controller.InstanceRecoveryEvent
 	start     time.Time
 
-	decisions chan controller.DecisionEvent
+	decisions chan outEvent
 
 	started                     atomic.Bool // lr and run are set
 	leaderSynced, trackerSynced atomic.Bool
@@ -125,9 +133,24 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	defer stopReady()
 	go d.degradedAfter(readyCtx, cfg.NATS.ReadyTimeout.D())
 
-	kv, err := d.openBucket(ctx, js)
+	kv, rkv, err := d.openBucket(ctx, js)
 	if err != nil {
 		return nil // ctx ended while waiting: a clean stop
+	}
+	recCore, err := recovery.New(cfg.Recovery.Core())
+	if err != nil {
+		return err
+	}
+	cloud := opts.RecoveryCloud
+	if cloud == nil && cfg.Recovery.Calls() {
+		os, err := cfg.NewOpenStack(log.With("component", "openstack"))
+		if err != nil {
+			return err
+		}
+		if os == nil {
+			return fmt.Errorf("recovery.mode %s needs openstack.cloud", cfg.Recovery.Mode)
+		}
+		cloud = recoveryCloud{os}
 	}
 	core, err := controller.NewLeader(cfg.LeaderCore())
 	if err != nil {
@@ -144,7 +167,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 		OnSynced:  func(int) { d.trackerSynced.Store(true); d.maybeReady() },
 		Signature: func() string { return fmt.Sprintf("declared by controller %s, term %d", cfg.ID, d.lr.Term()) }}
 
-	d.decisions = make(chan controller.DecisionEvent, DecisionQueue)
+	d.rec = &controller.RecoveryRunner{KV: rkv, Leases: &natslease.Store{KV: kv}, Core: recCore, Cloud: cloud, View: d.run.View,
+		MayAct: d.lr.MayAct, Now: d.now, Log: log.With("component", "recovery"),
+		By:      func() string { return fmt.Sprintf("controller %s, term %d", cfg.ID, d.lr.Term()) },
+		OnEvent: d.recoveryEvent}
+	log.Info("host recovery", "mode", cfg.Recovery.Mode, "release", cfg.Recovery.Release)
+
+	d.decisions = make(chan outEvent, DecisionQueue)
 	pubCtx, stopPub := context.WithCancel(context.Background())
 	defer stopPub()
 	go d.publishDecisions(pubCtx)
@@ -170,10 +199,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	trackerCtx, stopTracker := context.WithCancel(context.Background())
 	trackerDone := make(chan struct{})
 	go func() { defer close(trackerDone); _ = d.run.Run(trackerCtx) }()
+	recCtx, stopRec := context.WithCancel(context.Background())
+	recDone := make(chan struct{})
+	go func() { defer close(recDone); _ = d.rec.Run(recCtx) }()
 
 	<-ctx.Done()
 	d.notify.Stopping()
-	log.Info("stopping: tracker first (no write in flight), then resigning the leader lock")
+	log.Info("stopping: host recovery and the tracker first (no write in flight), then resigning the leader lock")
+	stopRec()
+	<-recDone
 	stopTracker()
 	<-trackerDone
 	stopIR() // no record write or action in flight
@@ -186,27 +220,31 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	return nil
 }
 
-// openBucket opens (or, with nats.create_bucket, creates) the lease bucket,
-// retrying until ctx ends. An existing bucket's configuration is never
-// changed.
-func (d *Daemon) openBucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, error) {
+// openBucket opens (or, with nats.create_bucket, creates) the lease bucket
+// and the host recovery bucket, retrying until ctx ends. An existing
+// bucket's configuration is never changed.
+func (d *Daemon) openBucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, jetstream.KeyValue, error) {
 	backoff := 500 * time.Millisecond
 	for {
 		d.notify.WatchdogPing()
 		actx, cancel := context.WithTimeout(ctx, BucketAttemptTimeout)
 		kv, err := natslease.EnsureBucket(actx, js, d.cfg.NATS.CreateBucket)
+		var rkv jetstream.KeyValue
+		if err == nil {
+			rkv, err = controller.EnsureRecoveryBucket(actx, js, d.cfg.NATS.CreateBucket)
+		}
 		cancel()
 		if err == nil {
-			return kv, nil
+			return kv, rkv, nil
 		}
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		}
 		d.log.Warn("lease bucket not available yet; retrying", "err", err, "retry_in", backoff)
 		d.notify.Status(fmt.Sprintf("waiting for NATS and the lease bucket: %v", err))
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, nil, ctx.Err()
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, BucketRetryMax)
@@ -325,6 +363,17 @@ func (d *Daemon) publishDecision(dc controller.Decision, err error) {
 		return
 	}
 	ev := controller.NewDecisionEvent(d.cfg.ID, d.lr.Term(), dc, err, time.Now())
+	d.queue(outEvent{subject: proto.ControllerDecisionSubject, op: ev.Op, host: ev.Host, encode: ev.Encode})
+}
+
+// outEvent is an event waiting to be published.
+type outEvent struct {
+	subject, op, host string
+	encode            func() ([]byte, error)
+}
+
+// queue queues ev for publishing, or counts it dropped.
+func (d *Daemon) queue(ev outEvent) {
 	select {
 	case d.decisions <- ev:
 	default:
@@ -332,20 +381,32 @@ func (d *Daemon) publishDecision(dc controller.Decision, err error) {
 	}
 }
 
-// publishDecisions publishes queued decision events until ctx ends.
+// recoveryEvent counts, queues for publishing and reports a host recovery
+// event (the runner says them only while leading).
+func (d *Daemon) recoveryEvent(e recovery.Event) {
+	d.m.recoveryEvent(e.Op)
+	ev := controller.NewRecoveryEvent(d.cfg.ID, d.lr.Term(), e, time.Now())
+	d.queue(outEvent{subject: proto.ControllerRecoverySubject, op: e.Op, host: e.Host, encode: ev.Encode})
+	if d.opts.OnRecoveryEvent != nil {
+		d.opts.OnRecoveryEvent(ev)
+	}
+}
+
+// publishDecisions publishes queued decision and recovery events until ctx
+// ends.
 func (d *Daemon) publishDecisions(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case ev := <-d.decisions:
-			b, err := ev.Encode()
+			b, err := ev.encode()
 			if err == nil {
-				err = d.nc.Publish(proto.ControllerDecisionSubject, b)
+				err = d.nc.Publish(ev.subject, b)
 			}
 			if err != nil {
 				d.m.decisionsDropped.Add(1)
-				d.log.Debug("decision event not published", "op", ev.Op, "host", ev.Host, "err", err)
+				d.log.Debug("event not published", "subject", ev.subject, "op", ev.op, "host", ev.host, "err", err)
 			}
 		}
 	}

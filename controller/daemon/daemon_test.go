@@ -56,6 +56,12 @@ type ctl struct {
 
 func startCtl(t *testing.T, url, id string, change func(*daemon.Config)) *ctl {
 	t.Helper()
+	return startCtlWith(t, url, id, change, nil)
+}
+
+// startCtlWith is startCtl with the daemon's options changed by opt.
+func startCtlWith(t *testing.T, url, id string, change func(*daemon.Config), opt func(*daemon.Options)) *ctl {
+	t.Helper()
 	c := &ctl{id: id, done: make(chan error, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
@@ -82,6 +88,9 @@ func startCtl(t *testing.T, url, id string, change func(*daemon.Config)) *ctl {
 	cfg := fastConfig(t, url, id)
 	if change != nil {
 		change(&cfg)
+	}
+	if opt != nil {
+		opt(&opts)
 	}
 	go func() { c.done <- daemon.Run(ctx, cfg, log, opts) }()
 	c.addr = <-addr

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -11,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"hvguard/controller"
+	"hvguard/controller/recovery"
 	"hvguard/daemonkit"
 	"hvguard/fencing"
 )
@@ -30,6 +32,18 @@ type counters struct {
 	// decisionsDropped: decision events not published (queue full, NATS
 	// refused the publish).
 	decisionsDropped atomic.Int64
+	// recovery events by op.
+	recMu     sync.Mutex
+	recEvents map[string]int64
+}
+
+func (c *counters) recoveryEvent(op string) {
+	c.recMu.Lock()
+	defer c.recMu.Unlock()
+	if c.recEvents == nil {
+		c.recEvents = map[string]int64{}
+	}
+	c.recEvents[op]++
 }
 
 func (c *counters) count(d controller.Decision, err error) {
@@ -82,6 +96,10 @@ var (
 	descIRInProgress     = prometheus.NewDesc("hvguard_controller_instance_recovery_in_progress", "Stops being handled (waiting for Nova, acting, verifying) or queued behind one.", nil, nil)
 	descIROverBudget     = prometheus.NewDesc("hvguard_controller_instance_recovery_over_budget", "Instances that used their restart budget within the budget window (left alone, reported).", nil, nil)
 	descIRSeconds        = prometheus.NewDesc("hvguard_controller_instance_recovery_seconds", "Stop reported by the agent → the server ACTIVE in Nova and the domain running again, per recovery.", nil, nil)
+	descRecEvents        = prometheus.NewDesc("hvguard_controller_recovery_events_total", "Host recovery events published by this controller as the leader, by op (started, refused, paused, stopped, forced-down, attachment-removed, evacuate-requested, evacuated, evacuation-failed, unrecoverable, recovered, release-refused, released, ...).", []string{"op"}, nil)
+	descRecoveries       = prometheus.NewDesc("hvguard_controller_recoveries", "Host recoveries this controller holds (as the leader), by phase.", []string{"phase"}, nil)
+	descEvacInFlight     = prometheus.NewDesc("hvguard_controller_evacuations_in_flight", "Evacuations requested and not yet verified (bounded by recovery.max_evacuations).", nil, nil)
+	descUnrecoverable    = prometheus.NewDesc("hvguard_controller_instances_unrecoverable", "Instances of the recoveries held that could not be recovered (reported; need a human).", nil, nil)
 	descNatsUp           = prometheus.NewDesc("hvguard_controller_nats_connected", "1 when the NATS connection is up.", nil, nil)
 )
 
@@ -109,9 +127,26 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ctr(descRefusedDue, d.m.refusedDue.Load())
 	ctr(descDecisionsDropped, d.m.decisionsDropped.Load())
 	ctr(descKeysDeleted, d.m.keysDeleted.Load())
+	d.m.recMu.Lock()
+	for op, n := range d.m.recEvents {
+		ctr(descRecEvents, n, op)
+	}
+	d.m.recMu.Unlock()
 	if !d.started.Load() {
 		return
 	}
+	recs, _ := d.rec.Records()
+	phases := map[recovery.Phase]int{}
+	unrec := 0
+	for _, r := range recs {
+		phases[r.Phase]++
+		unrec += len(r.Unrecoverable())
+	}
+	for p, n := range phases {
+		g(descRecoveries, float64(n), string(p))
+	}
+	g(descEvacInFlight, float64(d.rec.InFlight()))
+	g(descUnrecoverable, float64(unrec))
 	cs := &d.cons.Stats
 	ctr(descEvents, int64(cs.Applied.Load()-cs.Missing.Load()-cs.NewIncarnation.Load()), "applied")
 	ctr(descEvents, int64(cs.Duplicates.Load()), "duplicate")

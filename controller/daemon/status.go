@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"hvguard/controller"
+	"hvguard/controller/recovery"
 	"hvguard/fencing"
 	"hvguard/proto"
 )
@@ -44,6 +45,47 @@ type Status struct {
 	Host *HostDetail `json:"host,omitempty"`
 	// InstanceRecovery: recent stops and what was done (nil: mode off).
 	InstanceRecovery *controller.InstanceRecoveryView `json:"instance_recovery,omitempty"`
+	// Recovery is host recovery (nil before start).
+	Recovery *RecoveryStatus `json:"recovery,omitempty"`
+}
+
+// RecoveryStatus is host recovery as this controller runs it: the leader
+// holds every record of the bucket; a standby holds none (the leader's
+// status shows them).
+type RecoveryStatus struct {
+	Mode     string `json:"mode"`
+	Release  string `json:"release"`
+	InFlight int    `json:"evacuations_in_flight"`
+	// Hosts: each recovery (the durable record) and what it waits for
+	// now; hosts refused before any recovery started have no record.
+	Hosts []HostRecovery `json:"hosts"`
+}
+
+// HostRecovery is one host's recovery.
+type HostRecovery struct {
+	Host string `json:"host"`
+	// Record is the durable record (nil: refused or queued, no record).
+	Record *recovery.Record `json:"record,omitempty"`
+	// Waiting says why nothing happens now ("" if it proceeds).
+	Waiting string `json:"waiting,omitempty"`
+}
+
+func (d *Daemon) recoveryStatus() *RecoveryStatus {
+	rs := &RecoveryStatus{Mode: d.cfg.Recovery.Mode, Release: d.cfg.Recovery.Release, InFlight: d.rec.InFlight(), Hosts: []HostRecovery{}}
+	recs, why := d.rec.Records()
+	seen := map[string]bool{}
+	for i := range recs {
+		r := &recs[i]
+		seen[r.Host] = true
+		rs.Hosts = append(rs.Hosts, HostRecovery{Host: r.Host, Record: r, Waiting: why[r.Host]})
+	}
+	for h, w := range why {
+		if !seen[h] {
+			rs.Hosts = append(rs.Hosts, HostRecovery{Host: h, Waiting: w})
+		}
+	}
+	sort.Slice(rs.Hosts, func(i, j int) bool { return rs.Hosts[i].Host < rs.Hosts[j].Host })
+	return rs
 }
 
 // EventsStatus summarises the event-stream consumer and the fleet view.
@@ -130,6 +172,7 @@ func (d *Daemon) status(host string) (Status, error) {
 		v := d.ir.View()
 		st.InstanceRecovery = &v
 	}
+	st.Recovery = d.recoveryStatus()
 	st.Leader, st.LeaderTerm = d.lr.Holder()
 	ctx, cancel := context.WithTimeout(context.Background(), ViewTimeout)
 	defer cancel()
@@ -185,8 +228,57 @@ func FetchStatus(ctx context.Context, addr, host string) (Status, error) {
 // PrintStatus writes st for a human.
 func PrintStatus(w io.Writer, st Status) {
 	printLeases(w, st)
+	printRecovery(w, st)
 	printEvents(w, st.Events)
 	printInstanceRecovery(w, st.InstanceRecovery)
+}
+
+// printRecovery writes host recovery: per host the phase, the instances
+// and why.
+func printRecovery(w io.Writer, st Status) {
+	rs := st.Recovery
+	if rs == nil {
+		return
+	}
+	fmt.Fprintf(w, "recovery:   mode %s, release %s, %d evacuations in flight", rs.Mode, rs.Release, rs.InFlight)
+	if st.Role != "leader" {
+		fmt.Fprint(w, " (a standby runs none: see the leader's status)")
+	}
+	fmt.Fprintln(w)
+	if len(rs.Hosts) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	fmt.Fprintln(tw, "HOST\tPHASE\tEPOCH\tFORCED DOWN\tINSTANCES (done/in flight/failed/unrecoverable/total)\tWHY")
+	for _, h := range rs.Hosts {
+		r := h.Record
+		if r == nil {
+			fmt.Fprintf(tw, "%s\t-\t-\t-\t-\t%s\n", h.Host, h.Waiting)
+			continue
+		}
+		var done, fly, failed, unrec int
+		for _, in := range r.Instances {
+			switch in.Evac {
+			case recovery.Completed, recovery.Skipped:
+				done++
+			case recovery.Intent, recovery.Requested:
+				fly++
+			case recovery.Failed:
+				failed++
+			case recovery.Unrecoverable:
+				unrec++
+			}
+		}
+		why := r.Reason
+		if h.Waiting != "" {
+			why = h.Waiting
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d/%d/%d/%d/%d\t%s\n", r.Host, r.Phase, r.Epoch, orDash(string(r.ForceDown)), done, fly, failed, unrec, len(r.Instances), why)
+		for _, u := range r.Unrecoverable() {
+			fmt.Fprintf(tw, "\t\t\t\tNOT RECOVERED\t%s\n", u)
+		}
+	}
+	_ = tw.Flush()
 }
 
 func printLeases(w io.Writer, st Status) {
