@@ -383,6 +383,12 @@ func (r *RecoveryRunner) perform(ctx context.Context, st recovery.Step) bool {
 		r.mu.Lock()
 		st = r.Core.Done(r.now(), r.wall(), st, res)
 		r.mu.Unlock()
+		if st.Op == recovery.OpIdle {
+			// The outcome changed nothing durable: go on with the next
+			// step at once (Next waits if there is nothing to do).
+			r.say(st.Events)
+			return true
+		}
 	}
 	return false
 }

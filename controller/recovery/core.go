@@ -741,7 +741,6 @@ func (c *Core) evacuated(now, wall time.Time, n *Record, m *memory, s Step, res 
 	case ErrNone:
 		in.Evac, in.Note = Requested, ""
 		m.requested[in.ID] = now
-		m.nextPoll = now // follow it at once
 		n.Reason = "evacuation of " + in.ID + " requested"
 		return write(wall, n, Event{Op: "evacuate-requested", Instance: in.ID, Reason: fmt.Sprintf("attempt %d", in.Attempts)})
 	case ErrConflict:

@@ -6,8 +6,8 @@ package schema
 
 import "embed"
 
-// V1 holds v1/lifecycle.json, v1/reconcile.json, v1/fence.json and
-// v1/controller-decision.json. Each names itself by its $id
+// V1 holds v1/lifecycle.json, v1/reconcile.json, v1/fence.json,
+// v1/controller-decision.json and v1/controller-recovery.json. Each names itself by its $id
 // (urn:hvguard:schema:v1:<name>); reconcile.json refers to
 // lifecycle.json's definitions by that id.
 //
@@ -20,4 +20,5 @@ var Files = map[string]string{
 	"urn:hvguard:schema:v1:reconcile":           "v1/reconcile.json",
 	"urn:hvguard:schema:v1:fence":               "v1/fence.json",
 	"urn:hvguard:schema:v1:controller-decision": "v1/controller-decision.json",
+	"urn:hvguard:schema:v1:controller-recovery": "v1/controller-recovery.json",
 }

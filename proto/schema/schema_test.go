@@ -16,6 +16,7 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"hvguard/controller"
+	"hvguard/controller/recovery"
 	"hvguard/fencing"
 	"hvguard/proto"
 	"hvguard/proto/schema"
@@ -194,7 +195,23 @@ func decisionKind() kind {
 	}
 }
 
-func kinds() []kind { return []kind{lifecycleKind(), reconcileKind(), fenceKind(), decisionKind()} }
+func recoveryKind() kind {
+	base := map[string]any{"schema": 1, "controller": "ctl-a", "term": 4, "host": "node1", "op": "evacuated", "phase": "evacuate",
+		"instance": uuidA, "reason": "instance ACTIVE on node2", "at": t0}
+	return kind{name: "controller-recovery", decode: func(b []byte) error { _, err := controller.DecodeRecoveryEvent(b); return err },
+		bases: []map[string]any{base, {"schema": 1, "controller": "ctl-b", "host": "node2", "op": "refused", "why": "guard-holding", "at": t0}},
+		values: map[string][]any{
+			"schema": {1, 2, 0, "1"}, "controller": {"ctl-a", "", 1}, "term": {0, 1, maxU64, -1, overU64}, "host": {"node1", "", 3},
+			"op": {"started", "future-op", "", 2}, "phase": {"evacuate", "future-phase", 4}, "instance": {uuidA, 5}, "why": texts,
+			"reason": texts, "error": texts, "at": {t0, "0001-01-01T00:00:00Z", "yesterday", 5},
+		},
+		crossField: regexp.MustCompile(`^$`),
+	}
+}
+
+func kinds() []kind {
+	return []kind{lifecycleKind(), reconcileKind(), fenceKind(), decisionKind(), recoveryKind()}
+}
 
 // mutate applies n random changes to a copy of m: set a known field to one
 // of its values, delete a field, or add an unknown one.
@@ -334,7 +351,10 @@ func TestEncodersWriteSchemaValid(t *testing.T) {
 		Reason: "NoPeerConfirmed", Detail: "d"}, []string{uuidA}, nil, at)
 	de := controller.NewDecisionEvent("ctl-a", 4, controller.Decision{Op: controller.OpDeclare, Host: "node1", Reason: "lease expired",
 		Record: fencing.LeaseRecord{Epoch: 3}}, errors.New("cas conflict"), at)
-	for name, enc := range map[string]func() ([]byte, error){"reconcile": rc.Encode, "fence": fe.Encode, "controller-decision": de.Encode} {
+	re := controller.NewRecoveryEvent("ctl-a", 4, recovery.Event{Host: "node1", Op: "evacuation-failed", Phase: recovery.PhaseEvacuate,
+		Instance: uuidA, Reason: "migration 12 error (no destination: NoValidHost, the server stays on node1)"}, at)
+	for name, enc := range map[string]func() ([]byte, error){"reconcile": rc.Encode, "fence": fe.Encode, "controller-decision": de.Encode,
+		"controller-recovery": re.Encode} {
 		b, err := enc()
 		if err != nil {
 			t.Fatal(err)
