@@ -261,3 +261,22 @@ func TestRecoveryRunnerLeaseBackStops(t *testing.T) {
 		t.Fatalf("forced_down not cleared once: %v", e.cloud.Calls())
 	}
 }
+
+// The core spells the lease states and the healthy agent state as the
+// lease record does (it imports only the standard library).
+func TestRecoveryLeaseStatesMatchFencing(t *testing.T) {
+	for core, rec := range map[string]string{
+		recovery.LeaseActive: string(fencing.LeaseActive), recovery.LeaseExpired: string(fencing.LeaseExpired),
+		recovery.LeaseReleased: string(fencing.LeaseReleased), recovery.LeaseWithdrawn: string(fencing.LeaseWithdrawn),
+		recovery.AgentHealthy: string(fencing.StateHealthy),
+	} {
+		if core != rec {
+			t.Errorf("core %q, lease record %q", core, rec)
+		}
+	}
+	// The signature the tracker's runner appends is the one the core
+	// reads.
+	if got := recovery.DeclaredBy("no renewal (declared by controller ctl-a-1b2c3d, term 7)"); got != "ctl-a-1b2c3d" {
+		t.Errorf("DeclaredBy %q", got)
+	}
+}
