@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -10,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"hvguard/daemonkit"
 	"hvguard/fencing"
 	"hvguard/fencing/peer"
 	"hvguard/proto"
@@ -37,7 +37,10 @@ type FenceConfig struct {
 	WatchdogTimeout Duration `yaml:"watchdog_timeout"`
 	// PeerListen is host:port of this agent's peer endpoint.
 	PeerListen string `yaml:"peer_listen"`
-	// PeerSecretFile holds the fleet's shared HMAC secret (>= 16 bytes).
+	// PeerSecretFile holds the fleet's shared HMAC secret (>= 16 bytes),
+	// or several, one per line, during a rotation: the first signs, all
+	// are accepted. Mode 0600: a file its group or others can access is
+	// refused.
 	PeerSecretFile string `yaml:"peer_secret_file"`
 	// PeerURL is the URL template of a peer's endpoint; {host} is replaced
 	// by the peer's host name as found in the lease bucket.
@@ -215,31 +218,27 @@ func (f FenceConfig) validate(bad func(field string, val any, why string)) {
 	}
 	if f.PeerSecretFile == "" {
 		bad("fence.peer_secret_file", `""`, "required when fencing is enabled (peers must authenticate; without peers every NATS outage fences every host)")
-	} else if b, err := os.ReadFile(f.PeerSecretFile); err != nil {
-		bad("fence.peer_secret_file", fmt.Sprintf("%q", f.PeerSecretFile), "cannot be read: "+unwrapAll(err).Error())
-	} else if len(strings.TrimSpace(string(b))) < peer.MinSecretLen {
-		bad("fence.peer_secret_file", fmt.Sprintf("%q", f.PeerSecretFile), fmt.Sprintf("secret must be at least %d bytes", peer.MinSecretLen))
+	} else if _, _, err := readSecret(f.PeerSecretFile); err != nil {
+		bad("fence.peer_secret_file", fmt.Sprintf("%q", f.PeerSecretFile), err.Error())
 	}
 	if f.WatchdogDevice != "" && !strings.HasPrefix(f.WatchdogDevice, "/dev/") {
 		bad("fence.watchdog_device", fmt.Sprintf("%q", f.WatchdogDevice), "must be a /dev/ path or empty")
 	}
 }
 
-func unwrapAll(err error) error {
-	for {
-		u := errors.Unwrap(err)
-		if u == nil {
-			return err
-		}
-		err = u
-	}
-}
+// unwrapAll is daemonkit.RootCause.
+var unwrapAll = daemonkit.RootCause
 
-// readSecret reads the shared peer secret (surrounding whitespace trimmed).
-func readSecret(path string) ([]byte, error) {
+// readSecret reads the peer secret file (peer.ParseSecrets: one secret
+// per line, the first signs, all are accepted), refusing a file its group
+// or others can access.
+func readSecret(path string) (sign []byte, accepted [][]byte, err error) {
+	if err := daemonkit.SecretFileError(path); err != nil {
+		return nil, nil, err
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("fence.peer_secret_file: %w", err)
+		return nil, nil, fmt.Errorf("cannot be read: %w", unwrapAll(err))
 	}
-	return []byte(strings.TrimSpace(string(b))), nil
+	return peer.ParseSecrets(b)
 }

@@ -31,6 +31,14 @@ func newNova(cfg Config, log *slog.Logger) (*openstack.Client, error) {
 	return nova, nil
 }
 
+// SecurityWarnings are the insecure settings of the configuration
+// (logged at ERROR at start, shown by --status and counted in
+// hvguard_insecure_settings): plaintext NATS allowed to a remote server, a
+// password in a NATS URL, TLS verification disabled in clouds.yaml.
+func (c *Config) SecurityWarnings() []string {
+	return append(c.NATS.Warnings(), c.OpenStack.Warnings(c.needsOpenStack())...)
+}
+
 // needsOpenStack names the enabled features that ask Nova ("" = none).
 func (c *Config) needsOpenStack() string {
 	var on []string

@@ -79,9 +79,12 @@ type Daemon struct {
 	nc     *nats.Conn
 	outbox *delivery.Outbox
 	pub    *delivery.Publisher
-	loop   *Loop
-	fence  *fencer     // nil unless fence.enabled
-	rec    *reconciler // nil unless reconcile.enabled
+	// natsStats counts the NATS connection's permission violations.
+	natsStats delivery.ConnStats
+	warnings  []string // cfg.SecurityWarnings()
+	loop      *Loop
+	fence     *fencer     // nil unless fence.enabled
+	rec       *reconciler // nil unless reconcile.enabled
 	// fenceStopped: the stop path ran; ready: READY was sent.
 	fenceStopped, ready bool
 	// ctx is Run's context (its cause: see failure).
@@ -138,6 +141,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	if removed, err := atomicfile.RemoveTemps(cfg.StateDir); len(removed) > 0 || err != nil {
 		d.log.Info("removed temporary files of an interrupted write", "state_dir", cfg.StateDir, "files", removed, "err", err)
 	}
+	d.warnings = cfg.SecurityWarnings()
+	daemonkit.LogWarnings(log, d.warnings)
 	d.notify.Status("connecting to NATS")
 	if err := d.dialNATS(); err != nil {
 		return err
@@ -421,7 +426,11 @@ func (d *Daemon) failure() error {
 }
 
 func (d *Daemon) dialNATS() error {
-	opts := append(delivery.ConnOptions(d.log), d.cfg.NATS.Options()...)
+	auth, err := d.cfg.NATS.Options()
+	if err != nil {
+		return err
+	}
+	opts := append(delivery.ConnOptions(d.log, &d.natsStats), auth...)
 	opts = append(opts, nats.Name("hvguard-agent "+d.cfg.Host))
 	nc, err := nats.Connect(d.cfg.NATS.URL(), opts...)
 	if err != nil {

@@ -17,7 +17,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"hvguard/daemonkit"
 	"hvguard/fencing"
+	"hvguard/fencing/natslease"
 	"hvguard/fencing/peer"
 	"hvguard/fencing/watchdog"
 	"hvguard/libvirtx"
@@ -193,6 +195,58 @@ type FenceStats struct {
 	Transitions    atomic.Uint64
 	ResetRequested atomic.Uint64
 	Watchdog       atomic.Int32 // watchdog.State, -1: none
+	// PeerRefused counts the peer requests the endpoint refused, by
+	// reason (peer.Handler.Refused).
+	PeerRefused reasonCounter
+	peerConns   atomic.Pointer[peer.ConnLimiter]
+}
+
+// reasonCounter counts events by reason and spaces their log lines.
+type reasonCounter struct {
+	mu     sync.Mutex
+	n      map[string]uint64
+	logged map[string]time.Time
+}
+
+func (r *reasonCounter) count(reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.n == nil {
+		r.n = map[string]uint64{}
+	}
+	r.n[reason]++
+}
+
+func (r *reasonCounter) get(reason string) uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n[reason]
+}
+
+// snapshot returns a copy of the counts.
+func (r *reasonCounter) snapshot() map[string]uint64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make(map[string]uint64, len(r.n))
+	for k, v := range r.n {
+		out[k] = v
+	}
+	return out
+}
+
+// logDue reports whether reason was not logged within every (and marks
+// it logged now).
+func (r *reasonCounter) logDue(reason string, now time.Time, every time.Duration) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.logged == nil {
+		r.logged = map[string]time.Time{}
+	}
+	if last, ok := r.logged[reason]; ok && now.Sub(last) < every {
+		return false
+	}
+	r.logged[reason] = now
+	return true
 }
 
 // fencer is the fencing goroutine: it owns the fencing.Agent and performs
@@ -209,6 +263,7 @@ type fencer struct {
 	store     *leaseStore
 	client    *peer.Client
 	secret    []byte
+	accepted  [][]byte // further peer secrets accepted (a rotation)
 	wd        *watchdog.Watchdog
 	reset     func() error
 	rec       FenceReconciler
@@ -262,13 +317,13 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 	if err != nil {
 		return nil, err
 	}
-	secret, err := readSecret(fc.PeerSecretFile)
+	secret, accepted, err := readSecret(fc.PeerSecretFile)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("fence.peer_secret_file %q: %w", fc.PeerSecretFile, err)
 	}
 	f := &fencer{
 		cfg: fc, core: fc.Core(cfg.Host, bootID), host: cfg.Host, log: log.With("component", "fencing"),
-		hv: hv, nc: nc, store: &leaseStore{nc: nc, create: fc.CreateBucket}, secret: secret,
+		hv: hv, nc: nc, store: &leaseStore{nc: nc, create: fc.CreateBucket}, secret: secret, accepted: accepted,
 		reset: opts.ResetHost, rec: opts.Reconciler, now: bootNow,
 		statePath: filepath.Join(cfg.StateDir, fenceStateFile), membPath: filepath.Join(cfg.StateDir, fenceMembersFile),
 		onTrans: opts.OnFenceTransition,
@@ -291,7 +346,7 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 	}
 	f.core.Seed = uint64(time.Now().UnixNano())
 	f.subject, _ = proto.FenceSubject(cfg.Host)
-	f.client = &peer.Client{Host: cfg.Host, Secret: secret, URL: fc.peerURL,
+	f.client = &peer.Client{Host: cfg.Host, Secret: secret, Accepted: accepted, URL: fc.peerURL,
 		HTTP: &http.Client{Timeout: fc.PeerTimeout.D()}}
 	f.stats.Watchdog.Store(-1)
 	if f.core.HardwareWatchdog && opts.OpenWatchdog == nil {
@@ -428,11 +483,28 @@ func (f *fencer) storeView() {
 
 // peerHandler is the peer endpoint, answering from the loop's snapshot.
 func (f *fencer) peerHandler() http.Handler {
-	return &peer.Handler{Host: f.host, Secret: f.secret, Relayer: f.store,
-		View: func() (fencing.PeerView, time.Time) { return *f.view.Load(), f.now() }}
+	return &peer.Handler{Host: f.host, Secret: f.secret, Accepted: f.accepted, Relayer: f.store,
+		View:    func() (fencing.PeerView, time.Time) { return *f.view.Load(), f.now() },
+		Refused: f.peerRefused}
 }
 
-// servePeers listens on fence.peer_listen.
+// peerRefused counts a refused peer request and logs it at WARN (at most
+// once per reason per peerRefusedLogEvery: a flood must not flood the
+// journal).
+func (f *fencer) peerRefused(reason string) {
+	f.stats.PeerRefused.count(reason)
+	if f.stats.PeerRefused.logDue(reason, time.Now(), peerRefusedLogEvery) {
+		f.log.Warn("peer request refused", "reason", reason, "refused_total", f.stats.PeerRefused.get(reason))
+	}
+}
+
+// peerRefusedLogEvery spaces the WARN lines of refused peer requests of
+// one reason (the metric counts every one).
+const peerRefusedLogEvery = time.Minute
+
+// servePeers listens on fence.peer_listen with the endpoint's limits
+// (peer.NewServer's timeouts, at most peer.MaxConnsPerIP connections per
+// address and peer.MaxConns in all).
 func (f *fencer) servePeers() (func(), error) {
 	ln, err := net.Listen("tcp", f.cfg.PeerListen)
 	if err != nil {
@@ -440,7 +512,12 @@ func (f *fencer) servePeers() (func(), error) {
 	}
 	mux := http.NewServeMux()
 	mux.Handle(peer.Path, f.peerHandler())
-	return serveHTTP(ln, mux, 2*time.Second, f.log, "peer endpoint"), nil
+	// A relay: opening the bucket, then Relay's CAS and the read after a
+	// conflict, twice (natslease.Store.Relay retries once).
+	rt := f.core.Timing.RenewTimeout
+	lim, srv := peer.Endpoint(ln, mux, rt+2*(rt+natslease.ReadTimeout))
+	f.stats.peerConns.Store(lim)
+	return daemonkit.Serve(lim, srv, f.log, "peer endpoint"), nil
 }
 
 // run is the fencing loop. It returns when ctx ends, after its helpers.

@@ -44,6 +44,14 @@ func TestFenceConfigValidation(t *testing.T) {
 	if err := os.WriteFile(short, []byte("tooshort\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A secret other local users can read: refused with its mode named.
+	open := filepath.Join(dir, "open")
+	if err := os.WriteFile(open, []byte("0123456789abcdef-long-enough\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(open, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, want string
 		mod        func(*FenceConfig)
@@ -62,6 +70,7 @@ func TestFenceConfigValidation(t *testing.T) {
 		{"noruntimedir", `fence.runtime_dir: "": must be an absolute path`, func(f *FenceConfig) { f.RuntimeDir = "" }},
 		{"shortsecret", "secret must be at least 16 bytes", func(f *FenceConfig) { f.Enabled, f.PeerSecretFile = true, short }},
 		{"missing", "cannot be read", func(f *FenceConfig) { f.Enabled, f.PeerSecretFile = true, filepath.Join(dir, "none") }},
+		{"worldreadable", `fence.peer_secret_file: "` + open + `": is a secret but has mode 0644`, func(f *FenceConfig) { f.Enabled, f.PeerSecretFile = true, open }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
@@ -92,8 +101,15 @@ func TestFenceConfigParse(t *testing.T) {
 	if u := c.Fence.peerURL("n2.example.org"); u != "http://10.0.0.2:9476/v1/fencing/peer" {
 		t.Fatalf("override: %s", u)
 	}
-	if b, err := readSecret(secret); err != nil || string(b) != "0123456789abcdef" {
-		t.Fatalf("secret %q %v", b, err)
+	if b, acc, err := readSecret(secret); err != nil || string(b) != "0123456789abcdef" || len(acc) != 0 {
+		t.Fatalf("secret %q %q %v", b, acc, err)
+	}
+	// A rotation: one secret per line, the first signs, all are accepted.
+	if err := os.WriteFile(secret, []byte("new-secret-0123456789\n\n  old-secret-0123456789  \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, acc, err := readSecret(secret); err != nil || string(b) != "new-secret-0123456789" || len(acc) != 1 || string(acc[0]) != "old-secret-0123456789" {
+		t.Fatalf("secrets %q %q %v", b, acc, err)
 	}
 	if _, err := ParseConfig([]byte("fence:\n  enable: true\n")); err == nil {
 		t.Fatal("unknown key accepted")

@@ -45,17 +45,12 @@ func Unfence(ctx context.Context, cfg Config, log *slog.Logger, rec FenceReconci
 	}
 	ctx, cancel := context.WithTimeout(ctx, UnfenceTimeout)
 	defer cancel()
-	opts := []nats.Option{nats.Name("hvguard-agent --unfence " + cfg.Host), nats.Timeout(5 * time.Second)}
-	if cfg.NATS.CredsFile != "" {
-		opts = append(opts, nats.UserCredentials(cfg.NATS.CredsFile))
+	auth, err := cfg.NATS.Options()
+	if err != nil {
+		return "", fmt.Errorf("unfence: %w", err)
 	}
-	if cfg.NATS.CAFile != "" {
-		opts = append(opts, nats.RootCAs(cfg.NATS.CAFile))
-	}
-	if cfg.NATS.CertFile != "" {
-		opts = append(opts, nats.ClientCert(cfg.NATS.CertFile, cfg.NATS.KeyFile))
-	}
-	nc, err := nats.Connect(strings.Join(cfg.NATS.URLs, ","), opts...)
+	opts := append([]nats.Option{nats.Name("hvguard-agent --unfence " + cfg.Host), nats.Timeout(5 * time.Second)}, auth...)
+	nc, err := nats.Connect(cfg.NATS.URL(), opts...)
 	if err != nil {
 		return "", fmt.Errorf("unfence: nats: %w", err)
 	}

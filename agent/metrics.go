@@ -43,6 +43,8 @@ var (
 	descResent     = prometheus.NewDesc("hvguard_outbox_events_resent_total", "Events sent again after an error or timeout (deduplicated by message ID).", nil, nil)
 	descDropped    = prometheus.NewDesc("hvguard_outbox_events_dropped_total", "Events dropped because the outbox was full (each gap is announced by a gap marker).", nil, nil)
 	descGaps       = prometheus.NewDesc("hvguard_outbox_gap_markers_total", "Gap markers written.", nil, nil)
+	descNatsDenied = prometheus.NewDesc("hvguard_nats_permission_denied_total", "Operations the NATS server refused for lack of permission (each logged at ERROR naming the permission).", nil, nil)
+	descInsecure   = prometheus.NewDesc("hvguard_insecure_settings", "Insecure settings in the configuration (plaintext NATS allowed to a remote server, a password in a NATS URL, verify: false in clouds.yaml); listed by --status and logged at start.", nil, nil)
 	descDrift      = prometheus.NewDesc("hvguard_stream_settings_differing", "Settings of the existing HVGUARD_EVENTS stream that differ from hvguard's recommendation (left unchanged, logged at WARN), by risky (true: can cost events or duplicates).", []string{"risky"}, nil)
 
 	// Classification (only with classification.enabled).
@@ -66,6 +68,8 @@ var (
 	descFenceAlerts   = prometheus.NewDesc("hvguard_fence_alerts_total", "Fencing alerts (logged at ERROR).", nil, nil)
 	descFenceResets   = prometheus.NewDesc("hvguard_fence_host_resets_requested_total", "Host resets requested (only ever seen > 0 in tests or when the reset failed).", nil, nil)
 	descFenceAction   = prometheus.NewDesc("hvguard_fence_action", "Always 1; action: the configured fence action (pause, destroy, reset-host, none = monitor only).", []string{"action"}, nil)
+	descPeerRefused   = prometheus.NewDesc("hvguard_fence_peer_requests_refused_total", "Peer requests the endpoint refused, by reason (signature, stale, replay, addressee, relay-host, decode, body, method).", []string{"reason"}, nil)
+	descPeerConns     = prometheus.NewDesc("hvguard_fence_peer_connections_refused_total", "Connections to the peer endpoint closed at once: over the per-address or total limit.", nil, nil)
 	descWatchdog      = prometheus.NewDesc("hvguard_fence_watchdog_state", "1 for the hardware watchdog's state (none, disarmed, armed, triggered, malfunction).", []string{"state"}, nil)
 )
 
@@ -121,6 +125,12 @@ func (c collector) collectFence(ch chan<- prometheus.Metric) {
 	cnt(descFenceAlerts, s.Alerts.Load())
 	cnt(descFenceResets, s.ResetRequested.Load())
 	g(descFenceAction, 1, string(f.core.Action))
+	for reason, n := range s.PeerRefused.snapshot() {
+		cnt(descPeerRefused, n, reason)
+	}
+	if l := s.peerConns.Load(); l != nil {
+		cnt(descPeerConns, l.Refused.Load())
+	}
 	wd := s.Watchdog.Load()
 	for i, n := range []string{"none", "disarmed", "armed", "triggered", "malfunction"} {
 		v := 0.0
@@ -149,6 +159,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		return 0
 	}
 	counter(descEventsIn, s.EventsIn.Load())
+	counter(descNatsDenied, d.natsStats.PermissionDenied.Load())
+	gauge(descInsecure, float64(len(d.warnings)))
 	for i, t := range transitions {
 		counter(descReports, s.Reports[i].Load(), string(t))
 	}

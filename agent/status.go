@@ -113,6 +113,10 @@ type Status struct {
 	Reconcile *ReconcileStatus `json:"reconcile,omitempty"`
 	// ReconcileEnabled: reconcile.enabled (the report may be absent).
 	ReconcileEnabled bool `json:"reconcile_enabled"`
+	// Insecure lists the insecure settings of the configuration
+	// (Config.SecurityWarnings: plaintext NATS allowed to a remote server,
+	// a password in a NATS URL, verify: false in clouds.yaml).
+	Insecure []string `json:"insecure,omitempty"`
 }
 
 // FenceStatus is the fencing part of a Status.
@@ -165,7 +169,7 @@ type StopsStatus struct {
 // counters and the state files only).
 func (d *Daemon) status() Status {
 	st := Status{Source: "agent", Host: d.cfg.Host, Version: Version, PID: os.Getpid(), StartedAt: d.started,
-		Now: time.Now(), ReconcileEnabled: d.cfg.Reconcile.Enabled}
+		Now: time.Now(), ReconcileEnabled: d.cfg.Reconcile.Enabled, Insecure: d.warnings}
 	st.NATS = &ConnStatus{Connected: d.nc.IsConnected(), Endpoint: d.cfg.NATS.URL()}
 	if u := d.nc.ConnectedUrlRedacted(); u != "" {
 		st.NATS.Endpoint = u
@@ -294,7 +298,8 @@ func orNone(s string) string {
 // cause), from its state files: the fence state (fence.json, or its
 // runtime copy of this boot) and the last reconciliation.
 func StatusFromFiles(cfg Config, cause error, now time.Time) Status {
-	st := Status{Source: "state-files", SourceError: cause.Error(), Host: cfg.Host, Now: now, ReconcileEnabled: cfg.Reconcile.Enabled}
+	st := Status{Source: "state-files", SourceError: cause.Error(), Host: cfg.Host, Now: now, ReconcileEnabled: cfg.Reconcile.Enabled,
+		Insecure: cfg.SecurityWarnings()}
 	st.Fence.Enabled = cfg.Fence.Enabled
 	if cfg.Fence.Enabled {
 		st.Fence.Action = cfg.Fence.Action

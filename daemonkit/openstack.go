@@ -63,3 +63,19 @@ func (o OpenStackConfig) Validate(users string, bad Bad) {
 		bad("openstack", fmt.Sprintf("cloud %q (clouds_file %q)", o.Cloud, o.CloudsFile), err.Error())
 	}
 }
+
+// Warnings returns what is insecure in the cloud's configuration when
+// users (what needs the cloud, "" = nothing) use it: a clouds.yaml entry
+// with verify: false — keystone's and Nova's certificates are then not
+// checked, although Nova's answers decide what hvguard destroys.
+func (o OpenStackConfig) Warnings(users string) []string {
+	if users == "" || o.Cloud == "" {
+		return nil
+	}
+	insecure, err := o.Client().InsecureTLS()
+	if err != nil || !insecure {
+		return nil
+	}
+	return []string{fmt.Sprintf("openstack: clouds.yaml cloud %q disables TLS verification (verify: false): "+
+		"keystone's and Nova's certificates are not checked, although Nova's answers (used by %s) decide what hvguard destroys; set cacert instead", o.Cloud, users)}
+}

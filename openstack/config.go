@@ -97,3 +97,13 @@ func (c Config) load() (loaded, error) {
 	ao.AllowReauth = true
 	return loaded{auth: ao, endpoint: eo, tls: tlsCfg}, nil
 }
+
+// InsecureTLS reports whether the cloud's clouds.yaml entry disables TLS
+// certificate verification (verify: false, or insecure: true).
+func (c Config) InsecureTLS() (bool, error) {
+	l, err := c.load()
+	if err != nil {
+		return false, err
+	}
+	return l.tls != nil && l.tls.InsecureSkipVerify, nil
+}

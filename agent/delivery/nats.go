@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"regexp"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -53,7 +55,12 @@ func ReconnectDelay(attempts int) time.Duration {
 // while disconnected fail at once instead of being buffered in memory and
 // replayed later (nats-partitions.md: "late writes"); the outbox is the
 // only buffer, and it is on disk.
-func ConnOptions(log *slog.Logger) []nats.Option {
+//
+// An asynchronous error is logged at ERROR; a permission violation (the
+// server refused a publish or subscribe: the account's permissions do not
+// allow this subject) is logged with the subject and the permission it
+// lacks, and counted in stats (when given).
+func ConnOptions(log *slog.Logger, stats ...*ConnStats) []nats.Option {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -73,16 +80,49 @@ func ConnOptions(log *slog.Logger) []nats.Option {
 		}),
 		nats.ClosedHandler(func(*nats.Conn) { log.Info("nats connection closed") }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				for _, st := range stats {
+					if st != nil {
+						st.PermissionDenied.Add(1)
+					}
+				}
+				log.Error("NATS permission denied: this user's permissions on the NATS server do not allow the operation "+
+					"(see docs/security.md, \"NATS permissions\")", "permission", PermissionOf(err), "err", err)
+				return
+			}
 			log.Error("nats async error", "err", err)
 		}),
 	}
 }
 
+// ConnStats counts what a connection's asynchronous error handler saw.
+type ConnStats struct {
+	// PermissionDenied counts the server's permission violations.
+	PermissionDenied atomic.Uint64
+}
+
+// PermissionOf names the permission a violation error lacks, e.g.
+// `publish "$KV.hvguard-leases._guard"` (the server's message:
+// "Permissions Violation for Publish to \"…\""), or "" when err is not
+// one.
+func PermissionOf(err error) string {
+	if !errors.Is(err, nats.ErrPermissionViolation) {
+		return ""
+	}
+	m := permissionRe.FindStringSubmatch(err.Error())
+	if m == nil {
+		return "unknown"
+	}
+	return strings.ToLower(m[1]) + " " + m[2]
+}
+
+var permissionRe = regexp.MustCompile(`(?i)Permissions Violation for (Publish|Subscription) to ("[^"]*"|\S+)`)
+
 // Connect connects to url (comma-separated for a cluster) as client name
 // with ConnOptions(log) followed by extra (e.g. credentials or TLS). Because the first connect is retried in the
 // background, it returns a usable *nats.Conn even if NATS is down.
-func Connect(url, name string, log *slog.Logger, extra ...nats.Option) (*nats.Conn, error) {
-	nc, err := nats.Connect(url, append(append(ConnOptions(log), nats.Name(name)), extra...)...)
+func Connect(url, name string, log *slog.Logger, stats *ConnStats, extra ...nats.Option) (*nats.Conn, error) {
+	nc, err := nats.Connect(url, append(append(ConnOptions(log, stats), nats.Name(name)), extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("nats connect %s: %w", url, err)
 	}

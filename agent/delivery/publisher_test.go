@@ -26,7 +26,7 @@ const testTimeout = 60 * time.Second
 
 func connectTest(t testing.TB, s *server.Server) *nats.Conn {
 	t.Helper()
-	nc, err := Connect(s.ClientURL(), "hvguard-test", testLogger(t))
+	nc, err := Connect(s.ClientURL(), "hvguard-test", testLogger(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -393,7 +393,7 @@ func TestPublishWhenNATSStartsLate(t *testing.T) {
 	// connection (RetryOnFailedConnect), events wait in the outbox, and go
 	// out once the server is up.
 	port := deliverytest.FreePort(t)
-	nc, err := Connect(fmt.Sprintf("nats://127.0.0.1:%d", port), "hvguard-test", testLogger(t))
+	nc, err := Connect(fmt.Sprintf("nats://127.0.0.1:%d", port), "hvguard-test", testLogger(t), nil)
 	if err != nil {
 		t.Fatalf("Connect with NATS down: %v", err)
 	}

@@ -57,6 +57,9 @@ func printStatus(cfg agent.Config, st agent.Status, stdout io.Writer) {
 	} else {
 		w("source", "STATE FILES ONLY: %s", st.SourceError)
 	}
+	for _, ins := range st.Insecure {
+		w("INSECURE", "%s", ins)
+	}
 	for i, p := range st.Problems {
 		k := ""
 		if i == 0 {

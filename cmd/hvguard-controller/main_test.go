@@ -42,7 +42,7 @@ func TestCheckConfig(t *testing.T) {
 	dir := t.TempDir()
 	good := filepath.Join(dir, "good.yaml")
 	bad := filepath.Join(dir, "bad.yaml")
-	os.WriteFile(good, []byte("id: ctl-1\nnats:\n  urls: [nats://10.0.0.1:4222]\n"), 0o600)
+	os.WriteFile(good, []byte("id: ctl-1\nnats:\n  urls: [tls://10.0.0.1:4222]\n"), 0o600)
 	os.WriteFile(bad, []byte("leader:\n  ttl: -3s\nguard:\n  share: 7\n"), 0o600)
 
 	if code, out, errOut := runCLI("--config", good, "--check-config"); code != 0 || !strings.Contains(out, "valid") || !strings.Contains(out, "ctl-1") {

@@ -253,8 +253,8 @@ func (c *Config) Validate() error {
 		bad("tracker", fmt.Sprintf("%+v", c.Tracker), err.Error())
 	}
 	users := c.validateInstanceRecovery(bad)
-	if users == "" && c.OpenStack.Cloud != "" {
-		users = "openstack.cloud set"
+	if users == "" {
+		users = c.openStackUsers()
 	}
 	if c.Recovery.Calls() {
 		users = "recovery.mode " + c.Recovery.Mode
@@ -263,6 +263,22 @@ func (c *Config) Validate() error {
 	c.OpenStack.Validate(users, bad)
 	daemonkit.ValidateListen(bad, "metrics.listen", c.Metrics.Listen)
 	return p.Err()
+}
+
+// openStackUsers names what needs the cloud ("" = nothing).
+func (c *Config) openStackUsers() string {
+	if c.OpenStack.Cloud != "" {
+		return "openstack.cloud set"
+	}
+	return ""
+}
+
+// SecurityWarnings are the insecure settings of the configuration
+// (logged at ERROR at start, shown in the status): plaintext NATS allowed
+// to a remote server, a password in a NATS URL, TLS verification disabled
+// in clouds.yaml.
+func (c *Config) SecurityWarnings() []string {
+	return append(c.NATS.Warnings(), c.OpenStack.Warnings(c.openStackUsers())...)
 }
 
 // LeaderCore is the leader lock's configuration.

@@ -94,6 +94,8 @@ type Daemon struct {
 	readyOnce                   sync.Once    // READY=1 sent (synced, or degraded)
 	syncedOnce                  sync.Once    // both watches synced
 	m                           counters
+	natsStats                   delivery.ConnStats
+	warnings                    []string // cfg.SecurityWarnings()
 }
 
 // Run starts the controller and blocks until ctx is cancelled (SIGTERM);
@@ -107,7 +109,13 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	}
 	d.start = d.now()
 	d.notify.Status("connecting to NATS")
-	nc, err := delivery.Connect(cfg.NATS.URL(), "hvguard-controller "+cfg.ID, log, cfg.NATS.Options()...)
+	d.warnings = cfg.SecurityWarnings()
+	daemonkit.LogWarnings(log, d.warnings)
+	natsOpts, err := cfg.NATS.Options()
+	if err != nil {
+		return err
+	}
+	nc, err := delivery.Connect(cfg.NATS.URL(), "hvguard-controller "+cfg.ID, log, &d.natsStats, natsOpts...)
 	if err != nil {
 		return err
 	}

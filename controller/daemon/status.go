@@ -47,6 +47,9 @@ type Status struct {
 	InstanceRecovery *controller.InstanceRecoveryView `json:"instance_recovery,omitempty"`
 	// Recovery is host recovery (nil before start).
 	Recovery *RecoveryStatus `json:"recovery,omitempty"`
+	// Insecure lists the insecure settings of the configuration
+	// (Config.SecurityWarnings).
+	Insecure []string `json:"insecure,omitempty"`
 }
 
 // RecoveryStatus is host recovery as this controller runs it: the leader
@@ -157,7 +160,7 @@ func (d *Daemon) events(host string) (*EventsStatus, *HostDetail) {
 func (d *Daemon) status(host string) (Status, error) {
 	now := d.now()
 	st := Status{ID: d.cfg.ID, Version: Version, Role: "standby", NATSConnected: d.nc.IsConnected(),
-		UptimeSeconds: now.Sub(d.start).Seconds(), Health: "ok"}
+		UptimeSeconds: now.Sub(d.start).Seconds(), Health: "ok", Insecure: d.warnings}
 	if err := d.healthy(); err != nil {
 		st.Health = err.Error()
 	}
@@ -292,6 +295,9 @@ func printLeases(w io.Writer, st Status) {
 	}
 	fmt.Fprintf(w, "controller %s (%s): %s, up %s, NATS %s, health: %s\n", st.ID, st.Version, st.Role,
 		(time.Duration(st.UptimeSeconds) * time.Second).String(), nats, st.Health)
+	for _, ins := range st.Insecure {
+		fmt.Fprintf(w, "INSECURE:   %s\n", ins)
+	}
 	fmt.Fprintf(w, "leader:     %s\n", leader)
 	if st.Tracker == nil {
 		fmt.Fprintln(w, "lease view: not available yet (waiting for NATS and the lease bucket)")

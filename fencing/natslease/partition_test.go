@@ -55,7 +55,7 @@ func newRig(t *testing.T) *rig {
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	prx := netcut.New(t, srv.Addr().String())
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	anc, err := delivery.Connect("nats://"+prx.Addr(), "agent-h0", log, nats.Timeout(time.Second))
+	anc, err := delivery.Connect("nats://"+prx.Addr(), "agent-h0", log, nil, nats.Timeout(time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,18 +1,22 @@
 // Package peer is the small authenticated endpoint agents use to ask each
 // other whether they can renew their lease, and to relay a renewal
 // (docs/fencing.md, "Peers"). Requests and answers are JSON, signed with
-// HMAC-SHA256 over the body with a secret shared by the fleet, and carry
-// the sender, the addressee and a wall-clock timestamp checked against
-// MaxSkew so that a captured request cannot be replayed later or to
-// another host. Anything that fails (network, status, signature, decoding)
-// is PeerUnreachable to the asker: an answer that cannot be trusted
-// counts for nothing.
+// HMAC-SHA256 over the body with a secret shared by the fleet (several
+// during a rotation: Handler.Accepted, Client.Accepted), and carry the
+// sender, the addressee, a random nonce and a wall-clock timestamp checked
+// against MaxSkew; a request already seen within that window is refused
+// (ReplayCache), so a captured request can be replayed neither later, nor
+// to another host, nor again. Anything that fails (network, status,
+// signature, decoding) is PeerUnreachable to the asker: an answer that
+// cannot be trusted counts for nothing. Serve runs the endpoint with the
+// timeouts and connection limits of limits.go.
 package peer
 
 import (
 	"bytes"
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -20,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"time"
 
 	"hvguard/fencing"
@@ -47,6 +52,11 @@ type Request struct {
 	Round   uint64               `json:"round"`
 	Renewal fencing.RenewRequest `json:"renewal"`
 	SentAt  time.Time            `json:"sent_at"`
+	// Nonce is random per request: no two requests have the same body,
+	// so the receiver's replay cache (keyed by the body's digest) refuses
+	// only replays. Requests of older agents have none and are still
+	// unique by their nanosecond SentAt.
+	Nonce string `json:"nonce,omitempty"`
 }
 
 // Answer is a peer's answer.
@@ -74,14 +84,28 @@ func sign(secret, body []byte) string {
 	return hex.EncodeToString(m.Sum(nil))
 }
 
-func verify(secret, body []byte, sig string) bool {
+// verify reports whether sig is the HMAC of body under one of secrets
+// (secrets shorter than MinSecretLen never verify).
+func verify(secrets [][]byte, body []byte, sig string) bool {
 	want, err := hex.DecodeString(sig)
 	if err != nil {
 		return false
 	}
-	m := hmac.New(sha256.New, secret)
-	m.Write(body)
-	return hmac.Equal(m.Sum(nil), want)
+	ok := false
+	for _, s := range secrets {
+		if len(s) < MinSecretLen {
+			continue
+		}
+		m := hmac.New(sha256.New, s)
+		m.Write(body)
+		ok = hmac.Equal(m.Sum(nil), want) || ok
+	}
+	return ok
+}
+
+// keys returns the signing secret followed by the other accepted ones.
+func keys(sign []byte, accepted [][]byte) [][]byte {
+	return append([][]byte{sign}, accepted...)
 }
 
 func fresh(at, now time.Time) bool {
@@ -91,14 +115,33 @@ func fresh(at, now time.Time) bool {
 
 // Handler answers peer questions for host.
 type Handler struct {
-	Host   string
-	Secret []byte
+	Host string
+	// Secret signs the answers and verifies requests; Accepted are further
+	// secrets requests may be signed with (a rotation: docs/security.md,
+	// "Peer endpoint").
+	Secret   []byte
+	Accepted [][]byte
 	// View returns the agent's current PeerView (stored by its loop) and
 	// the current time on the agent's clock.
 	View    func() (fencing.PeerView, time.Time)
 	Relayer Relayer
 	// Wall is the wall clock for the replay window (time.Now if nil).
 	Wall func() time.Time
+	// Replays remembers the requests seen within the acceptance window
+	// (created on first use).
+	Replays *ReplayCache
+	once    sync.Once
+	// Refused, if set, is told why a request was refused (a metric/log
+	// hook): "method", "body", "signature", "decode", "addressee",
+	// "stale", "relay-host", "replay".
+	Refused func(reason string)
+}
+
+func (h *Handler) refuse(w http.ResponseWriter, reason, msg string, code int) {
+	if h.Refused != nil {
+		h.Refused(reason)
+	}
+	http.Error(w, msg, code)
 }
 
 func (h *Handler) wall() time.Time {
@@ -111,29 +154,49 @@ func (h *Handler) wall() time.Time {
 // ServeHTTP implements http.Handler.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
-		http.Error(w, "POST only", http.StatusMethodNotAllowed)
+		h.refuse(w, "method", "POST only", http.StatusMethodNotAllowed)
 		return
 	}
 	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody))
 	if err != nil {
-		http.Error(w, "read body", http.StatusBadRequest)
+		h.refuse(w, "body", "read body", http.StatusBadRequest)
 		return
 	}
-	if len(h.Secret) < MinSecretLen || !verify(h.Secret, body, r.Header.Get(SignatureHeader)) {
-		http.Error(w, "bad signature", http.StatusUnauthorized)
+	if len(h.Secret) < MinSecretLen || !verify(keys(h.Secret, h.Accepted), body, r.Header.Get(SignatureHeader)) {
+		h.refuse(w, "signature", "bad signature", http.StatusUnauthorized)
 		return
 	}
 	var req Request
 	if err := json.Unmarshal(body, &req); err != nil {
-		http.Error(w, "bad request", http.StatusBadRequest)
+		h.refuse(w, "decode", "bad request", http.StatusBadRequest)
 		return
 	}
-	if req.To != h.Host || !fresh(req.SentAt, h.wall()) || req.Renewal.Record.Host != req.From {
-		http.Error(w, "wrong addressee, stale request or relay for another host", http.StatusForbidden)
+	now := h.wall()
+	switch {
+	case req.To != h.Host:
+		h.refuse(w, "addressee", "wrong addressee", http.StatusForbidden)
+		return
+	case !fresh(req.SentAt, now):
+		h.refuse(w, "stale", "stale request (sent_at outside the replay window)", http.StatusForbidden)
+		return
+	case req.Renewal.Record.Host != req.From:
+		h.refuse(w, "relay-host", "relay for another host", http.StatusForbidden)
 		return
 	}
-	view, now := h.View()
-	st := view.Status(now)
+	h.once.Do(func() {
+		if h.Replays == nil {
+			h.Replays = NewReplayCache(DefaultReplayEntries)
+		}
+	})
+	// Only a signed, fresh, addressed request is remembered (a forged one
+	// must not fill the cache); it is remembered until it leaves the
+	// acceptance window.
+	if !h.Replays.First(sha256.Sum256(body), req.SentAt.Add(MaxSkew), now) {
+		h.refuse(w, "replay", "replayed request", http.StatusForbidden)
+		return
+	}
+	view, vnow := h.View()
+	st := view.Status(vnow)
 	ans := Answer{From: h.Host, To: req.From, Round: req.Round, Kind: st.Answer()}
 	if ans.Kind == fencing.PeerRelayFailed && h.Relayer != nil {
 		res := h.Relayer.Relay(r.Context(), req.Renewal, view.Timing.RenewTimeout)
@@ -158,9 +221,12 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // Client asks peers.
 type Client struct {
-	Host   string
-	Secret []byte
-	HTTP   *http.Client
+	Host string
+	// Secret signs the requests and verifies answers; Accepted are further
+	// secrets answers may be signed with (a rotation).
+	Secret   []byte
+	Accepted [][]byte
+	HTTP     *http.Client
 	// URL returns the endpoint URL of peer (e.g. "https://"+peer+":9476"+Path).
 	URL func(peer string) string
 	// Wall is the wall clock for the replay window (time.Now if nil).
@@ -182,7 +248,10 @@ func (c *Client) Ask(ctx context.Context, peer string, rd fencing.PeerRound) (fe
 	if len(c.Secret) < MinSecretLen {
 		return unreachable, errors.New("peer: shared secret too short")
 	}
-	body, err := json.Marshal(Request{From: c.Host, To: peer, Round: rd.ID, Renewal: rd.Renewal, SentAt: c.wall()})
+	var nonce [16]byte
+	_, _ = rand.Read(nonce[:]) // never fails (crypto/rand.Read)
+	body, err := json.Marshal(Request{From: c.Host, To: peer, Round: rd.ID, Renewal: rd.Renewal, SentAt: c.wall(),
+		Nonce: hex.EncodeToString(nonce[:])})
 	if err != nil {
 		return unreachable, fmt.Errorf("peer %s: encode: %w", peer, err)
 	}
@@ -208,7 +277,7 @@ func (c *Client) Ask(ctx context.Context, peer string, rd fencing.PeerRound) (fe
 	if resp.StatusCode != http.StatusOK {
 		return unreachable, fmt.Errorf("peer %s: status %s", peer, resp.Status)
 	}
-	if !verify(c.Secret, out, resp.Header.Get(SignatureHeader)) {
+	if !verify(keys(c.Secret, c.Accepted), out, resp.Header.Get(SignatureHeader)) {
 		return unreachable, fmt.Errorf("peer %s: bad answer signature", peer)
 	}
 	var ans Answer
@@ -219,4 +288,26 @@ func (c *Client) Ask(ctx context.Context, peer string, rd fencing.PeerRound) (fe
 		return unreachable, fmt.Errorf("peer %s: answer for another round, host or time", peer)
 	}
 	return fencing.PeerAnswer{Kind: ans.Kind, Revision: ans.Revision, Current: ans.Current, KeyAbsent: ans.KeyAbsent}, nil
+}
+
+// ParseSecrets parses a peer secret file: one secret per line (surrounding
+// whitespace trimmed, empty lines ignored), each at least MinSecretLen
+// bytes. The first signs; all of them are accepted (a rotation:
+// docs/security.md, "Peer endpoint").
+func ParseSecrets(data []byte) (sign []byte, accepted [][]byte, err error) {
+	var all [][]byte
+	for i, line := range bytes.Split(data, []byte("\n")) {
+		s := bytes.TrimSpace(line)
+		if len(s) == 0 {
+			continue
+		}
+		if len(s) < MinSecretLen {
+			return nil, nil, fmt.Errorf("line %d: secret must be at least %d bytes", i+1, MinSecretLen)
+		}
+		all = append(all, s)
+	}
+	if len(all) == 0 {
+		return nil, nil, fmt.Errorf("no secret (want one per line, at least %d bytes each)", MinSecretLen)
+	}
+	return all[0], all[1:], nil
 }

@@ -110,7 +110,7 @@ func startCtl(t *testing.T, bin, ns string, net int, id string, nodes []*cluster
 	}
 	cfg := fmt.Sprintf(`id: %s
 log: {level: debug, format: json}
-nats: {urls: [%s], ready_timeout: 10s}
+nats: {urls: [%s], ready_timeout: 10s, allow_insecure: true}
 leader: {ttl: 1s, renew_interval: 250ms, write_timeout: 200ms, act_margin: 200ms}
 guard: {share: 0.5, window: 1s}
 metrics: {listen: "127.0.0.1:0"}

@@ -258,7 +258,7 @@ state_dir: %s
 log: {level: info, format: text}
 libvirt: %s
 lifecycle: {window: 400ms}
-nats: {urls: ["%s"], ready_timeout: 2s}
+nats: {urls: ["%s"], ready_timeout: 2s, allow_insecure: true}
 metrics: {listen: "%s:9475"}
 status: {socket: %s}
 shutdown_timeout: 1s
