@@ -431,7 +431,7 @@ func (d *Daemon) dialNATS() error {
 		return err
 	}
 	opts := append(delivery.ConnOptions(d.log, &d.natsStats), auth...)
-	opts = append(opts, nats.Name("hvguard-agent "+d.cfg.Host))
+	opts = append(opts, nats.Name("hvguard-agent "+d.cfg.Host), nats.CustomInboxPrefix(proto.AgentInboxPrefix(d.cfg.Host)))
 	nc, err := nats.Connect(d.cfg.NATS.URL(), opts...)
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)

@@ -13,6 +13,7 @@ import (
 
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
+	"hvguard/proto"
 )
 
 // UnfenceTimeout bounds `hvguard-agent --unfence` as a whole (connect,
@@ -49,7 +50,8 @@ func Unfence(ctx context.Context, cfg Config, log *slog.Logger, rec FenceReconci
 	if err != nil {
 		return "", fmt.Errorf("unfence: %w", err)
 	}
-	opts := append([]nats.Option{nats.Name("hvguard-agent --unfence " + cfg.Host), nats.Timeout(5 * time.Second)}, auth...)
+	opts := append([]nats.Option{nats.Name("hvguard-agent --unfence " + cfg.Host), nats.Timeout(5 * time.Second),
+		nats.CustomInboxPrefix(proto.AgentInboxPrefix(cfg.Host))}, auth...)
 	nc, err := nats.Connect(cfg.NATS.URL(), opts...)
 	if err != nil {
 		return "", fmt.Errorf("unfence: nats: %w", err)

@@ -136,6 +136,20 @@ func hostSubject(host, kind string) (string, error) {
 	return SubjectPrefix + "." + tok + "." + kind, nil
 }
 
+// AgentInboxPrefix returns the reply inbox prefix of host's agent,
+// "_INBOX.hvguard-agent.<HostToken(host)>" ("" for an invalid host name):
+// the agent's connection uses it for every request (KV, JetStream API,
+// publish acks), so a least-privilege NATS user may subscribe to its own
+// replies only (docs/security.md, "NATS permissions"). The second token
+// contains '-', which no default inbox (a NUID) does.
+func AgentInboxPrefix(host string) string {
+	tok, err := HostToken(host)
+	if err != nil {
+		return ""
+	}
+	return "_INBOX.hvguard-agent." + tok
+}
+
 // MsgID returns the JetStream Nats-Msg-Id of a host's event seq in
 // incarnation inc: "<host>:<incarnation>:<seq>", or "<host>:<seq>" without
 // one (zero) (outboxes created before incarnations existed keep the

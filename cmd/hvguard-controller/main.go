@@ -13,10 +13,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 	"time"
 
 	"hvguard/controller/daemon"
+	"hvguard/controller/natsperm"
 	"hvguard/daemonkit"
 )
 
@@ -42,6 +44,8 @@ Usage:
   hvguard-controller [flags]            run the daemon
   hvguard-controller status [HOST] [--json] [--addr HOST:PORT]
                                         print the running controller's view
+  hvguard-controller nats-accounts --keys DIR USER...
+                                        print the NATS server accounts block
 
 Flags:
   --config PATH        configuration file (default %s)
@@ -76,6 +80,17 @@ each from its own view of the stream. Exit status:
 0 printed, 1 no controller answered (or a bad answer), 2 bad command line,
 78 invalid --config.
 
+nats-accounts: prints, for nats-server.conf (include it), the HVGUARD
+account with one NKey user per USER and its least-privilege permissions
+(docs/security.md, "NATS permissions"). USER is agent:HOST (one per compute
+node, its host: setting), controller:ID (every controller) or reader:NAME
+(read-only consumers). Each user's NKey seed is DIR/ROLE-NAME.nk: read if it
+exists, else created (mode 0600, said on stderr); copy it to that machine
+(e.g. /etc/hvguard/nats.nk, mode 0600) and set nats.nkey_seed_file. Run it
+again with the whole fleet whenever a host or controller is added. Exit
+status: 0 printed, 2 bad command line or user, 1 a key could not be read or
+written.
+
 Exit status: 0 stopped cleanly, 1 failed at run time, 2 bad command line,
 78 unreadable or invalid configuration (systemd does not restart it).
 
@@ -100,6 +115,9 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "status" {
 		return runStatus(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "nats-accounts" {
+		return runNATSAccounts(args[1:], stdout, stderr)
 	}
 	cli := daemonkit.NewCLI("hvguard-controller", daemon.DefaultConfigPath, stderr, func() {
 		fmt.Fprintf(stderr, usage, daemon.DefaultConfigPath, daemon.DefaultListen)
@@ -189,5 +207,59 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	daemon.PrintStatus(stdout, st)
+	return 0
+}
+
+func runNATSAccounts(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("hvguard-controller nats-accounts", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprintf(stderr, usage, daemon.DefaultConfigPath, daemon.DefaultListen) }
+	keys := fs.String("keys", "", "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *keys == "" || fs.NArg() == 0 {
+		fmt.Fprintln(stderr, "hvguard-controller nats-accounts: --keys DIR and at least one USER (agent:HOST, controller:ID, reader:NAME) are required")
+		return 2
+	}
+	var users []natsperm.User
+	seen := map[string]bool{}
+	for _, spec := range fs.Args() {
+		u, err := natsperm.ParseUser(spec)
+		if err != nil {
+			fmt.Fprintf(stderr, "hvguard-controller nats-accounts: %v\n", err)
+			return 2
+		}
+		if seen[spec] {
+			fmt.Fprintf(stderr, "hvguard-controller nats-accounts: %q given twice\n", spec)
+			return 2
+		}
+		seen[spec] = true
+		users = append(users, u)
+	}
+	if err := os.MkdirAll(*keys, 0o700); err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: --keys: %v\n", err)
+		return 1
+	}
+	for i := range users {
+		created, err := natsperm.KeyPair(*keys, &users[i])
+		if err != nil {
+			fmt.Fprintf(stderr, "hvguard-controller nats-accounts: %v\n", err)
+			return 1
+		}
+		if created {
+			fmt.Fprintf(stderr, "created %s (copy it to %s %s, mode 0600)\n",
+				filepath.Join(*keys, natsperm.SeedFile(users[i])), users[i].Role, users[i].Name)
+		}
+	}
+	out, err := natsperm.Render(users, natsperm.Header)
+	if err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: %v\n", err)
+		return 2
+	}
+	_, _ = io.WriteString(stdout, out)
 	return 0
 }

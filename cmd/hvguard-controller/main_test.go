@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/nats-io/nats-server/v2/server"
+
 	"bytes"
 	"context"
 	"encoding/json"
@@ -31,7 +33,7 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		t.Fatalf("--help exited %d", code)
 	}
 	for _, f := range []string{"--config", "--check-config", "--print-defaults", "--log-level", "--log-format", "--version",
-		"status", "--json", "--addr", "READY=1", "WATCHDOG=1", "STATUS=", "/metrics", "/healthz", "/status", "78", "SIGTERM"} {
+		"status", "--json", "--addr", "nats-accounts", "--keys", "READY=1", "WATCHDOG=1", "STATUS=", "/metrics", "/healthz", "/status", "78", "SIGTERM"} {
 		if !strings.Contains(errOut, f) {
 			t.Errorf("--help does not mention %s", f)
 		}
@@ -156,5 +158,32 @@ func TestStatusCommand(t *testing.T) {
 	}
 	if code, _, _ := runCLI("status", "node1", "extra"); code != 2 {
 		t.Fatalf("status node1 extra: exit %d, want 2", code)
+	}
+}
+
+// nats-accounts creates a seed per user once (0600), prints an accounts
+// block nats-server parses, and refuses a bad user.
+func TestNATSAccounts(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "keys")
+	code, out, errOut := runCLI("nats-accounts", "--keys", dir, "agent:compute-1.example.org", "controller:ctl-1", "reader:dash")
+	if code != 0 || !strings.Contains(out, "hvguard.v1.compute-1_example_org.lifecycle") || strings.Count(errOut, "created ") != 3 {
+		t.Fatalf("exit %d, out %q, err %q", code, out, errOut)
+	}
+	st, err := os.Stat(filepath.Join(dir, "agent-compute-1.example.org.nk"))
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("seed: %v %v", st, err)
+	}
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	os.WriteFile(conf, []byte(out), 0o600)
+	if o, err := server.ProcessConfigFile(conf); err != nil || len(o.Nkeys) != 3 {
+		t.Fatalf("nats-server: %v", err)
+	}
+	// Again: the same keys, nothing created.
+	code, out2, errOut := runCLI("nats-accounts", "--keys", dir, "agent:compute-1.example.org", "controller:ctl-1", "reader:dash")
+	if code != 0 || out2 != out || errOut != "" {
+		t.Fatalf("second run: exit %d, same %v, err %q", code, out2 == out, errOut)
+	}
+	if code, _, errOut := runCLI("nats-accounts", "--keys", dir, "agent:bad_host"); code != 2 || !strings.Contains(errOut, "agent:bad_host") {
+		t.Fatalf("bad host: exit %d, err %q", code, errOut)
 	}
 }

@@ -133,12 +133,18 @@ func agentConfig(t *testing.T, host, natsURL, stateDir string) agent.Config {
 // whichever comes first, and reports differently).
 func startAgent(t *testing.T, cfg agent.Config, opts agent.Options) (stop func() error) {
 	t.Helper()
+	return startAgentLog(t, cfg, opts, quietLog())
+}
+
+// startAgentLog is startAgent with the agent's logger.
+func startAgentLog(t *testing.T, cfg agent.Config, opts agent.Options, log *slog.Logger) (stop func() error) {
+	t.Helper()
 	ready := make(chan struct{})
 	opts.Ready = ready
 	listed := firstListing(&opts)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- agent.Run(ctx, cfg, quietLog(), opts) }()
+	go func() { done <- agent.Run(ctx, cfg, log, opts) }()
 	for _, w := range []struct {
 		what string
 		ch   <-chan struct{}

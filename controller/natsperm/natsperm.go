@@ -1,0 +1,273 @@
+// Package natsperm holds the least-privilege NATS permissions of hvguard's
+// roles — agent (one set per host), controller and read-only consumer —
+// and renders them as a nats-server configuration (an accounts block
+// with one NKey user per agent, controller and reader) to include in the
+// server's configuration. packaging/nats/hvguard-accounts.conf is its
+// output for example users; `hvguard-controller nats-accounts` writes the
+// one for a real fleet (docs/security.md, "NATS permissions").
+//
+// nats-server's configuration-file users cannot use permission templates
+// (those exist only for JWT scoped signing keys), and an agent's subjects
+// carry its host token, so every agent gets its own user with its own
+// permissions.
+package natsperm
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	"hvguard/controller"
+	"hvguard/fencing"
+	"hvguard/proto"
+)
+
+// Role is what a NATS user of hvguard does.
+type Role string
+
+const (
+	// RoleAgent is one compute node's hvguard-agent.
+	RoleAgent Role = "agent"
+	// RoleController is an hvguard-controller (every controller: one
+	// leads, the others stand by).
+	RoleController Role = "controller"
+	// RoleReader is a read-only consumer (dashboards, `nats` CLI, tools):
+	// it reads the event stream, the lease bucket and the live decision
+	// and fence events, and writes nothing.
+	RoleReader Role = "reader"
+)
+
+// Account is the NATS account hvguard's users live in (JetStream enabled).
+const Account = "HVGUARD"
+
+// Names of what the permissions cover.
+const (
+	kvStream     = "KV_" + fencing.Bucket
+	kvPrefix     = "$KV." + fencing.Bucket + "."
+	eventsStream = proto.StreamName
+	jsAPI        = "$JS.API."
+)
+
+// ControllerKeys are the lease bucket's keys only controllers write (the
+// guard and the leader lock). Agents may write every other key (their own
+// record, and their peers' records they relay), never these.
+var ControllerKeys = []string{fencing.GuardKey, controller.LeaderKey}
+
+// Permissions are one user's publish and subscribe permissions (subjects
+// with NATS wildcards; a deny wins over an allow).
+type Permissions struct {
+	PubAllow, PubDeny, SubAllow, SubDeny []string
+}
+
+// User is one NATS user: its role, its name (an agent's host name, a
+// controller's id, a reader's name) and its NKey public key.
+type User struct {
+	Role Role
+	Name string
+	NKey string
+}
+
+// Agent returns host's permissions.
+//
+// Publish: its own lifecycle, reconcile and fence subjects; the lease
+// bucket's keys (its own record and relays of its peers' records — with
+// signed records a relay can only carry what the owner signed) except the
+// controller's keys; the JetStream API calls it makes: stream info of the
+// event stream and of the lease bucket, direct gets of lease keys, the
+// ordered consumers listing the bucket's keys, their flow control.
+// Subscribe: only its own inbox prefix (proto.AgentInboxPrefix), so it
+// sees no other client's replies. Nothing else: no stream or consumer
+// management, no other host's events, no purge or delete of a stream.
+func Agent(host string) (Permissions, error) {
+	tok, err := proto.HostToken(host)
+	if err != nil {
+		return Permissions{}, err
+	}
+	p := Permissions{
+		PubAllow: []string{
+			proto.SubjectPrefix + "." + tok + "." + proto.KindLifecycle,
+			proto.SubjectPrefix + "." + tok + "." + proto.KindReconcile,
+			proto.SubjectPrefix + "." + tok + "." + proto.KindFence,
+			kvPrefix + "*",
+			jsAPI + "INFO",
+			jsAPI + "STREAM.INFO." + eventsStream,
+			jsAPI + "STREAM.INFO." + kvStream,
+			jsAPI + "DIRECT.GET." + kvStream + ".>",
+			jsAPI + "STREAM.MSG.GET." + kvStream,
+			jsAPI + "CONSUMER.CREATE." + kvStream + ".>",
+			jsAPI + "CONSUMER.DELETE." + kvStream + ".>",
+			"$JS.FC." + kvStream + ".>",
+		},
+		SubAllow: []string{proto.AgentInboxPrefix(host) + ".>"},
+	}
+	for _, k := range ControllerKeys {
+		p.PubDeny = append(p.PubDeny, kvPrefix+k)
+	}
+	return p, nil
+}
+
+// Controller returns a controller's permissions: everything on the lease
+// bucket (it declares, releases, publishes the guard and holds the leader
+// lock), its durable consumer on the event stream (create, info, fetch,
+// ack, delete: it starts a fresh one at start), the decision subject, replies on the default inbox prefix.
+func Controller() Permissions {
+	return Permissions{
+		PubAllow: []string{
+			kvPrefix + ">",
+			proto.ControllerDecisionSubject,
+			jsAPI + "INFO",
+			jsAPI + "STREAM.INFO." + kvStream,
+			jsAPI + "STREAM.INFO." + eventsStream,
+			jsAPI + "DIRECT.GET." + kvStream + ".>",
+			jsAPI + "STREAM.MSG.GET." + kvStream,
+			jsAPI + "CONSUMER.CREATE." + kvStream + ".>",
+			jsAPI + "CONSUMER.DELETE." + kvStream + ".>",
+			jsAPI + "CONSUMER.CREATE." + eventsStream + ".>",
+			jsAPI + "CONSUMER.DURABLE.CREATE." + eventsStream + ".>",
+			jsAPI + "CONSUMER.DELETE." + eventsStream + ".>",
+			jsAPI + "CONSUMER.INFO." + eventsStream + ".>",
+			jsAPI + "CONSUMER.MSG.NEXT." + eventsStream + ".>",
+			"$JS.ACK." + eventsStream + ".>",
+			"$JS.FC.>",
+		},
+		SubAllow: []string{"_INBOX.>"},
+	}
+}
+
+// Reader returns a read-only consumer's permissions: live subscriptions
+// to hvguard's subjects (events, fence and decision events) and to the
+// lease bucket's updates, stream info, direct gets, and its own ephemeral
+// consumers on both streams; replies on the default inbox prefix. The
+// controllers' durable consumers (named after controllers, their ids) are
+// denied so a reader can neither change nor delete them.
+func Reader(controllers []string) Permissions {
+	p := Permissions{
+		PubAllow: []string{
+			jsAPI + "INFO",
+			jsAPI + "STREAM.INFO." + kvStream,
+			jsAPI + "STREAM.INFO." + eventsStream,
+			jsAPI + "DIRECT.GET." + kvStream + ".>",
+			jsAPI + "DIRECT.GET." + eventsStream + ".>",
+			jsAPI + "STREAM.MSG.GET." + kvStream,
+			jsAPI + "STREAM.MSG.GET." + eventsStream,
+			jsAPI + "CONSUMER.CREATE." + kvStream + ".>",
+			jsAPI + "CONSUMER.CREATE." + eventsStream + ".>",
+			jsAPI + "CONSUMER.DELETE." + kvStream + ".>",
+			"$JS.FC.>",
+		},
+		SubAllow: []string{"_INBOX.>", proto.SubjectPrefix + ".>", kvPrefix + ">"},
+	}
+	p.PubDeny = durableDenies(controllers)
+	return p
+}
+
+// durableDenies denies the management of the controllers' durable
+// consumers on the event stream.
+func durableDenies(controllers []string) []string {
+	var out []string
+	for _, id := range controllers {
+		d := controller.DurableName(id)
+		out = append(out,
+			jsAPI+"CONSUMER.CREATE."+eventsStream+"."+d,
+			jsAPI+"CONSUMER.CREATE."+eventsStream+"."+d+".>",
+			jsAPI+"CONSUMER.DELETE."+eventsStream+"."+d)
+	}
+	return out
+}
+
+// PermissionsOf returns u's permissions; controllers are the
+// controllers' ids (for the readers' denies).
+func PermissionsOf(u User, controllers []string) (Permissions, error) {
+	switch u.Role {
+	case RoleAgent:
+		return Agent(u.Name)
+	case RoleController:
+		return Controller(), nil
+	case RoleReader:
+		return Reader(controllers), nil
+	}
+	return Permissions{}, fmt.Errorf("role %q: must be agent, controller or reader", u.Role)
+}
+
+// Render returns the accounts block for users (sorted by role, then
+// name), ready to include in a nats-server configuration.
+func Render(users []User, header string) (string, error) {
+	us := append([]User(nil), users...)
+	order := map[Role]int{RoleController: 0, RoleAgent: 1, RoleReader: 2}
+	sort.SliceStable(us, func(i, j int) bool {
+		if order[us[i].Role] != order[us[j].Role] {
+			return order[us[i].Role] < order[us[j].Role]
+		}
+		return us[i].Name < us[j].Name
+	})
+	var controllers []string
+	for _, u := range us {
+		if u.Role == RoleController {
+			controllers = append(controllers, u.Name)
+		}
+	}
+	var b strings.Builder
+	b.WriteString(header)
+	fmt.Fprintf(&b, "accounts {\n  %s {\n    jetstream: enabled\n    users: [\n", Account)
+	for _, u := range us {
+		p, err := PermissionsOf(u, controllers)
+		if err != nil {
+			return "", fmt.Errorf("user %q: %w", u.Name, err)
+		}
+		if !strings.HasPrefix(u.NKey, "U") {
+			return "", fmt.Errorf("user %s %q: nkey %q is not a user public key", u.Role, u.Name, u.NKey)
+		}
+		fmt.Fprintf(&b, "      # %s %s\n      {\n        nkey: %s\n        permissions: {\n", u.Role, u.Name, u.NKey)
+		list(&b, "publish", p.PubAllow, p.PubDeny)
+		list(&b, "subscribe", p.SubAllow, p.SubDeny)
+		b.WriteString("        }\n      }\n")
+	}
+	b.WriteString("    ]\n  }\n}\n")
+	return b.String(), nil
+}
+
+func list(b *strings.Builder, what string, allow, deny []string) {
+	fmt.Fprintf(b, "          %s: {\n", what)
+	for _, l := range []struct {
+		name string
+		subs []string
+	}{{"allow", allow}, {"deny", deny}} {
+		if len(l.subs) == 0 {
+			continue
+		}
+		q := make([]string, len(l.subs))
+		for i, s := range l.subs {
+			q[i] = fmt.Sprintf("%q", s)
+		}
+		fmt.Fprintf(b, "            %s: [\n              %s\n            ]\n", l.name, strings.Join(q, "\n              "))
+	}
+	fmt.Fprintf(b, "          }\n")
+}
+
+// ParseUser parses a user given as "role:name" (agent:HOST,
+// controller:ID, reader:NAME); the key is filled in later.
+func ParseUser(spec string) (User, error) {
+	role, name, ok := strings.Cut(spec, ":")
+	u := User{Role: Role(role), Name: name}
+	if !ok || name == "" {
+		return u, fmt.Errorf("%q: want role:name (agent:HOST, controller:ID or reader:NAME)", spec)
+	}
+	switch u.Role {
+	case RoleAgent:
+		if _, err := proto.HostToken(name); err != nil {
+			return u, fmt.Errorf("%q: %w", spec, err)
+		}
+	case RoleController, RoleReader:
+		for _, r := range name {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+				return u, fmt.Errorf("%q: name may only have letters, digits, '-', '_', '.'", spec)
+			}
+		}
+	default:
+		return u, fmt.Errorf("%q: role %q must be agent, controller or reader", spec, role)
+	}
+	return u, nil
+}
+
+// SeedFile is the name of u's NKey seed file in a keys directory.
+func SeedFile(u User) string { return string(u.Role) + "-" + u.Name + ".nk" }

@@ -1,0 +1,426 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/agent"
+	"hvguard/agent/delivery"
+	"hvguard/agent/delivery/deliverytest"
+	"hvguard/controller"
+	"hvguard/controller/daemon"
+	"hvguard/controller/natsperm"
+	"hvguard/daemonkit"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+	"hvguard/proto"
+	"hvguard/test/netcut"
+)
+
+// The shipped accounts file and the seeds of its example users.
+const (
+	shippedAccounts = "../../packaging/nats/hvguard-accounts.conf"
+	exampleSeeds    = "../../controller/natsperm/testdata/example-users.txt"
+)
+
+// logBuffer is a slog handler's target that tests can search.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}
+
+// permServer starts nats-server the way an operator would: first with an
+// admin user in the HVGUARD account to provision the event stream and the
+// lease bucket, then, on the same store, with only the shipped accounts
+// file included (copied verbatim next to the main configuration). It
+// returns the client URL.
+func permServer(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	store := filepath.Join(dir, "js")
+	start := func(conf string) *server.Server {
+		main := filepath.Join(dir, "nats-server.conf")
+		if err := os.WriteFile(main, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		o, err := server.ProcessConfigFile(main)
+		if err != nil {
+			t.Fatalf("nats-server config: %v", err)
+		}
+		o.Host, o.Port, o.NoLog, o.NoSigs = "127.0.0.1", -1, true, true
+		s, err := server.NewServer(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatal("nats-server not ready")
+		}
+		return s
+	}
+	js := fmt.Sprintf("jetstream: {store_dir: %q}\n", store)
+	admin := start(js + `accounts { HVGUARD { jetstream: enabled, users: [{user: admin, password: admin-only-for-provisioning}] } }` + "\n")
+	nc, err := nats.Connect(admin.ClientURL(), nats.UserInfo("admin", "admin-only-for-provisioning"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	j, _ := jetstream.New(nc)
+	if _, err := j.CreateStream(ctx, delivery.StreamConfig(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.CreateKeyValue(ctx, natslease.BucketConfig(1)); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	admin.Shutdown()
+	admin.WaitForShutdown()
+
+	shipped, err := os.ReadFile(shippedAccounts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "hvguard-accounts.conf"), shipped, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := start(js + "include ./hvguard-accounts.conf\n")
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s.ClientURL()
+}
+
+// seedFile writes a user's example seed (mode 0600) and returns its path.
+func seedFile(t *testing.T, seeds map[string]string, user string) string {
+	t.Helper()
+	s, ok := seeds[user]
+	if !ok {
+		t.Fatalf("no example seed for %s", user)
+	}
+	p := filepath.Join(t.TempDir(), "nats.nk")
+	if err := os.WriteFile(p, []byte(s+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// deniedConn connects as user with the connection options the daemons use
+// and collects the asynchronous permission errors.
+type deniedConn struct {
+	nc   *nats.Conn
+	mu   sync.Mutex
+	errs []error
+}
+
+func connectAs(t *testing.T, url string, seeds map[string]string, user, inbox string) *deniedConn {
+	t.Helper()
+	n := daemonkitNATS(url, seedFile(t, seeds, user))
+	auth, err := n.Options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &deniedConn{}
+	opts := append(auth, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		d.mu.Lock()
+		d.errs = append(d.errs, err)
+		d.mu.Unlock()
+	}))
+	if inbox != "" {
+		opts = append(opts, nats.CustomInboxPrefix(inbox))
+	}
+	if d.nc, err = nats.Connect(url, opts...); err != nil {
+		t.Fatalf("connect as %s: %v", user, err)
+	}
+	t.Cleanup(d.nc.Close)
+	return d
+}
+
+// denied waits for the server's refusal of perm ("publish \"subject\"" or
+// "subscription \"subject\"") and returns its message.
+func (d *deniedConn) denied(t *testing.T, perm string) string {
+	t.Helper()
+	end := time.Now().Add(5 * time.Second)
+	for time.Now().Before(end) {
+		d.mu.Lock()
+		for _, e := range d.errs {
+			if delivery.PermissionOf(e) == perm {
+				d.mu.Unlock()
+				return e.Error()
+			}
+		}
+		d.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	t.Fatalf("no permission violation for %s; got %v", perm, d.errs)
+	return ""
+}
+
+// TestNATSPermissions runs two real agents (fencing on, pausing nothing)
+// and a real controller on a nats-server configured with the shipped
+// accounts file, each authenticated with its own NKey: everything works
+// under the least-privilege permissions — events are stored, leases
+// renewed, the guard published, a cut-off agent's renewals relayed by its
+// peer (a write of another host's key), and an isolated agent declared by
+// the controller — and no daemon logs a permission error. Then, as an
+// agent, the operations the permissions exist to refuse are refused, each
+// with an error naming the permission, and a reader reads but cannot
+// write.
+func TestNATSPermissions(t *testing.T) {
+	url := permServer(t)
+	_, seeds, err := natsperm.ReadSeeds(exampleSeeds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const h1, h2 = "compute-1.example.org", "compute-2.example.org"
+	secret := filepath.Join(t.TempDir(), "peer.secret")
+	if err := os.WriteFile(secret, []byte("integration-test-shared-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	portA, portB := deliverytest.FreePort(t), deliverytest.FreePort(t)
+	prxNATS2 := netcut.New(t, strings.TrimPrefix(url, "nats://"))
+	prxPeer1 := netcut.New(t, fmt.Sprintf("127.0.0.1:%d", portA)) // h2's way to h1's peer endpoint
+	var logs1, logs2, logsC logBuffer
+	var trMu sync.Mutex
+	var trans2 []fencing.Transition
+	agentCfg := func(host, natsURL string, listen int, peers map[string]string) agent.Config {
+		cfg := agentConfig(t, host, natsURL, t.TempDir())
+		cfg.NATS.NKeySeedFile = seedFile(t, seeds, "agent:"+host)
+		cfg.NATS.CreateStream = false
+		cfg.Fence.Enabled, cfg.Fence.Action, cfg.Fence.AllowReset = true, "pause", true
+		cfg.Fence.CreateBucket = false
+		cfg.Fence.PeerSecretFile = secret
+		cfg.Fence.PeerListen = fmt.Sprintf("127.0.0.1:%d", listen)
+		cfg.Fence.PeerURL = "http://127.0.0.1:9/{host}"
+		cfg.Fence.PeerURLs = peers
+		cfg.ShutdownTimeout = agent.Duration(time.Second)
+		f := &cfg.Fence // peerPair's ×0.2 timing: a relay crosses a proxy
+		f.RenewInterval, f.RenewTimeout = agent.Duration(400*time.Millisecond), agent.Duration(400*time.Millisecond)
+		f.PeerTimeout, f.FenceDeadline = agent.Duration(600*time.Millisecond), agent.Duration(time.Second)
+		f.LeaseTTL, f.HeldRecheck = agent.Duration(3*time.Second), agent.Duration(time.Second)
+		f.MembersRefresh = agent.Duration(500 * time.Millisecond)
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	// Fence nothing: the test driver's domains are shared with other tests.
+	noDomains := func(h agent.FenceHypervisor) agent.FenceHypervisor { return ownDomains{h, nil} }
+	startAgentLog(t, agentCfg(h1, url, portA, map[string]string{h2: fmt.Sprintf("http://127.0.0.1:%d", portB)}),
+		agent.Options{WrapFenceHypervisor: noDomains, ResetHost: func() error { return nil }}, logs1.logger())
+	startAgentLog(t, agentCfg(h2, "nats://"+prxNATS2.Addr(), portB, map[string]string{h1: "http://" + prxPeer1.Addr()}),
+		agent.Options{WrapFenceHypervisor: noDomains, ResetHost: func() error { return nil },
+			OnFenceTransition: func(tr fencing.Transition) { trMu.Lock(); trans2 = append(trans2, tr); trMu.Unlock() }},
+		logs2.logger())
+
+	ccfg := daemon.DefaultConfig()
+	ccfg.ID = "ctl-1"
+	ccfg.NATS.URLs = []string{url}
+	ccfg.NATS.NKeySeedFile = seedFile(t, seeds, "controller:ctl-1")
+	ccfg.NATS.CreateBucket = false
+	ccfg.NATS.ReadyTimeout = daemon.Duration(5 * time.Second)
+	ccfg.Leader = daemon.LeaderConfig{TTL: daemon.Duration(time.Second), RenewInterval: daemon.Duration(250 * time.Millisecond),
+		WriteTimeout: daemon.Duration(200 * time.Millisecond), ActMargin: daemon.Duration(200 * time.Millisecond)}
+	ccfg.Guard.Share, ccfg.Guard.Window = 0.5, daemon.Duration(time.Second) // 2 hosts: threshold 1
+	ccfg.Tracker.AcceptAgentDependentBackstop = true                        // the agents' backstop is reset
+	ccfg.Metrics.Listen = ""
+	if err := ccfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var decMu sync.Mutex
+	var declared []string
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon.Run(ctx, ccfg, logsC.logger(), daemon.Options{OnDecision: func(d controller.Decision, err error) {
+			if d.Op == controller.OpDeclare && err == nil {
+				decMu.Lock()
+				declared = append(declared, d.Host)
+				decMu.Unlock()
+			}
+		}})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+
+	// A reader watches what happens (its permissions are tested too).
+	reader := connectAs(t, url, seeds, "reader:dashboard", "")
+	rjs, _ := jetstream.New(reader.nc)
+	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer rcancel()
+	kv, err := rjs.KeyValue(rctx, fencing.Bucket)
+	if err != nil {
+		t.Fatalf("reader: lease bucket: %v", err)
+	}
+	record := func(host string) (fencing.LeaseRecord, uint64) {
+		e, err := kv.Get(rctx, mustToken(t, host))
+		if err != nil {
+			return fencing.LeaseRecord{}, 0
+		}
+		r, _ := fencing.DecodeRecord(e.Value())
+		return r, e.Revision()
+	}
+	waitUntil := func(what string, within time.Duration, ok func() bool) {
+		t.Helper()
+		end := time.Now().Add(within)
+		for !ok() {
+			if time.Now().After(end) {
+				t.Fatalf("%s: not within %s\nagent 1:\n%s\nagent 2:\n%s\ncontroller:\n%s", what, within, logs1.String(), logs2.String(), logsC.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	// Both agents renew, the controller publishes the guard, events are
+	// stored (the reader counts h1's lifecycle events in the stream).
+	waitUntil("both leases renewed", 10*time.Second, func() bool {
+		r1, _ := record(h1)
+		r2, _ := record(h2)
+		return r1.State == fencing.LeaseActive && r2.State == fencing.LeaseActive
+	})
+	waitUntil("guard published", 10*time.Second, func() bool { _, err := kv.Get(rctx, fencing.GuardKey); return err == nil })
+	subj, _ := proto.LifecycleSubject(h1)
+	waitUntil("h1's events stored", 10*time.Second, func() bool {
+		s, err := rjs.Stream(rctx, proto.StreamName)
+		if err != nil {
+			return false
+		}
+		info, err := s.Info(rctx, jetstream.WithSubjectFilter(subj))
+		return err == nil && info.State.Subjects[subj] > 0
+	})
+
+	// h2 loses NATS: h1 relays its renewals (a put on h2's key).
+	_, revBefore := record(h2)
+	prxNATS2.Blackhole(true)
+	waitUntil("h2 relayed by h1", 15*time.Second, func() bool {
+		trMu.Lock()
+		defer trMu.Unlock()
+		return slices.ContainsFunc(trans2, func(tr fencing.Transition) bool { return tr.Reason == fencing.ReasonRelayedByPeer })
+	})
+	if _, rev := record(h2); rev <= revBefore {
+		t.Fatalf("h2's key not written since the cut (revision %d, before %d)", rev, revBefore)
+	}
+	// h2 loses its peer too: it fences (nothing to pause) and the
+	// controller declares it.
+	prxPeer1.Blackhole(true)
+	waitUntil("h2 declared", 20*time.Second, func() bool {
+		decMu.Lock()
+		defer decMu.Unlock()
+		return slices.Contains(declared, h2)
+	})
+	waitUntil("h2's record expired", 5*time.Second, func() bool { r, _ := record(h2); return r.State == fencing.LeaseExpired })
+
+	for name, l := range map[string]*logBuffer{"agent " + h1: &logs1, "agent " + h2: &logs2, "controller": &logsC} {
+		if strings.Contains(l.String(), "permission denied") || strings.Contains(strings.ToLower(l.String()), "permissions violation") {
+			t.Errorf("%s hit a permission error under the shipped permissions:\n%s", name, l.String())
+		}
+	}
+
+	// As agent h1 (its credentials, its inbox prefix): what it must not do.
+	a := connectAs(t, url, seeds, "agent:"+h1, proto.AgentInboxPrefix(h1))
+	ajs, _ := jetstream.New(a.nc)
+	akv, err := ajs.KeyValue(rctx, fencing.Bucket)
+	if err != nil {
+		t.Fatalf("agent: lease bucket: %v", err)
+	}
+	short := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 500*time.Millisecond)
+	}
+	for _, key := range natsperm.ControllerKeys {
+		c, cc := short()
+		if _, err := akv.Put(c, key, []byte("{}")); err == nil {
+			t.Errorf("agent wrote %s", key)
+		}
+		cc()
+		msg := a.denied(t, fmt.Sprintf("publish %q", "$KV."+fencing.Bucket+"."+key))
+		t.Logf("agent writing %s: %s", key, msg)
+	}
+	other, _ := proto.LifecycleSubject(h2)
+	if err := a.nc.Publish(other, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("agent publishing another host's events: %s", a.denied(t, fmt.Sprintf("publish %q", other)))
+	c, cc := short()
+	if err := ajs.DeleteStream(c, proto.StreamName); err == nil {
+		t.Error("agent deleted the event stream")
+	}
+	cc()
+	a.denied(t, fmt.Sprintf("publish %q", "$JS.API.STREAM.DELETE."+proto.StreamName))
+	c, cc = short()
+	if s, err := ajs.Stream(c, "KV_"+fencing.Bucket); err == nil {
+		if err := s.Purge(c); err == nil {
+			t.Error("agent purged the lease bucket")
+		}
+	}
+	cc()
+	a.denied(t, fmt.Sprintf("publish %q", "$JS.API.STREAM.PURGE.KV_"+fencing.Bucket))
+	if _, err := a.nc.SubscribeSync("_INBOX.>"); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("agent subscribing to every inbox: %s", a.denied(t, `subscription "_INBOX.>"`))
+	// What it may do besides its own key: relay a peer's record.
+	c, cc = short()
+	if _, err := akv.Put(c, mustToken(t, "compute-9.example.org"), []byte("{}")); err != nil {
+		t.Errorf("agent could not write another host's key (relays): %v", err)
+	}
+	cc()
+
+	// The reader writes nothing.
+	c, cc = short()
+	if _, err := kv.Put(c, mustToken(t, h1), []byte("{}")); err == nil {
+		t.Error("reader wrote a lease")
+	}
+	cc()
+	reader.denied(t, fmt.Sprintf("publish %q", "$KV."+fencing.Bucket+"."+mustToken(t, h1)))
+	c, cc = short()
+	_, err = rjs.CreateOrUpdateConsumer(c, proto.StreamName, jetstream.ConsumerConfig{Durable: controller.DurableName("ctl-1")})
+	cc()
+	if err == nil {
+		t.Error("reader changed the controller's durable consumer")
+	}
+	reader.denied(t, fmt.Sprintf("publish %q", "$JS.API.CONSUMER.CREATE."+proto.StreamName+"."+controller.DurableName("ctl-1")))
+	if errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+}
+
+func daemonkitNATS(url, seed string) daemonkit.NATSConfig {
+	return daemonkit.NATSConfig{URLs: []string{url}, NKeySeedFile: seed}
+}
+
+func mustToken(t *testing.T, host string) string {
+	t.Helper()
+	tok, err := proto.HostToken(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
