@@ -32,7 +32,7 @@ func newNova(cfg Config, log *slog.Logger) (*openstack.Client, error) {
 }
 
 // SecurityWarnings are the insecure settings of the configuration
-// (logged at ERROR at start, shown by --status and counted in
+// (logged at ERROR at start, shown by `hvguard-agent status` and counted in
 // hvguard_insecure_settings): plaintext NATS allowed to a remote server, a
 // password in a NATS URL, TLS verification disabled in clouds.yaml.
 func (c *Config) SecurityWarnings() []string {
