@@ -109,12 +109,14 @@ func Agent(host string) (Permissions, error) {
 // Controller returns a controller's permissions: everything on the lease
 // bucket (it declares, releases, publishes the guard and holds the leader
 // lock), its durable consumer on the event stream (create, info, fetch,
-// ack, delete: it starts a fresh one at start), the decision subject, replies on the default inbox prefix.
+// ack, delete: it starts a fresh one at start), the decision and
+// instance-recovery event subjects, replies on the default inbox prefix.
 func Controller() Permissions {
 	return Permissions{
 		PubAllow: []string{
 			kvPrefix + ">",
 			proto.ControllerDecisionSubject,
+			proto.ControllerInstanceRecoverySubject,
 			jsAPI + "INFO",
 			jsAPI + "STREAM.INFO." + kvStream,
 			jsAPI + "STREAM.INFO." + eventsStream,
