@@ -17,7 +17,7 @@ const Header = `# hvguard's NATS users and their least-privilege permissions
 #   hvguard-controller nats-accounts --keys DIR agent:HOST... controller:ID... reader:NAME...
 # Include it in nats-server.conf (JetStream must be enabled on the server):
 #   include ./hvguard-accounts.conf
-# Provision the event stream and the lease bucket with an admin user
+# Provision the event stream and the buckets with an admin user
 # (agents and controllers under these permissions cannot create them) and
 # set nats.create_stream: false (agents) and create_bucket: false (agents'
 # fence section, controllers' nats section).

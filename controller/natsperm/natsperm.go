@@ -18,6 +18,8 @@ import (
 	"strings"
 
 	"hvguard/controller"
+	"hvguard/controller/instancerecovery"
+	"hvguard/controller/recovery"
 	"hvguard/fencing"
 	"hvguard/proto"
 )
@@ -91,39 +93,47 @@ func Agent(host string) (Permissions, error) {
 			kvPrefix + "*",
 			jsAPI + "INFO",
 			jsAPI + "STREAM.INFO." + eventsStream,
-			jsAPI + "STREAM.INFO." + kvStream,
-			jsAPI + "DIRECT.GET." + kvStream + ".>",
-			jsAPI + "STREAM.MSG.GET." + kvStream,
-			jsAPI + "CONSUMER.CREATE." + kvStream + ".>",
-			jsAPI + "CONSUMER.DELETE." + kvStream + ".>",
 			"$JS.FC." + kvStream + ".>",
 		},
 		SubAllow: []string{proto.AgentInboxPrefix(host) + ".>"},
 	}
+	p.PubAllow = append(p.PubAllow, kvRead(fencing.Bucket)...)
 	for _, k := range ControllerKeys {
 		p.PubDeny = append(p.PubDeny, kvPrefix+k)
 	}
 	return p, nil
 }
 
-// Controller returns a controller's permissions: everything on the lease
-// bucket (it declares, releases, publishes the guard and holds the leader
-// lock), its durable consumer on the event stream (create, info, fetch,
-// ack, delete: it starts a fresh one at start), the decision and
-// instance-recovery event subjects, replies on the default inbox prefix.
+// ControllerBuckets are the KV buckets controllers read and write: the
+// lease bucket, host recovery's progress, instance recovery's records.
+var ControllerBuckets = []string{fencing.Bucket, recovery.Bucket, instancerecovery.Bucket}
+
+// kvRead is the JetStream API a KV reader of bucket uses: stream info,
+// direct and message gets, ordered consumers (watch, keys) and their
+// deletion.
+func kvRead(bucket string) []string {
+	st := "KV_" + bucket
+	return []string{
+		jsAPI + "STREAM.INFO." + st,
+		jsAPI + "DIRECT.GET." + st + ".>",
+		jsAPI + "STREAM.MSG.GET." + st,
+		jsAPI + "CONSUMER.CREATE." + st + ".>",
+		jsAPI + "CONSUMER.DELETE." + st + ".>",
+	}
+}
+
+// Controller returns a controller's permissions: everything on its KV
+// buckets (ControllerBuckets: it declares, releases, publishes the guard,
+// holds the leader lock, records recoveries), its durable consumer on the
+// event stream (create, info, fetch, ack, delete: it starts a fresh one at
+// start), its event subjects hvguard.v1._controller.> (decisions, host
+// and instance recovery), replies on the default inbox prefix.
 func Controller() Permissions {
-	return Permissions{
+	p := Permissions{
 		PubAllow: []string{
-			kvPrefix + ">",
-			proto.ControllerDecisionSubject,
-			proto.ControllerInstanceRecoverySubject,
+			proto.SubjectPrefix + "._controller.>",
 			jsAPI + "INFO",
-			jsAPI + "STREAM.INFO." + kvStream,
 			jsAPI + "STREAM.INFO." + eventsStream,
-			jsAPI + "DIRECT.GET." + kvStream + ".>",
-			jsAPI + "STREAM.MSG.GET." + kvStream,
-			jsAPI + "CONSUMER.CREATE." + kvStream + ".>",
-			jsAPI + "CONSUMER.DELETE." + kvStream + ".>",
 			jsAPI + "CONSUMER.CREATE." + eventsStream + ".>",
 			jsAPI + "CONSUMER.DURABLE.CREATE." + eventsStream + ".>",
 			jsAPI + "CONSUMER.DELETE." + eventsStream + ".>",
@@ -134,30 +144,35 @@ func Controller() Permissions {
 		},
 		SubAllow: []string{"_INBOX.>"},
 	}
+	for _, b := range ControllerBuckets {
+		p.PubAllow = append(p.PubAllow, "$KV."+b+".>")
+		p.PubAllow = append(p.PubAllow, kvRead(b)...)
+	}
+	return p
 }
 
 // Reader returns a read-only consumer's permissions: live subscriptions
-// to hvguard's subjects (events, fence and decision events) and to the
-// lease bucket's updates, stream info, direct gets, and its own ephemeral
-// consumers on both streams; replies on the default inbox prefix. The
-// controllers' durable consumers (named after controllers, their ids) are
-// denied so a reader can neither change nor delete them.
+// to hvguard's subjects (events, fence, decision and recovery events) and
+// to the controller buckets' updates, stream info, direct gets, and its
+// own ephemeral consumers on the event stream and the buckets; replies on
+// the default inbox prefix. The controllers' durable consumers (named
+// after the controllers' ids) are denied so a reader can neither change
+// nor delete them.
 func Reader(controllers []string) Permissions {
 	p := Permissions{
 		PubAllow: []string{
 			jsAPI + "INFO",
-			jsAPI + "STREAM.INFO." + kvStream,
 			jsAPI + "STREAM.INFO." + eventsStream,
-			jsAPI + "DIRECT.GET." + kvStream + ".>",
 			jsAPI + "DIRECT.GET." + eventsStream + ".>",
-			jsAPI + "STREAM.MSG.GET." + kvStream,
 			jsAPI + "STREAM.MSG.GET." + eventsStream,
-			jsAPI + "CONSUMER.CREATE." + kvStream + ".>",
 			jsAPI + "CONSUMER.CREATE." + eventsStream + ".>",
-			jsAPI + "CONSUMER.DELETE." + kvStream + ".>",
 			"$JS.FC.>",
 		},
-		SubAllow: []string{"_INBOX.>", proto.SubjectPrefix + ".>", kvPrefix + ">"},
+		SubAllow: []string{"_INBOX.>", proto.SubjectPrefix + ".>"},
+	}
+	for _, b := range ControllerBuckets {
+		p.PubAllow = append(p.PubAllow, kvRead(b)...)
+		p.SubAllow = append(p.SubAllow, "$KV."+b+".>")
 	}
 	p.PubDeny = durableDenies(controllers)
 	return p

@@ -103,6 +103,12 @@ func permServer(t *testing.T) string {
 	if _, err := j.CreateKeyValue(ctx, natslease.BucketConfig(1)); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := controller.EnsureRecoveryBucket(ctx, j, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := controller.EnsureInstanceBucket(ctx, j, true); err != nil {
+		t.Fatal(err)
+	}
 	nc.Close()
 	admin.Shutdown()
 	admin.WaitForShutdown()
