@@ -237,11 +237,15 @@ license (an upgrade that changed it).
 |---|---|---|---|
 `, "‵", "`"))
 	for _, m := range all {
-		name := m.Path
+		name, version := m.Path, m.Version
 		if name == "std" {
+			// The toolchain that builds a package is not pinned (a patch
+			// release differs between machines): the doc names the series,
+			// so it does not go stale when the toolchain is updated.
 			name = "Go standard library and runtime"
+			version = goSeries(version)
 		}
-		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", name, m.Version, m.License, strings.Join(in[m.Path], ", "))
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", name, version, m.License, strings.Join(in[m.Path], ", "))
 	}
 	fmt.Fprint(w, "\n## NOTICE files of the modules\n")
 	for _, m := range all {
@@ -399,4 +403,13 @@ func main() {
 		fmt.Fprintln(os.Stderr, "licenses:", err)
 		os.Exit(1)
 	}
+}
+
+// goSeries turns a Go version such as go1.26.8 into its series, go1.26.x.
+func goSeries(v string) string {
+	parts := strings.SplitN(v, ".", 3)
+	if len(parts) < 2 {
+		return v
+	}
+	return parts[0] + "." + parts[1] + ".x"
 }
