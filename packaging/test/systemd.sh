@@ -195,6 +195,14 @@ start_hvguard-agent() {
 	grep -q '^hvguard_libvirt_connected 1' <<<"$(http_get /metrics)" || fail "metrics: libvirt not connected"
 	in_root test -f /var/lib/hvguard/domains.json || fail "agent did not write its state"
 	[[ "$(in_root stat -c %a /var/lib/hvguard)" == 700 ]] || fail "/var/lib/hvguard not 0700"
+	# `hvguard-agent status` asks the sandboxed agent over its socket in
+	# RuntimeDirectory (root only): degraded (NATS unreachable) = exit 1.
+	local st rc=0
+	st=$(in_root hvguard-agent status) || rc=$?
+	head -n 4 <<<"$st"
+	((rc == 1)) || fail "status: exit $rc, want 1 (degraded: NATS unreachable)"
+	grep -q '^source: *the running agent' <<<"$st" || fail "status did not reach the agent over its socket"
+	[[ "$(in_root stat -c %a /run/hvguard/agent.sock)" == 600 ]] || fail "/run/hvguard/agent.sock not 0600"
 }
 
 # start_hvguard-controller: start the controller with NATS down (READY in
