@@ -258,10 +258,10 @@ func (st *Status) assess(cfg Config) {
 			p = append(p, "hardware watchdog "+st.Fence.Watchdog+" (configured: "+cfg.Fence.WatchdogDevice+")")
 		}
 		if !st.NATS.Connected {
-			p = append(p, "NATS disconnected ("+orNone(st.NATS.LastError)+"): events kept in the outbox")
+			p = append(p, "NATS disconnected"+detail(st.NATS.LastError)+": events kept in the outbox")
 		}
 		if !st.Libvirt.Connected {
-			p = append(p, "libvirt disconnected ("+orNone(st.Libvirt.LastError)+")")
+			p = append(p, "libvirt disconnected"+detail(st.Libvirt.LastError))
 		}
 		o := st.Outbox
 		if float64(o.Depth) >= OutboxNearBound*float64(o.MaxEvents) || float64(o.Bytes) >= OutboxNearBound*float64(o.MaxBytes) {
@@ -285,6 +285,14 @@ func (st *Status) assess(cfg Config) {
 		p = []string{}
 	}
 	st.Problems = p
+}
+
+// detail is " (s)", or nothing for an empty s.
+func detail(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
 }
 
 func orNone(s string) string {

@@ -1,6 +1,3 @@
-// Package docs checks the documentation an operator reads first: the
-// README's first screen and that the relative links of README.md and
-// docs/*.md lead somewhere.
 package docs
 
 import (
@@ -11,7 +8,7 @@ import (
 	"testing"
 )
 
-const root = "../.."
+const root = ".."
 
 // firstScreen is how many lines of the README an operator sees before
 // scrolling (a 50-line terminal, minus the prompt).
@@ -42,33 +39,5 @@ func TestREADMEFirstScreen(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(root, runbooks[1])); err != nil {
 		t.Errorf("the runbooks link of README's first screen is dead: %v", err)
-	}
-}
-
-// TestRelativeLinksResolve: every relative link of README.md and docs/*.md
-// names a file of the repository.
-func TestRelativeLinksResolve(t *testing.T) {
-	files, _ := filepath.Glob(filepath.Join(root, "docs", "*.md"))
-	files = append(files, filepath.Join(root, "README.md"))
-	link := regexp.MustCompile(`\]\(([^)#\s]+)(#[^)\s]*)?\)`)
-	checked := 0
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range link.FindAllStringSubmatch(string(b), -1) {
-			target := m[1]
-			if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
-				continue
-			}
-			checked++
-			if _, err := os.Stat(filepath.Join(filepath.Dir(f), target)); err != nil {
-				t.Errorf("%s links %s: %v", strings.TrimPrefix(f, root+"/"), target, err)
-			}
-		}
-	}
-	if checked < 20 {
-		t.Fatalf("only %d links checked: the pattern is broken", checked)
 	}
 }
