@@ -507,7 +507,17 @@ func (c *Core) listed(n *Record, servers []Server) {
 		for _, v := range s.Volumes {
 			in.Volumes = append(in.Volumes, Volume{ID: v})
 		}
-		if _, ok := evacuable[s.Status]; !ok && n.Mode == ModeEvacuate {
+		switch _, ok := evacuable[s.Status]; {
+		case n.Mode != ModeEvacuate:
+		case strings.HasPrefix(s.TaskState, "rebuild"):
+			// An evacuation (an earlier recovery's, or anyone's) is in
+			// flight: follow its migration, never start another one.
+			// No intent time: its migration is older than this
+			// recovery; the newest evacuation of the server from the
+			// host is the one in flight.
+			in.Evac = Requested
+			in.Note = "an evacuation was in flight when listed (task_state " + s.TaskState + "): followed"
+		case !ok:
 			in.Evac, in.Note = Unrecoverable, "status "+s.Status+": Nova evacuates only ACTIVE, SHUTOFF and ERROR servers"
 		}
 		n.Instances = append(n.Instances, in)
@@ -640,10 +650,18 @@ func (c *Core) attachmentRemoved(now, wall time.Time, n *Record, m *memory, s St
 // the budget.
 func (c *Core) evacuate(now, wall time.Time, r *Record, m *memory) Step {
 	followed := false
+	// since: the oldest migration that may matter. An evacuation adopted
+	// in flight (no intent time) may be older than the recovery: all.
+	since := r.StartedAt.Add(-MigrationClockSkew)
 	for _, in := range r.Instances {
 		switch {
 		case in.Evac == Requested, in.Evac == Intent && !m.own["evac:"+in.ID]:
 			followed = true
+			if in.IntentAt.IsZero() {
+				since = time.Time{}
+			} else if t := in.IntentAt.Add(-MigrationClockSkew); t.Before(since) {
+				since = t
+			}
 		}
 		if m.verify[in.ID] {
 			return Step{Op: OpServer, Host: r.Host, Server: in.ID}
@@ -651,7 +669,7 @@ func (c *Core) evacuate(now, wall time.Time, r *Record, m *memory) Step {
 	}
 	if followed && !now.Before(m.nextPoll) {
 		m.nextPoll = now.Add(PollInterval)
-		return Step{Op: OpMigrations, Host: r.Host, NovaHost: r.NovaHost, Since: r.StartedAt.Add(-MigrationClockSkew)}
+		return Step{Op: OpMigrations, Host: r.Host, NovaHost: r.NovaHost, Since: since}
 	}
 	inflight := c.InFlight()
 	var next time.Time
@@ -802,6 +820,15 @@ func (c *Core) migrations(now, wall time.Time, n *Record, m *memory, res Result)
 				// migration: it did not land; issue it again.
 				m.own["evac:"+in.ID] = true
 			}
+			if in.Evac == Requested && wall.Sub(in.IntentAt) >= IntentSettle {
+				// Answered (or refused as busy, 409) but no evacuation
+				// appeared: Nova creates the migration before it
+				// answers, so none came of it. A failed attempt.
+				st := c.attemptFailed(now, wall, n, m, in, "no evacuation migration appeared within "+IntentSettle.String()+" of the request ("+orNone(in.Note)+")")
+				evs = append(evs, st.Events...)
+				changed = true
+				continue
+			}
 			if t, ok := m.requested[in.ID]; ok && now.Sub(t) > EvacuationSlowAfter && !m.slowSaid[in.ID] {
 				m.slowSaid[in.ID] = true
 				evs = append(evs, Event{Op: "evacuation-slow", Instance: in.ID, Reason: "no migration seen after " + EvacuationSlowAfter.String()})
@@ -859,7 +886,7 @@ func (c *Core) serverChecked(now, wall time.Time, n *Record, m *memory, s Step, 
 	switch {
 	case sv.Status == "ERROR" && sv.TaskState == "":
 		return c.attemptFailed(now, wall, n, m, in, "the server is in ERROR on "+orNone(sv.Host)+" after migration "+fmt.Sprint(in.Migration))
-	case sv.Host == "" || sv.Host == n.NovaHost || sv.TaskState != "" || want != "" && sv.Status != want:
+	case sv.Host == "" || sv.Host == n.NovaHost || sv.TaskState != "":
 		// Not there yet (the rebuild may still start it).
 		if now.Sub(m.requested[in.ID]) > EvacuationSlowAfter && !m.slowSaid[in.ID] {
 			m.slowSaid[in.ID] = true
@@ -872,7 +899,15 @@ func (c *Core) serverChecked(now, wall time.Time, n *Record, m *memory, s Step, 
 	delete(m.verify, in.ID)
 	in.Evac, in.Dest, in.Note = Completed, sv.Host, ""
 	n.Reason = "instance " + in.ID + " " + sv.Status + " on " + sv.Host
-	return write(wall, n, Event{Op: "evacuated", Instance: in.ID, Reason: n.Reason})
+	evs := []Event{{Op: "evacuated", Instance: in.ID, Reason: n.Reason}}
+	if want != "" && sv.Status != want {
+		// The rebuild is over (no task) but not in the prior state: a
+		// failed attempt left the server in ERROR, whose rebuild ends
+		// ACTIVE. Said, not waited for (it will not change by itself).
+		in.Note = "back " + sv.Status + ", was " + in.Status + " before the failure: set it back if it must be " + in.Status
+		evs = append(evs, Event{Op: "state-differs", Instance: in.ID, Reason: in.Note})
+	}
+	return write(wall, n, evs...)
 }
 
 func orNone(s string) string {

@@ -547,3 +547,52 @@ func TestDeclaredAgainInheritsForcedDown(t *testing.T) {
 		t.Fatalf("%+v forced down %v events %v", r, s.cloud.forcedDown, s.ops())
 	}
 }
+
+// Nova answers an evacuation 409 (the server busy with something else) and
+// no migration comes of it: after IntentSettle it is a failed attempt,
+// retried — not followed forever (found by TestPropertyRecovery).
+func TestEvacuationConflictWithoutMigrationRetried(t *testing.T) {
+	s := newSim(t, evacuateConfig())
+	s.cloud.addServer("a", "ACTIVE")
+	s.cloud.fail[OpEvacuate] = []ErrKind{ErrConflict}
+	s.run(500)
+	r := s.record("node1")
+	if r.Phase != PhaseRecovered || r.Instances[0].Evac != Completed || s.cloud.count("evacuate a") != 1 || s.cloud.count("evacuate-call a") != 1 {
+		t.Fatalf("%s %+v; calls %v", r.Phase, r.Instances, s.cloud.calls)
+	}
+}
+
+// A stopped server whose first evacuation failed (NoValidHost: ERROR) comes
+// back ACTIVE from the retry: done, and said — not waited for forever
+// (found by TestPropertyRecovery).
+func TestEvacuatedInAnotherStateSaid(t *testing.T) {
+	s := newSim(t, evacuateConfig())
+	s.cloud.addServer("a", "SHUTOFF")
+	s.cloud.noValidHost = true
+	s.beforeCall = func(st Step) {
+		if st.Op == OpEvacuate && len(s.cloud.migrations) == 1 {
+			s.cloud.noValidHost = false
+		}
+	}
+	s.run(500)
+	r := s.record("node1")
+	in := r.Instances[0]
+	if r.Phase != PhaseRecovered || in.Evac != Completed || !strings.Contains(in.Note, "was SHUTOFF") || !s.hasEvent("state-differs") {
+		t.Fatalf("%s %+v; events %v", r.Phase, in, s.ops())
+	}
+}
+
+// A server already being evacuated when the host is listed (an earlier
+// recovery's evacuation, older than this one) is followed, never evacuated
+// again (found by TestPropertyRecovery).
+func TestEvacuationInFlightAtListingFollowed(t *testing.T) {
+	s := newSim(t, evacuateConfig())
+	s.cloud.addServer("a", "ACTIVE")
+	s.cloud.servers["a"].TaskState = "rebuilding"
+	s.cloud.migrations = []Migration{{ID: 7, Instance: "a", Source: "node1", Status: "accepted", Type: "evacuation", Created: t0.Add(-time.Hour)}}
+	s.run(500)
+	r := s.record("node1")
+	if r.Phase != PhaseRecovered || r.Instances[0].Evac != Completed || r.Instances[0].Migration != 7 || s.cloud.count("evacuate-call") != 0 {
+		t.Fatalf("%s %+v; calls %v", r.Phase, r.Instances, s.cloud.calls)
+	}
+}

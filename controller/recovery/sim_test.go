@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"sort"
 	"strings"
-	"testing"
 	"time"
 )
 
@@ -194,8 +193,15 @@ func (c *cloud) call(s Step) Result {
 
 // sim drives the core like the runner does: a durable store of records
 // (CAS by revision), a lease per host, the cloud, a clock.
+// tb is what the simulation needs of *testing.T and *rapid.T.
+type tb interface {
+	Helper()
+	Fatal(...any)
+	Fatalf(string, ...any)
+}
+
 type sim struct {
-	t      *testing.T
+	t      tb
 	cfg    Config
 	core   *Core
 	cloud  *cloud
@@ -230,7 +236,7 @@ func declaredLease(host string) *Lease {
 		SilentFor: 31 * time.Second, Due: 30510 * time.Millisecond}
 }
 
-func newSim(t *testing.T, cfg Config) *sim {
+func newSim(t tb, cfg Config) *sim {
 	t.Helper()
 	c, err := New(cfg)
 	if err != nil {
