@@ -223,17 +223,6 @@ func (r *reasonCounter) get(reason string) uint64 {
 	return r.n[reason]
 }
 
-// snapshot returns a copy of the counts.
-func (r *reasonCounter) snapshot() map[string]uint64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make(map[string]uint64, len(r.n))
-	for k, v := range r.n {
-		out[k] = v
-	}
-	return out
-}
-
 // logDue reports whether reason was not logged within every (and marks
 // it logged now).
 func (r *reasonCounter) logDue(reason string, now time.Time, every time.Duration) bool {

@@ -13,6 +13,7 @@ import (
 
 	"hvguard/agent/delivery"
 	"hvguard/daemonkit"
+	"hvguard/fencing/peer"
 )
 
 // unixSeconds is t as a *_timestamp_seconds value.
@@ -125,8 +126,8 @@ func (c collector) collectFence(ch chan<- prometheus.Metric) {
 	cnt(descFenceAlerts, s.Alerts.Load())
 	cnt(descFenceResets, s.ResetRequested.Load())
 	g(descFenceAction, 1, string(f.core.Action))
-	for reason, n := range s.PeerRefused.snapshot() {
-		cnt(descPeerRefused, n, reason)
+	for _, reason := range peer.RefuseReasons {
+		cnt(descPeerRefused, s.PeerRefused.get(reason), reason)
 	}
 	if l := s.peerConns.Load(); l != nil {
 		cnt(descPeerConns, l.Refused.Load())

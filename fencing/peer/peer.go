@@ -73,6 +73,12 @@ type Answer struct {
 	SentAt    time.Time `json:"sent_at"`
 }
 
+// RefuseReasons are the reasons Handler.Refused is told: not a POST, an
+// unreadable body, a bad signature, an undecodable request, addressed to
+// another host, sent outside the replay window (stale), a relay of
+// another host's record, a request already answered (replay).
+var RefuseReasons = []string{"method", "body", "signature", "decode", "addressee", "stale", "relay-host", "replay"}
+
 // Relayer performs a relayed renewal (natslease.Store.Relay).
 type Relayer interface {
 	Relay(ctx context.Context, req fencing.RenewRequest, timeout time.Duration) fencing.RenewResult
@@ -132,8 +138,7 @@ type Handler struct {
 	Replays *ReplayCache
 	once    sync.Once
 	// Refused, if set, is told why a request was refused (a metric/log
-	// hook): "method", "body", "signature", "decode", "addressee",
-	// "stale", "relay-host", "replay".
+	// hook), one of RefuseReasons.
 	Refused func(reason string)
 }
 
