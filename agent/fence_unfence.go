@@ -16,7 +16,7 @@ import (
 	"hvguard/proto"
 )
 
-// UnfenceTimeout bounds `hvguard-agent --unfence` as a whole (connect,
+// UnfenceTimeout bounds `hvguard-agent unfence` as a whole (connect,
 // read, reconciliation check, CAS).
 const UnfenceTimeout = 30 * time.Second
 
@@ -33,7 +33,7 @@ var ErrNotDeclared = errors.New("host is not declared expired")
 // record (never written, deleted or purged).
 var ErrNoRecord = errors.New("no lease record")
 
-// Unfence is the operator's explicit release (`hvguard-agent --unfence`):
+// Unfence is the operator's explicit release (`hvguard-agent unfence`):
 // it writes a `released` record of the declaration's epoch by CAS on the
 // declaration's revision. The running agent then takes the lease over with
 // a renewal, reconciles, and resumes NOTHING (the instances were rebuilt
@@ -50,7 +50,7 @@ func Unfence(ctx context.Context, cfg Config, log *slog.Logger, rec FenceReconci
 	if err != nil {
 		return "", fmt.Errorf("unfence: %w", err)
 	}
-	opts := append([]nats.Option{nats.Name("hvguard-agent --unfence " + cfg.Host), nats.Timeout(5 * time.Second),
+	opts := append([]nats.Option{nats.Name("hvguard-agent unfence " + cfg.Host), nats.Timeout(5 * time.Second),
 		nats.CustomInboxPrefix(proto.AgentInboxPrefix(cfg.Host))}, auth...)
 	nc, err := nats.Connect(cfg.NATS.URL(), opts...)
 	if err != nil {
@@ -73,7 +73,7 @@ func Unfence(ctx context.Context, cfg Config, log *slog.Logger, rec FenceReconci
 		// expired record of its own when it reaches NATS; a healthy one
 		// re-creates its active record.
 		return "", fmt.Errorf("unfence: %s has no lease record (deleted or purged): the agent re-creates it when it reaches NATS — "+
-			"as an expired record if it was fenced or its lease had lapsed (run --unfence again then), as an active one if it was healthy: %w",
+			"as an expired record if it was fenced or its lease had lapsed (run hvguard-agent unfence again then), as an active one if it was healthy: %w",
 			cfg.Host, ErrNoRecord)
 	}
 	if err != nil {
@@ -96,7 +96,7 @@ func Unfence(ctx context.Context, cfg Config, log *slog.Logger, rec FenceReconci
 	}
 	rel := *cur
 	rel.State = fencing.LeaseReleased
-	rel.Reason = "released by an operator (hvguard-agent --unfence)"
+	rel.Reason = "released by an operator (hvguard-agent unfence)"
 	if _, err := st.Write(ctx, cfg.Host, rev, rel, natsReadTimeout); err != nil {
 		return "", fmt.Errorf("unfence: %w (the record changed meanwhile: run it again)", err)
 	}

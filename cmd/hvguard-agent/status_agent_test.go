@@ -233,6 +233,15 @@ func TestStatusJSONShapeAndHealthy(t *testing.T) {
 	if code != agent.ExitHealthy || strings.Contains(text, "problems:") {
 		t.Errorf("--status: exit %d:\n%s", code, text)
 	}
+
+	// unfence and its older spelling reach the lease bucket: a healthy
+	// host has nothing to release.
+	for _, cmd := range []string{"unfence", "--unfence"} {
+		code, out, errOut := runCLI(cmd, "--config", r.conf)
+		if code != 1 || !strings.Contains(errOut, "nothing to release") {
+			t.Errorf("%s on a healthy host: exit %d, %q %q", cmd, code, out, errOut)
+		}
+	}
 }
 
 // Degraded (1): NATS gone, fencing off. Down (4): the agent stopped.
