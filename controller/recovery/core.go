@@ -300,6 +300,12 @@ func (c *Core) Written(r *Record) {
 // write returns the step writing n (stamped at wall), with events.
 func write(wall time.Time, n *Record, evs ...Event) Step {
 	n.UpdatedAt = wall.UTC()
+	if _, ok := n.PhaseAt[n.Phase]; !ok {
+		if n.PhaseAt == nil {
+			n.PhaseAt = map[Phase]time.Time{}
+		}
+		n.PhaseAt[n.Phase] = wall.UTC()
+	}
 	for i := range evs {
 		evs[i].Host = n.Host
 		if evs[i].Phase == "" {

@@ -60,6 +60,12 @@ func TestRecoveryScenario(t *testing.T) {
 			t.Errorf("instance %+v", in)
 		}
 	}
+	// The time split of the recovery: when each phase was entered.
+	for _, p := range []Phase{PhaseForceDown, PhaseList, PhaseDetach, PhaseEvacuate, PhaseRecovered} {
+		if r.PhaseAt[p].IsZero() {
+			t.Errorf("no time for phase %s: %v", p, r.PhaseAt)
+		}
+	}
 	// Kept forced down until the agent is back.
 	s.advance(10 * time.Minute)
 	s.run(50)

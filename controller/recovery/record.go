@@ -112,8 +112,10 @@ type Record struct {
 	Masakari *Notification `json:"masakari,omitempty"`
 	// ReleaseRefused is Nova's last refusal to clear forced_down.
 	ReleaseRefused string `json:"release_refused,omitempty"`
-	// UpdatedAt is stamped (wall clock) at every write.
-	UpdatedAt time.Time `json:"updated_at"`
+	// UpdatedAt is stamped (wall clock) at every write; PhaseAt when each
+	// phase was entered (wall clock: the time split of a recovery).
+	UpdatedAt time.Time           `json:"updated_at"`
+	PhaseAt   map[Phase]time.Time `json:"phase_at,omitempty"`
 }
 
 // Instance is one server of the host and its recovery.
@@ -204,6 +206,12 @@ func (r *Record) clone() *Record {
 	if r.Masakari != nil {
 		m := *r.Masakari
 		c.Masakari = &m
+	}
+	if r.PhaseAt != nil {
+		c.PhaseAt = make(map[Phase]time.Time, len(r.PhaseAt))
+		for k, v := range r.PhaseAt {
+			c.PhaseAt[k] = v
+		}
 	}
 	return &c
 }
