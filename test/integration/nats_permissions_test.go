@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -24,17 +23,10 @@ import (
 	"hvguard/controller"
 	"hvguard/controller/daemon"
 	"hvguard/controller/natsperm"
-	"hvguard/daemonkit"
+	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
-	"hvguard/fencing/natslease"
 	"hvguard/proto"
 	"hvguard/test/netcut"
-)
-
-// The shipped accounts file and the seeds of its example users.
-const (
-	shippedAccounts = "../../packaging/nats/hvguard-accounts.conf"
-	exampleSeeds    = "../../controller/natsperm/testdata/example-users.txt"
 )
 
 // logBuffer is a slog handler's target that tests can search.
@@ -59,86 +51,6 @@ func (l *logBuffer) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelInfo}))
 }
 
-// permServer starts nats-server the way an operator would: first with an
-// admin user in the HVGUARD account to provision the event stream and the
-// lease bucket, then, on the same store, with only the shipped accounts
-// file included (copied verbatim next to the main configuration). It
-// returns the client URL.
-func permServer(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	store := filepath.Join(dir, "js")
-	start := func(conf string) *server.Server {
-		main := filepath.Join(dir, "nats-server.conf")
-		if err := os.WriteFile(main, []byte(conf), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		o, err := server.ProcessConfigFile(main)
-		if err != nil {
-			t.Fatalf("nats-server config: %v", err)
-		}
-		o.Host, o.Port, o.NoLog, o.NoSigs = "127.0.0.1", -1, true, true
-		s, err := server.NewServer(o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		go s.Start()
-		if !s.ReadyForConnections(10 * time.Second) {
-			t.Fatal("nats-server not ready")
-		}
-		return s
-	}
-	js := fmt.Sprintf("jetstream: {store_dir: %q}\n", store)
-	admin := start(js + `accounts { HVGUARD { jetstream: enabled, users: [{user: admin, password: admin-only-for-provisioning}] } }` + "\n")
-	nc, err := nats.Connect(admin.ClientURL(), nats.UserInfo("admin", "admin-only-for-provisioning"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	j, _ := jetstream.New(nc)
-	if _, err := j.CreateStream(ctx, delivery.StreamConfig(1)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := j.CreateKeyValue(ctx, natslease.BucketConfig(1)); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := controller.EnsureRecoveryBucket(ctx, j, true); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := controller.EnsureInstanceBucket(ctx, j, true); err != nil {
-		t.Fatal(err)
-	}
-	nc.Close()
-	admin.Shutdown()
-	admin.WaitForShutdown()
-
-	shipped, err := os.ReadFile(shippedAccounts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "hvguard-accounts.conf"), shipped, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s := start(js + "include ./hvguard-accounts.conf\n")
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s.ClientURL()
-}
-
-// seedFile writes a user's example seed (mode 0600) and returns its path.
-func seedFile(t *testing.T, seeds map[string]string, user string) string {
-	t.Helper()
-	s, ok := seeds[user]
-	if !ok {
-		t.Fatalf("no example seed for %s", user)
-	}
-	p := filepath.Join(t.TempDir(), "nats.nk")
-	if err := os.WriteFile(p, []byte(s+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // deniedConn connects as user with the connection options the daemons use
 // and collects the asynchronous permission errors.
 type deniedConn struct {
@@ -147,26 +59,14 @@ type deniedConn struct {
 	errs []error
 }
 
-func connectAs(t *testing.T, url string, seeds map[string]string, user, inbox string) *deniedConn {
+func connectAs(t *testing.T, url, user string) *deniedConn {
 	t.Helper()
-	n := daemonkitNATS(url, seedFile(t, seeds, user))
-	auth, err := n.Options()
-	if err != nil {
-		t.Fatal(err)
-	}
 	d := &deniedConn{}
-	opts := append(auth, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+	d.nc = natspermtest.Connect(t, url, user, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 		d.mu.Lock()
 		d.errs = append(d.errs, err)
 		d.mu.Unlock()
 	}))
-	if inbox != "" {
-		opts = append(opts, nats.CustomInboxPrefix(inbox))
-	}
-	if d.nc, err = nats.Connect(url, opts...); err != nil {
-		t.Fatalf("connect as %s: %v", user, err)
-	}
-	t.Cleanup(d.nc.Close)
 	return d
 }
 
@@ -203,11 +103,7 @@ func (d *deniedConn) denied(t *testing.T, perm string) string {
 // with an error naming the permission, and a reader reads but cannot
 // write.
 func TestNATSPermissions(t *testing.T) {
-	url := permServer(t)
-	_, seeds, err := natsperm.ReadSeeds(exampleSeeds)
-	if err != nil {
-		t.Fatal(err)
-	}
+	url := natspermtest.StartServer(t)
 	const h1, h2 = "compute-1.example.org", "compute-2.example.org"
 	secret := filepath.Join(t.TempDir(), "peer.secret")
 	if err := os.WriteFile(secret, []byte("integration-test-shared-secret\n"), 0o600); err != nil {
@@ -221,7 +117,7 @@ func TestNATSPermissions(t *testing.T) {
 	var trans2 []fencing.Transition
 	agentCfg := func(host, natsURL string, listen int, peers map[string]string) agent.Config {
 		cfg := agentConfig(t, host, natsURL, t.TempDir())
-		cfg.NATS.NKeySeedFile = seedFile(t, seeds, "agent:"+host)
+		cfg.NATS.NKeySeedFile = natspermtest.SeedFile(t, "agent:"+host)
 		cfg.NATS.CreateStream = false
 		cfg.Fence.Enabled, cfg.Fence.Action, cfg.Fence.AllowReset = true, "pause", true
 		cfg.Fence.CreateBucket = false
@@ -252,7 +148,7 @@ func TestNATSPermissions(t *testing.T) {
 	ccfg := daemon.DefaultConfig()
 	ccfg.ID = "ctl-1"
 	ccfg.NATS.URLs = []string{url}
-	ccfg.NATS.NKeySeedFile = seedFile(t, seeds, "controller:ctl-1")
+	ccfg.NATS.NKeySeedFile = natspermtest.SeedFile(t, "controller:ctl-1")
 	ccfg.NATS.CreateBucket = false
 	ccfg.NATS.ReadyTimeout = daemon.Duration(5 * time.Second)
 	ccfg.Leader = daemon.LeaderConfig{TTL: daemon.Duration(time.Second), RenewInterval: daemon.Duration(250 * time.Millisecond),
@@ -279,7 +175,7 @@ func TestNATSPermissions(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	// A reader watches what happens (its permissions are tested too).
-	reader := connectAs(t, url, seeds, "reader:dashboard", "")
+	reader := connectAs(t, url, "reader:dashboard")
 	rjs, _ := jetstream.New(reader.nc)
 	rctx, rcancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer rcancel()
@@ -351,7 +247,7 @@ func TestNATSPermissions(t *testing.T) {
 	}
 
 	// As agent h1 (its credentials, its inbox prefix): what it must not do.
-	a := connectAs(t, url, seeds, "agent:"+h1, proto.AgentInboxPrefix(h1))
+	a := connectAs(t, url, "agent:"+h1)
 	ajs, _ := jetstream.New(a.nc)
 	akv, err := ajs.KeyValue(rctx, fencing.Bucket)
 	if err != nil {
@@ -416,10 +312,6 @@ func TestNATSPermissions(t *testing.T) {
 	if errors.Is(err, context.Canceled) {
 		t.Fatal(err)
 	}
-}
-
-func daemonkitNATS(url, seed string) daemonkit.NATSConfig {
-	return daemonkit.NATSConfig{URLs: []string{url}, NKeySeedFile: seed}
 }
 
 func mustToken(t *testing.T, host string) string {

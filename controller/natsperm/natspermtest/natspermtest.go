@@ -1,0 +1,159 @@
+// Package natspermtest starts nats-server with hvguard's shipped
+// least-privilege permissions (packaging/nats/hvguard-accounts.conf) for
+// tests, and connects as its example users (their seeds are in
+// controller/natsperm/testdata/example-users.txt): agents
+// compute-1.example.org … compute-3.example.org, controllers ctl-1 and
+// ctl-2, reader dashboard.
+package natspermtest
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/agent/delivery"
+	"hvguard/controller"
+	"hvguard/controller/natsperm"
+	"hvguard/fencing/natslease"
+	"hvguard/proto"
+)
+
+// repo returns the repository's root (from this file's location).
+func repo() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..")
+}
+
+// ShippedAccounts is the shipped accounts file's path.
+func ShippedAccounts() string {
+	return filepath.Join(repo(), "packaging", "nats", "hvguard-accounts.conf")
+}
+
+// SeedsFile is the example users' seeds.
+func SeedsFile() string {
+	return filepath.Join(repo(), "controller", "natsperm", "testdata", "example-users.txt")
+}
+
+const adminPassword = "admin-only-for-provisioning"
+
+// StartServer starts nats-server the way an operator provisions it: first
+// with an admin user in the HVGUARD account to create the event stream and
+// the buckets (lease, host recovery, instance recovery), then, on the same
+// store, with only the shipped accounts file included (copied verbatim
+// next to the main configuration). It returns the client URL; the server
+// stops when the test ends.
+func StartServer(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	store := filepath.Join(dir, "js")
+	start := func(conf string) *server.Server {
+		main := filepath.Join(dir, "nats-server.conf")
+		if err := os.WriteFile(main, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		o, err := server.ProcessConfigFile(main)
+		if err != nil {
+			t.Fatalf("nats-server config: %v", err)
+		}
+		o.Host, o.Port, o.NoLog, o.NoSigs = "127.0.0.1", -1, true, true
+		s, err := server.NewServer(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatal("nats-server not ready")
+		}
+		return s
+	}
+	js := fmt.Sprintf("jetstream: {store_dir: %q}\n", store)
+	admin := start(js + fmt.Sprintf("accounts { %s { jetstream: enabled, users: [{user: admin, password: %s}] } }\n", natsperm.Account, adminPassword))
+	nc, err := nats.Connect(admin.ClientURL(), nats.UserInfo("admin", adminPassword))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	j, _ := jetstream.New(nc)
+	if _, err := j.CreateStream(ctx, delivery.StreamConfig(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := j.CreateKeyValue(ctx, natslease.BucketConfig(1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := controller.EnsureRecoveryBucket(ctx, j, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := controller.EnsureInstanceBucket(ctx, j, true); err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	admin.Shutdown()
+	admin.WaitForShutdown()
+
+	shipped, err := os.ReadFile(ShippedAccounts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "hvguard-accounts.conf"), shipped, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := start(js + "include ./hvguard-accounts.conf\n")
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s.ClientURL()
+}
+
+// Seeds returns the example users' seeds by "role:name".
+func Seeds(t testing.TB) map[string]string {
+	t.Helper()
+	_, seeds, err := natsperm.ReadSeeds(SeedsFile())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return seeds
+}
+
+// SeedFile writes user's ("role:name") example seed to a new file (mode
+// 0600) for nats.nkey_seed_file and returns its path.
+func SeedFile(t testing.TB, user string) string {
+	t.Helper()
+	s, ok := Seeds(t)[user]
+	if !ok {
+		t.Fatalf("no example user %s (see %s)", user, SeedsFile())
+	}
+	p := filepath.Join(t.TempDir(), "nats.nk")
+	if err := os.WriteFile(p, []byte(s+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Connect connects to url as user ("role:name") with its NKey (an agent
+// with its inbox prefix, as the agent connects) and opts; closed when the
+// test ends.
+func Connect(t testing.TB, url, user string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	o, err := nats.NkeyOptionFromSeed(SeedFile(t, user))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts = append([]nats.Option{o}, opts...)
+	if host, ok := strings.CutPrefix(user, string(natsperm.RoleAgent)+":"); ok {
+		opts = append(opts, nats.CustomInboxPrefix(proto.AgentInboxPrefix(host)))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		t.Fatalf("connect as %s: %v", user, err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
