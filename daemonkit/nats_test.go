@@ -1,6 +1,16 @@
 package daemonkit
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -200,5 +210,75 @@ func TestCloudsVerifyFalseWarned(t *testing.T) {
 	o.Cloud = "good"
 	if w := o.Warnings("reconcile.enabled"); len(w) != 0 {
 		t.Errorf("verified cloud: %q", w)
+	}
+}
+
+// writeCA writes a self-signed CA and a server certificate for 127.0.0.1
+// signed by it; returns the CA file and the server's tls.Config.
+func writeCA(t *testing.T, dir string) (string, *tls.Config) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "hvguard test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IsCA: true,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	srvKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	srv := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		KeyUsage: x509.KeyUsageDigitalSignature}
+	srvDER, err := x509.CreateCertificate(rand.Reader, srv, caCert, &srvKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := writeFile(t, dir, "ca.pem", string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER})), 0o644)
+	return caFile, &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{srvDER}, PrivateKey: srvKey}}, MinVersion: tls.VersionTLS12}
+}
+
+// ca_file makes TLS mandatory even with a nats:// URL (what Validate
+// relies on to accept nats:// to a remote server with it): a TLS server
+// is reached and verified; a server without TLS is refused, never spoken
+// to in plaintext.
+func TestNATSCAFileForcesTLS(t *testing.T) {
+	dir := t.TempDir()
+	caFile, srvTLS := writeCA(t, dir)
+	start := func(o *server.Options) string {
+		o.Host, o.Port, o.NoLog, o.NoSigs = "127.0.0.1", -1, true, true
+		s, err := server.NewServer(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		if !s.ReadyForConnections(10 * time.Second) {
+			t.Fatal("nats-server not ready")
+		}
+		t.Cleanup(s.Shutdown)
+		return fmt.Sprintf("nats://127.0.0.1:%d", s.Addr().(*net.TCPAddr).Port)
+	}
+	connect := func(url string) (*nats.Conn, error) {
+		n := NATSConfig{URLs: []string{url}, CAFile: caFile}
+		opts, err := n.Options()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return nats.Connect(n.URL(), append(opts, nats.Timeout(2*time.Second))...)
+	}
+	nc, err := connect(start(&server.Options{TLSConfig: srvTLS, TLS: true}))
+	if err != nil {
+		t.Fatalf("TLS server with ca_file: %v", err)
+	}
+	if _, err := nc.TLSConnectionState(); err != nil {
+		t.Errorf("connected without TLS: %v", err)
+	}
+	nc.Close()
+	if nc, err := connect(start(&server.Options{})); err == nil {
+		nc.Close()
+		t.Fatal("ca_file set, server without TLS: connected in plaintext")
+	} else {
+		t.Logf("server without TLS refused: %v", err)
 	}
 }
