@@ -288,12 +288,38 @@ func TestNATSPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("agent subscribing to every inbox: %s", a.denied(t, `subscription "_INBOX.>"`))
-	// What it may do besides its own key: relay a peer's record.
+	// What it may do besides its own key: relay a peer's record, store
+	// its reconcile events (the rejoin reconciliation's, not run above),
+	// publish its fence events.
 	c, cc = short()
 	if _, err := akv.Put(c, mustToken(t, "compute-9.example.org"), []byte("{}")); err != nil {
 		t.Errorf("agent could not write another host's key (relays): %v", err)
 	}
 	cc()
+	rsubj, _ := proto.ReconcileSubject(h1)
+	c, cc = context.WithTimeout(context.Background(), 5*time.Second)
+	if _, err := ajs.Publish(c, rsubj, []byte("{}"), jetstream.WithExpectStream(proto.StreamName)); err != nil {
+		t.Errorf("agent could not store its reconcile event: %v", err)
+	}
+	cc()
+	fsubj, _ := proto.FenceSubject(h1)
+	if err := a.nc.Publish(fsubj, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	// A marker: a refused publish after them. Refusals are reported in
+	// order, so once the marker's is in, theirs would be too.
+	marker, _ := proto.FenceSubject("compute-3.example.org")
+	if err := a.nc.Publish(marker, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	a.denied(t, fmt.Sprintf("publish %q", marker))
+	a.mu.Lock()
+	for _, e := range a.errs {
+		if p := delivery.PermissionOf(e); strings.Contains(p, rsubj) || strings.Contains(p, fsubj) || strings.Contains(p, "compute-9") {
+			t.Errorf("agent refused its own subject: %v", e)
+		}
+	}
+	a.mu.Unlock()
 
 	// The reader writes nothing.
 	c, cc = short()
