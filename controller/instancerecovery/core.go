@@ -68,7 +68,6 @@ const (
 	ReasonNovaStopped     Reason = "nova-stopped"          // SHUTOFF, no task: os-start
 	ReasonNovaError       Reason = "nova-error"            // vm_state error: hard reboot
 	ReasonNovaNotSynced   Reason = "nova-not-synced"       // active but off after settle_timeout: hard reboot
-	ReasonUnexpected      Reason = "stopped-unexpectedly"  // masakari / notify: reported at once
 	ReasonBudget          Reason = "budget-exhausted"      // budget actions within budget_window used
 	ReasonVerified        Reason = "active-and-running"    // Nova ACTIVE, no task, running + the agent's event
 	ReasonRejected        Reason = "action-rejected"       // Nova or Masakari refused the action
@@ -594,12 +593,13 @@ func (c *Core) judge(now time.Time, j *job, s Server) (act Action, r Reason, wai
 			return "", ReasonNotConfirmed, false
 		case unknown:
 			return "", ReasonSettling, true
-		case c.cfg.Mode != ModeRestart:
-			// Masakari's engine stops and starts the server itself.
-			return byMode("", ReasonUnexpected)
 		case settled:
-			return ActionHardReboot, ReasonNovaNotSynced, false
+			// Nova's power sync did not run: os-start is refused on an
+			// active server; Masakari's engine stops and starts it itself.
+			return byMode(ActionHardReboot, ReasonNovaNotSynced)
 		}
+		// Wait for Nova's own sync in every mode: acting meanwhile races
+		// with its stop (a Masakari engine's stop would get a 409).
 		return "", ReasonSettling, true
 	case "error":
 		if unknown {

@@ -135,7 +135,8 @@ func TestJudge(t *testing.T) {
 		{"error", "stopped-unexpectedly", ModeRestart, func(s *Server) { s.VMState = "error" }, 0, "hard-reboot/nova-error"},
 		{"unknown error", "unknown", ModeRestart, func(s *Server) { s.VMState = "error" }, 0, "/unknown-not-confirmed"},
 		{"shelved", "stopped-unexpectedly", ModeRestart, func(s *Server) { s.VMState = "shelved_offloaded" }, 0, "/nova-vm-state"},
-		{"masakari active", "stopped-unexpectedly", ModeMasakari, nil, 0, "masakari/stopped-unexpectedly"},
+		{"masakari active", "stopped-unexpectedly", ModeMasakari, nil, 0, "wait/nova-settling"},
+		{"masakari active, never synced", "stopped-unexpectedly", ModeMasakari, nil, DefaultSettleTimeout, "masakari/nova-not-synced"},
 		{"masakari stopped", "stopped-unexpectedly", ModeMasakari, func(s *Server) { s.VMState = "stopped" }, 0, "masakari/nova-stopped"},
 		{"masakari unknown active", "unknown", ModeMasakari, nil, 0, "wait/nova-settling"},
 		{"notify", "stopped-unexpectedly", ModeNotify, func(s *Server) { s.VMState = "stopped" }, 0, "notify/nova-stopped"},
@@ -438,6 +439,11 @@ func TestMasakariMode(t *testing.T) {
 	w.server("u1", haServer())
 	w.nova["u1"].PowerState = 4
 	w.event("u1", "stopped", "stopped-unexpectedly", DetailFailed)
+	w.advance(10 * time.Second)
+	if len(w.acts) != 0 {
+		t.Fatalf("notified Masakari before Nova's own sync: %+v", w.acts)
+	}
+	w.novaStopped("u1")
 	w.advance(time.Minute)
 	if len(w.acts) != 1 || w.acts[0].action != ActionMasakari || w.last("u1").Step != StepNotified {
 		t.Fatalf("acts %+v last %+v", w.acts, w.last("u1"))
