@@ -61,6 +61,11 @@ type runningController struct {
 
 func startController(t *testing.T, id, natsURL, clouds, logs string) *runningController {
 	t.Helper()
+	return startControllerMode(t, id, natsURL, clouds, logs, ir.ModeRestart)
+}
+
+func startControllerMode(t *testing.T, id, natsURL, clouds, logs string, mode ir.Mode) *runningController {
+	t.Helper()
 	cfg := daemon.DefaultConfig()
 	cfg.ID = id
 	cfg.NATS.URLs = []string{natsURL}
@@ -68,7 +73,7 @@ func startController(t *testing.T, id, natsURL, clouds, logs string) *runningCon
 	cfg.Log.Level = "debug"
 	cfg.OpenStack.Cloud = osharness.CloudName
 	cfg.OpenStack.CloudsFile = clouds
-	cfg.InstanceRecovery.Mode = ir.ModeRestart
+	cfg.InstanceRecovery.Mode = mode
 	cfg.InstanceRecovery.Details = []string{ir.DetailCrashed, ir.DetailFailed, ir.DetailDestroyed, ir.DetailShutdown}
 	cfg.InstanceRecovery.Backoff = daemon.Duration(e2eBackoff)
 	cfg.InstanceRecovery.MaxBackoff = daemon.Duration(time.Minute)
