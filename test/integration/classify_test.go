@@ -91,6 +91,11 @@ func (n *fakeNova) route() {
 		s["OS-EXT-SRV-ATTR:host"] = q(n.host)
 		s["OS-EXT-STS:task_state"], s["OS-EXT-STS:vm_state"], s["OS-EXT-STS:power_state"] = q(task), q(st.vm), q(st.power)
 		list = append(list, s)
+		// GET /servers/{id} (the controller's instance recovery), and its
+		// actions (os-start, reboot) accepted.
+		one, _ := json.Marshal(map[string]any{"server": s})
+		n.Route("/v2.1/servers/"+uuid, openstacktest.Recorded{Status: 200, Header: n.header, Body: one})
+		n.RouteMethod("POST", "/v2.1/servers/"+uuid+"/action", openstacktest.Recorded{Status: 202, Header: n.header})
 	}
 	body, _ := json.Marshal(map[string]any{"servers": list})
 	n.Route(fmt.Sprintf("/v2.1/servers/detail?all_tenants=1&host=%s&limit=%d", n.host, openstack.PageSize),
