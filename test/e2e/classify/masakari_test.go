@@ -58,8 +58,8 @@ func TestMasakariInstanceRecovery(t *testing.T) {
 		}
 		t.Skip(err)
 	}
-	if os.Getenv("HVG_E2E_OPENSTACK") != "1" && os.Getenv("HVG_E2E_REQUIRE") != "1" && !require {
-		t.Skip("set HVG_E2E_OPENSTACK=1 with the harness (HVG_OS_MASAKARI=1) and node3 up")
+	if !require && !recoveryOn() {
+		t.Skip("set HVG_STORM_RECOVERY=1 (or HVG_E2E_MASAKARI=1) with the harness (HVG_OS_MASAKARI=1) and node3 up")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
