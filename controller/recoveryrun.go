@@ -175,7 +175,9 @@ func (r *RecoveryRunner) InFlight() int {
 
 // Run runs until ctx ends.
 func (r *RecoveryRunner) Run(ctx context.Context) error {
+	r.mu.Lock()
 	r.revs, r.leases, r.workers = map[string]uint64{}, map[string]recovery.Lease{}, map[string]context.CancelFunc{}
+	r.mu.Unlock()
 	defer r.stopWorkers()
 	tick := time.NewTicker(RecoveryTick)
 	defer tick.Stop()
