@@ -8,7 +8,9 @@
 #   ctl.sh status          one line per service: NAME running PID | stopped
 #
 # NAME: mariadb rabbitmq keystone placement glance neutron-standin nova-conductor
-#       nova-scheduler nova-api nova-compute-node1 nova-compute-node2
+#       nova-scheduler nova-api cinder-scheduler cinder-volume cinder-api
+#       nova-compute-node1 nova-compute-node2 masakari-api masakari-engine
+# (masakari-*: its database and segment come from HVG_OS_MASAKARI=1 up.sh)
 # A started nova-compute counts as ready once its service record was refreshed
 # after the start (it may stay forced down, so "state up" is not required).
 set -euo pipefail
@@ -31,6 +33,9 @@ stop | kill)
 	;;
 start)
 	if [[ $# != 2 ]] || ! known "$2"; then usage; fi
+	if [[ "$2" == masakari-* && ! -e "$DATA/.synced-masakari" ]]; then
+		die "Masakari is not set up in $W: run HVG_OS_MASAKARI=1 up.sh"
+	fi
 	since="$(date -u +%Y-%m-%dT%H:%M:%S)"
 	start_service "$2"
 	case "$2" in

@@ -21,11 +21,20 @@ KS_URL=http://127.0.0.1:5000/v3
 RABBIT_URL="rabbit://guest:guest@127.0.0.1:5672/"
 # The minimal package set: python3-* libraries only (no service packages,
 # so no dbconfig-common/debconf prompts and no init scripts).
-PKGS=(python3-keystone python3-nova python3-placement python3-glance
-	python3-pymysql mariadb-server rabbitmq-server uwsgi-core uwsgi-plugin-python3 curl)
-# every service this harness runs, in start order
+PKGS=(python3-keystone python3-nova python3-placement python3-glance python3-cinder
+	python3-masakari python3-pymysql mariadb-server rabbitmq-server uwsgi-core
+	uwsgi-plugin-python3 curl)
+# every service this harness runs, in start order (masakari-* only with
+# HVG_OS_MASAKARI=1 or when ctl.sh starts them)
 SERVICES=(mariadb rabbitmq keystone placement glance neutron-standin
-	nova-conductor nova-scheduler nova-api nova-compute-node1 nova-compute-node2)
+	nova-conductor nova-scheduler nova-api cinder-scheduler cinder-volume cinder-api
+	nova-compute-node1 nova-compute-node2 masakari-api masakari-engine)
+# The user whose token hvguard sends as X-Service-Token (role "service" only;
+# clouds.yaml entry "hvguard-service"): Cinder lets only a service token
+# delete or force-detach an attachment that Nova still uses (OSSA-2023-003).
+HVG_SVC_USER=hvguard-service
+# Masakari: the failover segment up.sh creates, with node1 and node2 as hosts.
+MASAKARI_SEGMENT=hvg-segment
 
 T0="${T0:-$(date +%s%N)}"
 elapsed() { local now; now="$(date +%s%N)"; printf '%d.%d' $(((now - T0) / 1000000000)) $((((now - T0) / 100000000) % 10)); }
@@ -114,7 +123,7 @@ install_packages() {
 	fi
 	# api-paste.ini files live in the service packages: extract, never install them
 	local deb
-	for deb in nova-common glance-common; do
+	for deb in nova-common glance-common cinder-common masakari-api; do
 		[[ -d "$DATA/debs/$deb" ]] && continue
 		mkdir -p "$DATA/debs"
 		(cd "$DATA/debs" && apt-get download -q "$deb" >>"$apt_log" 2>&1) || die "apt-get download $deb failed"
@@ -124,13 +133,32 @@ install_packages() {
 	mkdir -p "$BIND"
 	local m
 	for m in nova.cmd.api nova.cmd.conductor nova.cmd.scheduler nova.cmd.compute nova.cmd.manage \
-		glance.cmd.api glance.cmd.manage placement.cmd.manage keystone.cmd.manage; do
-		cat >"$BIND/${m%%.*}-${m##*.}" <<PY
-#!/usr/bin/python3
-import sys
-from ${m} import main
-sys.exit(main())
+		glance.cmd.api glance.cmd.manage placement.cmd.manage keystone.cmd.manage \
+		cinder.cmd.api cinder.cmd.scheduler cinder.cmd.volume cinder.cmd.manage \
+		masakari.cmd.api masakari.cmd.engine masakari.cmd.manage; do
+		# cinder: the harness dir on sys.path for its volume driver
+		# (hvg_cinder_driver.py); masakari: the read_deleted fix below
+		{
+			echo '#!/usr/bin/python3'
+			echo 'import sys'
+			[[ "$m" == cinder.* ]] && echo "sys.path.insert(0, '$HERE')"
+			[[ "$m" == masakari.* ]] && cat <<'PY'
+# Masakari 14.0.2 with oslo.messaging 14.0.3-0+deb12u1 answers every create
+# with 500 "read_deleted can only be one of 'no', 'yes' or 'only', not None":
+# the notifier rebuilds the context with from_dict(), which reads back a
+# read_deleted the sanitized dict no longer has. Default it to 'no' (the
+# constructor's own default); nothing under /usr is changed.
+import masakari.context as _mctx
+_from_dict = _mctx.RequestContext.from_dict.__func__
+def _fixed_from_dict(cls, values, **kwargs):
+    if values.get('read_deleted') is None:
+        values = dict(values, read_deleted='no')
+    return _from_dict(cls, values, **kwargs)
+_mctx.RequestContext.from_dict = classmethod(_fixed_from_dict)
 PY
+			echo "from ${m} import main"
+			echo 'sys.exit(main())'
+		} >"$BIND/${m%%.*}-${m##*.}"
 		chmod 755 "$BIND/${m%%.*}-${m##*.}"
 	done
 }
@@ -151,10 +179,22 @@ region_name = $REGION
 INI
 }
 
+# authtoken USER: [keystone_authtoken] of an API that honours service tokens
+# only from users with the service role (OSSA-2023-003 setup).
+authtoken() {
+	printf '[keystone_authtoken]\nwww_authenticate_uri = http://127.0.0.1:5000\nservice_token_roles_required = true\n'
+	ks_auth "$1"
+}
+# service_user USER: [service_user]: send USER's token as X-Service-Token.
+service_user() {
+	printf '[service_user]\nsend_service_user_token = true\n'
+	ks_auth "$1"
+}
+
 # write_configs: (re)writes every config under etc/ (cheap; always done).
 write_configs() {
-	mkdir -p "$ETC"/{keystone,placement,glance,nova,rabbitmq} "$LOGD" "$RUND" \
-		"$DATA"/{keystone,glance/images,glance/staging,glance/tasks,nova-node1,nova-node2,nova,locks}
+	mkdir -p "$ETC"/{keystone,placement,glance,nova,cinder,masakari,rabbitmq} "$LOGD" "$RUND" \
+		"$DATA"/{keystone,glance/images,glance/staging,glance/tasks,nova-node1,nova-node2,nova,locks,cinder}
 	cat >"$ETC/keystone/keystone.conf" <<INI
 [DEFAULT]
 log_file = $LOGD/keystone.log
@@ -223,6 +263,10 @@ enabled = false
 lock_path = $DATA/locks
 [oslo_messaging_rabbit]
 heartbeat_timeout_threshold = 0
+[cinder]
+os_region_name = $REGION
+$(ks_auth nova)
+$(service_user nova)
 INI
 	)"
 	# control services: api, conductor, scheduler
@@ -243,9 +287,7 @@ discover_hosts_in_cells_interval = -1
 connection = $(db_url nova_api)
 [database]
 connection = $(db_url nova)
-[keystone_authtoken]
-www_authenticate_uri = http://127.0.0.1:5000
-$(ks_auth nova)
+$(authtoken nova)
 [wsgi]
 api_paste_config = $DATA/debs/nova-common/usr/share/nova-common/api-paste.ini
 INI
@@ -261,6 +303,70 @@ state_path = $DATA/nova-$n
 instances_path = $DATA/nova-$n/instances
 INI
 	done
+	# Cinder: two backends in one cinder-volume (host hvg-cinder, so volume
+	# hosts do not depend on the machine's name): "fake" is python3-cinder's
+	# FakeLoggingVolumeDriver; "fakeimg" is the same with an image copy that
+	# writes nothing (hvg_cinder_driver.py), so volumes can be made from the
+	# glance image (the fake driver's own copy runs qemu-img into /dev/mapper).
+	local be
+	cat >"$ETC/cinder/cinder.conf" <<INI
+[DEFAULT]
+transport_url = $RABBIT_URL
+my_ip = 127.0.0.1
+host = hvg-cinder
+state_path = $DATA/cinder
+auth_strategy = keystone
+osapi_volume_listen = 127.0.0.1
+osapi_volume_listen_port = 8776
+osapi_volume_workers = 1
+api_paste_config = $DATA/debs/cinder-common/usr/share/cinder-common/api-paste.ini
+glance_api_servers = http://127.0.0.1:9292
+enabled_backends = fake,fakeimg
+graceful_shutdown_timeout = 5
+[database]
+connection = $(db_url cinder)
+$(authtoken cinder)
+$(service_user cinder)
+[nova]
+$(ks_auth cinder)
+[oslo_concurrency]
+lock_path = $DATA/locks
+[oslo_messaging_rabbit]
+heartbeat_timeout_threshold = 0
+$(for be in fake fakeimg; do
+		printf '[%s]\nvolume_backend_name = %s\ntarget_helper = fake\n' "$be" "$be"
+		if [[ $be == fake ]]; then echo 'volume_driver = cinder.tests.fake_driver.FakeLoggingVolumeDriver'
+		else echo 'volume_driver = hvg_cinder_driver.ImageFakeDriver'; fi
+	done)
+INI
+	# Masakari: API on :15868, engine at upstream defaults (HVG_OS_MASAKARI_WAIT
+	# overrides wait_period_after_service_update, default 180 s); no
+	# [taskflow] connection (python3-taskflow 5.0.0 lacks its alembic files).
+	cat >"$ETC/masakari/masakari.conf" <<INI
+[DEFAULT]
+transport_url = $RABBIT_URL
+auth_strategy = keystone
+masakari_api_listen = 127.0.0.1
+masakari_api_listen_port = 15868
+masakari_api_workers = 1
+api_paste_config = $DATA/debs/masakari-api/etc/masakari/api-paste.ini
+graceful_shutdown_timeout = 5
+os_privileged_user_name = masakari
+os_privileged_user_password = $SVC_PASS
+os_privileged_user_tenant = service
+os_privileged_user_auth_url = $KS_URL
+os_region_name = $REGION
+wait_period_after_service_update = ${HVG_OS_MASAKARI_WAIT:-180}
+[database]
+connection = $(db_url masakari)
+[keystone_authtoken]
+www_authenticate_uri = http://127.0.0.1:5000
+$(ks_auth masakari)
+[oslo_concurrency]
+lock_path = $DATA/locks
+[oslo_messaging_rabbit]
+heartbeat_timeout_threshold = 0
+INI
 	cat >"$W/clouds.yaml" <<YAML
 clouds:
   hvguard-e2e:
@@ -274,7 +380,31 @@ clouds:
     region_name: $REGION
     interface: public
     identity_api_version: 3
+  $HVG_SVC_USER:
+    auth:
+      auth_url: $KS_URL
+      username: $HVG_SVC_USER
+      password: $SVC_PASS
+      project_name: service
+      user_domain_name: Default
+      project_domain_name: Default
+    region_name: $REGION
+    interface: public
+    identity_api_version: 3
 YAML
+}
+
+# daemon CMD...: execs CMD in a new session with every fd above 2 closed.
+# Callers hold `flock /tmp/hvg-e2e.lock` around up.sh/ctl.sh: a daemon that
+# inherited that fd would keep the lock held for as long as the cloud runs,
+# and the next user's flock would wait forever.
+daemon() {
+	local fd
+	for fd in /proc/$BASHPID/fd/*; do
+		fd="${fd##*/}"
+		((fd > 2)) && eval "exec $fd>&-"
+	done
+	exec setsid "$@"
 }
 
 # spawn NAME CMD...: runs CMD in its own session (pgid = pid), log/NAME.log, run/NAME.pid.
@@ -285,7 +415,7 @@ spawn() {
 		log "$name already running (pid $(pid_of "$name"))"
 		return 0
 	fi
-	setsid "$@" </dev/null >>"$LOGD/$name.log" 2>&1 &
+	(daemon "$@") </dev/null >>"$LOGD/$name.log" 2>&1 &
 	echo "$! $(starttime $!)" >"$RUND/$name.pid"
 	log "started $name (pid $!)"
 }
@@ -312,9 +442,9 @@ start_service() {
 	mariadb)
 		pid_of mariadb >/dev/null && return 0
 		mkdir -p "$MYSQL_RUN" && chown mysql:mysql "$MYSQL_RUN"
-		setsid mariadbd --no-defaults --user=mysql --datadir="$DATA/mysql" --socket="$MYSQL_SOCK" \
+		(daemon mariadbd --no-defaults --user=mysql --datadir="$DATA/mysql" --socket="$MYSQL_SOCK" \
 			--pid-file="$MYSQL_PID" --skip-networking \
-			--innodb-buffer-pool-size=128M --max-connections=500 </dev/null >>"$LOGD/mariadb.log" 2>&1 &
+			--innodb-buffer-pool-size=128M --max-connections=500) </dev/null >>"$LOGD/mariadb.log" 2>&1 &
 		log "started mariadb (pid $!)"
 		;;
 	rabbitmq)
@@ -338,6 +468,12 @@ start_service() {
 		;;
 	nova-compute-node1 | nova-compute-node2)
 		spawn "$1" "$BIND/nova-compute" --config-file "$ETC/nova/$1.conf" --log-file "$LOGD/$1.log"
+		;;
+	cinder-api | cinder-scheduler | cinder-volume)
+		spawn "$1" "$BIND/cinder-${1#cinder-}" --config-file "$ETC/cinder/cinder.conf" --log-file "$LOGD/$1.log"
+		;;
+	masakari-api | masakari-engine)
+		spawn "$1" "$BIND/masakari-${1#masakari-}" --config-file "$ETC/masakari/masakari.conf" --log-file "$LOGD/$1.log"
 		;;
 	*) die "unknown service $1" ;;
 	esac
@@ -380,6 +516,10 @@ wait_service() {
 	nova-conductor) wait_for "$s" "conductor queue" rabbit_has_queue conductor ;;
 	nova-scheduler) wait_for "$s" "scheduler queue" rabbit_has_queue scheduler ;;
 	nova-compute-node1 | nova-compute-node2) wait_for "$s" "$1 up in nova" osctl compute-up "${1#nova-compute-}" ;;
+	cinder-api) wait_for "$s" cinder-api http_up http://127.0.0.1:8776/ ;;
+	cinder-scheduler | cinder-volume) wait_for "$s" "$1 up in cinder" osctl volume-service-up "$1" ;;
+	masakari-api) wait_for "$s" masakari-api http_up http://127.0.0.1:15868/ ;;
+	masakari-engine) wait_for "$s" "masakari-engine queue" rabbit_has_queue ha_engine ;;
 	esac
 }
 rabbit_has_queue() { rabbitctl list_queues -q name 2>/dev/null | grep -qx "$1"; }

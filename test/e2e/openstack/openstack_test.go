@@ -47,21 +47,26 @@ func step(t *testing.T, name string, f func() error) {
 	t.Logf("%-44s %6.1fs", name, time.Since(t0).Seconds())
 }
 
-func TestEvacuationScenario(t *testing.T) {
-	h, ctx := connect(t)
-	rec := newRecorder(t)
+// lockScenario takes the harness's scenario lock for the test and restores
+// node1 if a previous failed run left it forced down.
+func lockScenario(t *testing.T, ctx context.Context, h *osharness.Harness) {
+	t.Helper()
 	unlock, err := h.Lock(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(unlock)
-
-	// a previous failed run may have left node1 forced down
 	if _, fd, err := h.ComputeState(ctx, "node1"); err != nil {
 		t.Fatal(err)
 	} else if fd {
 		step(t, "restore node1 left forced down", func() error { return h.RestoreHost(ctx, "node1") })
 	}
+}
+
+func TestEvacuationScenario(t *testing.T) {
+	h, ctx := connect(t)
+	rec := newRecorder(t)
+	lockScenario(t, ctx, h)
 
 	var ids []string
 	step(t, "boot 3 servers on node1", func() (err error) {

@@ -5,19 +5,28 @@
 #
 # Real: MariaDB, RabbitMQ, keystone, placement, glance (file store), nova-api,
 # nova-conductor, nova-scheduler, two nova-compute (compute_driver=fake.FakeDriver,
-# hosts node1 and node2). NOT real: a Neutron stand-in on :9696
-# (neutron_standin.py) answering lists with empty collections.
+# hosts node1 and node2), cinder-api/-scheduler/-volume (two fake backends,
+# volume types hvg-fake and hvg-image), service tokens ([service_user] in
+# nova.conf and cinder.conf), and with HVG_OS_MASAKARI=1 masakari-api and
+# masakari-engine 14.0.2 (segment hvg-segment: node1, node2). NOT real: a
+# Neutron stand-in on :9696 (neutron_standin.py) answering lists with empty
+# collections.
 #
 # Work dir: $HVG_OS_WORKDIR (default /var/tmp/hvguard-e2e): etc/ log/ run/
-# data/ and clouds.yaml (cloud "hvguard-e2e", admin). All logs go to log/;
-# on failure the tails of the relevant logs are printed.
+# data/ and clouds.yaml (cloud "hvguard-e2e", admin; "hvguard-service", the
+# service-role user). All logs go to log/; on failure the tails of the
+# relevant logs are printed.
 #
-# Environment: HVG_OS_WORKDIR, HVG_OS_WAIT (per-step wait bound, default 180 s).
+# Environment: HVG_OS_WORKDIR, HVG_OS_WAIT (per-step wait bound, default 180 s),
+# HVG_OS_MASAKARI=1 (also Masakari; a later run with it adds Masakari to a
+# running cloud), HVG_OS_MASAKARI_WAIT (engine's wait_period_after_service_update,
+# default 180 s = upstream).
 set -euo pipefail
 SCRIPT=up.sh
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 WAIT="${HVG_OS_WAIT:-180}"
+MASAKARI="${HVG_OS_MASAKARI:-0}"
 
 [[ "$(id -u)" == 0 ]] || die "must run as root"
 mkdir -p "$LOGD" "$RUND" "$DATA"
@@ -42,7 +51,7 @@ wait_service rabbitmq "$WAIT"
 
 phase "databases"
 sql() { mariadb --socket="$MYSQL_SOCK" -uroot -e "$1"; }
-for db in keystone placement glance nova_api nova nova_cell0; do
+for db in keystone placement glance nova_api nova nova_cell0 cinder masakari; do
 	sql "CREATE DATABASE IF NOT EXISTS $db"
 done
 sql "CREATE USER IF NOT EXISTS 'hvg'@'localhost' IDENTIFIED BY 'hvg-db'; GRANT ALL ON *.* TO 'hvg'@'localhost'"
@@ -70,6 +79,10 @@ sync_once keystone "$BIND/keystone-manage" --config-file "$ETC/keystone/keystone
 sync_once placement "$BIND/placement-manage" --config-file "$ETC/placement/placement.conf" db sync & pids+=($!)
 sync_once glance "$BIND/glance-manage" --config-file "$ETC/glance/glance-api.conf" db_sync & pids+=($!)
 sync_once nova nova_sync & pids+=($!)
+sync_once cinder "$BIND/cinder-manage" --config-file "$ETC/cinder/cinder.conf" db sync & pids+=($!)
+if [[ "$MASAKARI" == 1 ]]; then
+	sync_once masakari "$BIND/masakari-manage" --config-file "$ETC/masakari/masakari.conf" db sync & pids+=($!)
+fi
 for p in "${pids[@]}"; do
 	wait "$p" || { FAIL_LOGS=("$LOGD/dbsync-*.log" "$LOGD/keystone-bootstrap.log"); die "a database sync or keystone key setup failed"; }
 done
@@ -83,18 +96,21 @@ if [[ ! -e "$DATA/.bootstrapped-keystone" ]]; then
 fi
 start_service keystone
 wait_service keystone "$WAIT"
-if [[ ! -e "$DATA/.identity-done" ]]; then
+# v2: + cinder, masakari, hvguard-service users, volumev3/block-storage/instance-ha
+if [[ ! -e "$DATA/.identity-done-v2" ]]; then
 	osctl identity "$SVC_PASS" >>"$LOGD/osctl.log" 2>&1 || { FAIL_LOGS=("$LOGD/osctl.log" "$LOGD/keystone.log"); die "identity setup failed"; }
-	touch "$DATA/.identity-done"
+	touch "$DATA/.identity-done-v2"
 fi
 
 phase "control services"
-for s in placement glance neutron-standin nova-conductor; do start_service "$s"; done
+for s in placement glance neutron-standin nova-conductor cinder-scheduler cinder-volume cinder-api; do start_service "$s"; done
 # conductor first: computes started before its queue exists stall 60 s
 wait_service nova-conductor "$WAIT"
 start_service nova-scheduler
 start_service nova-api
-for s in placement glance neutron-standin nova-scheduler nova-api; do wait_service "$s" "$WAIT"; done
+for s in placement glance neutron-standin nova-scheduler nova-api cinder-api cinder-scheduler cinder-volume; do
+	wait_service "$s" "$WAIT"
+done
 
 phase computes
 start_service nova-compute-node1
@@ -111,6 +127,18 @@ phase seed
 [[ -e "$DATA/fake-image.raw" ]] || head -c 1048576 /dev/zero >"$DATA/fake-image.raw"
 FAIL_LOGS=("$LOGD/osctl.log" "$LOGD/glance.log" "$LOGD/nova-api.log")
 osctl seed "$DATA/fake-image.raw" >>"$LOGD/osctl.log" 2>&1 || die "seeding flavor/image failed"
+FAIL_LOGS=("$LOGD/osctl.log" "$LOGD/cinder-api.log")
+osctl seed-volume >>"$LOGD/osctl.log" 2>&1 || die "seeding volume types failed"
+
+if [[ "$MASAKARI" == 1 ]]; then
+	phase masakari
+	start_service masakari-engine
+	start_service masakari-api
+	wait_service masakari-engine "$WAIT"
+	wait_service masakari-api "$WAIT"
+	FAIL_LOGS=("$LOGD/osctl.log" "$LOGD/masakari-api.log")
+	osctl masakari-seed >>"$LOGD/osctl.log" 2>&1 || die "seeding the masakari segment failed"
+fi
 
 phase_report
 log "ready: clouds.yaml at $W/clouds.yaml (cloud hvguard-e2e); logs in $LOGD"

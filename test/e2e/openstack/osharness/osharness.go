@@ -11,12 +11,10 @@
 package osharness
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"os"
@@ -141,41 +139,14 @@ func (r *Response) JSON(v any) error { return json.Unmarshal(r.Body, v) }
 func (h *Harness) Raw(ctx context.Context, method, mv, path string, body any) (*Response, error) {
 	c := *h.Compute
 	c.Microversion = mv
-	opts := &gophercloud.RequestOpts{KeepResponseBody: true, OkCodes: []int{}}
-	// every status is a valid answer here
-	for code := 100; code < 600; code++ {
-		opts.OkCodes = append(opts.OkCodes, code)
-	}
-	if body != nil {
-		opts.JSONBody = body
-	}
-	resp, err := c.Request(ctx, method, c.ServiceURL(strings.TrimPrefix(path, "/")), opts)
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", method, path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	return &Response{Method: method, Path: path, Microversion: mv, RequestBody: body, Status: resp.StatusCode, Header: resp.Header, Body: b}, nil
+	return rawRequest(ctx, &c, method, path, body, nil)
 }
 
 // do is Raw that fails unless the status is one of ok, decoding into out.
 func (h *Harness) do(ctx context.Context, method, mv, path string, body, out any, ok ...int) error {
-	r, err := h.Raw(ctx, method, mv, path, body)
-	if err != nil {
-		return err
-	}
-	for _, c := range ok {
-		if r.Status == c {
-			if out != nil && len(r.Body) > 0 {
-				return r.JSON(out)
-			}
-			return nil
-		}
-	}
-	return fmt.Errorf("%s %s (mv %s): HTTP %d: %s", method, path, mv, r.Status, bytes.TrimSpace(r.Body))
+	c := *h.Compute
+	c.Microversion = mv
+	return doOn(ctx, &c, method, path, body, out, ok...)
 }
 
 // Server is what the tests need of a server.
