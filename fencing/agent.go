@@ -82,6 +82,7 @@ type Agent struct {
 	// one lands. selfDeclSeqs are those writes' seqs.
 	selfDecl     bool
 	declRev      uint64
+	invalidRev   uint64 // revision of the last untrusted record alerted
 	selfDeclSeqs map[uint64]bool
 
 	// Orderly stop (Stop): no renewal or peer round starts any more; the
@@ -157,8 +158,19 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 	// withdrawal landed). The controller declares nothing until it sees a
 	// renewal of this process, so the lease age starts afresh below
 	// (unless the host is fenced: it carries on fenced).
+	if cur != nil && (cur.Host != cfg.Host || StaleRecord(*cur, rev, a.rev)) {
+		// Not this host's current record (a replay, or another host's):
+		// no evidence of anything; the first renewal's conflict shows it
+		// again and handles it as an untrusted record.
+		cur = nil
+	}
 	fromWithdrawn := d != nil && d.Host == cfg.Host && d.Withdrawn && cur == nil
 	if cur != nil && cur.Host == cfg.Host {
+		if cur.Sig != "" && cur.BootID == cfg.BootID {
+			// Our records must be newer than any of this boot's already
+			// in the key (a lost durable state restarts the count).
+			a.incarnation = max(a.incarnation, cur.Incarnation)
+		}
 		if cur.State != LeaseExpired {
 			a.rev = rev // never the revision of a declaration (see conflict)
 		}
@@ -501,7 +513,9 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 	case PeerRelayed:
 		a.renewResult(now, rd.renewal.Seq, RenewResult{Outcome: RenewAcked, Revision: ans.Revision})
 	case PeerRelayFailed:
-		if ans.Current != nil && ans.Current.State == LeaseActive {
+		if ans.Invalid != "" {
+			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Invalid: ans.Invalid})
+		} else if ans.Current != nil && ans.Current.State == LeaseActive {
 			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Current: ans.Current})
 		} else if ans.KeyAbsent {
 			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict})
@@ -875,11 +889,15 @@ func (a *Agent) withdrawResult(now time.Time, res RenewResult) {
 			a.conflict(now, 0, res) // declared: fence, never overwrite it
 			return
 		}
-		if cur == nil && a.withdrawTries < maxWithdrawTries && a.keyDeleteSafe(now) {
-			// The key was deleted or purged while the lease is held: no
-			// declaration can have been erased (keydelete.go); withdraw by
-			// creating the record over the marker.
-			a.rev = 0
+		if (cur == nil || a.untrusted(res) != "") && a.withdrawTries < maxWithdrawTries && a.keyDeleteSafe(now) {
+			// The key was deleted or purged (or holds an untrusted
+			// record) while the lease is held: no declaration can have
+			// been erased (keydelete.go); withdraw by creating the record
+			// over the marker (CAS on the untrusted record).
+			a.rev = res.Revision
+			if cur == nil && res.Invalid == "" {
+				a.rev = 0
+			}
 			a.sendWithdrawal(now)
 			return
 		}
@@ -998,18 +1016,29 @@ func (a *Agent) startRejoin(now time.Time, reason Reason) {
 
 func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 	cur := res.Current
+	if why := a.untrusted(res); why != "" {
+		a.invalidRecord(now, res, why)
+		return
+	}
+	if res.Invalid != "" || cur != nil && cur.Host != a.cfg.Host { // Mutations.UntrustedRecordsTrusted
+		a.renewFailed(now, ReasonRenewFailed)
+		return
+	}
 	if cur == nil {
 		// The key holds no record: deleted or purged (keydelete.go).
 		a.renewFailed(now, ReasonRenewFailed)
-		a.keyDeleted(now)
-		return
-	}
-	if cur.Host != a.cfg.Host {
-		a.renewFailed(now, ReasonRenewFailed)
+		a.keyDeleted(now, 0)
 		return
 	}
 	switch cur.State {
 	case LeaseActive:
+		if cur.Sig != "" && cur.BootID == a.cfg.BootID && (cur.Incarnation > a.incarnation || cur.Incarnation == a.incarnation && cur.Seq > a.seq) {
+			// A record of a later process of this host than ours (our
+			// durable state was lost): our records must be newer than it,
+			// or readers take them for replays (sign.go).
+			a.incarnation = cur.Incarnation + 1
+			a.persist()
+		}
 		if cur.BootID == a.cfg.BootID && cur.Epoch == a.epoch && cur.Incarnation == a.incarnation {
 			if _, ok := a.sent[cur.Seq]; ok {
 				// One of our earlier renewals (late, or relayed) landed.

@@ -225,6 +225,10 @@ type Guard struct {
 	// keeps counting them as silent, and a controller that restarts (or
 	// takes over) restores them from here. Agents ignore it.
 	Deleted []DeletedHost `json:"deleted,omitempty"`
+	// Signer and Sig: the controller key that signed the guard and its
+	// signature (sign.go); absent when signing is off.
+	Signer string `json:"signer,omitempty"`
+	Sig    string `json:"sig,omitempty"`
 }
 
 // DeletedHost is a host of Guard.Deleted: its name and the guard version
@@ -326,6 +330,11 @@ var Mutations struct {
 	// starts as a first start (the lease age of one interval feeds the
 	// watchdog past the real lease).
 	RuntimeCopyIgnored bool
+	// UntrustedRecordsTrusted (issue 11): a conflict's record is taken as
+	// it comes — a record of another host, a replay (StaleRecord), an old
+	// epoch's withdrawal — and an invalid one fails the renewal without
+	// its revision being learned (before signed records).
+	UntrustedRecordsTrusted bool
 
 	// Issue 10 items 3 and 4 (guard versions, deleted keys):
 	//

@@ -30,14 +30,17 @@ import (
 //     `hvguard-agent --unfence`) lets it take the lease again, and then it
 //     resumes nothing (the ordinary release path).
 
-// keyDeleted handles a conflict that showed no record in the key.
-func (a *Agent) keyDeleted(now time.Time) {
+// keyDeleted handles a conflict that showed no record in the key (rev 0),
+// or a record this agent does not trust at rev (an invalid record: the
+// same reasoning applies — it may have been written over a declaration,
+// and it is no evidence of anything).
+func (a *Agent) keyDeleted(now time.Time, rev uint64) {
 	// Seen again before our create landed (the create was rejected too):
 	// no second transition, the renewals go on at their pace.
-	repeat := a.rev == 0 && a.landedSeq > 0
-	a.rev = 0 // the next write creates the key (over the marker)
+	repeat := a.rev == rev && a.landedSeq > 0
+	a.rev = rev // the next write creates the key over the marker (0), or CAS on the invalid record
 	if a.selfDecl {
-		a.declRev = 0
+		a.declRev = rev
 		return
 	}
 	if a.keyDeleteSafe(now) || Mutations.KeyDeleteAlwaysRecreates {
@@ -55,7 +58,7 @@ func (a *Agent) keyDeleted(now time.Time) {
 		a.epoch++
 	}
 	a.declared, a.released, a.lease = true, false, false
-	a.selfDecl, a.declRev = true, 0
+	a.selfDecl, a.declRev = true, rev
 	a.r.Alerts = append(a.r.Alerts, Alert{Reason: ReasonLeaseKeyDeletedWhileFenced, Detail: detail})
 	switch a.state {
 	case StateFenced, StateRejoining:
@@ -105,8 +108,8 @@ func (a *Agent) selfDeclResult(now time.Time, seq uint64, res RenewResult) {
 		a.persist()
 	case RenewConflict:
 		switch cur := res.Current; {
-		case cur == nil:
-			a.declRev = 0
+		case cur == nil || a.untrusted(res) != "":
+			a.declRev = res.Revision
 		case cur.State == LeaseActive:
 			if res.Revision != a.declRev {
 				a.declRev = res.Revision // a record appeared (a late write): replace it
@@ -119,4 +122,43 @@ func (a *Agent) selfDeclResult(now time.Time, seq uint64, res RenewResult) {
 			a.conflict(now, seq, res)
 		}
 	}
+}
+
+// untrusted returns why the record a conflict showed is not trusted, or ""
+// (Current nil without Invalid is a deleted key, not an untrusted record).
+// Beyond what the shell's Keyring found (res.Invalid): a record of another
+// host in our key, a replay (fencing.StaleRecord: a signed record naming a
+// revision older than one we know was in the key), and a withdrawal of an
+// epoch older than ours. None of them can be current, and all of them left
+// the agent unable to renew before (it never adopted their revision).
+func (a *Agent) untrusted(res RenewResult) string {
+	cur := res.Current
+	if Mutations.UntrustedRecordsTrusted {
+		return ""
+	}
+	switch {
+	case res.Invalid != "":
+		return res.Invalid
+	case cur == nil:
+		return ""
+	case cur.Host != a.cfg.Host:
+		return fmt.Sprintf("record of host %q in the key of %q", cur.Host, a.cfg.Host)
+	case StaleRecord(*cur, res.Revision, a.rev):
+		return fmt.Sprintf("replayed %s record (written on revision %d, found at %d after revision %d)", cur.State, cur.PrevRev, res.Revision, a.rev)
+	case cur.State == LeaseWithdrawn && cur.Epoch < a.epoch && cur.Sig != "":
+		return fmt.Sprintf("withdrawn record of epoch %d < %d", cur.Epoch, a.epoch)
+	}
+	return ""
+}
+
+// invalidRecord: a conflict showed an untrusted record (why): say so loudly
+// (once per revision) and handle it like a deleted key at its revision.
+func (a *Agent) invalidRecord(now time.Time, res RenewResult, why string) {
+	if res.Revision != a.invalidRev {
+		a.invalidRev = res.Revision
+		a.r.Alerts = append(a.r.Alerts, Alert{Reason: ReasonInvalidLeaseRecord,
+			Detail: fmt.Sprintf("revision %d of this host's lease key ignored: %s", res.Revision, why)})
+	}
+	a.renewFailed(now, ReasonRenewFailed)
+	a.keyDeleted(now, res.Revision)
 }

@@ -2,7 +2,6 @@ package fencing
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 )
@@ -72,6 +71,12 @@ type LeaseRecord struct {
 	// AgentVersion is the agent's version (informational: the
 	// controller's fleet view shows it; nothing decides on it).
 	AgentVersion string `json:"agent_version,omitempty"`
+	// PrevRev is the revision this record was written on by CAS (0: a
+	// create), Signer the ID of the key that signed it, Sig the signature
+	// (sign.go). Set by Signer.Seal; absent when signing is off.
+	PrevRev uint64 `json:"prev_rev,omitempty"`
+	Signer  string `json:"signer,omitempty"`
+	Sig     string `json:"sig,omitempty"`
 }
 
 // RelayRetryOver is the relay contract's retry rule: r, the key's current
@@ -96,25 +101,35 @@ func (r LeaseRecord) Encode() ([]byte, error) {
 	return b, nil
 }
 
-// DecodeRecord decodes a lease record, rejecting unknown schemas and records
-// without a host.
+// DecodeRecord decodes a lease record, rejecting unknown schemas and
+// records without a host; every error wraps ErrInvalidRecord.
 func DecodeRecord(b []byte) (LeaseRecord, error) {
 	var r LeaseRecord
 	if err := json.Unmarshal(b, &r); err != nil {
-		return r, fmt.Errorf("decode lease record: %w", err)
+		return r, fmt.Errorf("%w: decode: %w", ErrInvalidRecord, err)
 	}
 	if r.Schema != RecordSchema {
-		return r, fmt.Errorf("decode lease record: schema %d (want %d)", r.Schema, RecordSchema)
+		return r, fmt.Errorf("%w: decode: schema %d (want %d)", ErrInvalidRecord, r.Schema, RecordSchema)
 	}
 	if r.Host == "" {
-		return r, errors.New("decode lease record: no host")
+		return r, fmt.Errorf("%w: decode: no host", ErrInvalidRecord)
 	}
 	switch r.State {
 	case LeaseActive, LeaseExpired, LeaseReleased, LeaseWithdrawn:
 	default:
-		return r, fmt.Errorf("decode lease record: state %q", r.State)
+		return r, fmt.Errorf("%w: decode: state %q", ErrInvalidRecord, r.State)
 	}
 	return r, nil
+}
+
+// DecodeVerified decodes a lease record and verifies it with keys (nil:
+// not verified).
+func DecodeVerified(b []byte, keys *Keyring) (LeaseRecord, error) {
+	r, err := DecodeRecord(b)
+	if err != nil {
+		return r, err
+	}
+	return r, keys.VerifyRecord(r)
 }
 
 // EncodeGuard and DecodeGuard (de)serialise the published Guard.

@@ -83,6 +83,9 @@ const (
 	ReasonWithdrawalNotConfirmed      Reason = "FencedOnStopWithdrawalNotConfirmed"
 	ReasonStartedFromWithdrawn        Reason = "StartedFromWithdrawnLease"
 	ReasonWatchdogNotArmedLeaseLapsed Reason = "WatchdogNotFedAtStartLeaseLapsed"
+	// ReasonInvalidLeaseRecord (an alert): the host's key holds a record
+	// this agent does not trust (sign.go): handled like a deleted key.
+	ReasonInvalidLeaseRecord Reason = "InvalidLeaseRecord"
 )
 
 // Transition is one fence-state transition, to be published.
@@ -196,6 +199,11 @@ type RenewResult struct {
 	Outcome  RenewOutcome
 	Revision uint64
 	Current  *LeaseRecord
+	// Invalid (RenewConflict, Current nil): the key holds a record at
+	// Revision that is not trusted (undecodable, unsigned, wrong signer,
+	// bad signature): why. The agent treats it like a deleted key whose
+	// marker is at Revision (keydelete.go).
+	Invalid string
 }
 
 // PeerAnswerKind is what a peer answered.
@@ -234,6 +242,9 @@ type PeerAnswer struct {
 	// the key holds no record at all (deleted or purged by an operator),
 	// exactly as a RenewConflict with Current nil.
 	KeyAbsent bool
+	// Invalid (PeerRelayFailed): the relay's conflict showed a record the
+	// asker does not trust at Revision (RenewResult.Invalid).
+	Invalid string
 }
 
 // PeerStatus is what this agent answers a peer that asks.

@@ -59,6 +59,23 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, create bool) (jet
 // Store reads and writes the lease bucket.
 type Store struct {
 	KV jetstream.KeyValue
+	// Signer seals what this Store writes for its owner (renewals,
+	// declarations, releases, the guard; fencing.Signer.Seal); zero: not
+	// signed. Relays are written as the asker sealed them.
+	Signer fencing.Signer
+	// Keys verifies what is read (records, the guard) and what is relayed
+	// (fencing.Keyring.CheckRelay); nil: nothing is verified.
+	Keys *fencing.Keyring
+	// OnInvalid, if set, is told of every record (or guard) refused:
+	// read, found in a conflict, or asked to be relayed (host "" for the
+	// guard). The caller logs it loudly and counts it.
+	OnInvalid func(host string, rev uint64, err error)
+}
+
+func (s *Store) invalid(host string, rev uint64, err error) {
+	if s.OnInvalid != nil {
+		s.OnInvalid(host, rev, err)
+	}
 }
 
 // key returns the host token of host (the record's key); an invalid host
@@ -89,18 +106,27 @@ func hostOf(k string) string {
 // once on a conflict with the asker's own active record of the same epoch
 // — is Relay).
 func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest, timeout time.Duration) fencing.RenewResult {
-	return s.cas(ctx, req.Record.Host, req.Revision, req.Record, timeout)
+	return s.cas(ctx, req.Record.Host, req.Revision, s.Signer.Seal(req.Record, req.Revision), timeout)
 }
 
-// Relay performs req for another host: like Renew, but a conflict with an
-// active record of the asking process itself (LeaseRecord.RelayRetryOver)
-// is retried once on its revision (never over an expired, released or
-// withdrawn record, nor over another process's record).
+// Relay performs req for another host: a CAS of the asker's record as the
+// asker sealed it, only when fencing.Keyring.CheckRelay accepts it (an
+// active record, signed by its own host for the revision asked; anything
+// else is refused: RenewFailed, nothing written, OnInvalid told). An
+// unsigned record's conflict with an active record of the asking process
+// itself (LeaseRecord.RelayRetryOver) is retried once on its revision
+// (never over an expired, released or withdrawn record, nor over another
+// process's record); a signed record names the revision it was sealed for,
+// so it is never retried on another one (the asker learns of its landed
+// renewal from the conflict's record).
 func (s *Store) Relay(ctx context.Context, req fencing.RenewRequest, timeout time.Duration) fencing.RenewResult {
-	res := s.Renew(ctx, req, timeout)
-	if c := res.Current; res.Outcome == fencing.RenewConflict && c != nil && c.RelayRetryOver(req.Record) {
-		req.Revision = res.Revision
-		res = s.Renew(ctx, req, timeout)
+	if err := s.Keys.CheckRelay(req.Record, req.Revision); err != nil {
+		s.invalid(req.Record.Host, req.Revision, err)
+		return fencing.RenewResult{Outcome: fencing.RenewFailed}
+	}
+	res := s.cas(ctx, req.Record.Host, req.Revision, req.Record, timeout)
+	if c := res.Current; res.Outcome == fencing.RenewConflict && c != nil && c.RelayRetryOver(req.Record) && req.Record.Sig == "" {
+		res = s.cas(ctx, req.Record.Host, res.Revision, req.Record, timeout)
 	}
 	return res
 }
@@ -109,7 +135,7 @@ func (s *Store) Relay(ctx context.Context, req fencing.RenewRequest, timeout tim
 // declaration and release). A conflict is returned as an error wrapping
 // jetstream.ErrKeyRevisionMismatch or jetstream.ErrKeyExists.
 func (s *Store) Write(ctx context.Context, host string, rev uint64, rec fencing.LeaseRecord, timeout time.Duration) (uint64, error) {
-	b, err := rec.Encode()
+	b, err := s.Signer.Seal(rec, rev).Encode()
 	if err != nil {
 		return 0, err
 	}
@@ -144,6 +170,11 @@ func (s *Store) cas(ctx context.Context, host string, rev uint64, rec fencing.Le
 		return fencing.RenewResult{Outcome: fencing.RenewAcked, Revision: n}
 	case IsConflict(err):
 		cur, crev, gerr := s.Read(ctx, host)
+		if errors.Is(gerr, fencing.ErrInvalidRecord) {
+			// The key holds a record nobody may trust: the agent handles
+			// it like a deleted key at that revision.
+			return fencing.RenewResult{Outcome: fencing.RenewConflict, Revision: crev, Invalid: gerr.Error()}
+		}
 		if gerr != nil && !errors.Is(gerr, jetstream.ErrKeyNotFound) {
 			// The conflict is certain, the current value unknown: the
 			// write was not applied.
@@ -180,7 +211,9 @@ func definitelyNotSent(err error) bool {
 }
 
 // Read returns host's record and revision (nil, 0 and an error wrapping
-// jetstream.ErrKeyNotFound when there is none).
+// jetstream.ErrKeyNotFound when there is none; nil, its revision and an
+// error wrapping fencing.ErrInvalidRecord when the key holds a record that
+// does not decode or verify).
 func (s *Store) Read(ctx context.Context, host string) (*fencing.LeaseRecord, uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	defer cancel()
@@ -188,11 +221,25 @@ func (s *Store) Read(ctx context.Context, host string) (*fencing.LeaseRecord, ui
 	if err != nil {
 		return nil, 0, fmt.Errorf("lease %s: read: %w", host, err)
 	}
-	r, err := fencing.DecodeRecord(e.Value())
+	r, err := s.decode(host, e.Revision(), e.Value())
 	if err != nil {
-		return nil, e.Revision(), fmt.Errorf("lease %s: %w", host, err)
+		return nil, e.Revision(), err
 	}
 	return &r, e.Revision(), nil
+}
+
+// decode decodes and verifies the record of host's key at rev; a record
+// that is not the key's host's is invalid too.
+func (s *Store) decode(host string, rev uint64, b []byte) (fencing.LeaseRecord, error) {
+	r, err := fencing.DecodeVerified(b, s.Keys)
+	if err == nil && r.Host != host {
+		err = fmt.Errorf("%w: record of host %q in the key of %q", fencing.ErrInvalidRecord, r.Host, host)
+	}
+	if err != nil {
+		err = fmt.Errorf("lease %s: revision %d: %w", host, rev, err)
+		s.invalid(host, rev, err)
+	}
+	return r, err
 }
 
 // Members returns the hosts in the bucket (sorted) and the published
@@ -233,12 +280,21 @@ func (s *Store) readGuard(ctx context.Context) (fencing.Guard, error) {
 	if err != nil {
 		return fencing.Guard{}, fmt.Errorf("lease bucket: read guard: %w", err)
 	}
-	return fencing.DecodeGuard(e.Value())
+	g, err := fencing.DecodeGuard(e.Value())
+	if err == nil {
+		err = s.Keys.VerifyGuard(g)
+	}
+	if err != nil {
+		err = fmt.Errorf("lease bucket: guard at revision %d: %w", e.Revision(), err)
+		s.invalid("", e.Revision(), err)
+		return fencing.Guard{}, err
+	}
+	return g, nil
 }
 
-// PublishGuard writes the controller's guard.
+// PublishGuard writes the controller's guard (sealed by Signer).
 func (s *Store) PublishGuard(ctx context.Context, g fencing.Guard) error {
-	b, err := fencing.EncodeGuard(g)
+	b, err := fencing.EncodeGuard(s.Signer.SealGuard(g))
 	if err != nil {
 		return err
 	}
@@ -291,7 +347,7 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 			}
 			u := Update{Host: h, Revision: e.Revision()}
 			if e.Operation() == jetstream.KeyValuePut {
-				r, err := fencing.DecodeRecord(e.Value())
+				r, err := s.decode(h, e.Revision(), e.Value())
 				if err != nil {
 					u.Err = err
 				} else {

@@ -1,0 +1,136 @@
+package fencing
+
+import (
+	"testing"
+	"time"
+)
+
+// conflictWith answers the outstanding renewal with a CAS conflict showing
+// res (its Revision set to a new revision of the key) and returns that
+// revision.
+func (h *harness) conflictWith(res RenewResult) uint64 {
+	h.t.Helper()
+	if h.renew == nil {
+		h.advance(2 * time.Second)
+	}
+	r := h.renew
+	h.renew = nil
+	h.rev += 3 // other keys' writes in between
+	res.Outcome, res.Revision = RenewConflict, h.rev
+	h.take(h.a.Renewed(h.now, r.Seq, res))
+	return h.rev
+}
+
+// TestScenarioInvalidRecordHealthyRewrites (issue 11): a healthy agent
+// whose key holds a record it does not trust (a forgery: unsigned, signed
+// by another host, bad signature) says so loudly and writes its next
+// renewal by CAS on that record's revision, like over a delete marker: no
+// fence. Before, an undecodable record made every renewal fail
+// (RenewFailed, the revision never learned) and the host fenced.
+func TestScenarioInvalidRecordHealthyRewrites(t *testing.T) {
+	h := newHarness(t, testConfig(), 50, "d1")
+	h.healthyFor(3 * time.Second)
+	h.log = nil
+	bad := h.conflictWith(RenewResult{Invalid: "expired record of h0 signed by \"Kh1\", neither a key of h0 nor a controller key"})
+	h.advance(100 * time.Millisecond)
+	if h.renew == nil || h.renew.Revision != bad || h.renew.Record.State != LeaseActive {
+		t.Fatalf("want an active renewal by CAS on the invalid record's revision %d, got %+v", bad, h.renew)
+	}
+	h.ack()
+	h.expectLog("healthy>suspect:RenewFailed", "suspect>suspect:LeaseKeyDeletedRecreated", "ALERT InvalidLeaseRecord", "suspect>healthy:Renewed")
+	h.healthyFor(30 * time.Second)
+	h.expectState(StateHealthy)
+}
+
+// TestScenarioInvalidRecordWhileFencedSelfDeclares: a fenced agent past its
+// lease finds an untrusted record in its key: it may have been written
+// over a real declaration (hiding it), so, as after a key delete, the
+// agent declares itself (expired, next epoch) by CAS on that record, stays
+// awaiting release and resumes nothing on its own.
+func TestScenarioInvalidRecordWhileFencedSelfDeclares(t *testing.T) {
+	h := newHarness(t, testConfig(), 50, "d1")
+	h.advance(10 * time.Second)
+	h.take(h.a.FenceDone(h.now, "d1", nil))
+	h.advance(20 * time.Second)
+	h.log = nil
+	bad := h.conflictWith(RenewResult{Invalid: "undecodable"})
+	h.expectState(StateAwaitingRelease)
+	h.advance(100 * time.Millisecond)
+	if d := h.renew; d == nil || d.Revision != bad || d.Record.State != LeaseExpired || d.Record.Epoch != 1 {
+		t.Fatalf("want a self-declaration (expired, epoch 1) by CAS on revision %d, got %+v", bad, d)
+	}
+	if !h.dur.Declared || !h.dur.Fenced {
+		t.Fatalf("durable %+v", h.dur)
+	}
+}
+
+// TestScenarioReplayedDeclarationIgnored (issue 11): every agent can read
+// every key, so a compromised node can write a copy of an old, genuine,
+// controller-signed declaration of h0 (epoch 1, from before h0 was
+// released and took its lease back) into h0's key. The copy names the
+// revision it was first written on (PrevRev), older than revisions h0
+// knows were in its key since: h0 ignores it (alert), renews over it and
+// fences nothing. Without the check (StaleRecord) h0 took it for a
+// declaration while holding its lease and fenced.
+func TestScenarioReplayedDeclarationIgnored(t *testing.T) {
+	h := newHarness(t, testConfig(), 50, "d1")
+	h.healthyFor(5 * time.Second)
+	h.log = nil
+	old := LeaseRecord{Schema: 1, Host: "h0", Epoch: 0, State: LeaseExpired, PrevRev: 1, Signer: "Kctl", Sig: "genuine"}
+	bad := h.conflictWith(RenewResult{Current: &old})
+	h.advance(100 * time.Millisecond)
+	if h.renew == nil || h.renew.Revision != bad {
+		t.Fatalf("want a renewal over the replay (revision %d), got %+v", bad, h.renew)
+	}
+	h.ack()
+	h.expectLog("healthy>suspect:RenewFailed", "suspect>suspect:LeaseKeyDeletedRecreated", "ALERT InvalidLeaseRecord", "suspect>healthy:Renewed")
+	h.healthyFor(20 * time.Second)
+	h.expectState(StateHealthy)
+
+	// A genuine declaration (written on a revision at or after the last
+	// one h0 knows) is still a declaration.
+	h.advance(20 * time.Second) // cut off: fenced, lease lapsed
+	h.take(h.a.FenceDone(h.now, "d1", nil))
+	decl := LeaseRecord{Schema: 1, Host: "h0", Epoch: 1, State: LeaseExpired, PrevRev: h.rev, Signer: "Kctl", Sig: "genuine"}
+	h.conflictWith(RenewResult{Current: &decl})
+	h.expectState(StateAwaitingRelease)
+}
+
+// TestScenarioForeignRecordRewritten: a record of another host written into
+// h0's key (by a node with write access to the bucket) left h0 unable to
+// renew (it never learned the revision) until it fenced; it is now an
+// untrusted record like any other.
+func TestScenarioForeignRecordRewritten(t *testing.T) {
+	h := newHarness(t, testConfig(), 50, "d1")
+	h.healthyFor(3 * time.Second)
+	other := LeaseRecord{Schema: 1, Host: "h1", State: LeaseActive}
+	bad := h.conflictWith(RenewResult{Current: &other})
+	h.advance(100 * time.Millisecond)
+	if h.renew == nil || h.renew.Revision != bad {
+		t.Fatalf("want a renewal over the foreign record (revision %d), got %+v", bad, h.renew)
+	}
+	h.ack()
+	h.healthyFor(30 * time.Second)
+	h.expectState(StateHealthy)
+}
+
+// TestUntrustedRecordMutation: with the checks switched off
+// (Mutations.UntrustedRecordsTrusted, the behaviour before issue 11) each
+// scenario above fails: the host fences (or never renews again).
+func TestUntrustedRecordMutation(t *testing.T) {
+	Mutations.UntrustedRecordsTrusted = true
+	defer func() { Mutations.UntrustedRecordsTrusted = false }()
+	for name, f := range map[string]func(*testing.T){
+		"invalid":  TestScenarioInvalidRecordHealthyRewrites,
+		"replayed": TestScenarioReplayedDeclarationIgnored,
+		"foreign":  TestScenarioForeignRecordRewritten,
+	} {
+		ft := &testing.T{}
+		done := make(chan struct{})
+		go func() { defer close(done); f(ft) }()
+		<-done
+		if !ft.Failed() {
+			t.Errorf("%s: passes without the fix", name)
+		}
+	}
+}
