@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 )
 
@@ -135,11 +136,16 @@ func (r *Runner) Run(ctx context.Context) error {
 			case reply := <-views:
 				reply <- r.Tracker.View(r.now())
 			case u := <-updates:
-				if u.Err != nil {
-					log.Error("undecodable lease record", "host", u.Host, "err", u.Err)
-					continue
+				if u.Skipped {
+					r.Tracker.Skipped(u.Revision)
 				}
-				for _, d := range r.Tracker.Observe(r.now(), u.Host, u.Revision, u.Record) {
+				var ds []Decision
+				if u.Err != nil {
+					ds = r.Tracker.ObserveInvalid(r.now(), u.Host, u.Revision, u.Err.Error(), errors.Is(u.Err, fencing.ErrForgedRecord))
+				} else {
+					ds = r.Tracker.Observe(r.now(), u.Host, u.Revision, u.Record)
+				}
+				for _, d := range ds {
 					r.perform(ctx, log, d)
 				}
 			case <-tick.C:
@@ -250,6 +256,8 @@ func (r *Runner) perform(ctx context.Context, log *slog.Logger, d Decision) {
 		log.Error("LEASE KEY DELETED: host unprotected, it will not be declared until its agent re-creates the key", "host", d.Host, "reason", d.Reason)
 	case OpHeldBack:
 		log.Warn("host due but held back by the mass-failure guard", "host", d.Host)
+	case OpInvalid:
+		log.Error("INVALID LEASE RECORD ignored: a forged or unverifiable value in the host's key", "host", d.Host, "revision", d.Revision, "reason", d.Reason)
 	case OpWithdrawn:
 		log.Error("host WITHDREW its lease: unprotected (no fencing), will not be declared or recovered until its agent renews",
 			"host", d.Host, "reason", d.Record.Reason, "epoch", d.Record.Epoch)

@@ -115,9 +115,12 @@ const (
 	// be declared or recovered until its agent takes the lease back. Log
 	// loudly (once per withdrawal).
 	OpWithdrawn
+	// OpInvalid: Host's key holds a value that is not a trusted record
+	// (invalid.go): ignored. Log loudly (every value).
+	OpInvalid
 )
 
-var opNames = [...]string{"declare", "release", "hold-started", "hold-ended", "refuse", "held-back", "refused-due", "lease-deleted", "withdrawn"}
+var opNames = [...]string{"declare", "release", "hold-started", "hold-ended", "refuse", "held-back", "refused-due", "lease-deleted", "withdrawn", "invalid-record"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -165,6 +168,11 @@ type hostState struct {
 	// forgotten: Forget was called at this time (the host is dropped one
 	// guard window later; it counts until then).
 	forgotten time.Time
+	// unverifiedAt: the last untrusted value that may be a genuine
+	// renewal (invalid.go); untrusted, untrustedWhy: the last untrusted
+	// value of any kind.
+	unverifiedAt, untrusted time.Time
+	untrustedWhy            string
 }
 
 // Mutation switches (controller/sim_test.go): each removes one fix and
@@ -173,6 +181,9 @@ type hostState struct {
 var (
 	// withdrawnDeclarable: a withdrawn host is declared like a silent one.
 	withdrawnDeclarable bool
+	// invalidMutation (issue 11): a replayed record (fencing.StaleRecord)
+	// is taken as the host's current record.
+	invalidMutation bool
 )
 
 // Tracker is the controller's lease tracker: pure, time passed in,
@@ -181,6 +192,9 @@ type Tracker struct {
 	cfg     Config
 	hosts   map[string]*hostState
 	holding bool
+	// skippedRev: the highest revision the watch delivered after skipping
+	// one (Skipped).
+	skippedRev uint64
 	guards  guardVersions
 	out     []Decision
 }
@@ -265,6 +279,9 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	switch {
 	case h != nil && rev <= h.rev:
 		return t.out // stale delivery
+	case replay(h, rev, rec) && !invalidMutation:
+		t.observeInvalid(now, host, rev, fmt.Sprintf("replay of a %s record written on revision %d, after revision %d", rec.State, rec.PrevRev, h.rev), true)
+		return t.out
 	case h != nil && h.deleted:
 		h = t.recreated(now, h)
 		t.hosts[host] = h
@@ -425,7 +442,7 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 			continue // the agent takes the lease again; nothing to declare
 		}
 		ttl := h.rec.Timing.LeaseTTL
-		if now.Sub(h.lastSeen) < ttl+h.grace {
+		if now.Sub(h.declClock()) < ttl+h.grace {
 			continue
 		}
 		switch {
@@ -445,7 +462,7 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 			rec := h.rec
 			rec.Epoch++
 			rec.State = fencing.LeaseExpired
-			rec.Reason = fmt.Sprintf("no renewal for %s (lease_ttl %s + grace %s)", now.Sub(h.lastSeen), ttl, h.grace)
+			rec.Reason = fmt.Sprintf("no renewal for %s (lease_ttl %s + grace %s)", now.Sub(h.declClock()), ttl, h.grace)
 			t.out = append(t.out, Decision{Op: OpDeclare, Host: name, Revision: h.rev, Record: rec, Grace: h.grace, Silent: silent, Threshold: th, Reason: rec.Reason})
 		}
 	}
@@ -478,7 +495,7 @@ func (t *Tracker) NextDeadline(now time.Time) time.Time {
 	next := now.Add(time.Second)
 	for _, h := range t.hosts {
 		if h.rec.State == fencing.LeaseActive && !h.deleted {
-			if d := h.lastSeen.Add(h.rec.Timing.LeaseTTL + h.grace); d.After(now) && d.Before(next) {
+			if d := h.declClock().Add(h.rec.Timing.LeaseTTL + h.grace); d.After(now) && d.Before(next) {
 				next = d
 			}
 		}

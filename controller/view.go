@@ -42,6 +42,13 @@ type LeaseView struct {
 	// confirms a declaration with them: controller/recovery).
 	SilentFor time.Duration `json:"-"`
 	Due       time.Duration `json:"-"`
+	// InvalidRecord says why the last untrusted value of the host's key
+	// was ignored, InvalidAgeSeconds how long ago it was seen (signed
+	// records: docs/security.md).
+	InvalidRecord     string  `json:"invalid_record,omitempty"`
+	InvalidAgeSeconds float64 `json:"invalid_record_age_seconds,omitempty"`
+	// Signer: the key that signed the host's current record ("": unsigned).
+	Signer string `json:"signer,omitempty"`
 }
 
 // TrackerView is the tracker's state at one instant.
@@ -59,13 +66,18 @@ func (t *Tracker) View(now time.Time) TrackerView {
 	v := TrackerView{Holding: t.holding, Silent: t.Silent(now), Threshold: t.Threshold(), GuardVersions: t.GuardVersions()}
 	for _, name := range t.Hosts() {
 		h := t.hosts[name]
-		v.Hosts = append(v.Hosts, LeaseView{
+		lv := LeaseView{
 			Host: name, State: h.rec.State, Epoch: h.rec.Epoch, Revision: h.rev, Backstop: h.rec.Backstop,
 			GraceSeconds: h.grace.Seconds(), LastRenewalSeconds: now.Sub(h.lastSeen).Seconds(),
 			Silent: t.counted(h, now), Refused: h.refused, Reason: h.rec.Reason,
 			KeyDeleted: h.deleted, Guard: h.rec.Guard, FenceState: h.rec.AgentState, AgentVersion: h.rec.AgentVersion,
-			SilentFor: now.Sub(h.lastSeen), Due: h.rec.Timing.LeaseTTL + h.grace,
-		})
+			Signer:    h.rec.Signer,
+			SilentFor: now.Sub(h.declClock()), Due: h.rec.Timing.LeaseTTL + h.grace,
+		}
+		if !h.untrusted.IsZero() {
+			lv.InvalidRecord, lv.InvalidAgeSeconds = h.untrustedWhy, now.Sub(h.untrusted).Seconds()
+		}
+		v.Hosts = append(v.Hosts, lv)
 	}
 	return v
 }

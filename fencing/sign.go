@@ -34,6 +34,16 @@ import (
 // signature, or a replay.
 var ErrInvalidRecord = errors.New("invalid lease record")
 
+// ErrForgedRecord (always with ErrInvalidRecord) marks a record that cannot
+// be a genuine write of its host's agent: signed by a known key that may
+// not write it (another host's, a controller's on an active or withdrawn
+// record), or a replay (StaleRecord). Other invalid records — unsigned, an
+// unknown signer, a bad signature, undecodable — may be a genuine agent's
+// that this reader cannot verify (a key not provisioned here, an old
+// agent): the controller counts them as renewals for the silence of the
+// host (never declared, alerted), not as forgeries.
+var ErrForgedRecord = errors.New("forged")
+
 // SigningMode says what a reader does with signatures.
 type SigningMode string
 
@@ -177,10 +187,15 @@ func (k *Keyring) VerifyRecord(r LeaseRecord) error {
 		key, role = find(k.Controllers, r.Signer), "controller"
 	}
 	if key == nil {
+		for h, keys := range k.Hosts {
+			if find(keys, r.Signer) != nil {
+				return fmt.Errorf("%w: %w: %s record of %s signed by %s's key %q", ErrInvalidRecord, ErrForgedRecord, r.State, r.Host, h, r.Signer)
+			}
+		}
 		return fmt.Errorf("%w: %s record of %s signed by %q, neither a key of %s nor a controller key", ErrInvalidRecord, r.State, r.Host, r.Signer, r.Host)
 	}
 	if role == "controller" && (r.State == LeaseActive || r.State == LeaseWithdrawn) {
-		return fmt.Errorf("%w: %s record of %s signed by controller key %q: only the host's key may write it", ErrInvalidRecord, r.State, r.Host, r.Signer)
+		return fmt.Errorf("%w: %w: %s record of %s signed by controller key %q: only the host's key may write it", ErrInvalidRecord, ErrForgedRecord, r.State, r.Host, r.Signer)
 	}
 	p, err := recordPayload(r)
 	if err != nil || !verifySig(key, p, r.Sig) {

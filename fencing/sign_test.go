@@ -70,6 +70,9 @@ func TestVerifyRecordRoles(t *testing.T) {
 		if err != nil && !errors.Is(err, ErrInvalidRecord) {
 			t.Errorf("error %v does not wrap ErrInvalidRecord", err)
 		}
+		if forged := c.signer != c.host && !c.ok; forged != errors.Is(err, ErrForgedRecord) {
+			t.Errorf("%s record of %s signed by %s: %v: forged %t", c.state, c.host, c.signer, err, forged)
+		}
 		if b2, _ := got.Encode(); err == nil && (string(b2) != string(b) || got.PrevRev != 17) {
 			t.Errorf("round trip changed the record: %+v", got)
 		}

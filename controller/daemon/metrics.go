@@ -29,6 +29,7 @@ type counters struct {
 	refusals      atomic.Int64 // hosts refused (per change)
 	refusedDue    atomic.Int64
 	keysDeleted   atomic.Int64 // lease keys deleted or purged (lease-deleted)
+	invalid       atomic.Int64 // untrusted values of lease keys (invalid-record)
 	// decisionsDropped: decision events not published (queue full, NATS
 	// refused the publish).
 	decisionsDropped atomic.Int64
@@ -66,6 +67,8 @@ func (c *counters) count(d controller.Decision, err error) {
 		c.refusedDue.Add(1)
 	case d.Op == controller.OpLeaseDeleted:
 		c.keysDeleted.Add(1)
+	case d.Op == controller.OpInvalid:
+		c.invalid.Add(1)
 	}
 }
 
@@ -87,6 +90,7 @@ var (
 	descStreamLag        = prometheus.NewDesc("hvguard_controller_stream_lag_messages", "Messages in the event stream not yet delivered to this controller's consumer (read every 5 s).", nil, nil)
 	descAckPending       = prometheus.NewDesc("hvguard_controller_stream_ack_pending_messages", "Messages delivered to this controller's consumer and not yet acknowledged.", nil, nil)
 	descStaleHosts       = prometheus.NewDesc("hvguard_controller_hosts_stale", "Hosts whose fleet view is stale (events missing, a new incarnation, a gap, or no full report yet) until their agent's next full report.", nil, nil)
+	descInvalidRecords   = prometheus.NewDesc("hvguard_controller_invalid_lease_records_total", "Values of lease keys ignored as untrusted (signing: forged, replayed, unsigned, unknown signer, bad signature, undecodable).", nil, nil)
 	descKeysDeleted      = prometheus.NewDesc("hvguard_controller_lease_keys_deleted_total", "Lease keys deleted or purged (the host is unprotected until its agent re-creates the key).", nil, nil)
 	descHostsDeleted     = prometheus.NewDesc("hvguard_controller_hosts_key_deleted", "Hosts whose lease key is deleted now (never declared; still counted by the guard).", nil, nil)
 	descThreshold        = prometheus.NewDesc("hvguard_controller_guard_threshold", "The mass-failure guard's threshold now: the smallest over the membership and every guard version an agent may still act on.", nil, nil)
@@ -136,6 +140,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		ctr(descRecEvents, n, op)
 	}
 	d.m.recMu.Unlock()
+	ctr(descInvalidRecords, d.m.invalid.Load())
 	if !d.started.Load() {
 		return
 	}

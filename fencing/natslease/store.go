@@ -311,8 +311,15 @@ type Update struct {
 	Host     string
 	Revision uint64
 	Record   *fencing.LeaseRecord
-	// Err is a record that could not be decoded (Record nil).
+	// Err is a record that could not be decoded or verified (Record nil;
+	// it wraps fencing.ErrInvalidRecord).
 	Err error
+	// Skipped: some revision of the bucket before this one was never
+	// delivered (the watch's first listing, or a value superseded before
+	// the watch reached it: the bucket keeps one value per key). The
+	// controller's tracker needs it to trust an untrusted value's
+	// revision (controller.Tracker.Skipped).
+	Skipped bool
 }
 
 // Watch watches every host key of the bucket and sends each update to out
@@ -326,6 +333,11 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 		return fmt.Errorf("lease bucket: watch: %w", err)
 	}
 	defer w.Stop()
+	// The watch sees every message of the bucket's stream in order, so
+	// after its first listing the revisions it delivers are consecutive
+	// unless one was superseded before it was delivered.
+	var last uint64
+	live, skipped := false, false
 	for {
 		select {
 		case <-ctx.Done():
@@ -339,13 +351,19 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 					close(synced)
 					synced = nil
 				}
+				live = true
 				continue
 			}
+			if !live || last != 0 && e.Revision() != last+1 {
+				skipped = true
+			}
+			last = e.Revision()
 			h := hostOf(e.Key())
 			if h == "" {
 				continue // the guard, or not a host
 			}
-			u := Update{Host: h, Revision: e.Revision()}
+			u := Update{Host: h, Revision: e.Revision(), Skipped: skipped}
+			skipped = false
 			if e.Operation() == jetstream.KeyValuePut {
 				r, err := s.decode(h, e.Revision(), e.Value())
 				if err != nil {
