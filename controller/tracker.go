@@ -195,8 +195,8 @@ type Tracker struct {
 	// skippedRev: the highest revision the watch delivered after skipping
 	// one (Skipped).
 	skippedRev uint64
-	guards  guardVersions
-	out     []Decision
+	guards     guardVersions
+	out        []Decision
 }
 
 // NewTracker returns a tracker.
