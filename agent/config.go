@@ -256,6 +256,7 @@ func (c *Config) Validate() error {
 	}
 	positive("shutdown_timeout", c.ShutdownTimeout)
 	c.Fence.validate(bad)
+	c.Fence.Signing.validate(c.Host, c.Fence.Enabled, bad)
 	c.Reconcile.validate(bad)
 	c.Classification.validate(bad)
 	c.OpenStack.Validate(c.needsOpenStack(), bad)

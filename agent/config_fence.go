@@ -58,6 +58,8 @@ type FenceConfig struct {
 	// (fence.json) on a per-boot tmpfs: a state_dir lost within the boot
 	// keeps the lease age and the fence state (docs/fencing.md).
 	RuntimeDir string `yaml:"runtime_dir"`
+	// Signing: signed lease records (config_signing.go).
+	Signing SigningConfig `yaml:"signing"`
 
 	RenewInterval Duration `yaml:"renew_interval"`
 	RenewTimeout  Duration `yaml:"renew_timeout"`
@@ -106,6 +108,7 @@ func defaultFence() FenceConfig {
 		MembersRefresh:   Duration(DefaultMembersRefresh),
 		FenceConcurrency: DefaultFenceConcurrency,
 		RuntimeDir:       DefaultRuntimeDir,
+		Signing:          defaultSigning(),
 		RenewInterval:    Duration(t.RenewInterval),
 		RenewTimeout:     Duration(t.RenewTimeout),
 		PeerTimeout:      Duration(t.PeerTimeout),

@@ -199,6 +199,9 @@ type FenceStats struct {
 	// reason (peer.Handler.Refused).
 	PeerRefused reasonCounter
 	peerConns   atomic.Pointer[peer.ConnLimiter]
+	// InvalidRecords: records (or guards) refused as untrusted: read,
+	// found in a conflict, shown by a peer, or asked to be relayed.
+	InvalidRecords atomic.Uint64
 }
 
 // reasonCounter counts events by reason and spaces their log lines.
@@ -274,6 +277,8 @@ type fencer struct {
 	view     atomic.Pointer[fencing.PeerView]
 	progress atomic.Int64 // wall unix nanos of the last loop iteration
 	stats    FenceStats
+	keys     *fencing.Keyring // nil: signing off
+	signer   fencing.Signer
 	wdLast   watchdog.State
 	wdOpen   func(path string) (watchdog.Device, error)
 	// fail ends the agent (Run's context, with the cause): a watchdog
@@ -310,9 +315,14 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 	if err != nil {
 		return nil, fmt.Errorf("fence.peer_secret_file %q: %w", fc.PeerSecretFile, err)
 	}
+	keys, signer, serr := fc.Signing.load(cfg.Host)
+	if serr != nil {
+		return nil, fmt.Errorf("%s %v: %s", serr.field, serr.val, serr.why)
+	}
 	f := &fencer{
 		cfg: fc, core: fc.Core(cfg.Host, bootID), host: cfg.Host, log: log.With("component", "fencing"),
-		hv: hv, nc: nc, store: &leaseStore{nc: nc, create: fc.CreateBucket}, secret: secret, accepted: accepted,
+		hv: hv, nc: nc, store: &leaseStore{nc: nc, create: fc.CreateBucket, signer: signer, keys: keys}, secret: secret, accepted: accepted,
+		keys: keys, signer: signer,
 		reset: opts.ResetHost, rec: opts.Reconciler, now: bootNow,
 		statePath: filepath.Join(cfg.StateDir, fenceStateFile), membPath: filepath.Join(cfg.StateDir, fenceMembersFile),
 		onTrans: opts.OnFenceTransition,
@@ -332,6 +342,12 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 	}
 	if f.wdOpen == nil {
 		f.wdOpen = func(path string) (watchdog.Device, error) { return watchdog.OpenLinux(path) }
+	}
+	f.store.onInvalid = f.invalidRecord
+	if keys.Enabled() {
+		f.log.Info("signed lease records", "mode", string(keys.Mode), "key", signer.ID, "controller_keys", len(keys.Controllers), "host_keys", len(keys.Hosts))
+	} else {
+		f.log.Warn("lease records are NOT signed (fence.signing.mode: off): any holder of NATS credentials or of the peer secret can forge them (docs/security.md)")
 	}
 	f.core.Seed = uint64(time.Now().UnixNano())
 	f.subject, _ = proto.FenceSubject(cfg.Host)
@@ -789,8 +805,12 @@ func (f *fencer) renew(ctx context.Context, req fencing.RenewRequest) {
 }
 
 // askPeers runs a peer round, each question bounded by the round deadline.
+// The renewal a peer may relay is sealed by this host's key for the
+// revision it is written on; a record a peer shows is verified like one
+// read from NATS (a compromised peer can show anything).
 func (f *fencer) askPeers(ctx context.Context, pr fencing.PeerRound) {
 	left := pr.Deadline.Sub(f.now())
+	pr.Renewal.Record = f.signer.Seal(pr.Renewal.Record, pr.Renewal.Revision)
 	for _, p := range pr.Peers {
 		f.stats.PeersAsked.Add(1)
 		f.wg.Add(1)
@@ -799,6 +819,16 @@ func (f *fencer) askPeers(ctx context.Context, pr fencing.PeerRound) {
 			actx, cancel := context.WithTimeout(ctx, left)
 			ans, err := f.client.Ask(actx, p, pr)
 			cancel()
+			if c := ans.Current; c != nil {
+				verr := f.keys.VerifyRecord(*c)
+				if verr == nil && c.Host != f.host {
+					verr = fmt.Errorf("%w: record of host %q", fencing.ErrInvalidRecord, c.Host)
+				}
+				if verr != nil {
+					f.invalidRecord(f.host, ans.Revision, fmt.Errorf("shown by peer %s: %w", p, verr))
+					ans.Current, ans.Invalid = nil, verr.Error()
+				}
+			}
 			if int(ans.Kind) < len(f.stats.PeerAnswers) {
 				f.stats.PeerAnswers[ans.Kind].Add(1)
 			}
@@ -862,6 +892,28 @@ func (f *fencer) transition(tr fencing.Transition, would []string) {
 	case f.events <- ev:
 	default:
 		f.log.Warn("fence event queue full; event dropped (logged above)", "host", f.host, "state", string(tr.To))
+	}
+}
+
+// invalidRecord says loudly that a record (or the guard: host "") was
+// refused as untrusted (signed records, docs/security.md): logged at
+// ERROR, counted (hvguard_fence_invalid_records_total) and published as a
+// fence event with reason InvalidLeaseRecord. Called from any goroutine.
+func (f *fencer) invalidRecord(host string, rev uint64, err error) {
+	f.stats.InvalidRecords.Add(1)
+	f.log.Error("INVALID LEASE RECORD refused (forged, replayed or unverifiable)", "host", f.host, "key", host, "revision", rev, "err", err)
+	if f.subject == "" {
+		return
+	}
+	st := fencing.State("")
+	if p := f.stats.State.Load(); p != nil {
+		st = fencing.State(*p)
+	}
+	ev := fencing.FenceEvent{Schema: fencing.EventSchema, Host: f.host, BootID: f.core.BootID, From: st, To: st,
+		Reason: fencing.ReasonInvalidLeaseRecord, Detail: fmt.Sprintf("key %q revision %d: %v", host, rev, err), At: time.Now().UTC()}
+	select {
+	case f.events <- ev:
+	default:
 	}
 }
 

@@ -166,8 +166,12 @@ var errNATSDown = errors.New("nats not connected")
 type leaseStore struct {
 	nc     *nats.Conn
 	create bool
-	mu     sync.Mutex
-	st     *natslease.Store
+	// signer, keys, onInvalid: natslease.Store's (signed records).
+	signer    fencing.Signer
+	keys      *fencing.Keyring
+	onInvalid func(host string, rev uint64, err error)
+	mu        sync.Mutex
+	st        *natslease.Store
 }
 
 func (l *leaseStore) get(ctx context.Context, timeout time.Duration) (*natslease.Store, error) {
@@ -193,7 +197,7 @@ func (l *leaseStore) get(ctx context.Context, timeout time.Duration) (*natslease
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.st == nil {
-		l.st = &natslease.Store{KV: kv}
+		l.st = &natslease.Store{KV: kv, Signer: l.signer, Keys: l.keys, OnInvalid: l.onInvalid}
 	}
 	return l.st, nil
 }

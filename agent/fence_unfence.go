@@ -65,7 +65,13 @@ func Unfence(ctx context.Context, cfg Config, log *slog.Logger, rec FenceReconci
 	if err != nil {
 		return "", fmt.Errorf("unfence: %w", err)
 	}
-	st := &natslease.Store{KV: kv}
+	keys, signer, serr := cfg.Fence.Signing.load(cfg.Host)
+	if serr != nil {
+		return "", fmt.Errorf("unfence: %s %v: %s", serr.field, serr.val, serr.why)
+	}
+	// The release is sealed by this host's key: a host may release only
+	// itself; an untrusted record in the key is refused by Read.
+	st := &natslease.Store{KV: kv, Signer: signer, Keys: keys}
 	cur, rev, err := st.Read(ctx, cfg.Host)
 	if isNotFound(err) {
 		// Deleted or purged (docs/fencing.md, "Key deleted"): nothing to

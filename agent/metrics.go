@@ -67,6 +67,7 @@ var (
 	descFenceOps      = prometheus.NewDesc("hvguard_fence_operations_total", "Completed fence operations, by op (pause, destroy, resume).", []string{"op"}, nil)
 	descFenceOpErrs   = prometheus.NewDesc("hvguard_fence_operation_errors_total", "Failed pause/destroy/resume calls (pause/destroy are retried).", nil, nil)
 	descFenceAlerts   = prometheus.NewDesc("hvguard_fence_alerts_total", "Fencing alerts (logged at ERROR).", nil, nil)
+	descFenceInvalid  = prometheus.NewDesc("hvguard_fence_invalid_records_total", "Lease records (or guards) refused as untrusted: forged, replayed, unsigned with signing required, unknown signer, bad signature; read, shown by a peer, or asked to be relayed (logged at ERROR).", nil, nil)
 	descFenceResets   = prometheus.NewDesc("hvguard_fence_host_resets_requested_total", "Host resets requested (only ever seen > 0 in tests or when the reset failed).", nil, nil)
 	descFenceAction   = prometheus.NewDesc("hvguard_fence_action", "Always 1; action: the configured fence action (pause, destroy, reset-host, none = monitor only).", []string{"action"}, nil)
 	descPeerRefused   = prometheus.NewDesc("hvguard_fence_peer_requests_refused_total", "Peer requests the endpoint refused, by reason (signature, stale, replay, addressee, relay-host, decode, body, method).", []string{"reason"}, nil)
@@ -124,6 +125,7 @@ func (c collector) collectFence(ch chan<- prometheus.Metric) {
 	cnt(descFenceOps, s.Resumed.Load(), "resume")
 	cnt(descFenceOpErrs, s.FenceOpErrors.Load())
 	cnt(descFenceAlerts, s.Alerts.Load())
+	cnt(descFenceInvalid, s.InvalidRecords.Load())
 	cnt(descFenceResets, s.ResetRequested.Load())
 	g(descFenceAction, 1, string(f.core.Action))
 	for _, reason := range peer.RefuseReasons {

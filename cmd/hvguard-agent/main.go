@@ -29,6 +29,13 @@ Usage:
   hvguard-agent [flags]                 run the agent
   hvguard-agent status [--json] [flags] one screen: is this host healthy?
   hvguard-agent unfence [flags]         release this host after a declaration
+  hvguard-agent keygen [--show] [PATH]  write this host's signing key for
+                                        signed lease records (an nkey seed,
+                                        mode 0600, never overwritten; default
+                                        /etc/hvguard/keys/agent.seed) and
+                                        print "<host> <public key>" for the
+                                        fleet's host key file (--show: for an
+                                        existing key); docs/security.md
 
 Flags:
   --config PATH        configuration file (default %s)
@@ -98,6 +105,12 @@ const (
 )
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "keygen" {
+		// The line for the fleet's host key file (the controllers' and
+		// every agent's fence.signing.host_keys_file).
+		return daemonkit.Keygen("hvguard-agent", agent.DefaultKeyFile, args[1:], stdout, stderr,
+			func(pub string) string { return daemonkit.Hostname() + " " + pub })
+	}
 	cli := daemonkit.NewCLI("hvguard-agent", DefaultConfigPath, stderr, func() { fmt.Fprintf(stderr, usage, DefaultConfigPath) })
 	unfence := cli.FS.Bool("unfence", false, "")
 	status := cli.FS.Bool("status", false, "")

@@ -46,6 +46,14 @@ Usage:
                                         print the running controller's view
   hvguard-controller nats-accounts --keys DIR USER...
                                         print the NATS server accounts block
+  hvguard-controller keygen [--show] [PATH]
+                                        write this controller's signing key
+                                        for signed lease records (default
+                                        /etc/hvguard/keys/controller.seed,
+                                        mode 0600, never overwritten) and
+                                        print its public key for the agents'
+                                        fence.signing.controller_keys
+                                        (docs/security.md)
 
 Flags:
   --config PATH        configuration file (default %s)
@@ -113,6 +121,12 @@ func main() {
 }
 
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "keygen" {
+		// The public key for the agents' fence.signing.controller_keys
+		// (and the other controllers' signing.controller_keys).
+		return daemonkit.Keygen("hvguard-controller", daemon.DefaultKeyFile, args[1:], stdout, stderr,
+			func(pub string) string { return pub })
+	}
 	if len(args) > 0 && args[0] == "status" {
 		return runStatus(args[1:], stdout, stderr)
 	}

@@ -44,6 +44,8 @@ type Config struct {
 	// InstanceRecovery: restart instances that stopped unexpectedly
 	// (config_instance.go).
 	InstanceRecovery InstanceRecoveryConfig `yaml:"instance_recovery"`
+	// Signing: signed lease records (signing.go).
+	Signing SigningConfig `yaml:"signing"`
 }
 
 // NATSConfig is the NATS connection and the lease bucket.
@@ -172,6 +174,7 @@ func DefaultConfig() Config {
 		OpenStack:        OpenStackConfig{OpenStackConfig: daemonkit.DefaultOpenStack()},
 		Metrics:          MetricsConfig{Listen: DefaultListen},
 		InstanceRecovery: defaultInstanceRecovery(),
+		Signing:          defaultSigning(),
 	}
 }
 
@@ -262,6 +265,7 @@ func (c *Config) Validate() error {
 	c.Recovery.validate(c.OpenStack, bad)
 	c.OpenStack.Validate(users, bad)
 	daemonkit.ValidateListen(bad, "metrics.listen", c.Metrics.Listen)
+	c.Signing.validate(bad)
 	return p.Err()
 }
 

@@ -170,7 +170,17 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	}
 	d.lr = &controller.LeaderRunner{KV: kv, Core: core, Log: log.With("component", "leader"), Now: d.now,
 		OnChange: d.leaderChanged, OnSynced: func() { d.leaderSynced.Store(true); d.maybeReady() }}
-	d.run = &controller.Runner{Store: &natslease.Store{KV: kv}, Tracker: tracker, Log: log.With("component", "tracker"),
+	keys, signer, serr := cfg.Signing.Load()
+	if serr != nil {
+		return serr
+	}
+	if keys.Enabled() {
+		log.Info("signed lease records", "mode", string(keys.Mode), "key", signer.ID, "host_keys", len(keys.Hosts), "controller_keys", len(keys.Controllers))
+	} else {
+		log.Warn("lease records are NOT signed (signing.mode: off): any holder of NATS credentials can forge a host's record (docs/security.md)")
+	}
+	st := &natslease.Store{KV: kv, Signer: signer, Keys: keys}
+	d.run = &controller.Runner{Store: st, Tracker: tracker, Log: log.With("component", "tracker"),
 		Now: d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
 		OnSynced:  func(int) { d.trackerSynced.Store(true); d.maybeReady() },
 		Signature: func() string { return fmt.Sprintf("declared by controller %s, term %d", cfg.ID, d.lr.Term()) }}
