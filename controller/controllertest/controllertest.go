@@ -5,6 +5,7 @@ package controllertest
 
 import (
 	"context"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"hvguard/controller"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
+	"hvguard/fencing/peer"
 )
 
 // JetStream starts an embedded JetStream server and connects to it (closed
@@ -149,4 +151,17 @@ func CheckTakeover(t testing.TB, kv jetstream.KeyValue, oldID, newID string) []c
 		t.Fatalf("%s never held the lock: %+v", newID, locks)
 	}
 	return locks
+}
+
+// PeerEndpoint serves host's peer endpoint (fencing/peer) on loopback as a
+// healthy peer (a fresh lease: it relays with r) until the test ends, and
+// returns its URL.
+func PeerEndpoint(t testing.TB, host string, secret []byte, r peer.Relayer) string {
+	h := &peer.Handler{Host: host, Secret: secret, Relayer: r, View: func() (fencing.PeerView, time.Time) {
+		now := time.Now()
+		return fencing.PeerView{Lease: true, LastAck: now, Timing: fencing.DefaultTiming()}, now
+	}}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL + peer.Path
 }

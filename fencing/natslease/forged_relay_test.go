@@ -2,11 +2,11 @@ package natslease_test
 
 import (
 	"context"
-	"net/http/httptest"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"hvguard/controller/controllertest"
 	"hvguard/fencing"
 	"hvguard/fencing/keyfile"
 	"hvguard/fencing/natslease"
@@ -38,17 +38,6 @@ func fleetKeys(t *testing.T, names ...string) (map[string]fencing.Signer, *fenci
 		}
 	}
 	return signers, ring
-}
-
-// peerOf serves h's peer endpoint (a healthy peer that relays with st).
-func peerOf(t *testing.T, host string, secret []byte, st *natslease.Store) string {
-	h := &peer.Handler{Host: host, Secret: secret, Relayer: st, View: func() (fencing.PeerView, time.Time) {
-		now := time.Now()
-		return fencing.PeerView{Lease: true, LastAck: now, Timing: fencing.DefaultTiming()}, now
-	}}
-	srv := httptest.NewServer(h)
-	t.Cleanup(srv.Close)
-	return srv.URL + peer.Path
 }
 
 // TestForgedRelayRefused (issue 11): a compromised node (h1) holding the
@@ -88,7 +77,7 @@ func TestForgedRelayRefused(t *testing.T) {
 		if res.Outcome != fencing.RenewAcked {
 			t.Fatal(res)
 		}
-		url := peerOf(t, "h2", secret, st)
+		url := controllertest.PeerEndpoint(t, "h2", secret, st)
 		cur, _, err := st.Read(ctx, "h0")
 		if err != nil {
 			t.Fatal(err)
@@ -107,7 +96,7 @@ func TestForgedRelayRefused(t *testing.T) {
 		own := &natslease.Store{KV: base.KV, Signer: keys["h0"], Keys: ring}
 		var refused []error
 		relayer := &natslease.Store{KV: base.KV, Signer: keys["h2"], Keys: ring, OnInvalid: func(_ string, _ uint64, err error) { refused = append(refused, err) }}
-		url := peerOf(t, "h2", secret, relayer)
+		url := controllertest.PeerEndpoint(t, "h2", secret, relayer)
 		r1 := own.Renew(ctx, fencing.RenewRequest{Seq: 1, Record: activeRecord("h0", 1)}, time.Second)
 		r2 := own.Renew(ctx, fencing.RenewRequest{Seq: 2, Revision: r1.Revision, Record: activeRecord("h0", 2)}, time.Second)
 		if r1.Outcome != fencing.RenewAcked || r2.Outcome != fencing.RenewAcked {
