@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -17,16 +15,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"hvguard/agent"
 	"hvguard/agent/delivery"
-	"hvguard/agent/delivery/deliverytest"
 	"hvguard/controller"
-	"hvguard/controller/daemon"
 	"hvguard/controller/natsperm"
 	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/proto"
-	"hvguard/test/netcut"
 )
 
 // logBuffer is a slog handler's target that tests can search.
@@ -104,75 +98,17 @@ func (d *deniedConn) denied(t *testing.T, perm string) string {
 // write.
 func TestNATSPermissions(t *testing.T) {
 	url := natspermtest.StartServer(t)
-	const h1, h2 = "compute-1.example.org", "compute-2.example.org"
-	secret := filepath.Join(t.TempDir(), "peer.secret")
-	if err := os.WriteFile(secret, []byte("integration-test-shared-secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	portA, portB := deliverytest.FreePort(t), deliverytest.FreePort(t)
-	prxNATS2 := netcut.New(t, strings.TrimPrefix(url, "nats://"))
-	prxPeer1 := netcut.New(t, fmt.Sprintf("127.0.0.1:%d", portA)) // h2's way to h1's peer endpoint
-	var logs1, logs2, logsC logBuffer
-	var trMu sync.Mutex
-	var trans2 []fencing.Transition
-	agentCfg := func(host, natsURL string, listen int, peers map[string]string) agent.Config {
-		cfg := agentConfig(t, host, natsURL, t.TempDir())
-		cfg.NATS.NKeySeedFile = natspermtest.SeedFile(t, "agent:"+host)
-		cfg.NATS.CreateStream = false
-		cfg.Fence.Enabled, cfg.Fence.Action, cfg.Fence.AllowReset = true, "pause", true
-		cfg.Fence.CreateBucket = false
-		cfg.Fence.PeerSecretFile = secret
-		cfg.Fence.PeerListen = fmt.Sprintf("127.0.0.1:%d", listen)
-		cfg.Fence.PeerURL = "http://127.0.0.1:9/{host}"
-		cfg.Fence.PeerURLs = peers
-		cfg.ShutdownTimeout = agent.Duration(time.Second)
-		f := &cfg.Fence // peerPair's ×0.2 timing: a relay crosses a proxy
-		f.RenewInterval, f.RenewTimeout = agent.Duration(400*time.Millisecond), agent.Duration(400*time.Millisecond)
-		f.PeerTimeout, f.FenceDeadline = agent.Duration(600*time.Millisecond), agent.Duration(time.Second)
-		f.LeaseTTL, f.HeldRecheck = agent.Duration(3*time.Second), agent.Duration(time.Second)
-		f.MembersRefresh = agent.Duration(500 * time.Millisecond)
-		if err := cfg.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		return cfg
-	}
-	// Fence nothing: the test driver's domains are shared with other tests.
-	noDomains := func(h agent.FenceHypervisor) agent.FenceHypervisor { return ownDomains{h, nil} }
-	startAgentLog(t, agentCfg(h1, url, portA, map[string]string{h2: fmt.Sprintf("http://127.0.0.1:%d", portB)}),
-		agent.Options{WrapFenceHypervisor: noDomains, ResetHost: func() error { return nil }}, logs1.logger())
-	startAgentLog(t, agentCfg(h2, "nats://"+prxNATS2.Addr(), portB, map[string]string{h1: "http://" + prxPeer1.Addr()}),
-		agent.Options{WrapFenceHypervisor: noDomains, ResetHost: func() error { return nil },
-			OnFenceTransition: func(tr fencing.Transition) { trMu.Lock(); trans2 = append(trans2, tr); trMu.Unlock() }},
-		logs2.logger())
-
-	ccfg := daemon.DefaultConfig()
-	ccfg.ID = "ctl-1"
-	ccfg.NATS.URLs = []string{url}
-	ccfg.NATS.NKeySeedFile = natspermtest.SeedFile(t, "controller:ctl-1")
-	ccfg.NATS.CreateBucket = false
-	ccfg.NATS.ReadyTimeout = daemon.Duration(5 * time.Second)
-	ccfg.Leader = daemon.LeaderConfig{TTL: daemon.Duration(time.Second), RenewInterval: daemon.Duration(250 * time.Millisecond),
-		WriteTimeout: daemon.Duration(200 * time.Millisecond), ActMargin: daemon.Duration(200 * time.Millisecond)}
-	ccfg.Guard.Share, ccfg.Guard.Window = 0.5, daemon.Duration(time.Second) // 2 hosts: threshold 1
-	ccfg.Tracker.AcceptAgentDependentBackstop = true                        // the agents' backstop is reset
-	ccfg.Metrics.Listen = ""
-	if err := ccfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	const h1, h2 = permH1, permH2
 	var decMu sync.Mutex
 	var declared []string
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		done <- daemon.Run(ctx, ccfg, logsC.logger(), daemon.Options{OnDecision: func(d controller.Decision, err error) {
-			if d.Op == controller.OpDeclare && err == nil {
-				decMu.Lock()
-				declared = append(declared, d.Host)
-				decMu.Unlock()
-			}
-		}})
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	fl := startPermFleet(t, url, nil, func(d controller.Decision, err error) {
+		if d.Op == controller.OpDeclare && err == nil {
+			decMu.Lock()
+			declared = append(declared, d.Host)
+			decMu.Unlock()
+		}
+	})
+	prxNATS2, prxPeer1 := fl.prxNATS2, fl.prxPeer1
 
 	// A reader watches what happens (its permissions are tested too).
 	reader := connectAs(t, url, "reader:dashboard")
@@ -196,7 +132,7 @@ func TestNATSPermissions(t *testing.T) {
 		end := time.Now().Add(within)
 		for !ok() {
 			if time.Now().After(end) {
-				t.Fatalf("%s: not within %s\nagent 1:\n%s\nagent 2:\n%s\ncontroller:\n%s", what, within, logs1.String(), logs2.String(), logsC.String())
+				t.Fatalf("%s: not within %s\n%s", what, within, fl.dump())
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -223,9 +159,7 @@ func TestNATSPermissions(t *testing.T) {
 	_, revBefore := record(h2)
 	prxNATS2.Blackhole(true)
 	waitUntil("h2 relayed by h1", 15*time.Second, func() bool {
-		trMu.Lock()
-		defer trMu.Unlock()
-		return slices.ContainsFunc(trans2, func(tr fencing.Transition) bool { return tr.Reason == fencing.ReasonRelayedByPeer })
+		return slices.ContainsFunc(fl.transitions2(), func(tr fencing.Transition) bool { return tr.Reason == fencing.ReasonRelayedByPeer })
 	})
 	if _, rev := record(h2); rev <= revBefore {
 		t.Fatalf("h2's key not written since the cut (revision %d, before %d)", rev, revBefore)
@@ -240,11 +174,7 @@ func TestNATSPermissions(t *testing.T) {
 	})
 	waitUntil("h2's record expired", 5*time.Second, func() bool { r, _ := record(h2); return r.State == fencing.LeaseExpired })
 
-	for name, l := range map[string]*logBuffer{"agent " + h1: &logs1, "agent " + h2: &logs2, "controller": &logsC} {
-		if strings.Contains(l.String(), "permission denied") || strings.Contains(strings.ToLower(l.String()), "permissions violation") {
-			t.Errorf("%s hit a permission error under the shipped permissions:\n%s", name, l.String())
-		}
-	}
+	fl.noPermissionErrors(t)
 
 	// As agent h1 (its credentials, its inbox prefix): what it must not do.
 	a := connectAs(t, url, "agent:"+h1)
