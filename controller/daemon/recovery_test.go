@@ -83,7 +83,7 @@ func TestDaemonHostRecovery(t *testing.T) {
 	}
 	var out bytes.Buffer
 	daemon.PrintStatus(&out, s)
-	for _, want := range []string{"recovery:   mode evacuate", "h0", "recovered", "3/0/0/0/3", "stays forced down"} {
+	for _, want := range []string{"recovery:   mode evacuate", "h0", "recovered", "3/0/0/0/3", "stays forced down", "TIMES", "force-down +0s", "recovered +"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("printed status lacks %q:\n%s", want, out.String())
 		}

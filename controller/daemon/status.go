@@ -236,6 +236,32 @@ func PrintStatus(w io.Writer, st Status) {
 	printInstanceRecovery(w, st.InstanceRecovery)
 }
 
+// phaseSplit says when each phase of r was entered, after its start
+// ("force-down +0s, list +0.4s, ...").
+func phaseSplit(r *recovery.Record) string {
+	type at struct {
+		p recovery.Phase
+		t time.Time
+	}
+	var ps []at
+	for p, t := range r.PhaseAt {
+		ps = append(ps, at{p, t})
+	}
+	order := map[recovery.Phase]int{}
+	for i, p := range []recovery.Phase{recovery.PhaseNotified, recovery.PhaseForceDown, recovery.PhaseList, recovery.PhaseDetach,
+		recovery.PhaseEvacuate, recovery.PhaseMasakari, recovery.PhaseRecovered, recovery.PhaseStopped, recovery.PhaseReleasing, recovery.PhaseDone} {
+		order[p] = i
+	}
+	sort.Slice(ps, func(i, j int) bool {
+		return ps[i].t.Before(ps[j].t) || ps[i].t.Equal(ps[j].t) && order[ps[i].p] < order[ps[j].p]
+	})
+	parts := make([]string, len(ps))
+	for i, x := range ps {
+		parts[i] = fmt.Sprintf("%s +%s", x.p, x.t.Sub(r.StartedAt).Round(100*time.Millisecond))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // printRecovery writes host recovery: per host the phase, the instances
 // and why.
 func printRecovery(w io.Writer, st Status) {
@@ -279,6 +305,9 @@ func printRecovery(w io.Writer, st Status) {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d/%d/%d/%d/%d\t%s\n", r.Host, r.Phase, r.Epoch, orDash(string(r.ForceDown)), done, fly, failed, unrec, len(r.Instances), why)
 		for _, u := range r.Unrecoverable() {
 			fmt.Fprintf(tw, "\t\t\t\tNOT RECOVERED\t%s\n", u)
+		}
+		if split := phaseSplit(r); split != "" {
+			fmt.Fprintf(tw, "\t\t\t\tTIMES\t%s\n", split)
 		}
 	}
 	_ = tw.Flush()
