@@ -27,6 +27,12 @@ type SigningConfig struct {
 	// a relay is written for a peer only when its record is signed by
 	// that peer's key, and this host's own key must be listed for it.
 	HostKeysFile string `yaml:"host_keys_file"`
+	// LyingPeers is how many compromised peers a hold must survive: Held
+	// only when this host plus the peers that confirmed exceed the guard
+	// threshold by more than it (fencing.Config.LyingPeers). Peers' answers
+	// are verified against their own keys whenever signing is on, so a
+	// compromised node can only lie for itself.
+	LyingPeers int `yaml:"lying_peers"`
 }
 
 // DefaultKeyFile is where `hvguard-agent keygen` writes the host's key.
@@ -43,7 +49,13 @@ func (s SigningConfig) validate(host string, enabled bool, bad func(field string
 		bad("fence.signing.mode", fmt.Sprintf("%q", s.Mode), "must be off, optional or required")
 		return
 	}
+	if s.LyingPeers < 0 {
+		bad("fence.signing.lying_peers", s.LyingPeers, "must not be negative")
+	}
 	if mode == fencing.SigningOff || !enabled {
+		if s.LyingPeers > 0 && enabled {
+			bad("fence.signing.lying_peers", s.LyingPeers, "needs signing (optional or required): without host-signed answers one member can answer in every peer's name")
+		}
 		return
 	}
 	if _, _, err := s.load(host); err != nil {

@@ -351,7 +351,7 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 	}
 	f.core.Seed = uint64(time.Now().UnixNano())
 	f.subject, _ = proto.FenceSubject(cfg.Host)
-	f.client = &peer.Client{Host: cfg.Host, Secret: secret, Accepted: accepted, URL: fc.peerURL,
+	f.client = &peer.Client{Host: cfg.Host, Secret: secret, Accepted: accepted, URL: fc.peerURL, Keys: keys,
 		HTTP: &http.Client{Timeout: fc.PeerTimeout.D()}}
 	f.stats.Watchdog.Store(-1)
 	if f.core.HardwareWatchdog && opts.OpenWatchdog == nil {
@@ -488,7 +488,7 @@ func (f *fencer) storeView() {
 
 // peerHandler is the peer endpoint, answering from the loop's snapshot.
 func (f *fencer) peerHandler() http.Handler {
-	return &peer.Handler{Host: f.host, Secret: f.secret, Accepted: f.accepted, Relayer: f.store,
+	return &peer.Handler{Host: f.host, Secret: f.secret, Accepted: f.accepted, Relayer: f.store, Signer: f.signer,
 		View:    func() (fencing.PeerView, time.Time) { return *f.view.Load(), f.now() },
 		Refused: f.peerRefused}
 }

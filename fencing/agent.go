@@ -1241,7 +1241,7 @@ func (a *Agent) confirmedCount(now time.Time) int {
 // are more than the controller's guard threshold.
 func (a *Agent) holdConfirmed(now time.Time) bool {
 	th, ok := a.threshold()
-	return ok && 1+a.confirmedCount(now) > th
+	return ok && 1+a.confirmedCount(now) > th+a.cfg.LyingPeers
 }
 
 func (a *Agent) enterHeld(now time.Time, n int) {
@@ -1252,7 +1252,7 @@ func (a *Agent) enterHeld(now time.Time, n int) {
 	} else {
 		a.nextHeld = now.Add(a.cfg.HeldRecheck)
 		th, _ := a.threshold()
-		a.setState(now, StateHeld, ReasonHeldBecauseMostPeersCantRenew, fmt.Sprintf("%d peers + self cannot renew > guard threshold %d", n, th))
+		a.setState(now, StateHeld, ReasonHeldBecauseMostPeersCantRenew, fmt.Sprintf("%d peers + self cannot renew > guard threshold %d + lying peers %d", n, th, a.cfg.LyingPeers))
 	}
 }
 

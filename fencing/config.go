@@ -375,6 +375,14 @@ type Config struct {
 	HeldRecheck time.Duration
 	// PeerBatch: a round asks min(N-1, threshold+PeerBatch) peers.
 	PeerBatch int
+	// LyingPeers is how many peers may lie (compromised nodes answering
+	// "cannot renew" while they renew): the agent is Held only when itself
+	// plus its confirmations exceed the guard threshold by more than
+	// LyingPeers, so that the hosts really silent — the ones the
+	// controller counts — still exceed it (docs/security.md). Meaningful
+	// only with answers signed by each peer's own key (signing); 0: every
+	// peer is trusted (the protocol before issue 11).
+	LyingPeers int
 	// Seed seeds the random choice of peers.
 	Seed uint64
 	// AgentVersion is advertised in the lease record (agent_version), for
@@ -419,6 +427,9 @@ func (c Config) Validate() error {
 	}
 	if c.HeldRecheck <= 0 {
 		errs = append(errs, fmt.Errorf("%w: held_recheck must be > 0, got %s", ErrInvalidConfig, c.HeldRecheck))
+	}
+	if c.LyingPeers < 0 {
+		errs = append(errs, fmt.Errorf("%w: lying_peers must not be negative, got %d", ErrInvalidConfig, c.LyingPeers))
 	}
 	if c.PeerBatch < 0 {
 		errs = append(errs, fmt.Errorf("%w: peer_batch must be >= 0, got %d", ErrInvalidConfig, c.PeerBatch))

@@ -134,3 +134,24 @@ func TestUntrustedRecordMutation(t *testing.T) {
 		}
 	}
 }
+
+// TestLyingPeersHold (issue 11): with LyingPeers 1 a hold needs one more
+// confirmation than the guard threshold requires (one of them may be a
+// compromised node answering "cannot renew" while it renews, which the
+// controller does not count silent): 10 confirmations (11 > threshold 10)
+// hold with LyingPeers 0 and not with 1; 11 hold with 1.
+func TestLyingPeersHold(t *testing.T) {
+	for _, c := range []struct {
+		lying, confirmations int
+		held                 bool
+	}{{0, 10, true}, {1, 10, false}, {1, 11, true}} {
+		cfg := testConfig()
+		cfg.LyingPeers = c.lying
+		h := newHarness(t, cfg, 50, "d1")
+		h.advance(4 * time.Second)
+		h.answer(repeat(PeerCannotRenew, c.confirmations)...)
+		if got := h.a.State() == StateHeld; got != c.held {
+			t.Errorf("lying peers %d, %d confirmations: held %t, want %t", c.lying, c.confirmations, got, c.held)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // Signed lease records (docs/security.md, "Signed leases").
@@ -263,4 +264,46 @@ func (k *Keyring) CheckRelay(r LeaseRecord, rev uint64) error {
 // SigningOff) cannot be told.
 func StaleRecord(cur LeaseRecord, curRev, lastRev uint64) bool {
 	return cur.Sig != "" && lastRev != 0 && curRev > lastRev && cur.PrevRev < lastRev
+}
+
+// Peer answers (fencing/peer) are signed with the answering host's key
+// too: the fleet's HMAC secret says only that some member wrote an answer,
+// and any member holding it could answer in any peer's name — a
+// compromised node could confirm "cannot renew" for many peers and hold a
+// cut-off rack that the controller then declares. With host signatures a
+// node can only speak for itself (Config.LyingPeers bounds what that is
+// worth).
+const answerDomain = "hvguard peer answer v1\n"
+
+// SignAnswer returns the signature of a peer answer's body ("" for the
+// zero Signer).
+func (s Signer) SignAnswer(body []byte) string {
+	if s.Key == nil {
+		return ""
+	}
+	return s.ID + " " + base64.RawStdEncoding.EncodeToString(ed25519.Sign(s.Key, append([]byte(answerDomain), body...)))
+}
+
+// VerifyAnswer checks that body, an answer of host, carries sig
+// (SignAnswer) by one of host's keys. Unsigned answers pass unless
+// signatures are required. Errors wrap ErrInvalidRecord.
+func (k *Keyring) VerifyAnswer(host string, body []byte, sig string) error {
+	if !k.Enabled() {
+		return nil
+	}
+	if sig == "" {
+		if k.Required() {
+			return fmt.Errorf("%w: answer of %s is not signed by its host key (signing: required)", ErrInvalidRecord, host)
+		}
+		return nil
+	}
+	id, b64, _ := strings.Cut(sig, " ")
+	key := find(k.Hosts[host], id)
+	if key == nil {
+		return fmt.Errorf("%w: answer of %s signed by %q, not one of its keys", ErrInvalidRecord, host, id)
+	}
+	if !verifySig(key, append([]byte(answerDomain), body...), b64) {
+		return fmt.Errorf("%w: answer of %s: bad signature", ErrInvalidRecord, host)
+	}
+	return nil
 }

@@ -140,7 +140,15 @@ type Handler struct {
 	// Refused, if set, is told why a request was refused (a metric/log
 	// hook), one of RefuseReasons.
 	Refused func(reason string)
+	// Signer, if set, signs every answer with this host's key too
+	// (HostSignatureHeader): the asker then knows which host answered
+	// (signed lease records, docs/security.md).
+	Signer fencing.Signer
 }
+
+// HostSignatureHeader carries fencing.Signer.SignAnswer of the answer's
+// body: "<key id> <signature>".
+const HostSignatureHeader = "X-Hvguard-Host-Signature"
 
 func (h *Handler) refuse(w http.ResponseWriter, reason, msg string, code int) {
 	if h.Refused != nil {
@@ -221,6 +229,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set(SignatureHeader, sign(h.Secret, out))
+	if hs := h.Signer.SignAnswer(out); hs != "" {
+		w.Header().Set(HostSignatureHeader, hs)
+	}
 	w.Write(out)
 }
 
@@ -236,6 +247,10 @@ type Client struct {
 	URL func(peer string) string
 	// Wall is the wall clock for the replay window (time.Now if nil).
 	Wall func() time.Time
+	// Keys, if set, verifies that an answer is signed by the key of the
+	// peer asked (HostSignatureHeader; fencing.Keyring.VerifyAnswer): an
+	// answer another member wrote in its name counts for nothing.
+	Keys *fencing.Keyring
 }
 
 func (c *Client) wall() time.Time {
@@ -284,6 +299,9 @@ func (c *Client) Ask(ctx context.Context, peer string, rd fencing.PeerRound) (fe
 	}
 	if !verify(keys(c.Secret, c.Accepted), out, resp.Header.Get(SignatureHeader)) {
 		return unreachable, fmt.Errorf("peer %s: bad answer signature", peer)
+	}
+	if err := c.Keys.VerifyAnswer(peer, out, resp.Header.Get(HostSignatureHeader)); err != nil {
+		return unreachable, fmt.Errorf("peer %s: %w", peer, err)
 	}
 	var ans Answer
 	if err := json.Unmarshal(out, &ans); err != nil {

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"crypto/ed25519"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -91,5 +92,50 @@ func TestReplayAndMisaddressedRejected(t *testing.T) {
 	}
 	if rel.calls != 0 {
 		t.Fatalf("relayed %d times", rel.calls)
+	}
+}
+
+// TestAnswerSignedByPeerHost (issue 11): every member holds the fleet's
+// HMAC secret, so a compromised node (h1) can answer in h2's name — a
+// "cannot renew" confirmation for a hold. With answers signed by the
+// answering host's own key, an asker verifying them (Client.Keys) takes
+// only h2's own answer; h1's answer in h2's name is unreachable. Without
+// Keys it is taken (the hole).
+func TestAnswerSignedByPeerHost(t *testing.T) {
+	secret := []byte("0123456789abcdef-fleet")
+	key := func(name string) (fencing.Signer, fencing.PublicKey) {
+		seed := make([]byte, ed25519.SeedSize)
+		copy(seed, name)
+		priv := ed25519.NewKeyFromSeed(seed)
+		return fencing.Signer{ID: "K" + name, Key: priv}, fencing.PublicKey{ID: "K" + name, Key: priv.Public().(ed25519.PublicKey)}
+	}
+	s1, p1 := key("h1")
+	s2, p2 := key("h2")
+	ring := &fencing.Keyring{Mode: fencing.SigningRequired, Hosts: map[string][]fencing.PublicKey{"h1": {p1}, "h2": {p2}}}
+	cannot := func() (fencing.PeerView, time.Time) {
+		now := time.Now()
+		return fencing.PeerView{Lease: true, LastAck: now.Add(-5 * time.Second), Timing: fencing.DefaultTiming()}, now
+	}
+	serve := func(signer fencing.Signer) string {
+		srv := httptest.NewServer(&Handler{Host: "h2", Secret: secret, View: cannot, Signer: signer})
+		t.Cleanup(srv.Close)
+		return srv.URL + Path
+	}
+	ask := func(url string, keys *fencing.Keyring) (fencing.PeerAnswer, error) {
+		c := &Client{Host: "h0", Secret: secret, Keys: keys, URL: func(string) string { return url }}
+		return c.Ask(context.Background(), "h2", fencing.PeerRound{ID: 1, Peers: []string{"h2"}, Renewal: fencing.RenewRequest{Record: fencing.LeaseRecord{Host: "h0"}}})
+	}
+	genuine, impostor := serve(s2), serve(s1)
+	if ans, err := ask(genuine, ring); err != nil || ans.Kind != fencing.PeerCannotRenew {
+		t.Fatalf("h2's own answer: %+v %v", ans, err)
+	}
+	if ans, err := ask(impostor, ring); err == nil || ans.Kind != fencing.PeerUnreachable {
+		t.Fatalf("h1's answer in h2's name was taken: %+v %v", ans, err)
+	}
+	if ans, err := ask(serve(fencing.Signer{}), ring); err == nil || ans.Kind != fencing.PeerUnreachable {
+		t.Fatalf("an unsigned answer was taken with signing required: %+v %v", ans, err)
+	}
+	if ans, _ := ask(impostor, nil); ans.Kind != fencing.PeerCannotRenew {
+		t.Fatalf("without keys: %+v (the hole this closes: taken)", ans)
 	}
 }
