@@ -587,9 +587,14 @@ func (c *Core) volumeRead(now, wall time.Time, n *Record, m *memory, s Step, res
 				return write(wall, n)
 			}
 			if res.Kind != ErrNone {
+				// Cinder not answering (unreachable, timeout, 5xx) is
+				// waited out, with backoff: a volume-backed rebuild needs
+				// Cinder anyway, and evacuating before the dead host's
+				// attachment is gone is what this step exists to avoid.
+				// An answer that refuses is tried max_attempts times.
 				k := "vol:" + v.ID
 				tries := m.tries(k)
-				if tries >= c.cfg.MaxAttempts {
+				if res.Kind != ErrOther && tries >= c.cfg.MaxAttempts {
 					v.Checked, v.Note = true, "could not be read ("+res.Err+"): its attachments were not removed"
 					return write(wall, n, Event{Op: "volume-unreadable", Instance: in.ID, Error: res.Err, Reason: "volume " + v.ID + ": " + v.Note})
 				}
@@ -645,6 +650,11 @@ func (c *Core) attachmentRemoved(now, wall time.Time, n *Record, m *memory, s St
 				}
 				a.Progress, a.Note = Failed, res.Err
 				m.retryAt["att:"+a.ID] = now.Add(c.cfg.backoff(a.Attempts))
+				if res.Kind == ErrOther {
+					// Cinder did not answer: not an attempt Cinder
+					// refused (waited out, like a volume read).
+					a.Attempts--
+				}
 				return write(wall, n, Event{Op: "attachment-remove-failed", Instance: s.Server, Error: res.Err, Reason: "attachment " + a.ID + " of volume " + s.Volume})
 			}
 		}

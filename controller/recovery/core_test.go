@@ -602,3 +602,28 @@ func TestEvacuationInFlightAtListingFollowed(t *testing.T) {
 		t.Fatalf("%s %+v; calls %v", r.Phase, r.Instances, s.cloud.calls)
 	}
 }
+
+// Cinder unreachable for longer than max_attempts tries: the recovery waits
+// (backoff) until it answers and removes the dead host's attachments before
+// any evacuation — it never evacuates a volume-backed server with the
+// attachment left because Cinder was down.
+func TestCinderUnreachableWaitedOut(t *testing.T) {
+	s := newSim(t, evacuateConfig())
+	scenario(s)
+	s.cloud.fail[OpVolume] = []ErrKind{ErrOther, ErrOther, ErrOther, ErrOther, ErrOther}
+	s.cloud.fail[OpRemoveAttachment] = []ErrKind{ErrOther, ErrOther, ErrOther, ErrOther}
+	var evacuatedWith []string
+	s.beforeCall = func(st Step) {
+		if st.Op == OpEvacuate && (len(s.cloud.volumes["vol-a"].Attachments) != 1 || len(s.cloud.volumes["vol-b"].Attachments) != 0) {
+			evacuatedWith = append(evacuatedWith, st.Server)
+		}
+	}
+	s.run(1000)
+	r := s.record("node1")
+	if r.Phase != PhaseRecovered || len(evacuatedWith) != 0 {
+		t.Fatalf("%s (%s); evacuated with node1's attachments left: %v; calls %v", r.Phase, r.Reason, evacuatedWith, s.cloud.calls)
+	}
+	if a := s.cloud.volumes["vol-a"].Attachments; len(a) != 1 || a[0].ID != "att-foreign" {
+		t.Fatalf("vol-a %v", a)
+	}
+}
