@@ -155,3 +155,28 @@ func TestLyingPeersHold(t *testing.T) {
 		}
 	}
 }
+
+// TestIncarnationNeverGoesBack: a start whose durable state was lost (both
+// copies) begins at incarnation 1; when the key holds a signed record of a
+// later process of this boot (incarnation 5), the new process takes a
+// newer incarnation — at start if it reads the key, or at the first
+// conflict that shows it — so that none of its records can be taken for
+// that process's (whose renewals it would count as its own landings).
+func TestIncarnationNeverGoesBack(t *testing.T) {
+	cfg := testConfig()
+	old := LeaseRecord{Schema: 1, Host: "h0", BootID: cfg.BootID, State: LeaseActive, Incarnation: 5, Seq: 40, PrevRev: 8, Signer: "Kh0", Sig: "s"}
+	a, _, err := NewAgent(cfg, nil, &old, 9, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := a.record(1).Incarnation; got != 6 {
+		t.Fatalf("started over incarnation 5: incarnation %d, want 6", got)
+	}
+	// NATS unreachable at start: learned at the first conflict.
+	h := newHarness(t, cfg, 50, "d1")
+	h.conflictWith(RenewResult{Current: &old})
+	h.advance(100 * time.Millisecond)
+	if h.renew == nil || h.renew.Record.Incarnation != 6 {
+		t.Fatalf("after a conflict with incarnation 5: %+v", h.renew)
+	}
+}
