@@ -27,9 +27,10 @@ type SigningConfig struct {
 	// a relay is written for a peer only when its record is signed by
 	// that peer's key, and this host's own key must be listed for it.
 	HostKeysFile string `yaml:"host_keys_file"`
-	// LyingPeers is how many compromised peers a hold must survive: Held
-	// only when this host plus the peers that confirmed exceed the guard
-	// threshold by more than it (fencing.Config.LyingPeers). Peers' answers
+	// LyingPeers is how many compromised peers the agent must survive:
+	// Held only when this host plus the peers that confirmed exceed the
+	// guard threshold by more than it, and a relay counts only when more
+	// than it peers report the landing (fencing.Config.LyingPeers). Peers' answers
 	// are verified against their own keys whenever signing is on, so a
 	// compromised node can only lie for itself.
 	LyingPeers int `yaml:"lying_peers"`

@@ -80,9 +80,12 @@ type Agent struct {
 	// selfDecl: the key was found deleted while unsafe (keydelete.go);
 	// renewals re-create it as an expired record by CAS on declRev until
 	// one lands. selfDeclSeqs are those writes' seqs.
-	selfDecl     bool
-	declRev      uint64
-	invalidRev   uint64 // revision of the last untrusted record alerted
+	selfDecl   bool
+	declRev    uint64
+	invalidRev uint64 // revision of the last untrusted record alerted
+	// relayReports: the peers that reported a landing of (seq, revision)
+	// (corroborated; only with LyingPeers > 0).
+	relayReports map[[2]uint64]map[string]bool
 	selfDeclSeqs map[uint64]bool
 
 	// Orderly stop (Stop): no renewal or peer round starts any more; the
@@ -495,7 +498,7 @@ func (a *Agent) Renewed(now time.Time, seq uint64, res RenewResult) Ready {
 func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnswer) Ready {
 	rd := a.round
 	if rd == nil || rd.id != id || !rd.asked[peer] {
-		if ans.Kind == PeerRelayed {
+		if ans.Kind == PeerRelayed && a.corroborated(a.roundSeq(id), ans.Revision, peer) {
 			// A late relay is still a landed renewal of ours.
 			a.renewResult(now, a.roundSeq(id), RenewResult{Outcome: RenewAcked, Revision: ans.Revision})
 		}
@@ -511,13 +514,19 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 	}
 	switch ans.Kind {
 	case PeerRelayed:
-		a.renewResult(now, rd.renewal.Seq, RenewResult{Outcome: RenewAcked, Revision: ans.Revision})
+		if a.corroborated(rd.renewal.Seq, ans.Revision, peer) {
+			a.renewResult(now, rd.renewal.Seq, RenewResult{Outcome: RenewAcked, Revision: ans.Revision})
+		}
 	case PeerRelayFailed:
-		if ans.Invalid != "" {
+		switch c := ans.Current; {
+		case c != nil && a.ownRecord(*c) && !a.corroborated(c.Seq, ans.Revision, peer):
+			// A landing of ours that only this peer reports so far: not
+			// counted yet (LyingPeers).
+		case ans.Invalid != "":
 			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Invalid: ans.Invalid})
-		} else if ans.Current != nil && ans.Current.State == LeaseActive {
-			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Current: ans.Current})
-		} else if ans.KeyAbsent {
+		case c != nil && c.State == LeaseActive:
+			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Current: c})
+		case ans.KeyAbsent:
 			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict})
 		}
 	case PeerCannotRenew:
@@ -533,6 +542,41 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 	}
 	a.step(now)
 	return a.take()
+}
+
+// corroborated reports whether the landing of our renewal seq at rev, as
+// peer reports it (relayed, or a conflict showing that record), may be
+// counted: at once with LyingPeers 0; else once more than LyingPeers
+// distinct peers reported the same landing — one compromised peer could
+// claim a relay that never happened, and the asker, cut off from NATS,
+// would count a lease the controller never saw (docs/security.md). A
+// peer that relays and another whose relay of the same question then
+// conflicts with it report the same (seq, rev).
+func (a *Agent) corroborated(seq, rev uint64, peer string) bool {
+	if a.cfg.LyingPeers == 0 {
+		return true
+	}
+	if a.relayReports == nil {
+		a.relayReports = map[[2]uint64]map[string]bool{}
+	}
+	for k := range a.relayReports {
+		if k[0] <= a.landedSeq || len(a.relayReports) > maxSent {
+			delete(a.relayReports, k) // counted already, or too many
+		}
+	}
+	k := [2]uint64{seq, rev}
+	if a.relayReports[k] == nil {
+		a.relayReports[k] = map[string]bool{}
+	}
+	a.relayReports[k][peer] = true
+	return len(a.relayReports[k]) > a.cfg.LyingPeers
+}
+
+// ownRecord: r is an active record of this very process that it sent.
+func (a *Agent) ownRecord(r LeaseRecord) bool {
+	_, sent := a.sent[r.Seq]
+	return sent && r.State == LeaseActive && r.Host == a.cfg.Host && r.BootID == a.cfg.BootID &&
+		r.Epoch == a.epoch && r.Incarnation == a.incarnation
 }
 
 // roundSeq returns the renewal seq of a recent round, or 0.

@@ -379,7 +379,9 @@ type Config struct {
 	// "cannot renew" while they renew): the agent is Held only when itself
 	// plus its confirmations exceed the guard threshold by more than
 	// LyingPeers, so that the hosts really silent — the ones the
-	// controller counts — still exceed it (docs/security.md). Meaningful
+	// controller counts — still exceed it; and a landing of a renewal that
+	// only peers report (a relay) counts once more than LyingPeers peers
+	// reported it (docs/security.md). Meaningful
 	// only with answers signed by each peer's own key (signing); 0: every
 	// peer is trusted (the protocol before issue 11).
 	LyingPeers int

@@ -180,3 +180,34 @@ func TestIncarnationNeverGoesBack(t *testing.T) {
 		t.Fatalf("after a conflict with incarnation 5: %+v", h.renew)
 	}
 }
+
+// TestLyingPeersRelay (issue 11): a cut-off agent counts a relay as a
+// landed renewal. One compromised peer can claim a relay that never
+// happened; the agent would then hold a lease the controller never saw.
+// With LyingPeers 1 a landing counts only when two peers report it — the
+// one that relayed, and one whose relay of the same question conflicted
+// with it (showing our record at that revision). With LyingPeers 0 a
+// single claim counts (the behaviour before).
+func TestLyingPeersRelay(t *testing.T) {
+	for _, lying := range []int{0, 1} {
+		cfg := testConfig()
+		cfg.LyingPeers = lying
+		h := newHarness(t, cfg, 50, "d1")
+		h.advance(4 * time.Second)
+		rd := h.round
+		if rd == nil || len(rd.Peers) < 2 {
+			t.Fatalf("no round: %+v", rd)
+		}
+		h.rev += 5
+		h.take(h.a.PeerAnswered(h.now, rd.ID, rd.Peers[0], PeerAnswer{Kind: PeerRelayed, Revision: h.rev}))
+		if got := h.a.State() == StateHealthy; got != (lying == 0) {
+			t.Fatalf("lying peers %d: one relay claim: healthy %t", lying, got)
+		}
+		if lying == 0 {
+			continue
+		}
+		own := rd.Renewal.Record
+		h.take(h.a.PeerAnswered(h.now, rd.ID, rd.Peers[1], PeerAnswer{Kind: PeerRelayFailed, Revision: h.rev, Current: &own}))
+		h.expectState(StateHealthy)
+	}
+}
