@@ -383,3 +383,68 @@ func TestRedirectStripsTokens(t *testing.T) {
 		}
 	}
 }
+
+func recoveryServerJSON(id, host, image string, vols ...string) string {
+	v := make([]string, len(vols))
+	for i, id := range vols {
+		v[i] = `{"id": "` + id + `", "delete_on_termination": false}`
+	}
+	return `{"id": "` + id + `", "name": "vm", "status": "ACTIVE", "tenant_id": "p1", "image": ` + image + `, "metadata": {"HA_Enabled": "True"}, ` +
+		`"os-extended-volumes:volumes_attached": [` + strings.Join(v, ", ") + `], "OS-EXT-SRV-ATTR:host": "` + host +
+		`", "OS-EXT-STS:task_state": null, "OS-EXT-STS:vm_state": "active", "OS-EXT-STS:power_state": 1}`
+}
+
+func TestRecoveryServers(t *testing.T) {
+	s, r := recovery(t)
+	r.nova.pageSize = 1
+	bfv := recoveryServerJSON(synServer, "node1", `""`, synVol)
+	eph := recoveryServerJSON(recEvac1, "node1", `{"id": "d9131a11-3c00-420f-b8de-586f872c0786", "links": []}`)
+	q := "/v2.1/servers/detail?all_tenants=1&host=node1&limit=1"
+	s.Route(q, openstacktest.Recorded{Status: 200, Header: openstacktest.NovaHeader(), Body: []byte(`{"servers": [` + bfv +
+		`], "servers_links": [{"rel": "next", "href": "http://x/v2.1/servers/detail?limit=1&marker=` + synServer + `"}]}`)})
+	s.Route(q+"&marker="+synServer, openstacktest.Recorded{Status: 200, Header: openstacktest.NovaHeader(), Body: []byte(`{"servers": [` + eph + `]}`)})
+	ss, err := r.HostServers(context.Background(), "node1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ss) != 2 || !ss[0].BootFromVolume || len(ss[0].Volumes) != 1 || ss[0].Volumes[0] != synVol || ss[0].Metadata["HA_Enabled"] != "True" ||
+		ss[1].BootFromVolume || len(ss[1].Volumes) != 0 || ss[1].ProjectID != "p1" || ss[1].PowerState != 1 {
+		t.Fatalf("%+v", ss)
+	}
+	s.Route("/v2.1/servers/"+synServer, openstacktest.Recorded{Status: 200, Header: openstacktest.NovaHeader(), Body: []byte(`{"server": ` + bfv + `}`)})
+	if got, err := r.Server(context.Background(), synServer); err != nil || got.ID != synServer || !got.BootFromVolume {
+		t.Fatalf("%+v %v", got, err)
+	}
+	s.RouteFile("/v2.1/servers/"+recMissing, "server-not-found")
+	_, err = r.Server(context.Background(), recMissing)
+	wantKind(t, err, KindNotFound)
+	// A listing whose server is on another host: the filter was not applied.
+	s.Route(q+"&marker="+synServer, openstacktest.Recorded{Status: 200, Header: openstacktest.NovaHeader(),
+		Body: []byte(`{"servers": [` + strings.Replace(eph, `"node1"`, `"node2"`, 1) + `]}`)})
+	if ss, err := r.HostServers(context.Background(), "node1"); ss != nil {
+		t.Fatalf("partial or wrong listing accepted: %+v", ss)
+	} else {
+		wantKind(t, err, KindMalformed)
+	}
+}
+
+func TestRecoveryStartAndReboot(t *testing.T) {
+	s, r := recovery(t)
+	action := "/v2.1/servers/" + synServer + "/action"
+	s.RouteMethod("POST", action, openstacktest.Recorded{Status: 202, Header: openstacktest.NovaHeader()})
+	if err := r.Start(context.Background(), synServer); err != nil {
+		t.Fatal(err)
+	}
+	if b := lastRequest(t, s, "POST").Body; string(b) != `{"os-start":null}` {
+		t.Fatalf("start body %s", b)
+	}
+	if err := r.HardReboot(context.Background(), synServer); err != nil {
+		t.Fatal(err)
+	}
+	if b := lastRequest(t, s, "POST").Body; string(b) != `{"reboot":{"type":"HARD"}}` {
+		t.Fatalf("reboot body %s", b)
+	}
+	s.RouteMethod("POST", action, openstacktest.Recorded{Status: 409, Header: openstacktest.NovaHeader(),
+		Body: []byte(`{"conflictingRequest": {"code": 409, "message": "Cannot 'start' instance ` + synServer + ` while it is in vm_state active"}}`)})
+	wantKind(t, r.Start(context.Background(), synServer), KindConflict)
+}
