@@ -261,17 +261,21 @@ func (r *Recovery) do(ctx context.Context, q request) (int, []byte, error) {
 // X-OpenStack-Nova-API-Version; for Cinder, X-OpenStack-Volume-API-
 // Version, if present). At least one header must be there.
 func checkAPIVersion(h http.Header, sc *gophercloud.ServiceClient) error {
-	service, legacy := sc.Type, ""
+	service, alias, legacy := sc.Type, sc.Type, ""
 	switch sc.Type {
 	case "compute":
 		legacy = "X-OpenStack-Nova-API-Version"
 	case "block-storage", "block-store", "volume", "volumev3":
-		service, legacy = "volume", "X-OpenStack-Volume-API-Version"
+		service, alias, legacy = "volume", "volume", "X-OpenStack-Volume-API-Version"
+	case "instance-ha":
+		// Masakari 14.0.2 names itself "masakari" in successful answers
+		// and "instance-ha" in errors.
+		alias = "masakari"
 	}
 	seen := false
 	for _, v := range h.Values("OpenStack-API-Version") {
 		f := strings.Fields(v)
-		if len(f) != 2 || !strings.EqualFold(f[0], service) || f[1] != sc.Microversion {
+		if len(f) != 2 || (!strings.EqualFold(f[0], service) && !strings.EqualFold(f[0], alias)) || f[1] != sc.Microversion {
 			return fmt.Errorf("OpenStack-API-Version %q, want %s %s", v, service, sc.Microversion)
 		}
 		seen = true

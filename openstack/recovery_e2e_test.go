@@ -468,23 +468,39 @@ func TestE2EMasakari(t *testing.T) {
 		t.Skipf("no Masakari in the harness: %v", err)
 	}
 	g.rec.label("masakari-vm-notification")
-	id, err := g.r.InstanceNotification(ctx, VMNotification{Host: "node2", ServerID: "6f1c2a9e-0000-4000-8000-00000000beef",
-		Event: MasakariEventLifecycle, DomainEvent: MasakariDomainStoppedDestroyed, At: time.Now()})
+	n := VMNotification{Host: "node2", ServerID: "6f1c2a9e-0000-4000-8000-00000000beef",
+		Event: MasakariEventLifecycle, DomainEvent: MasakariDomainStoppedDestroyed, At: time.Now()}
+	id, err := g.r.InstanceNotification(ctx, n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n MasakariNotification
+	// The same notification again (a retry): Masakari's 409, and the
+	// adapter finds the first one.
+	g.rec.label("masakari-vm-notification-duplicate")
+	again, err := g.r.InstanceNotification(ctx, n)
+	if err != nil || again != id {
+		t.Fatalf("retry: %q %v, want %s", again, err, id)
+	}
+	var got MasakariNotification
 	g.wait(ctx, "notification "+id+" done", func() bool {
 		g.rec.label("masakari-notification-get")
-		n, err = g.r.Notification(ctx, id)
+		got, err = g.r.Notification(ctx, id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return n.Done()
+		return got.Done()
 	})
-	g.rec.label("")
-	t.Logf("notification %s: %+v", id, n)
-	if n.Status != NotificationIgnored {
-		t.Errorf("status %s, want ignored", n.Status)
+	t.Logf("notification %s: %+v", id, got)
+	if got.Status != NotificationIgnored {
+		t.Errorf("status %s, want ignored", got.Status)
 	}
+	// A host of no segment: Masakari's 400.
+	g.rec.label("masakari-host-notification-unknown-host")
+	_, err = g.r.HostNotification(ctx, "node9", time.Now())
+	g.rec.label("")
+	var e *Error
+	if !errors.As(err, &e) || e.Kind != KindRejected || e.Status != 400 {
+		t.Fatalf("host of no segment: %v", err)
+	}
+	t.Logf("host of no segment: %v", err)
 }

@@ -46,12 +46,7 @@ func serviceJSON(forced bool, state string) string {
 
 func recovery(t *testing.T) (*openstacktest.Server, *Recovery) {
 	t.Helper()
-	s := openstacktest.New(t)
-	r, err := NewRecovery(RecoveryConfig{Config: Config{Cloud: "test", CloudsFile: s.CloudsYAML(t), RequestTimeout: 2 * time.Second},
-		ServiceCloud: "service"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, r := recorded(t)
 	s.Route("/v2.1/os-services?binary=nova-compute&host=node1", rec(200, "compute", "2.53", `{"services": [`+serviceJSON(false, "up")+`]}`))
 	s.Route("/v2.1/", rec(200, "compute", "2.1", `{"version": {"id": "v2.1", "status": "CURRENT", "version": "2.93", "min_version": "2.1", "updated": "2013-07-23T11:33:21Z", "links": [], "media-types": []}}`))
 	return s, r
@@ -286,8 +281,8 @@ func TestRecoveryMasakari(t *testing.T) {
 	at := time.Date(2026, 12, 1, 18, 0, 0, 123456000, time.UTC)
 	notif := `{"notification": {"notification_uuid": "` + synNotif + `", "generated_time": "2026-12-01T18:00:00.000000", "source_host_uuid": "` + synSvc +
 		`", "type": "COMPUTE_HOST", "payload": {"event": "STOPPED", "host_status": "NORMAL", "cluster_status": "OFFLINE"}, "status": "new", "id": 1, "created_at": "2026-12-01T18:00:01.000000", "updated_at": null, "deleted_at": null, "deleted": false}}`
-	s.RouteMethod("POST", openstacktest.MasakariPath+"/notifications", rec(202, "instance-ha", "1.0", notif))
-	s.Route(openstacktest.MasakariPath+"/notifications/"+synNotif, rec(200, "instance-ha", "1.0", strings.Replace(notif, `"status": "new"`, `"status": "finished"`, 1)))
+	s.RouteMethod("POST", openstacktest.MasakariPath+"/notifications", rec(202, "masakari", "1.0", notif))
+	s.Route(openstacktest.MasakariPath+"/notifications/"+synNotif, rec(200, "masakari", "1.0", strings.Replace(notif, `"status": "new"`, `"status": "finished"`, 1)))
 	id, err := r.HostNotification(context.Background(), "node1", at)
 	if err != nil || id != synNotif {
 		t.Fatalf("%q %v", id, err)
