@@ -384,6 +384,10 @@ func (c *Core) Next(now, wall time.Time, host string, l Lease) Step {
 	if now.Before(m.until) {
 		return Step{Op: OpWait, Host: host, Until: m.until, Reason: m.why}
 	}
+	if c.cfg.Mode == ModeNotify && r.Mode != ModeNotify {
+		// This controller calls nothing, not even to release.
+		return c.wait(host, now.Add(PollInterval), fmt.Sprintf("started in mode %s by %s; this controller's mode is notify: not continued", r.Mode, r.StartedBy), &Event{Op: "mode-mismatch"})
+	}
 	switch r.Phase {
 	case PhaseRecovered, PhaseStopped, PhaseReleasing:
 		return c.release(now, wall, r, m, l)

@@ -432,11 +432,15 @@ func TestNotifyModeCallsNothing(t *testing.T) {
 		t.Fatalf("%+v %v %v", r, s.cloud.calls, s.ops())
 	}
 	// A record of another mode (another controller's) is not continued.
-	s.kv["node1"] = Record{Schema: 1, Host: "node1", NovaHost: "node1", Mode: ModeEvacuate, Epoch: 2, LeaseRevision: 41, Phase: PhaseForceDown, StartedBy: "ctl-b"}
-	s.restart()
-	s.run(50)
-	if len(s.cloud.calls) != 0 || !s.hasEvent("mode-mismatch") {
-		t.Fatalf("%v %v", s.cloud.calls, s.ops())
+	for _, p := range []Phase{PhaseForceDown, PhaseRecovered} {
+		s.kv["node1"] = Record{Schema: 1, Host: "node1", NovaHost: "node1", Mode: ModeEvacuate, Epoch: 2, LeaseRevision: 41, Phase: p,
+			ForceDown: Completed, StartedBy: "ctl-b"}
+		s.restart()
+		s.back("node1") // even a host back is not released by it
+		s.run(50)
+		if len(s.cloud.calls) != 0 || !s.hasEvent("mode-mismatch") {
+			t.Fatalf("%s: %v %v", p, s.cloud.calls, s.ops())
+		}
 	}
 }
 
