@@ -38,7 +38,11 @@ lock in the same bucket, acts; the standbys watch and take over. The leader
 recovers a declared host as recovery.mode says: notify (the default: publish
 the decision, call nothing), evacuate (force its nova-compute down, remove
 the dead host's Cinder attachments, evacuate and verify, keep it forced down
-until its agent has rejoined) or masakari (hand it to Masakari).
+until its agent has rejoined) or masakari (hand it to Masakari). With
+instance_recovery.mode restart the leader also restarts instances whose
+domain stopped unexpectedly as the agents classified it (never a reboot nor
+a stop Nova made; once per stop, within a budget; masakari: a Masakari VM
+notification instead; notify: report only; off: the default).
 
 Usage:
   hvguard-controller [flags]            run the daemon
@@ -82,7 +86,9 @@ and its last 50 events with what the controller did with each. The
 leader's status also shows host recovery: per host the phase, whether it
 is forced down, its instances (done, in flight, failed, unrecoverable) and
 why it is where it is (a refusal, a pause, Nova refusing to clear
-forced_down); a standby runs none. --json
+forced_down); a standby runs none. With instance recovery on, status
+lists its mode, the stops in progress, the instances over budget and the
+last 20 stops (classification, step, reason, action, time to ACTIVE). --json
 prints the endpoint's JSON. Any controller (leader or standby) answers,
 each from its own view of the stream. Exit status:
 0 printed, 1 no controller answered (or a bad answer), 2 bad command line,
