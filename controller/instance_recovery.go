@@ -260,7 +260,9 @@ func (r *InstanceRecoveryRunner) do(ctx context.Context, log *slog.Logger, op in
 		if !r.MayAct(r.LeaderNow()) {
 			return func() []instancerecovery.Op { return core.Acted(r.now(), op.UUID, nil, true, false) }
 		}
-		cctx, cancel := context.WithTimeout(ctx, r.CloudTimeout)
+		// An orderly stop lets a started call finish (bounded) rather than
+		// abandon it half-sent.
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.CloudTimeout)
 		defer cancel()
 		var err error
 		switch op.Action {
@@ -303,7 +305,7 @@ func (r *InstanceRecoveryRunner) write(ctx context.Context, log *slog.Logger, op
 	if !r.MayAct(r.LeaderNow()) {
 		return instancerecovery.WriteNotActing, 0
 	}
-	cctx, cancel := context.WithTimeout(ctx, InstanceCallTimeout)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), InstanceCallTimeout)
 	defer cancel()
 	var rev uint64
 	if op.Rev == 0 {
