@@ -103,9 +103,14 @@ func TestMasakariInstanceRecovery(t *testing.T) {
 		t.Fatalf("add %s to the Masakari segment: %v", osharness.LibvirtHost, err)
 	}
 	t.Cleanup(func() {
-		if err := m.do(context.Background(), "DELETE", "segments/"+seg+"/hosts/"+host.Host.UUID, nil, nil, 204); err != nil {
-			t.Errorf("remove %s from the segment: %v", osharness.LibvirtHost, err)
+		// 409 while the engine still processes a notification of it
+		var err error
+		for deadline := time.Now().Add(5 * time.Minute); time.Now().Before(deadline); time.Sleep(3 * time.Second) {
+			if err = m.do(context.Background(), "DELETE", "segments/"+seg+"/hosts/"+host.Host.UUID, nil, nil, 204); err == nil {
+				return
+			}
 		}
+		t.Errorf("remove %s from the segment: %v", osharness.LibvirtHost, err)
 	})
 	prefix := fmt.Sprintf("hvg-masakari-%d", time.Now().Unix()%100000)
 	t.Cleanup(func() {
