@@ -85,11 +85,26 @@ if [[ -c /dev/kvm ]] && getent group kvm >/dev/null; then
 	fi
 fi
 
+# nofd CMD...: runs CMD with every fd above 2 closed. Callers hold
+# `flock /tmp/hvg-e2e.lock` around the e2e runs (test/e2e/classify/run.sh):
+# a daemon that inherited that fd keeps the lock held for as long as it runs
+# (seen: libvirtd and virtlogd started by one storm run blocked every later
+# user of the cloud).
+nofd() {
+	(
+		for fd in /proc/$BASHPID/fd/*; do
+			fd="${fd##*/}"
+			((fd > 2)) && eval "exec $fd>&-"
+		done
+		exec "$@"
+	)
+}
+
 if pid="$(pid_alive /run/virtlogd.pid)"; then
 	log "virtlogd already running (pid $pid)"
 else
 	log "starting virtlogd"
-	/usr/sbin/virtlogd -d || die "virtlogd -d failed"
+	nofd /usr/sbin/virtlogd -d || die "virtlogd -d failed"
 fi
 
 if pid="$(pid_alive /run/libvirtd.pid)"; then
@@ -115,7 +130,7 @@ else
 		log "set max_client_requests = 20 in $conf"
 	fi
 	log "starting libvirtd"
-	/usr/sbin/libvirtd -d || die "libvirtd -d failed (see /var/log/libvirt or run 'libvirtd -v' by hand)"
+	nofd /usr/sbin/libvirtd -d || die "libvirtd -d failed (see /var/log/libvirt or run 'libvirtd -v' by hand)"
 fi
 
 # Overall deadline shared by all waits below.
