@@ -64,6 +64,15 @@ e2e-openstack-smoke: ## up + boot/kill/force-down/evacuate/migrate-back scenario
 e2e-openstack-record: ## rerun the scenario on the running cloud and rewrite test/e2e/openstack/testdata/ with the real Nova responses
 	HVG_E2E_OPENSTACK=1 HVG_E2E_RECORD=1 $(GO) test -count=1 -v -timeout 15m -run TestEvacuationScenario ./$(E2E_OS)/
 
+# The recovery adapter (openstack.Recovery, docs/openstack.md) against the
+# running harness with Cinder, the service user and Masakari: two BFV servers
+# and one ephemeral on node1, node1 forced down, attachments removed (the
+# attachments API beside os-force_detach), evacuated, node1 restored; a
+# Masakari VM notification (~2.5 min). Run it under the cloud's lock.
+.PHONY: e2e-openstack-adapter
+e2e-openstack-adapter: ## the OpenStack recovery adapter against the running harness (Cinder, service token, Masakari); HVG_RECORD=1 rewrites openstack/testdata/rec-*.json
+	$(GO) test -tags e2e -count=1 -v -timeout 15m -run 'TestE2ERecovery|TestE2EMasakari' ./openstack/
+
 # The issue 6 reboot storm (test/e2e/classify/run.sh): up.sh, node3 with the
 # libvirt driver (libvirt-compute.sh up), stress-ng; E2E_STORM_GUESTS real
 # QEMU/TCG guests soft- and hard-rebooted through Nova in rounds under
