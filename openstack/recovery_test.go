@@ -1,9 +1,11 @@
 package openstack
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -442,4 +444,24 @@ func TestRecoveryStartAndReboot(t *testing.T) {
 	s.RouteMethod("POST", action, openstacktest.Recorded{Status: 409, Header: openstacktest.NovaHeader(),
 		Body: []byte(`{"conflictingRequest": {"code": 409, "message": "Cannot 'start' instance ` + synServer + ` while it is in vm_state active"}}`)})
 	wantKind(t, r.Start(context.Background(), synServer), KindConflict)
+}
+
+// A service_cloud user without the `service` role is warned about (Cinder
+// would refuse its removals with 409); one with it is not.
+func TestServiceTokenRoleWarning(t *testing.T) {
+	for cloud, warn := range map[string]bool{"test": true, "service": false} {
+		s := openstacktest.New(t)
+		var buf bytes.Buffer
+		r, err := NewRecovery(RecoveryConfig{Config: Config{Cloud: "test", CloudsFile: s.CloudsYAML(t)}, ServiceCloud: cloud},
+			slog.New(slog.NewTextHandler(&buf, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Authenticate(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(buf.String(), "no `service` role"); got != warn {
+			t.Fatalf("service_cloud %s: warned %v: %s", cloud, got, buf.String())
+		}
+	}
 }
