@@ -187,3 +187,44 @@ func TestContractRecoveryAttachments(t *testing.T) {
 		}
 	})
 }
+
+// Masakari 14.0.2's answers: a VM notification created (202), the same
+// one again refused as a duplicate (409) and found in the listing, read
+// back ignored (its engine acts only on STOPPED_FAILED), and a host of no
+// segment refused (400).
+func TestContractRecoveryMasakari(t *testing.T) {
+	const (
+		id     = "7c252ced-3353-42e0-a8ca-e921c4243adc"
+		server = "6f1c2a9e-0000-4000-8000-00000000beef"
+	)
+	s, r := recorded(t)
+	ctx := context.Background()
+	at := time.Date(2026, 12, 1, 19, 44, 35, 600_000_000, time.UTC)
+	n := VMNotification{Host: "node2", ServerID: server, Event: MasakariEventLifecycle, DomainEvent: MasakariDomainStoppedDestroyed, At: at}
+	post := openstacktest.MasakariPath + "/notifications"
+	s.RouteMethod("POST", post, openstacktest.MustLoad(t, "rec-masakari-vm-notification.1"))
+	if got, err := r.InstanceNotification(ctx, n); err != nil || got != id {
+		t.Fatalf("%q %v", got, err)
+	}
+	s.RouteMethod("POST", post, openstacktest.MustLoad(t, "rec-masakari-vm-notification-duplicate.1"))
+	s.RouteFile(post+"?generated-since=2026-12-01T19%3A44%3A35Z&type=VM", "rec-masakari-vm-notification-duplicate.2")
+	if got, err := r.InstanceNotification(ctx, n); err != nil || got != id {
+		t.Fatalf("duplicate: %q %v", got, err)
+	}
+	// Another instance's duplicate does not match the listed one.
+	n2 := n
+	n2.ServerID = recSrvA
+	if got, err := r.InstanceNotification(ctx, n2); !errors.Is(err, ErrDuplicateNotification) || got != "" {
+		t.Fatalf("other payload: %q %v", got, err)
+	}
+	s.RouteFile(post+"/"+id, "rec-masakari-notification-get.1")
+	got, err := r.Notification(ctx, id)
+	if err != nil || got.Status != NotificationIgnored || !got.Done() || got.Payload["vir_domain_event"] != MasakariDomainStoppedDestroyed {
+		t.Fatalf("%+v %v", got, err)
+	}
+	s.RouteMethod("POST", post, openstacktest.MustLoad(t, "rec-masakari-host-notification-unknown-host.1"))
+	_, err = r.HostNotification(ctx, "node9", at)
+	if e := wantKind(t, err, KindRejected); e.Status != 400 {
+		t.Fatalf("%v", err)
+	}
+}
