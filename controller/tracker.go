@@ -320,6 +320,17 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 			h.declaredAt = now
 		}
 		h.declaring = time.Time{}
+		// The declaration carries the host's constants (copied from its
+		// active record): judge them here too, so a controller that first
+		// sees the host declared (started, or took over, after the
+		// declaration) still refuses a backstop it does not accept and
+		// grants the same grace (host recovery confirms with Refused and
+		// Due).
+		g, err := t.cfg.Grace(*rec)
+		h.refused, h.grace = "", g
+		if err != nil {
+			h.refused, h.grace = err.Error(), 0
+		}
 	case fencing.LeaseReleased:
 		h.lastSeen = now
 		h.declaredAt, h.declaring = time.Time{}, time.Time{}
