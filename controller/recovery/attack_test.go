@@ -1,0 +1,59 @@
+package recovery
+
+import (
+	"testing"
+)
+
+// Attack (reviewer X1): the core evacuates a server only while it is on
+// the declared host. An evacuation's rebuild that fails on the
+// destination leaves the server there (host node2, ERROR, migration
+// failed); the core counts a failed attempt and, after the backoff,
+// evacuates the server again — from node2, whose lease nobody declared.
+// Nova accepts it whenever node2's nova-compute looks down (crashed,
+// restarting, its service heartbeat late): node2's guests may run, and
+// this one gets a second copy. The same happens when the server is found
+// in ERROR on another host after a done migration.
+func TestAttackNeverEvacuatesFromAnotherHost(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// migStatus: the status the evacuation's migration ends in
+		// (the server on node2, ERROR).
+		migStatus string
+	}{
+		{"rebuild failed on the destination", "failed"},
+		{"migration done, server ERROR on the destination", "done"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newSim(t, evacuateConfig())
+			s.cloud.addServer("x", "ACTIVE")
+			s.afterCall = func(int) {
+				for i := range s.cloud.migrations {
+					m := &s.cloud.migrations[i]
+					if m.Status != "accepted" {
+						continue
+					}
+					// The rebuild on node2 fails after Nova moved the
+					// server there (instance.host = node2).
+					m.Status, m.Dest = tc.migStatus, "node2"
+					sv := s.cloud.servers[m.Instance]
+					sv.Host, sv.Status, sv.TaskState = "node2", "ERROR", ""
+				}
+			}
+			// node2's nova-compute looks down to Nova (its agent is
+			// healthy, its lease renewed: nothing declared it).
+			s.cloud.forcedDown["node2"] = true
+			s.beforeCall = func(st Step) {
+				if st.Op != OpEvacuate {
+					return
+				}
+				if h := s.cloud.servers[st.Server].Host; h != "node1" {
+					t.Errorf("evacuation of %s called while it is on %s, not the declared node1 (calls %v)", st.Server, h, s.cloud.calls)
+				}
+			}
+			s.run(500)
+			if n := s.cloud.count("evacuate x"); n > 1 {
+				t.Errorf("x evacuated %d times: %v", n, s.cloud.calls)
+			}
+		})
+	}
+}
