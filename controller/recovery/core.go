@@ -87,6 +87,9 @@ type Step struct {
 	// Mutating: ask MayAct right before the call.
 	Gate     Gate
 	Mutating bool
+	// Precheck: OpServer reads the server right before its evacuation
+	// (it must still be on the declared host, no task in flight).
+	Precheck bool
 	// Until: OpWait.
 	Until  time.Time
 	Reason string
@@ -150,9 +153,12 @@ type memory struct {
 	verify map[string]bool
 	// requested: when (core clock) an evacuation was seen requested.
 	requested map[string]time.Time
-	slowSaid  map[string]bool
-	failed    map[string]int
-	nextPoll  time.Time
+	// onHost: when (core clock) a server was read on the declared host
+	// with no task, right before its evacuation (Precheck).
+	onHost   map[string]time.Time
+	slowSaid map[string]bool
+	failed   map[string]int
+	nextPoll time.Time
 	// until: no step before it (a wait); releaseAt: the next attempt to
 	// clear forced_down.
 	until, releaseAt time.Time
@@ -183,7 +189,7 @@ func (c *Core) memory(host string) *memory {
 	m := c.mem[host]
 	if m == nil {
 		m = &memory{own: map[string]bool{}, retryAt: map[string]time.Time{}, verify: map[string]bool{},
-			requested: map[string]time.Time{}, slowSaid: map[string]bool{}, failed: map[string]int{}}
+			requested: map[string]time.Time{}, onHost: map[string]time.Time{}, slowSaid: map[string]bool{}, failed: map[string]int{}}
 		c.mem[host] = m
 	}
 	return m
@@ -482,6 +488,9 @@ func (c *Core) Done(now, wall time.Time, s Step, res Result) Step {
 	case OpMigrations:
 		return c.migrations(now, wall, n, m, res)
 	case OpServer:
+		if s.Precheck {
+			return c.prechecked(now, wall, n, m, s, res)
+		}
 		return c.serverChecked(now, wall, n, m, s, res)
 	case OpHostNotification, OpNotificationStatus:
 		return c.notified(now, wall, n, m, s, res)
@@ -701,6 +710,12 @@ func (c *Core) evacuate(now, wall time.Time, r *Record, m *memory) Step {
 			terminal++
 		case Intent:
 			if m.own[key] {
+				if t, ok := m.onHost[in.ID]; !ok || now.Sub(t) > PollInterval || now.Before(t) {
+					// Nova evacuates a server from wherever it is now:
+					// read it first, it must still be on the declared
+					// host.
+					return Step{Op: OpServer, Host: r.Host, Server: in.ID, Precheck: true}
+				}
 				return Step{Op: OpEvacuate, Host: r.Host, Server: in.ID, NovaHost: r.NovaHost, Gate: GateDeclared, Mutating: true}
 			}
 		case Pending, Failed:
@@ -769,12 +784,49 @@ func (c *Core) inst(n *Record, id string) *Instance {
 	return nil
 }
 
+// prechecked integrates the read of a server right before its
+// evacuation: evacuate only a server still on the declared host with no
+// task in flight; never one found on another host (Nova would evacuate it
+// from there: a host nobody declared).
+func (c *Core) prechecked(now, wall time.Time, n *Record, m *memory, s Step, res Result) Step {
+	in := c.inst(n, s.Server)
+	if in == nil || in.Evac != Intent || !m.own["evac:"+in.ID] {
+		return Step{Op: OpIdle, Host: n.Host}
+	}
+	switch res.Kind {
+	case ErrNone:
+	case ErrNotFound:
+		delete(m.own, "evac:"+in.ID)
+		in.Evac, in.Note = Skipped, "server deleted"
+		return write(wall, n, Event{Op: "evacuate-skipped", Instance: in.ID, Reason: in.Note})
+	default:
+		return c.wait(n.Host, now.Add(PollInterval), "reading server "+in.ID+" before its evacuation failed: "+res.Err, nil)
+	}
+	sv := res.Server
+	switch {
+	case strings.EqualFold(sv.Host, n.NovaHost) && sv.TaskState == "":
+		m.onHost[in.ID] = now
+		return Step{Op: OpIdle, Host: n.Host}
+	case strings.EqualFold(sv.Host, n.NovaHost):
+		// A task in flight (an evacuation landed late, ...): what Nova
+		// answers with a 409; follow the migrations.
+		return c.evacuated(now, wall, n, m, s, Result{Kind: ErrConflict, Err: "task_state " + sv.TaskState + " (read before evacuating)"})
+	}
+	delete(m.own, "evac:"+in.ID)
+	delete(m.onHost, in.ID)
+	in.Evac = Unrecoverable
+	in.Note = "found on " + orNone(sv.Host) + " (" + sv.Status + "), not on the declared host " + n.NovaHost + ": never evacuated from another host; check it"
+	n.Reason = "instance " + in.ID + ": " + in.Note
+	return write(wall, n, Event{Op: "unrecoverable", Instance: in.ID, Reason: n.Reason})
+}
+
 func (c *Core) evacuated(now, wall time.Time, n *Record, m *memory, s Step, res Result) Step {
 	in := c.inst(n, s.Server)
 	if in == nil {
 		return Step{Op: OpIdle, Host: n.Host}
 	}
 	delete(m.own, "evac:"+in.ID)
+	delete(m.onHost, in.ID)
 	switch res.Kind {
 	case ErrNone:
 		in.Evac, in.Note = Requested, ""
