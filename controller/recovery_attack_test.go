@@ -97,3 +97,47 @@ func TestAttackRecoveryFirstSeenExpiredBackstopNotAccepted(t *testing.T) {
 	}
 	t.Fatalf("neither refused (%s) nor recovered within 8 s; calls %v", recovery.WhyBackstop, cloud.Calls())
 }
+
+// Attack (reviewer X1): nova_hosts maps the live, renewing lease host h1
+// to nova-compute host h0 — which is also the declared lease host h0's
+// own (identity) name. Nova host h0 is, by the configuration, h1's: the
+// recovery of h0 must not force it down nor evacuate its servers (their
+// host's agent is alive; each evacuation would run a second copy). It
+// does: the runner never asks whether another lease host claims the same
+// nova-compute host.
+func TestAttackRecoveryNovaHostClaimedByLiveHost(t *testing.T) {
+	e := newRecoveryEnv(t)
+	cfg := recovery.DefaultConfig()
+	cfg.Mode = recovery.ModeEvacuate
+	cfg.NovaHosts = map[string]string{"h1": "H0"} // case differs: the same host to Nova's MariaDB
+	core, err := recovery.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var events []recovery.Event
+	rr := &controller.RecoveryRunner{KV: e.rkv, Leases: e.st, Core: core, Cloud: e.cloud.As("ctl-a"), View: e.tracker.View,
+		MayAct: func(time.Time) bool { return true }, Log: quiet(), By: func() string { return "ctl-a" },
+		OnEvent: func(ev recovery.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, ev)
+		}}
+	go rr.Run(e.ctx)
+	e.waitDeclared(t)
+	deadline := time.Now().Add(6 * time.Second) // lease_ttl + grace is 3.05 s
+	for time.Now().Before(deadline) {
+		if calls := e.cloud.Calls(); len(calls) > 0 {
+			t.Fatalf("the nova-compute host of live lease host h1 was recovered for h0: %v", calls)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, ev := range events {
+		if ev.Op == "refused" {
+			return
+		}
+	}
+	t.Errorf("no refusal said: %+v", events)
+}

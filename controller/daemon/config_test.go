@@ -171,3 +171,26 @@ func TestConfigServiceCloud(t *testing.T) {
 		t.Fatalf("no cloud: %v %v", r, err)
 	}
 }
+
+// Attack (reviewer X1): two lease hosts mapped to one nova-compute host
+// (a typo, or names differing only in case: Nova's MariaDB compares host
+// names case-insensitively) make the recovery of one of them force down
+// and evacuate the other's — a live host's — servers. The configuration
+// must be refused, naming both.
+func TestAttackConfigNovaHostsNotInjective(t *testing.T) {
+	for _, y := range []string{
+		"recovery:\n  nova_hosts: {node1: compute-1, node2: compute-1}\n",
+		"recovery:\n  nova_hosts: {node1: compute-1, node2: COMPUTE-1}\n",
+	} {
+		_, err := ParseConfig([]byte(y))
+		if err == nil {
+			t.Errorf("accepted %q", y)
+			continue
+		}
+		for _, w := range []string{"recovery.nova_hosts", "node1", "node2"} {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("error %q does not mention %q", err, w)
+			}
+		}
+	}
+}
