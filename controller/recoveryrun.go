@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -263,9 +264,16 @@ func leaseOf(v TrackerView, h LeaseView) recovery.Lease {
 func (r *RecoveryRunner) cycle(ctx context.Context, v TrackerView) {
 	hosts := append([]LeaseView(nil), v.Hosts...)
 	sort.Slice(hosts, func(i, j int) bool { return hosts[i].Revision < hosts[j].Revision })
+	names := make([]string, len(hosts))
+	for i, h := range hosts {
+		names[i] = h.Host
+	}
+	cfg := r.Core.Config()
 	r.mu.Lock()
 	for _, h := range hosts {
-		r.leases[h.Host] = leaseOf(v, h)
+		l := leaseOf(v, h)
+		l.SharedNovaHost = strings.Join(cfg.SharedNovaHost(h.Host, names), ", ")
+		r.leases[h.Host] = l
 	}
 	r.mu.Unlock()
 	for _, h := range hosts {

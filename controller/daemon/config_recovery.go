@@ -80,10 +80,18 @@ func (r RecoveryConfig) validate(os OpenStackConfig, bad daemonkit.Bad) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	claimed := map[string]string{}
 	for _, k := range keys {
 		if !reconcile.ValidHostName(k) || !reconcile.ValidHostName(r.NovaHosts[k]) {
 			bad("recovery.nova_hosts", fmt.Sprintf("%q: %q", k, r.NovaHosts[k]), "must map a host name to a host name as Nova knows it")
 		}
+		// Nova's database compares host names without case.
+		n := strings.ToLower(r.NovaHosts[k])
+		if o, ok := claimed[n]; ok {
+			bad("recovery.nova_hosts", fmt.Sprintf("%q: %q and %q: %q", o, r.NovaHosts[o], k, r.NovaHosts[k]),
+				"two lease hosts map to one nova-compute host (Nova compares host names without case): one's recovery would evacuate the other's servers")
+		}
+		claimed[n] = k
 	}
 	if r.Calls() && strings.TrimSpace(os.ServiceCloud) == "" && strings.TrimSpace(os.Cloud) != "" {
 		bad("openstack.service_cloud", `""`, "required with recovery.mode "+r.Mode+": Cinder removes the dead host's attachments only with the X-Service-Token of a user with the service role")

@@ -3,6 +3,7 @@ package recovery
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -161,6 +162,19 @@ func (c Config) NovaHost(host string) string {
 		return n
 	}
 	return host
+}
+
+// SharedNovaHost returns the hosts among others (lease host names) whose
+// nova-compute host is host's too, compared without case as Nova's
+// database compares host names.
+func (c Config) SharedNovaHost(host string, others []string) []string {
+	var out []string
+	for _, o := range others {
+		if o != host && strings.EqualFold(c.NovaHost(o), c.NovaHost(host)) {
+			out = append(out, o)
+		}
+	}
+	return out
 }
 
 // backoff returns the pause after the n-th failed attempt (n ≥ 1).

@@ -42,6 +42,9 @@ type Lease struct {
 	SilentFor, Due time.Duration
 	// Holding: this controller's mass-failure guard holds now.
 	Holding bool
+	// SharedNovaHost names the other lease hosts whose nova-compute host
+	// is this host's too (Config.SharedNovaHost): "" when none.
+	SharedNovaHost string
 }
 
 // Why is the kind of a refusal to act.
@@ -71,6 +74,11 @@ const (
 	// the host silent for lease_ttl + grace yet (it started, or its watch
 	// restarted, after the declaration): it waits until it has.
 	WhySilenceNotSeen Why = "silence-not-confirmed"
+	// WhyNovaHostShared: another lease host maps to the same nova-compute
+	// host (recovery.nova_hosts, host names compared as Nova's database
+	// does, without case): whose servers they are is ambiguous, and the
+	// other host may be alive.
+	WhyNovaHostShared Why = "nova-host-shared"
 	// WhyChanged: the lease record is not the declaration the recovery
 	// was started for (released, renewed, withdrawn, deleted, declared
 	// again): the lease came back; no further destructive step.
@@ -140,6 +148,8 @@ func declared(l Lease) (Why, string) {
 		return WhyNotDeclared, fmt.Sprintf("the lease is %s, not declared expired", l.State)
 	case l.Refused != "":
 		return WhyBackstop, "this controller does not accept the host's constants: " + l.Refused
+	case l.SharedNovaHost != "":
+		return WhyNovaHostShared, "its nova-compute host is also that of lease host(s) " + l.SharedNovaHost + " (recovery.nova_hosts): not recovered until the mapping is fixed"
 	case l.Holding:
 		return WhyGuardHolding, "the mass-failure guard holds: nothing destructive until it ends"
 	}
