@@ -33,3 +33,16 @@ func TestClassifyRecoveryErrors(t *testing.T) {
 		}
 	}
 }
+
+// Attack (reviewer X1): Masakari's 409 for a host it has on maintenance
+// is a refusal — it will recover nothing — not a duplicate notification.
+// Classified as a conflict, the core counts the host as handed to
+// Masakari ("recovered", "outcome not followed") while nothing evacuates
+// its servers, and never says NOT RECOVERED.
+func TestAttackMasakariMaintenanceIsARefusal(t *testing.T) {
+	err := &openstack.Error{Kind: openstack.KindConflict, Status: 409,
+		Err: fmt.Errorf("%w: Notification received from host node1 of type COMPUTE_HOST is ignored as the host is already under maintenance", openstack.ErrHostOnMaintenance)}
+	if got := controller.RecoveryKind(classify(err)); got != recovery.ErrRefused {
+		t.Errorf("%v: kind %d, want refused (%d)", err, got, recovery.ErrRefused)
+	}
+}
