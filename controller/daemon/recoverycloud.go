@@ -15,8 +15,8 @@ import (
 type recoveryCloud struct{ os *openstack.Recovery }
 
 // classify maps the adapter's errors to the core's kinds: Nova's refusal
-// to clear forced_down (done evacuations) and every other rejection are
-// refusals; a 409 is a conflict (a server busy, a duplicate Masakari
+// to clear forced_down (done evacuations), Masakari's for a host on
+// maintenance and every other rejection are refusals; a 409 is a conflict (a server busy, a duplicate Masakari
 // notification); a 404 is not-found; anything else (unreachable, timeout,
 // 5xx) leaves the outcome of a mutating call unknown.
 func classify(err error) error {
@@ -26,7 +26,9 @@ func classify(err error) error {
 	var e *openstack.Error
 	kind := recovery.ErrOther
 	switch {
-	case errors.Is(err, openstack.ErrDoneEvacuations):
+	case errors.Is(err, openstack.ErrDoneEvacuations), errors.Is(err, openstack.ErrHostOnMaintenance):
+		// Masakari's 409 for a host on maintenance: it recovers nothing
+		// (not a duplicate notification): a failed attempt, reported.
 		kind = recovery.ErrRefused
 	case errors.As(err, &e) && e.Kind == openstack.KindNotFound:
 		kind = recovery.ErrNotFound
