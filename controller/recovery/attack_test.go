@@ -57,3 +57,35 @@ func TestAttackNeverEvacuatesFromAnotherHost(t *testing.T) {
 		})
 	}
 }
+
+// Attack (reviewer X1): Nova's and Cinder's host names compare without
+// case (MariaDB): nova.conf says host = NODE1, the lease host (and
+// nova_hosts) say node1. Nova lists NODE1's servers for node1 (the
+// adapter accepts them: EqualFold), but the core drops every server whose
+// host is not byte-equal: "0 of 0 instances recovered", the host's
+// servers stay on the dead host, and the status says recovered. (The
+// same comparison decides, after a done migration, whether the server
+// is still on the source: byte-equal there would call a server still on
+// NODE1 evacuated.)
+func TestAttackHostNameCase(t *testing.T) {
+	s := newSim(t, evacuateConfig())
+	s.cloud.addServer("x", "ACTIVE", "vol-x")
+	s.cloud.addServer("y", "ACTIVE")
+	for _, sv := range s.cloud.servers {
+		sv.Host = "NODE1"
+	}
+	s.cloud.volumes["vol-x"].Attachments[0].Host = "NODE1"
+	s.run(300)
+	r := s.record("node1")
+	if len(r.Instances) != 2 {
+		t.Fatalf("%d instances listed, want 2 (Nova listed NODE1's for node1): %s", len(r.Instances), r.Reason)
+	}
+	for _, id := range []string{"x", "y"} {
+		if n := s.cloud.count("evacuate " + id); n != 1 {
+			t.Errorf("%s evacuated %d times: %v", id, n, s.cloud.calls)
+		}
+	}
+	if s.cloud.count("remove-attachment att-vol-x") != 1 {
+		t.Errorf("NODE1's attachment not removed: %v", s.cloud.calls)
+	}
+}

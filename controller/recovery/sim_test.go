@@ -8,7 +8,7 @@ import (
 )
 
 // cloud is a small model of Nova, Cinder and Masakari for the core's
-// tests (a fake inside a pure core's tests: the runner's tests use real
+// tests (host names compared without case, as Nova's MariaDB does) (a fake inside a pure core's tests: the runner's tests use real
 // components).
 type cloud struct {
 	servers    map[string]*Server
@@ -81,19 +81,19 @@ func (c *cloud) call(s Step) Result {
 	switch s.Op {
 	case OpForceDown:
 		c.calls = append(c.calls, "force-down "+s.NovaHost)
-		c.forcedDown[s.NovaHost] = true
+		c.forcedDown[strings.ToLower(s.NovaHost)] = true
 	case OpClearForceDown:
 		for _, m := range c.migrations {
-			if m.Source == s.NovaHost && m.Status == "done" && !c.computeRestarted {
+			if strings.EqualFold(m.Source, s.NovaHost) && m.Status == "done" && !c.computeRestarted {
 				return Result{Kind: ErrRefused, Err: "400 Ensure the compute service has been restarted"}
 			}
 		}
 		c.calls = append(c.calls, "clear-force-down "+s.NovaHost)
-		c.forcedDown[s.NovaHost] = false
+		c.forcedDown[strings.ToLower(s.NovaHost)] = false
 	case OpListServers:
 		var out []Server
 		for _, sv := range c.servers {
-			if sv.Host == s.NovaHost {
+			if strings.EqualFold(sv.Host, s.NovaHost) { // MariaDB compares without case
 				out = append(out, *sv)
 			}
 		}
@@ -122,7 +122,7 @@ func (c *cloud) call(s Step) Result {
 		if sv == nil {
 			return Result{Kind: ErrNotFound, Err: "404"}
 		}
-		if !c.forcedDown[sv.Host] {
+		if !c.forcedDown[strings.ToLower(sv.Host)] {
 			return Result{Kind: ErrRefused, Err: "400 Compute service of " + sv.Host + " is still in use"}
 		}
 		if sv.TaskState != "" {
@@ -158,7 +158,7 @@ func (c *cloud) call(s Step) Result {
 		}
 		var out []Migration
 		for _, m := range c.migrations {
-			if m.Source == s.NovaHost && !m.Created.Before(s.Since) {
+			if strings.EqualFold(m.Source, s.NovaHost) && !m.Created.Before(s.Since) {
 				out = append(out, m)
 			}
 		}
