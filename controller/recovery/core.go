@@ -519,7 +519,7 @@ func (c *Core) listed(n *Record, servers []Server) {
 	sort.Slice(servers, func(i, j int) bool { return servers[i].ID < servers[j].ID })
 	n.Instances = nil
 	for _, s := range servers {
-		if s.Host != "" && s.Host != n.NovaHost {
+		if s.Host != "" && !sameHost(s.Host, n.NovaHost) {
 			continue // not on the declared host (any more)
 		}
 		in := Instance{ID: s.ID, Name: s.Name, Status: s.Status, TaskState: s.TaskState, VolumeBacked: s.VolumeBacked}
@@ -623,7 +623,7 @@ func (c *Core) volumeRead(now, wall time.Time, n *Record, m *memory, s Step, res
 				// Only the declared host's attachment of this very
 				// instance: never another host's, never another
 				// server's.
-				if a.Host != n.NovaHost || a.Server != "" && a.Server != in.ID {
+				if !sameHost(a.Host, n.NovaHost) || a.Server != "" && a.Server != in.ID {
 					continue
 				}
 				v.Attachments = append(v.Attachments, Attachment{ID: a.ID, Server: a.Server, Host: a.Host})
@@ -804,10 +804,10 @@ func (c *Core) prechecked(now, wall time.Time, n *Record, m *memory, s Step, res
 	}
 	sv := res.Server
 	switch {
-	case strings.EqualFold(sv.Host, n.NovaHost) && sv.TaskState == "":
+	case sameHost(sv.Host, n.NovaHost) && sv.TaskState == "":
 		m.onHost[in.ID] = now
 		return Step{Op: OpIdle, Host: n.Host}
-	case strings.EqualFold(sv.Host, n.NovaHost):
+	case sameHost(sv.Host, n.NovaHost):
 		// A task in flight (an evacuation landed late, ...): what Nova
 		// answers with a 409; follow the migrations.
 		return c.evacuated(now, wall, n, m, s, Result{Kind: ErrConflict, Err: "task_state " + sv.TaskState + " (read before evacuating)"})
@@ -878,7 +878,7 @@ func (c *Core) migrations(now, wall time.Time, n *Record, m *memory, res Result)
 		var mig *Migration
 		for k := range res.Migrations {
 			g := &res.Migrations[k]
-			if g.Instance != in.ID || g.ID <= in.After || g.Source != n.NovaHost || g.Type != "" && g.Type != "evacuation" ||
+			if g.Instance != in.ID || g.ID <= in.After || !sameHost(g.Source, n.NovaHost) || g.Type != "" && g.Type != "evacuation" ||
 				!in.IntentAt.IsZero() && g.Created.Before(in.IntentAt.Add(-MigrationClockSkew)) {
 				continue
 			}
@@ -958,7 +958,7 @@ func (c *Core) serverChecked(now, wall time.Time, n *Record, m *memory, s Step, 
 	switch {
 	case sv.Status == "ERROR" && sv.TaskState == "":
 		return c.attemptFailed(now, wall, n, m, in, "the server is in ERROR on "+orNone(sv.Host)+" after migration "+fmt.Sprint(in.Migration))
-	case sv.Host == "" || sv.Host == n.NovaHost || sv.TaskState != "":
+	case sv.Host == "" || sameHost(sv.Host, n.NovaHost) || sv.TaskState != "":
 		// Not there yet (the rebuild may still start it).
 		if now.Sub(m.requested[in.ID]) > EvacuationSlowAfter && !m.slowSaid[in.ID] {
 			m.slowSaid[in.ID] = true
@@ -981,6 +981,10 @@ func (c *Core) serverChecked(now, wall time.Time, n *Record, m *memory, s Step, 
 	}
 	return write(wall, n, evs...)
 }
+
+// sameHost compares host names as Nova and Cinder do (their MariaDB
+// columns compare without case; the adapter checks them so too).
+func sameHost(a, b string) bool { return a != "" && strings.EqualFold(a, b) }
 
 func orNone(s string) string {
 	if s == "" {
