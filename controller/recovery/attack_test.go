@@ -89,3 +89,38 @@ func TestAttackHostNameCase(t *testing.T) {
 		t.Errorf("NODE1's attachment not removed: %v", s.cloud.calls)
 	}
 }
+
+// Attack (reviewer X1): nova_hosts mapped node1 to the wrong nova-compute
+// host (nodex, alive, its own agent renewing). The recovery forced nodex
+// down; the operator sees it, fixes the mapping and restarts the
+// controller. The new process resumes from the record, which keeps the
+// old NovaHost: it goes on with nodex — lists, detaches and evacuates the
+// servers of a host nobody declared. A record whose nova-compute host is
+// not the configuration's for its lease host must not be continued.
+func TestAttackResumeWithChangedNovaHost(t *testing.T) {
+	cfg := evacuateConfig()
+	cfg.NovaHosts = map[string]string{"node1": "nodex"} // the typo
+	s := newSim(t, cfg)
+	s.cloud.addServer("dead-1", "ACTIVE")
+	s.cloud.addServer("live-1", "ACTIVE", "vol-live")
+	s.cloud.servers["live-1"].Host = "nodex"
+	s.cloud.volumes["vol-live"].Attachments[0].Host = "nodex"
+	s.crashAfterCall = 1 // forced nodex down, then the controller is stopped
+	if s.run(100) {
+		t.Fatalf("no call made: %v", s.cloud.calls)
+	}
+	if s.cloud.calls[0] != "force-down nodex" {
+		t.Fatalf("calls %v", s.cloud.calls)
+	}
+	fixed := evacuateConfig() // node1 is node1 in Nova
+	s.cfg = fixed
+	s.restart()
+	s.crashAfterCall = -1
+	before := len(s.cloud.calls)
+	s.run(300)
+	for _, c := range s.cloud.calls[before:] {
+		if c == "evacuate live-1" || c == "remove-attachment att-vol-live" {
+			t.Fatalf("after the mapping was fixed, the recovery of node1 went on with nodex: %v", s.cloud.calls)
+		}
+	}
+}
