@@ -401,6 +401,13 @@ func (c *Core) Next(now, wall time.Time, host string, l Lease) Step {
 	if c.cfg.Mode != r.Mode {
 		return c.wait(host, now.Add(PollInterval), fmt.Sprintf("started in mode %s by %s; this controller's mode is %s: not continued", r.Mode, r.StartedBy, c.cfg.Mode), &Event{Op: "mode-mismatch"})
 	}
+	if nh := c.cfg.NovaHost(host); !sameHost(r.NovaHost, nh) {
+		// recovery.nova_hosts changed since the recovery started (a wrong
+		// mapping fixed): the record's nova-compute host may be another,
+		// live host. Never continued; the operator decides.
+		return c.wait(host, now.Add(PollInterval), fmt.Sprintf("started for nova-compute host %s; recovery.nova_hosts now maps %s to %s: not continued (check %s — it may be forced down — and delete this record to recover %s afresh)",
+			r.NovaHost, host, nh, r.NovaHost, nh), &Event{Op: "nova-host-changed"})
+	}
 	if w, why := Check(r, l); w != "" {
 		return c.refuse(now, wall, r, w, why)
 	}
