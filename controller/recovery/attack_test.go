@@ -124,3 +124,37 @@ func TestAttackResumeWithChangedNovaHost(t *testing.T) {
 		}
 	}
 }
+
+// Attack (reviewer X1): a recovery stopped with evacuations in flight (the
+// lease came back) keeps them Requested in its record for ever — Stopped,
+// then Done after the release — and InFlight counts every record's, so
+// they hold max_evacuations' budget for good: once a stopped recovery
+// held max_evacuations of them (they are issued back to back), no other
+// host's instance is ever evacuated ("evacuating: 8 in flight").
+func TestAttackStoppedRecoveryHoldsEvacuationBudget(t *testing.T) {
+	cfg := evacuateConfig()
+	cfg.MaxEvacuations = 1
+	s := newSim(t, cfg)
+	s.cloud.addServer("a", "ACTIVE")
+	s.cloud.slow = 1 << 30 // node1's evacuation stays accepted
+	s.afterCall = func(int) {
+		if s.cloud.count("evacuate a") == 1 && s.leases["node1"].State == LeaseExpired {
+			s.back("node1") // the lease comes back mid-recovery
+		}
+	}
+	s.run(200)
+	if r := s.record("node1"); r.Phase != PhaseStopped && r.Phase != PhaseReleasing && r.Phase != PhaseDone {
+		t.Fatalf("node1 %s: %s", r.Phase, r.Reason)
+	}
+	// Later, node3 is declared.
+	s.cloud.slow = 0
+	s.cloud.addServer("b", "ACTIVE")
+	s.cloud.servers["b"].Host = "node3"
+	l := declaredLease("node3")
+	l.Revision = 90
+	s.leases["node3"] = l
+	s.run(500)
+	if n := s.cloud.count("evacuate b"); n != 1 {
+		t.Fatalf("node3's server evacuated %d times; node3: %s (in flight %d); calls %v", n, s.record("node3").Reason, s.core.InFlight(), s.cloud.calls)
+	}
+}
