@@ -236,10 +236,15 @@ func (c *Core) Why(host string) string {
 	return ""
 }
 
-// InFlight returns the evacuations in flight over every host.
+// InFlight returns the evacuations in flight over every host being
+// recovered (a stopped or finished recovery follows nothing: its
+// leftover intents never hold the budget).
 func (c *Core) InFlight() int {
 	n := 0
 	for _, r := range c.recs {
+		if !r.Phase.active() {
+			continue
+		}
 		for _, in := range r.Instances {
 			if in.Evac == Intent || in.Evac == Requested {
 				n++
