@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"testing"
+	"time"
 )
 
 // Attack (reviewer X1): the core evacuates a server only while it is on
@@ -156,5 +157,34 @@ func TestAttackStoppedRecoveryHoldsEvacuationBudget(t *testing.T) {
 	s.run(500)
 	if n := s.cloud.count("evacuate b"); n != 1 {
 		t.Fatalf("node3's server evacuated %d times; node3: %s (in flight %d); calls %v", n, s.record("node3").Reason, s.core.InFlight(), s.cloud.calls)
+	}
+}
+
+// Attack (reviewer X1): the controller's wall clock runs 3 minutes ahead
+// of Nova's (NTP broken on one side). The evacuation's migration is then
+// created "before" intent − MigrationClockSkew and never matched; after
+// IntentSettle the request counts as failed and is retried — an evacuate
+// call for a server that Nova has already rebuilt on node2 (Nova takes
+// it from node2 whenever node2's nova-compute looks down). Whatever the
+// clocks, a server is evacuated once and never from another host; found
+// rebuilt elsewhere, it is done.
+func TestAttackClockSkewNeverReEvacuates(t *testing.T) {
+	s := newSim(t, evacuateConfig())
+	s.cloud.addServer("x", "ACTIVE")
+	s.beforeCall = func(st Step) {
+		s.cloud.wall = s.wall.Add(-3 * time.Minute) // Nova's clock
+		if st.Op == OpEvacuate {
+			if h := s.cloud.servers[st.Server].Host; h != "node1" {
+				t.Errorf("evacuation of %s called while it is on %s (calls %v)", st.Server, h, s.cloud.calls)
+			}
+		}
+	}
+	s.run(500)
+	if n := s.cloud.count("evacuate-call x"); n != 1 {
+		t.Errorf("x: %d evacuate calls: %v", n, s.cloud.calls)
+	}
+	r := s.record("node1")
+	if in := r.Instances[0]; in.Evac != Completed || in.Dest != "node2" {
+		t.Errorf("x %+v, want done on node2 (%s)", in, r.Reason)
 	}
 }
