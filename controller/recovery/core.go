@@ -826,6 +826,13 @@ func (c *Core) prechecked(now, wall time.Time, n *Record, m *memory, s Step, res
 	}
 	delete(m.own, "evac:"+in.ID)
 	delete(m.onHost, in.ID)
+	if sv.Host != "" && sv.TaskState == "" && sv.Status != "ERROR" {
+		// Rebuilt elsewhere (an earlier attempt whose migration was not
+		// matched, clocks apart): done.
+		in.Evac, in.Dest, in.Note = Completed, sv.Host, "found "+sv.Status+" on "+sv.Host+" when about to evacuate it again"
+		n.Reason = "instance " + in.ID + " " + sv.Status + " on " + sv.Host
+		return write(wall, n, Event{Op: "evacuated", Instance: in.ID, Reason: n.Reason + " (" + in.Note + ")"})
+	}
 	in.Evac = Unrecoverable
 	in.Note = "found on " + orNone(sv.Host) + " (" + sv.Status + "), not on the declared host " + n.NovaHost + ": never evacuated from another host; check it"
 	n.Reason = "instance " + in.ID + ": " + in.Note
