@@ -141,3 +141,36 @@ func TestAttackRecoveryNovaHostClaimedByLiveHost(t *testing.T) {
 	}
 	t.Errorf("no refusal said: %+v", events)
 }
+
+// Attack (reviewer X1): a rolling upgrade — a newer controller (record
+// schema 2) was recovering h0 and an older one (schema 1) leads again
+// (the newer one crashed). The older one cannot decode the record; it
+// ignores it, then overwrites it by CAS with a fresh recovery of its own
+// and calls Nova for a host whose progress it cannot read (the newer
+// one's intents, in flight or not, are lost). A record it cannot read
+// must stop it from recovering that host, not be overwritten.
+func TestAttackRecoveryNewerRecordNotOverwritten(t *testing.T) {
+	e := newRecoveryEnv(t)
+	newer := []byte(`{"schema":2,"host":"h0","nova_host":"h0","mode":"evacuate","epoch":1,"phase":"evacuate","started_by":"controller ctl-new, term 9","instances":[{"id":"s-bfv-1","evac":"intent","attempts":1}]}`)
+	rev, err := e.rkv.Create(e.ctx, "h0", newer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var acting atomic.Bool
+	acting.Store(true)
+	var mu sync.Mutex
+	var events []recovery.Event
+	e.runner(t, "ctl-old", &acting, &events, &mu)
+	e.waitDeclared(t)
+	deadline := time.Now().Add(6 * time.Second) // lease_ttl + grace is 3.05 s
+	for time.Now().Before(deadline) {
+		if calls := e.cloud.Calls(); len(calls) > 0 {
+			t.Fatalf("recovered a host whose record it cannot read: %v", calls)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	en, err := e.rkv.Get(e.ctx, "h0")
+	if err != nil || en.Revision() != rev {
+		t.Fatalf("the newer version's record was overwritten: %v %v", en, err)
+	}
+}
