@@ -120,6 +120,10 @@ type RecoveryRunner struct {
 	workers map[string]context.CancelFunc
 	wg      sync.WaitGroup
 	loaded  bool
+	// unreadable: the keys (host tokens) whose record this controller
+	// cannot decode (another version's schema, corrupted), with why: it
+	// neither recovers those hosts nor overwrites their records.
+	unreadable map[string]string
 }
 
 func (r *RecoveryRunner) now() time.Time {
@@ -164,6 +168,11 @@ func (r *RecoveryRunner) Records() ([]recovery.Record, map[string]string) {
 			why[h] = w
 		}
 	}
+	for k, err := range r.unreadable {
+		if h, terr := proto.TokenToHost(k); terr == nil {
+			why[h] = "not recovered: its recovery record is unreadable (another version's, or corrupted; not overwritten — delete the key to recover it afresh): " + err
+		}
+	}
 	return out, why
 }
 
@@ -177,7 +186,7 @@ func (r *RecoveryRunner) InFlight() int {
 // Run runs until ctx ends.
 func (r *RecoveryRunner) Run(ctx context.Context) error {
 	r.mu.Lock()
-	r.revs, r.leases, r.workers = map[string]uint64{}, map[string]recovery.Lease{}, map[string]context.CancelFunc{}
+	r.revs, r.leases, r.workers, r.unreadable = map[string]uint64{}, map[string]recovery.Lease{}, map[string]context.CancelFunc{}, map[string]string{}
 	r.mu.Unlock()
 	defer r.stopWorkers()
 	tick := time.NewTicker(RecoveryTick)
@@ -225,6 +234,7 @@ func (r *RecoveryRunner) load(ctx context.Context) error {
 	}
 	var recs []recovery.Record
 	revs := map[string]uint64{}
+	unreadable := map[string]string{}
 	for k := range keys.Keys() {
 		e, err := r.KV.Get(lctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -235,7 +245,8 @@ func (r *RecoveryRunner) load(ctx context.Context) error {
 		}
 		rec, err := recovery.DecodeRecord(e.Value())
 		if err != nil {
-			r.log().Error("undecodable recovery record: ignored", "key", k, "err", err)
+			r.log().Error("undecodable recovery record (another version's, or corrupted): that host is not recovered by this controller and its record is not overwritten; delete the key to recover it afresh", "key", k, "err", err)
+			unreadable[k] = err.Error()
 			continue
 		}
 		recs = append(recs, rec)
@@ -244,7 +255,7 @@ func (r *RecoveryRunner) load(ctx context.Context) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.Core.Forget()
-	r.revs = revs
+	r.revs, r.unreadable = revs, unreadable
 	for _, rec := range recs {
 		r.Core.Load(rec)
 	}
@@ -280,6 +291,12 @@ func (r *RecoveryRunner) cycle(ctx context.Context, v TrackerView) {
 		if h.State != fencing.LeaseExpired || h.KeyDeleted {
 			continue
 		}
+		if k, err := proto.HostToken(h.Host); err == nil && r.isUnreadable(k) {
+			r.reload(ctx, h.Host, k) // fixed or deleted meanwhile?
+			if r.isUnreadable(k) {
+				continue
+			}
+		}
 		r.mu.Lock()
 		stop, busy := r.workers[h.Host]
 		var st recovery.Step
@@ -304,6 +321,9 @@ func (r *RecoveryRunner) cycle(ctx context.Context, v TrackerView) {
 	defer r.mu.Unlock()
 	for _, h := range r.Core.Hosts() {
 		if _, ok := r.workers[h]; ok || r.Core.Record(h).Phase.Final() {
+			continue
+		}
+		if k, err := proto.HostToken(h); err == nil && r.unreadable[k] != "" {
 			continue
 		}
 		wctx, cancel := context.WithCancel(ctx)
@@ -432,8 +452,12 @@ func (r *RecoveryRunner) write(ctx context.Context, st recovery.Step) bool {
 		return false
 	}
 	r.mu.Lock()
-	rev := r.revs[st.Host]
+	rev, bad := r.revs[st.Host], r.unreadable[k]
 	r.mu.Unlock()
+	if bad != "" {
+		r.log().Error("not acting: the host's recovery record is unreadable (another version's, or corrupted); not overwritten", "host", st.Host, "err", bad)
+		return false
+	}
 	wctx, cancel := context.WithTimeout(ctx, WriteTimeout)
 	var n uint64
 	if rev == 0 {
@@ -471,6 +495,7 @@ func (r *RecoveryRunner) reload(ctx context.Context, host, k string) {
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			r.mu.Lock()
 			r.revs[host] = 0
+			delete(r.unreadable, k)
 			r.mu.Unlock()
 		}
 		return
@@ -479,9 +504,21 @@ func (r *RecoveryRunner) reload(ctx context.Context, host, k string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.revs[host] = e.Revision()
-	if err == nil {
-		r.Core.Load(rec)
+	if err != nil {
+		if r.unreadable[k] == "" {
+			r.log().Error("undecodable recovery record (another version's, or corrupted): that host is not recovered by this controller and its record is not overwritten; delete the key to recover it afresh", "key", k, "err", err)
+		}
+		r.unreadable[k] = err.Error()
+		return
 	}
+	delete(r.unreadable, k)
+	r.Core.Load(rec)
+}
+
+func (r *RecoveryRunner) isUnreadable(k string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.unreadable[k] != ""
 }
 
 // freshLease reads host's lease key now, with the tracker's verdicts.
