@@ -174,3 +174,58 @@ func TestAttackRecoveryNewerRecordNotOverwritten(t *testing.T) {
 		t.Fatalf("the newer version's record was overwritten: %v %v", en, err)
 	}
 }
+
+// Attack (reviewer X1): the agent's host was renamed (h0 → h0-new) without
+// an orderly stop (a crash, then the new configuration): the old key h0
+// is left active, falls silent and is declared, while the same machine —
+// the same boot id, its guests running, Nova still calling it h0 —
+// renews as h0-new. The recovery of h0 forces down and evacuates a live
+// host's servers. A declared host whose boot id another renewing lease
+// host carries is alive under another name: never recovered.
+func TestAttackRecoveryRenamedHostAlive(t *testing.T) {
+	_, _, js := controllertest.JetStream(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	leases, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: fencing.Bucket, History: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rkv, err := controller.EnsureRecoveryBucket(ctx, js, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &natslease.Store{KV: leases}
+	old := controllertest.HostRecord("h0")
+	old.BootID = "5f1c7a2e-0d43-4c1b-9a57-3b0e2f6d8c11"
+	if _, err := st.Write(ctx, "h0", 0, old, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	renamed := controllertest.HostRecord("h0-new")
+	renamed.BootID = old.BootID // the same running machine
+	stop := controllertest.RenewRecord(ctx, st, renamed)
+	defer stop()
+	go controllertest.Renew(ctx, st, "h1", "h2", "h3", "h4")
+	cfg := controller.DefaultConfig()
+	cfg.GuardShare = 0.5
+	tr, err := controller.NewTracker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := &controller.Runner{Store: st, Tracker: tr, Log: quiet(),
+		Signature: func() string { return "declared by controller ctl-a, term 1" }}
+	go run.Run(ctx)
+	e := &recoveryEnv{ctx: ctx, leases: leases, rkv: rkv, st: st, tracker: run, cloud: controllertest.NewRecoveryCloud()}
+	var acting atomic.Bool
+	acting.Store(true)
+	var mu sync.Mutex
+	var events []recovery.Event
+	e.runner(t, "ctl-a", &acting, &events, &mu)
+	e.waitDeclared(t)
+	deadline := time.Now().Add(6 * time.Second) // lease_ttl + grace is 3.05 s
+	for time.Now().Before(deadline) {
+		if calls := e.cloud.Calls(); len(calls) > 0 {
+			t.Fatalf("recovered h0 while its machine renews as h0-new: %v", calls)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
