@@ -284,6 +284,7 @@ func (r *RecoveryRunner) cycle(ctx context.Context, v TrackerView) {
 	for _, h := range hosts {
 		l := leaseOf(v, h)
 		l.SharedNovaHost = strings.Join(cfg.SharedNovaHost(h.Host, names), ", ")
+		l.AliveAs = strings.Join(aliveAs(h, hosts), ", ")
 		r.leases[h.Host] = l
 	}
 	r.mu.Unlock()
@@ -331,6 +332,18 @@ func (r *RecoveryRunner) cycle(ctx context.Context, v TrackerView) {
 		r.wg.Add(1)
 		go r.work(wctx, h)
 	}
+}
+
+// aliveAs returns the other hosts renewing (active, key present) with h's
+// boot id: the same running machine under another lease name.
+func aliveAs(h LeaseView, hosts []LeaseView) []string {
+	var out []string
+	for _, o := range hosts {
+		if o.Host != h.Host && h.BootID != "" && o.BootID == h.BootID && o.State == fencing.LeaseActive && !o.KeyDeleted {
+			out = append(out, o.Host)
+		}
+	}
+	return out
 }
 
 func (r *RecoveryRunner) by() string {

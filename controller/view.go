@@ -31,6 +31,8 @@ type LeaseView struct {
 	// KeyDeleted: the host's key was deleted or purged (never declared;
 	// still counted by the guard until the key is back).
 	KeyDeleted bool `json:"key_deleted,omitempty"`
+	// BootID is the boot id the host's record carries (its kernel's).
+	BootID string `json:"boot_id,omitempty"`
 	// Guard is the guard version and threshold the host's agent names.
 	Guard *fencing.GuardVersion `json:"guard,omitempty"`
 	// FenceState is the agent's fencing state when it wrote the record
@@ -70,7 +72,7 @@ func (t *Tracker) View(now time.Time) TrackerView {
 			Host: name, State: h.rec.State, Epoch: h.rec.Epoch, Revision: h.rev, Backstop: h.rec.Backstop,
 			GraceSeconds: h.grace.Seconds(), LastRenewalSeconds: now.Sub(h.lastSeen).Seconds(),
 			Silent: t.counted(h, now), Refused: h.refused, Reason: h.rec.Reason,
-			KeyDeleted: h.deleted, Guard: h.rec.Guard, FenceState: h.rec.AgentState, AgentVersion: h.rec.AgentVersion,
+			KeyDeleted: h.deleted, BootID: h.rec.BootID, Guard: h.rec.Guard, FenceState: h.rec.AgentState, AgentVersion: h.rec.AgentVersion,
 			Signer:    h.rec.Signer,
 			SilentFor: now.Sub(h.declClock()), Due: h.rec.Timing.LeaseTTL + h.grace,
 		}

@@ -45,6 +45,10 @@ type Lease struct {
 	// SharedNovaHost names the other lease hosts whose nova-compute host
 	// is this host's too (Config.SharedNovaHost): "" when none.
 	SharedNovaHost string
+	// AliveAs names the renewing (active) lease hosts whose record carries
+	// this host's boot id: the same running machine under another name
+	// (renamed): "" when none.
+	AliveAs string
 }
 
 // Why is the kind of a refusal to act.
@@ -79,6 +83,10 @@ const (
 	// does, without case): whose servers they are is ambiguous, and the
 	// other host may be alive.
 	WhyNovaHostShared Why = "nova-host-shared"
+	// WhyAliveAs: another lease host renews with this host's boot id:
+	// the same machine, alive under another name (the agent's host was
+	// renamed): never recovered.
+	WhyAliveAs Why = "alive-under-another-name"
 	// WhyChanged: the lease record is not the declaration the recovery
 	// was started for (released, renewed, withdrawn, deleted, declared
 	// again): the lease came back; no further destructive step.
@@ -148,6 +156,8 @@ func declared(l Lease) (Why, string) {
 		return WhyNotDeclared, fmt.Sprintf("the lease is %s, not declared expired", l.State)
 	case l.Refused != "":
 		return WhyBackstop, "this controller does not accept the host's constants: " + l.Refused
+	case l.AliveAs != "":
+		return WhyAliveAs, "its machine (the same boot id) renews as lease host " + l.AliveAs + ": alive under another name (renamed?), never recovered"
 	case l.SharedNovaHost != "":
 		return WhyNovaHostShared, "its nova-compute host is also that of lease host(s) " + l.SharedNovaHost + " (recovery.nova_hosts): not recovered until the mapping is fixed"
 	case l.Holding:
