@@ -36,8 +36,14 @@ type fleet struct {
 
 func newFleet(t *testing.T) fleet {
 	t.Helper()
+	return newFleetOf(t, []string{"h0", "h1", "h2", "h3"})
+}
+
+// newFleetOf is newFleet for the hosts named (and "ctl").
+func newFleetOf(t *testing.T, hosts []string) fleet {
+	t.Helper()
 	f := fleet{signers: map[string]fencing.Signer{}, ring: &fencing.Keyring{Mode: fencing.SigningRequired, Hosts: map[string][]fencing.PublicKey{}}}
-	for _, n := range []string{"h0", "h1", "h2", "h3", "ctl"} {
+	for _, n := range append(append([]string(nil), hosts...), "ctl") {
 		path := filepath.Join(t.TempDir(), n+".seed")
 		pub, err := keyfile.Generate(path)
 		if err != nil {
@@ -79,6 +85,9 @@ type agentRun struct {
 	fenced  []string
 	alerts  []string
 	running bool
+	// pausedAt: when its domain was first paused; trans: every transition.
+	pausedAt time.Time
+	trans    []string
 }
 
 func (r *agentRun) fencedWhy() []string {
@@ -88,6 +97,14 @@ func (r *agentRun) fencedWhy() []string {
 }
 
 func startAgent(ctx context.Context, t *testing.T, st *natslease.Store, host string, members []string) *agentRun {
+	t.Helper()
+	return startAgentPeers(ctx, t, st, host, members, nil)
+}
+
+// startAgentPeers is startAgent whose agent asks its peers with a real
+// peer.Client (urls: peer → endpoint; a peer without one is unreachable);
+// with urls nil it asks nobody (no answer ever comes).
+func startAgentPeers(ctx context.Context, t *testing.T, st *natslease.Store, host string, members []string, urls map[string]string) *agentRun {
 	t.Helper()
 	cfg := fencing.DefaultConfig(host, "boot-"+host)
 	cfg.Enabled, cfg.HardwareWatchdog = true, true
@@ -102,6 +119,9 @@ func startAgent(ctx context.Context, t *testing.T, st *natslease.Store, host str
 	var apply func(fencing.Ready)
 	apply = func(rd fencing.Ready) {
 		for _, tr := range rd.Transitions {
+			run.mu.Lock()
+			run.trans = append(run.trans, fmt.Sprintf("%s %s->%s %s", time.Now().Format("05.000"), tr.From, tr.To, tr.Reason))
+			run.mu.Unlock()
 			switch tr.To {
 			case fencing.StateFencing, fencing.StateFenced, fencing.StateAwaitingRelease:
 				run.mu.Lock()
@@ -117,6 +137,9 @@ func startAgent(ctx context.Context, t *testing.T, st *natslease.Store, host str
 		for _, u := range rd.Pause {
 			run.mu.Lock()
 			run.running = false
+			if run.pausedAt.IsZero() {
+				run.pausedAt = time.Now()
+			}
 			run.mu.Unlock()
 			apply(a.FenceDone(time.Now(), u, nil))
 		}
@@ -129,6 +152,26 @@ func startAgent(ctx context.Context, t *testing.T, st *natslease.Store, host str
 				case <-ctx.Done():
 				}
 			}()
+		}
+		if r := rd.AskPeers; r != nil && urls != nil {
+			round := *r
+			cl := &peer.Client{Host: host, Secret: fleetSecret, URL: func(p string) string {
+				if u, ok := urls[p]; ok {
+					return u
+				}
+				return "http://127.0.0.1:9" + peer.Path // nothing listens: unreachable
+			}}
+			for _, p := range round.Peers {
+				go func() {
+					actx, cancel := context.WithDeadline(ctx, round.Deadline)
+					ans, _ := cl.Ask(actx, p, round)
+					cancel()
+					select {
+					case results <- func(n time.Time) fencing.Ready { return a.PeerAnswered(n, round.ID, p, ans) }:
+					case <-ctx.Done():
+					}
+				}()
+			}
 		}
 	}
 	apply(rd)

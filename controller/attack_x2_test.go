@@ -1,0 +1,94 @@
+package controller_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/controller/natsperm/natspermtest"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+)
+
+// Reviewer X2's attacks on issue 11 (signed leases, least-privilege
+// NATS), against nats-server started with the shipped permissions
+// (natspermtest): the attacker is compute-1.example.org, connected with
+// its own NKey, holding its own host key.
+
+// permStore opens the lease bucket as user ("role:name") on url and
+// returns who's signing, verifying Store on it.
+func permStore(t *testing.T, url, user string, f fleet, who string) (*natslease.Store, *nats.Conn) {
+	t.Helper()
+	nc := natspermtest.Connect(t, url, user)
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := natslease.EnsureBucket(ctx, js, false)
+	if err != nil {
+		t.Fatalf("%s: %v", user, err)
+	}
+	return &natslease.Store{KV: kv, Signer: f.signers[who], Keys: f.ring}, nc
+}
+
+// TestAgentCannotPurgeLeaseBucket: a compromised compute-1 publishes ONE
+// message to a lease key it may write (relays need every host key) with
+// the header "Nats-Rollup: all". The lease bucket is a KV stream, which
+// allows rollups (KV purge uses them) and so purges every other message of
+// the stream: every host's record, the guard and the leader lock vanish,
+// with no delete markers. compute-3 is dead at that moment: the controller
+// still holds its last record's revision, its declaration (a CAS on it)
+// fails for ever, and compute-3 is never declared. Invariant (c) of issue
+// 11: a node cannot stop the declaration of a dead host other than itself.
+func TestAgentCannotPurgeLeaseBucket(t *testing.T) {
+	url := natspermtest.StartServer(t)
+	hosts := []string{"compute-1.example.org", "compute-2.example.org", "compute-3.example.org"}
+	f := newFleetOf(t, hosts)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dctx, die := context.WithCancel(ctx)
+	for _, h := range hosts {
+		st, _ := permStore(t, url, "agent:"+h, f, h)
+		actx := ctx
+		if h == hosts[2] {
+			actx = dctx
+		}
+		startAgent(actx, t, st, h, hosts)
+	}
+	cst, _ := permStore(t, url, "controller:ctl-1", f, "ctl")
+	ctl := startController(ctx, t, cst)
+	_, anc := permStore(t, url, "agent:"+hosts[0], f, hosts[0])
+	ajs, _ := jetstream.New(anc)
+	time.Sleep(time.Second) // everybody renewing, the guard published
+	if g, err := cst.ReadGuard(ctx); err != nil || g.Version == 0 {
+		t.Fatalf("no guard published before the attack: %+v %v", g, err)
+	}
+
+	die()
+	time.Sleep(50 * time.Millisecond)
+	died := time.Now()
+	// The attack: one publish to a key of the bucket the agent may write.
+	m := nats.NewMsg("$KV." + fencing.Bucket + ".scratch")
+	m.Data = []byte("x")
+	m.Header.Set("Nats-Rollup", "all")
+	if _, err := ajs.PublishMsg(ctx, m); err != nil {
+		t.Logf("the rollup publish was refused: %v", err)
+	}
+	kv := cst.KV
+	for _, k := range []string{fencing.GuardKey, "compute-3_example_org"} {
+		if _, err := kv.Get(ctx, k); err != nil {
+			t.Errorf("after compute-1's rollup, %s: %v", k, err)
+		}
+	}
+	time.Sleep(5 * time.Second) // > lease_ttl + grace (3.05 s at x0.1)
+	if at, ok := ctl.declaredAt(hosts[2]); !ok {
+		ctl.mu.Lock()
+		t.Errorf("dead compute-3 not declared within 5 s of its death after compute-1's rollup; decisions: %v", ctl.decisions)
+		ctl.mu.Unlock()
+	} else {
+		t.Logf("compute-3 declared %.2f s after its death", at.Sub(died).Seconds())
+	}
+}
+
