@@ -18,6 +18,7 @@ import (
 	"hvguard/daemonkit"
 	"hvguard/daemonkit/atomicfile"
 	"hvguard/fencing"
+	"hvguard/fencing/natslease"
 	"hvguard/fencing/watchdog"
 	"hvguard/libvirtx"
 	"hvguard/proto"
@@ -543,4 +544,13 @@ func lockStateDir(dir string) (unlock func(), err error) {
 	_ = f.Truncate(0)
 	_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	return func() { f.Close() }, nil
+}
+
+// securityWarnings are the insecure settings: the configuration's and,
+// once the lease bucket is open, natslease.RollupWarning if it applies.
+func (d *Daemon) securityWarnings() []string {
+	if d.fence == nil || !d.fence.store.rollup.Load() {
+		return d.warnings
+	}
+	return append(append([]string(nil), d.warnings...), natslease.RollupWarning)
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -170,8 +171,13 @@ type leaseStore struct {
 	signer    fencing.Signer
 	keys      *fencing.Keyring
 	onInvalid func(host string, rev uint64, err error)
-	mu        sync.Mutex
-	st        *natslease.Store
+	// log, rollup: once the bucket is open, whether its stream allows
+	// rollups (natslease.WarnRollup: logged at ERROR, listed among the
+	// insecure settings).
+	log    *slog.Logger
+	rollup atomic.Bool
+	mu     sync.Mutex
+	st     *natslease.Store
 }
 
 func (l *leaseStore) get(ctx context.Context, timeout time.Duration) (*natslease.Store, error) {
@@ -198,6 +204,9 @@ func (l *leaseStore) get(ctx context.Context, timeout time.Duration) (*natslease
 	defer l.mu.Unlock()
 	if l.st == nil {
 		l.st = &natslease.Store{KV: kv, Signer: l.signer, Keys: l.keys, OnInvalid: l.onInvalid}
+		if l.log != nil { // off the renewal's path (bounded by natslease.ReadTimeout)
+			go func() { l.rollup.Store(natslease.WarnRollup(context.Background(), js, l.log)) }()
+		}
 	}
 	return l.st, nil
 }

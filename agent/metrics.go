@@ -45,7 +45,7 @@ var (
 	descDropped    = prometheus.NewDesc("hvguard_outbox_events_dropped_total", "Events dropped because the outbox was full (each gap is announced by a gap marker).", nil, nil)
 	descGaps       = prometheus.NewDesc("hvguard_outbox_gap_markers_total", "Gap markers written.", nil, nil)
 	descNatsDenied = prometheus.NewDesc("hvguard_nats_permission_denied_total", "Operations the NATS server refused for lack of permission (each logged at ERROR naming the permission).", nil, nil)
-	descInsecure   = prometheus.NewDesc("hvguard_insecure_settings", "Insecure settings in the configuration (plaintext NATS allowed to a remote server, a password in a NATS URL, verify: false in clouds.yaml); listed by hvguard-agent status and logged at start.", nil, nil)
+	descInsecure   = prometheus.NewDesc("hvguard_insecure_settings", "Insecure settings in the configuration (plaintext NATS allowed to a remote server, a password in a NATS URL, verify: false in clouds.yaml, a lease bucket allowing rollups); listed by hvguard-agent status and logged at start.", nil, nil)
 	descDrift      = prometheus.NewDesc("hvguard_stream_settings_differing", "Settings of the existing HVGUARD_EVENTS stream that differ from hvguard's recommendation (left unchanged, logged at WARN), by risky (true: can cost events or duplicates).", []string{"risky"}, nil)
 
 	// Classification (only with classification.enabled).
@@ -163,7 +163,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	counter(descEventsIn, s.EventsIn.Load())
 	counter(descNatsDenied, d.natsStats.PermissionDenied.Load())
-	gauge(descInsecure, float64(len(d.warnings)))
+	gauge(descInsecure, float64(len(d.securityWarnings())))
 	for i, t := range transitions {
 		counter(descReports, s.Reports[i].Load(), string(t))
 	}

@@ -169,7 +169,7 @@ type StopsStatus struct {
 // counters and the state files only).
 func (d *Daemon) status() Status {
 	st := Status{Source: "agent", Host: d.cfg.Host, Version: Version, PID: os.Getpid(), StartedAt: d.started,
-		Now: time.Now(), ReconcileEnabled: d.cfg.Reconcile.Enabled, Insecure: d.warnings}
+		Now: time.Now(), ReconcileEnabled: d.cfg.Reconcile.Enabled, Insecure: d.securityWarnings()}
 	st.NATS = &ConnStatus{Connected: d.nc.IsConnected(), Endpoint: d.cfg.NATS.URL()}
 	if u := d.nc.ConnectedUrlRedacted(); u != "" {
 		st.NATS.Endpoint = u

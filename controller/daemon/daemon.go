@@ -96,6 +96,18 @@ type Daemon struct {
 	m                           counters
 	natsStats                   delivery.ConnStats
 	warnings                    []string // cfg.SecurityWarnings()
+	// rollup: the lease bucket's stream allows rollups
+	// (natslease.RollupWarning), checked once the bucket is open.
+	rollup atomic.Bool
+}
+
+// securityWarnings are the insecure settings: the configuration's and,
+// once the bucket is open, natslease.RollupWarning if it applies.
+func (d *Daemon) securityWarnings() []string {
+	if !d.rollup.Load() {
+		return d.warnings
+	}
+	return append(append([]string(nil), d.warnings...), natslease.RollupWarning)
 }
 
 // Run starts the controller and blocks until ctx is cancelled (SIGTERM);
@@ -145,6 +157,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	if err != nil {
 		return nil // ctx ended while waiting: a clean stop
 	}
+	d.rollup.Store(natslease.WarnRollup(ctx, js, log))
 	recCore, err := recovery.New(cfg.Recovery.Core())
 	if err != nil {
 		return err

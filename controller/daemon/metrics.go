@@ -106,7 +106,7 @@ var (
 	descUnrecoverable    = prometheus.NewDesc("hvguard_controller_instances_unrecoverable", "Instances of the recoveries held that could not be recovered (reported; need a human).", nil, nil)
 	descNatsUp           = prometheus.NewDesc("hvguard_controller_nats_connected", "1 when the NATS connection is up.", nil, nil)
 	descNatsDenied       = prometheus.NewDesc("hvguard_controller_nats_permission_denied_total", "Operations the NATS server refused for lack of permission (each logged at ERROR naming the permission).", nil, nil)
-	descInsecure         = prometheus.NewDesc("hvguard_controller_insecure_settings", "Insecure settings in the configuration (plaintext NATS allowed to a remote server, a password in a NATS URL, verify: false in clouds.yaml); listed in the status.", nil, nil)
+	descInsecure         = prometheus.NewDesc("hvguard_controller_insecure_settings", "Insecure settings in the configuration (plaintext NATS allowed to a remote server, a password in a NATS URL, verify: false in clouds.yaml, a lease bucket allowing rollups); listed in the status.", nil, nil)
 )
 
 type collector struct{ d *Daemon }
@@ -123,7 +123,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	g(descNatsUp, b2f(d.nc.IsConnected()))
 	ctr(descNatsDenied, int64(d.natsStats.PermissionDenied.Load()))
-	g(descInsecure, float64(len(d.warnings)))
+	g(descInsecure, float64(len(d.securityWarnings())))
 	ctr(descLeaderChanges, d.m.leaderChanges.Load())
 	ctr(descDeclarations, d.m.declared.Load(), "written")
 	ctr(descDeclarations, d.m.declareFailed.Load(), "failed")

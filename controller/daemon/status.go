@@ -160,7 +160,7 @@ func (d *Daemon) events(host string) (*EventsStatus, *HostDetail) {
 func (d *Daemon) status(host string) (Status, error) {
 	now := d.now()
 	st := Status{ID: d.cfg.ID, Version: Version, Role: "standby", NATSConnected: d.nc.IsConnected(),
-		UptimeSeconds: now.Sub(d.start).Seconds(), Health: "ok", Insecure: d.warnings}
+		UptimeSeconds: now.Sub(d.start).Seconds(), Health: "ok", Insecure: d.securityWarnings()}
 	if err := d.healthy(); err != nil {
 		st.Health = err.Error()
 	}

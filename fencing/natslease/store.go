@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"time"
 
@@ -47,13 +48,62 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, create bool) (jet
 		return kv, nil
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
-		return nil, fmt.Errorf("lease bucket %s: %w (provision it with: nats kv add %s --history 1 --storage file --replicas 3)", fencing.Bucket, err, fencing.Bucket)
+		return nil, fmt.Errorf("lease bucket %s: %w (provision it with: nats kv add %s --history 1 --storage file --replicas 3 && nats stream edit %s --no-allow-rollup)", fencing.Bucket, err, fencing.Bucket, StreamName)
 	}
-	kv, err = js.CreateKeyValue(ctx, BucketConfig(1))
+	return CreateBucket(ctx, js, 1)
+}
+
+// StreamName is the lease bucket's stream.
+const StreamName = "KV_" + fencing.Bucket
+
+// RollupWarning is said (log at ERROR, status, the insecure-settings
+// metric) by a daemon that finds rollups allowed on the lease bucket's
+// stream: any writer of a lease key (every agent) can then purge every
+// record, the guard and the leader lock with one "Nats-Rollup: all"
+// publish, and a dead host's declaration (a CAS on its last revision)
+// fails for ever.
+const RollupWarning = "lease bucket " + fencing.Bucket + " allows rollups: one 'Nats-Rollup: all' publish by any agent purges every lease (fix: nats stream edit " + StreamName + " --no-allow-rollup)"
+
+// CreateBucket creates the lease bucket (BucketConfig(replicas)) and then
+// forbids rollups on its stream (a KV stream allows them: KV purge uses
+// them; the lease bucket never purges). KV create, update and delete still
+// work; a rollup or a KV purge is refused by the server (10111).
+func CreateBucket(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
+	kv, err := js.CreateKeyValue(ctx, BucketConfig(replicas))
 	if err != nil {
 		return nil, fmt.Errorf("lease bucket %s: create: %w", fencing.Bucket, err)
 	}
+	if err := DisallowRollup(ctx, js); err != nil {
+		return nil, err
+	}
 	return kv, nil
+}
+
+// DisallowRollup sets AllowRollup false on the lease bucket's stream.
+func DisallowRollup(ctx context.Context, js jetstream.JetStream) error {
+	st, err := js.Stream(ctx, StreamName)
+	if err != nil {
+		return fmt.Errorf("lease bucket %s: stream %s: %w", fencing.Bucket, StreamName, err)
+	}
+	cfg := st.CachedInfo().Config
+	if !cfg.AllowRollup {
+		return nil
+	}
+	cfg.AllowRollup = false
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("lease bucket %s: forbid rollups (allow_rollup_hdrs false) on %s: %w", fencing.Bucket, StreamName, err)
+	}
+	return nil
+}
+
+// RollupAllowed reports whether the lease bucket's stream allows rollups
+// (RollupWarning).
+func RollupAllowed(ctx context.Context, js jetstream.JetStream) (bool, error) {
+	st, err := js.Stream(ctx, StreamName)
+	if err != nil {
+		return false, fmt.Errorf("lease bucket %s: stream %s: %w", fencing.Bucket, StreamName, err)
+	}
+	return st.CachedInfo().Config.AllowRollup, nil
 }
 
 // Store reads and writes the lease bucket.
@@ -379,4 +429,24 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 			}
 		}
 	}
+}
+
+// WarnRollup is what both daemons do once the lease bucket is open: when
+// its stream allows rollups it logs RollupWarning at ERROR and returns
+// true (the daemon lists it among its insecure settings: status, metric,
+// alert). It never refuses to run: an agent refusing the bucket would
+// fence, a controller refusing it would declare nobody — both worse than
+// the hole. An error reading the stream is logged and reported as false.
+func WarnRollup(ctx context.Context, js jetstream.JetStream, log *slog.Logger) bool {
+	cctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	defer cancel()
+	allowed, err := RollupAllowed(cctx, js)
+	if err != nil {
+		log.Warn("cannot check the lease bucket's rollup setting", "err", err)
+		return false
+	}
+	if allowed {
+		log.Error("insecure lease bucket", "warning", RollupWarning)
+	}
+	return allowed
 }

@@ -87,7 +87,7 @@ func StartServer(t testing.TB) string {
 	if _, err := j.CreateStream(ctx, delivery.StreamConfig(1)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := j.CreateKeyValue(ctx, natslease.BucketConfig(1)); err != nil {
+	if _, err := natslease.CreateBucket(ctx, j, 1); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := controller.EnsureRecoveryBucket(ctx, j, true); err != nil {
