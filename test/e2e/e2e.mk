@@ -19,27 +19,46 @@ E2E_OS := test/e2e/openstack
 # 2. Issue 6 (test/e2e/classify/run.sh, the e2e-classify target below):
 #    node3 with the libvirt driver, the reboot storm over E2E_STORM_GUESTS
 #    real QEMU/TCG guests; run.sh stops node3 again if it started it.
+# 3. Issue 13 (test/e2e/recovery, the e2e-recovery target below): node1's
+#    agent and the real hvguard-controller binary recover 2 BFV
+#    (multiattach=False) + 1 ephemeral servers of a powered-off node1 —
+#    mode evacuate with faults (Cinder down mid-recovery, the leader
+#    SIGKILLed after its first evacuation, a node2 attachment that must
+#    stay), node1's return and release; the lease back mid-recovery; mode
+#    masakari against the real Masakari.
 #
+# The cloud comes up with Masakari (HVG_OS_MASAKARI=1) and the engine's
+# wait_period_after_service_update at E2E_MASAKARI_WAIT s (upstream: 180;
+# make bench measures Masakari at its defaults).
 # HVG_E2E_REQUIRE=1 makes a missing harness a failure instead of a skip.
 # Both scenarios run even if the first fails; the exit status is the
 # first failure's.
 E2E_SERVERS ?= 10
-e2e: ## up the OpenStack harness once, run the issue 4 rejoin-reconciliation scenario (whole agent, fencing, real Nova) and the issue 6 reboot storm (real libvirt-driver guests), down (only what it started)
+E2E_MASAKARI_WAIT ?= 15
+e2e: ## up the OpenStack harness once, run the issue 4 rejoin-reconciliation scenario (whole agent, fencing, real Nova), the issue 6 reboot storm (real libvirt-driver guests) and the issue 13 host recovery (BFV, Cinder, Masakari), down (only what it started)
 	@was_up=0; st="$$(bash $(E2E_OS)/ctl.sh status 2>/dev/null || true)"; grep -q '^nova-api running' <<<"$$st" && was_up=1; \
 	t0=$$(date +%s); rc=0; \
-	if bash $(E2E_OS)/up.sh; then \
+	if HVG_OS_MASAKARI=1 HVG_OS_MASAKARI_WAIT=$(E2E_MASAKARI_WAIT) bash $(E2E_OS)/up.sh; then \
 		t1=$$(date +%s); \
 		HVG_E2E_REQUIRE=1 HVG_E2E_SERVERS="$(E2E_SERVERS)" $(GO) test -tags e2e -count=1 -v -timeout 60m -run TestAgentReconcileE2E ./test/e2e/agent/ || rc=$$?; \
 		t2=$$(date +%s); \
 		$(MAKE) --no-print-directory e2e-classify || { r=$$?; [ $$rc != 0 ] || rc=$$r; }; \
+		t5=$$(date +%s); \
+		$(MAKE) --no-print-directory e2e-recovery || { r=$$?; [ $$rc != 0 ] || rc=$$r; }; \
 	else rc=1; fi; \
 	t3=$$(date +%s); \
 	if [ $$was_up = 0 ] && [ "$${HVG_OS_KEEP:-0}" != 1 ]; then bash $(E2E_OS)/down.sh || rc=$$?; else echo "leaving the cloud up (was up before, or HVG_OS_KEEP=1)"; fi; \
 	t4=$$(date +%s); \
-	echo "e2e: up $$(( $${t1:-$$t3} - t0 )) s, reconcile $$(( $${t2:-$$t3} - $${t1:-$$t3} )) s, storm $$(( t3 - $${t2:-$$t3} )) s, down $$(( t4 - t3 )) s, total $$(( t4 - t0 )) s, rc=$$rc"; \
+	echo "e2e: up $$(( $${t1:-$$t3} - t0 )) s, reconcile $$(( $${t2:-$$t3} - $${t1:-$$t3} )) s, storm $$(( $${t5:-$$t3} - $${t2:-$$t3} )) s, recovery $$(( t3 - $${t5:-$$t3} )) s, down $$(( t4 - t3 )) s, total $$(( t4 - t0 )) s, rc=$$rc"; \
 	exit $$rc
 
-e2e-openstack-up: ## start the real OpenStack e2e cloud (keystone, placement, glance, Nova, computes node1+node2) in /var/tmp/hvguard-e2e
+# The issue 13 scenarios on a running cloud (make e2e runs it after the
+# storm): test/e2e/recovery, see its package doc and the comment above.
+.PHONY: e2e-recovery
+e2e-recovery: ## on the running harness: issue 13 host recovery (real hvguard-controller, BFV multiattach=False, faults, Masakari mode)
+	HVG_E2E_REQUIRE=1 GO=$(GO) $(GO) test -tags e2e -count=1 -v -timeout 20m ./test/e2e/recovery/
+
+e2e-openstack-up: ## start the real OpenStack e2e cloud (keystone, placement, glance, Nova, Cinder, computes node1+node2; HVG_OS_MASAKARI=1: Masakari) in /var/tmp/hvguard-e2e
 	bash $(E2E_OS)/up.sh
 
 e2e-openstack-down: ## stop the OpenStack e2e cloud (keeps its data; e2e-openstack-purge removes it)
@@ -89,7 +108,13 @@ BENCH_STORM_GUESTS ?= 30
 e2e-classify: ## as root: Nova reboot storm on real libvirt-driver guests, classified vs plain agent (E2E_STORM_GUESTS, default 30)
 	HVG_STORM_GUESTS=$(E2E_STORM_GUESTS) GO=$(GO) bash test/e2e/classify/run.sh
 
-bench: bench-classify
+bench: bench-classify bench-recovery
+# Issue 13 (docs/BENCHMARKS.md): hvguard vs Masakari on the same harness and
+# servers, each at its defaults (test/e2e/recovery/bench.sh, ~7 min).
+.PHONY: bench-recovery
+bench-recovery: ## as root: host recovery partition → BFV ACTIVE elsewhere, hvguard (default settings) vs Masakari (defaults), split by phase; skipped when not root
+	@if [ "$$(id -u)" != 0 ]; then echo "bench-recovery: skipped (needs root: the OpenStack harness)"; \
+	else GO=$(GO) bash test/e2e/recovery/bench.sh; fi
 bench-classify: ## as root: the full storm (BENCH_STORM_GUESTS, default 30) for docs/BENCHMARKS.md; skipped when not root
 	@if [ "$$(id -u)" != 0 ]; then echo "bench-classify: skipped (needs root: libvirtd, nova-compute, packages)"; \
 	else HVG_STORM_GUESTS=$(BENCH_STORM_GUESTS) GO=$(GO) bash test/e2e/classify/run.sh; fi

@@ -10,8 +10,6 @@ package agente2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -36,6 +34,7 @@ import (
 	"hvguard/openstack"
 	"hvguard/proto"
 	"hvguard/reconcile"
+	"hvguard/test/e2e/e2ekit"
 	"hvguard/test/e2e/openstack/osharness"
 	"hvguard/test/netcut"
 )
@@ -55,13 +54,6 @@ const (
 	// keepOnNode1 servers stay on node1 (never evacuated).
 	keepOnNode1 = 2
 )
-
-func testLog(t *testing.T) *slog.Logger {
-	if os.Getenv("HVG_TEST_LOG") != "" {
-		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
 
 // harnessClouds returns the harness's clouds.yaml, skipping (or, under
 // make e2e, failing) when it is absent.
@@ -351,7 +343,7 @@ func rejoinStep(t *testing.T, ctx context.Context, h *osharness.Harness, step fu
 	fenceConfig(t, &cfg)
 	fence := newFenceLog()
 	stop := runAgentOpts(t, cfg, agent.Options{
-		OnFenceTransition: fence.add,
+		OnFenceTransition: fence.Add,
 		ResetHost:         func() error { t.Error("fencing escalated to a host reset"); return nil },
 	})
 	st := status(t, state)
@@ -361,7 +353,7 @@ func rejoinStep(t *testing.T, ctx context.Context, h *osharness.Harness, step fu
 
 	link.Blackhole(true)
 	cut := time.Now()
-	fenced := fence.wait(t, fencing.StateFenced, cut, time.Minute)
+	fenced := fence.Wait(t, fencing.StateFenced, cut, time.Minute)
 	expectStates(t, c, "paused", append(slices.Clone(evacuated), kept...)...)
 	t.Logf("NATS cut → fenced (all domains paused) in %.2f s", fenced.Sub(cut).Seconds())
 	step("stop nova-compute on node1", func() error { return h.StopCompute(ctx, "node1") })
@@ -370,14 +362,14 @@ func rejoinStep(t *testing.T, ctx context.Context, h *osharness.Harness, step fu
 
 	link.Blackhole(false)
 	healed := time.Now()
-	renewed := fence.wait(t, fencing.StateRejoining, healed, time.Minute)
+	renewed := fence.Wait(t, fencing.StateRejoining, healed, time.Minute)
 	last := waitOff(t, c, evacuated, failDestroy)
 	took := last.Sub(renewed)
 	// Healthy again after the rejoin (not the start's transition to
 	// healthy): fencing leaves rejoining only once the reconciliation
 	// returned, after it wrote its report. The copies are off before that
 	// (the runner marks them and the report is written after the destroys).
-	fence.wait(t, fencing.StateHealthy, renewed, time.Minute)
+	fence.Wait(t, fencing.StateHealthy, renewed, time.Minute)
 	st = reportSince(t, state, healed, time.Minute)
 	t.Logf("rejoin: lease renewed → last of %d evacuated duplicates destroyed: %v (reconciliation %v, %d API calls: %d evacuation records, %d candidates, %d destinations listed, %d lookups)",
 		len(evacuated), took.Round(time.Millisecond), st.Report.FinishedAt.Sub(st.Report.StartedAt).Round(time.Millisecond),
@@ -432,81 +424,6 @@ func lookupBaseline(t *testing.T, ctx context.Context, clouds string, evacuated 
 		len(evacuated), perServer.Round(time.Millisecond), perServerCalls, len(listed), listing.Round(time.Millisecond), listingCalls)
 }
 
-// fenceConfig turns fencing on with ×0.1 timing (fenced ~1 s after the
-// cut) and no peers (nobody listens at the peer URL: a cut-off host hears
-// from no peer, as a really isolated one would).
-func fenceConfig(t *testing.T, cfg *agent.Config) {
-	t.Helper()
-	secret := filepath.Join(t.TempDir(), "peer.secret")
-	if err := os.WriteFile(secret, []byte("e2e-test-shared-peer-secret\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	f := &cfg.Fence
-	f.Enabled, f.Action, f.AllowReset = true, "pause", true
-	f.PeerSecretFile, f.PeerListen, f.PeerURL = secret, "127.0.0.1:0", "http://127.0.0.1:9/{host}"
-	f.RuntimeDir = t.TempDir() // never the machine's /run/hvguard
-	f.RenewInterval = agent.Duration(200 * time.Millisecond)
-	f.RenewTimeout = agent.Duration(200 * time.Millisecond)
-	f.PeerTimeout = agent.Duration(300 * time.Millisecond)
-	f.FenceDeadline = agent.Duration(500 * time.Millisecond)
-	f.LeaseTTL = agent.Duration(1500 * time.Millisecond)
-	f.HeldRecheck = agent.Duration(500 * time.Millisecond)
-	f.MembersRefresh = agent.Duration(500 * time.Millisecond)
-	cfg.ShutdownTimeout = agent.Duration(time.Second)
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// fenceLog records the agent's fence-state transitions.
-type fenceLog struct {
-	mu    sync.Mutex
-	trans []fencing.Transition
-	at    []time.Time
-}
-
-func newFenceLog() *fenceLog { return &fenceLog{} }
-
-func (l *fenceLog) add(tr fencing.Transition) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.trans, l.at = append(l.trans, tr), append(l.at, time.Now())
-}
-
-// wait returns when the agent first entered state to at or after since
-// (wall clock at the callback), failing after timeout. since matters: the
-// agent went starting → healthy at its start, long before a rejoin.
-func (l *fenceLog) wait(t *testing.T, to fencing.State, since time.Time, timeout time.Duration) time.Time {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		l.mu.Lock()
-		for i, tr := range l.trans {
-			if tr.To == to && !l.at[i].Before(since) {
-				at := l.at[i]
-				l.mu.Unlock()
-				return at
-			}
-		}
-		l.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatalf("fencing never reached %s within %v: %s", to, timeout, l)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// String lists the transitions with their times.
-func (l *fenceLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var b strings.Builder
-	for i, tr := range l.trans {
-		fmt.Fprintf(&b, "\n  %s %s → %s (%s)", l.at[i].Format("15:04:05.000"), tr.From, tr.To, tr.Reason)
-	}
-	return b.String()
-}
-
 func checkTarget(t *testing.T, what string, took time.Duration) {
 	t.Helper()
 	switch {
@@ -514,203 +431,6 @@ func checkTarget(t *testing.T, what string, took time.Duration) {
 		t.Errorf("%s → last duplicate destroyed took %v (broken: > %v; target ≤ %v)", what, took, failDestroy, targetDestroy)
 	case took > targetDestroy:
 		t.Logf("TARGET MISSED: %s → last duplicate destroyed took %v (target ≤ %v)", what, took, targetDestroy)
-	}
-}
-
-func config(t *testing.T, natsURL, state, clouds string) agent.Config {
-	t.Helper()
-	cfg := agent.DefaultConfig()
-	cfg.Host = "node1"
-	cfg.StateDir = state
-	cfg.Libvirt.URI = "test:///default"
-	cfg.NATS.URLs = []string{natsURL}
-	cfg.NATS.ReadyTimeout = agent.Duration(2 * time.Second)
-	cfg.Metrics.Listen = ""
-	cfg.Status.Socket = ""
-	cfg.Reconcile.Enabled = true
-	cfg.Reconcile.Interval = agent.Duration(periodicInterval)
-	cfg.OpenStack.Cloud = osharness.CloudName
-	cfg.OpenStack.CloudsFile = clouds
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	return cfg
-}
-
-// runAgent runs agent.Run and waits until it is ready (the start
-// reconciliation is done by then). stop cancels it and waits.
-func runAgent(t *testing.T, cfg agent.Config) (stop func() error) {
-	t.Helper()
-	return runAgentOpts(t, cfg, agent.Options{})
-}
-
-// runAgentOpts is runAgent with options (opts.Ready is set here).
-func runAgentOpts(t *testing.T, cfg agent.Config, opts agent.Options) (stop func() error) {
-	t.Helper()
-	ready := make(chan struct{})
-	opts.Ready = ready
-	stop, done := startAgent(t, cfg, opts)
-	select {
-	case <-ready:
-	case err := <-done:
-		t.Fatalf("agent exited before ready: %v", err)
-	case <-time.After(2 * time.Minute):
-		t.Fatal("agent not ready after 2 min")
-	}
-	return stop
-}
-
-// runAgentAsync starts agent.Run without waiting.
-func runAgentAsync(t *testing.T, cfg agent.Config) (stop func() error) {
-	stop, _ = startAgent(t, cfg, agent.Options{})
-	return stop
-}
-
-func startAgent(t *testing.T, cfg agent.Config, opts agent.Options) (stop func() error, done chan error) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done = make(chan error, 1)
-	go func() { done <- agent.Run(ctx, cfg, testLog(t), opts) }()
-	var once sync.Once
-	var err error
-	stop = func() error {
-		once.Do(func() {
-			cancel()
-			select {
-			case err = <-done:
-			case <-time.After(time.Minute):
-				err = fmt.Errorf("agent did not stop within a minute")
-			}
-		})
-		return err
-	}
-	t.Cleanup(func() { _ = stop() })
-	return stop, done
-}
-
-func status(t *testing.T, state string) agent.ReconcileStatus {
-	t.Helper()
-	st, err := agent.ReadReconcileStatus(state)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return st
-}
-
-// reportSince polls the status file until it holds a reconciliation that
-// started at or after since: the domains a run destroys are off before it
-// writes its report (it marks them first), so the file read right after
-// they went off may still show the previous run.
-func reportSince(t *testing.T, state string, since time.Time, timeout time.Duration) agent.ReconcileStatus {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		st, err := agent.ReadReconcileStatus(state)
-		if err == nil && !st.Report.StartedAt.Before(since) {
-			return st
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no reconciliation report since %s within %v: last %s (err %v)",
-				since.Format("15:04:05.000"), timeout, st.Report.Summary(), err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func libvirtConn(t *testing.T) *libvirtx.Conn {
-	t.Helper()
-	c, err := libvirtx.Dial(context.Background(), libvirtx.DefaultConfig("test:///default"), testLog(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for range c.Events() {
-		}
-	}()
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-func defineNova(t *testing.T, c *libvirtx.Conn, name, uuid string) {
-	meta := fmt.Sprintf(`  <metadata>
-    <nova:instance xmlns:nova=%q>
-      <nova:package version="26.2.2"/>
-      <nova:name>%s</nova:name>
-    </nova:instance>
-  </metadata>
-</domain>`, reconcile.NovaNamespace, name)
-	defineDomain(t, c, strings.Replace(libvirtx.TestDomainXML(name, uuid), "</domain>", meta, 1), uuid)
-}
-
-func defineDomain(t *testing.T, c *libvirtx.Conn, xml, uuid string) {
-	t.Helper()
-	ctx := context.Background()
-	if _, err := c.DefineXML(ctx, xml); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Start(ctx, uuid); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = c.Destroy(context.Background(), uuid)
-		_ = c.Undefine(context.Background(), uuid)
-	})
-}
-
-func expectStates(t *testing.T, c *libvirtx.Conn, want string, uuids ...string) {
-	t.Helper()
-	for _, u := range uuids {
-		st, err := c.State(context.Background(), u)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if st.String() != want {
-			t.Errorf("domain %s: %s, want %s", u, st, want)
-		}
-	}
-}
-
-// waitStates polls until every uuid is in state want.
-func waitStates(t *testing.T, c *libvirtx.Conn, want string, timeout time.Duration, uuids ...string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for _, u := range uuids {
-		for {
-			st, err := c.State(context.Background(), u)
-			if err == nil && st.String() == want {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("domain %s: %v %v after %v, want %s", u, st, err, timeout, want)
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
-}
-
-// waitOff polls until every uuid is off and returns when the last one was
-// first seen off.
-func waitOff(t *testing.T, c *libvirtx.Conn, uuids []string, timeout time.Duration) time.Time {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	left := map[string]bool{}
-	for _, u := range uuids {
-		left[u] = true
-	}
-	for {
-		now := time.Now()
-		for u := range left {
-			st, err := c.State(context.Background(), u)
-			if err == nil && st.Off() {
-				delete(left, u)
-			}
-		}
-		if len(left) == 0 {
-			return now
-		}
-		if now.After(deadline) {
-			t.Fatalf("%d of %d evacuated duplicates still not off after %v", len(left), len(uuids), timeout)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -822,3 +542,23 @@ func unlimitedQuota(t *testing.T, ctx context.Context, h *osharness.Harness) fun
 		}
 	}
 }
+
+// The agent, fencing and libvirt helpers live in test/e2e/e2ekit (shared
+// with test/e2e/recovery); these names keep the scenario above readable.
+var (
+	testLog       = e2ekit.Log
+	fenceConfig   = e2ekit.FenceConfig
+	newFenceLog   = e2ekit.NewFenceLog
+	config        = e2ekit.AgentConfig
+	runAgent      = e2ekit.RunAgent
+	runAgentOpts  = e2ekit.RunAgentOpts
+	runAgentAsync = e2ekit.RunAgentAsync
+	status        = e2ekit.Status
+	reportSince   = e2ekit.ReportSince
+	libvirtConn   = e2ekit.LibvirtConn
+	defineNova    = e2ekit.DefineNova
+	defineDomain  = e2ekit.DefineDomain
+	expectStates  = e2ekit.ExpectStates
+	waitStates    = e2ekit.WaitStates
+	waitOff       = e2ekit.WaitOff
+)

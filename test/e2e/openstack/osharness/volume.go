@@ -339,3 +339,54 @@ func (h *Harness) MasakariNotificationStatus(ctx context.Context, id string) (st
 	err = doOn(ctx, c, "GET", "/notifications/"+id, nil, &out, 200)
 	return out.Notification.Status, err
 }
+
+// MasakariMaintenance sets on_maintenance of host in the segment
+// MasakariSegment: Masakari's engine puts a host it recovered into
+// maintenance, and ignores notifications for a host in maintenance.
+func (h *Harness) MasakariMaintenance(ctx context.Context, host string, on bool) error {
+	c, err := h.Masakari()
+	if err != nil {
+		return err
+	}
+	var segs struct {
+		Segments []struct{ UUID, Name string } `json:"segments"`
+	}
+	if err := doOn(ctx, c, "GET", "/segments", nil, &segs, 200); err != nil {
+		return err
+	}
+	for _, s := range segs.Segments {
+		if s.Name != MasakariSegment {
+			continue
+		}
+		var hosts struct {
+			Hosts []struct{ UUID, Name string } `json:"hosts"`
+		}
+		if err := doOn(ctx, c, "GET", "/segments/"+s.UUID+"/hosts", nil, &hosts, 200); err != nil {
+			return err
+		}
+		for _, x := range hosts.Hosts {
+			if x.Name == host {
+				return doOn(ctx, c, "PUT", "/segments/"+s.UUID+"/hosts/"+x.UUID, map[string]any{"host": map[string]any{"on_maintenance": on}}, nil, 200)
+			}
+		}
+	}
+	return fmt.Errorf("no host %s in masakari segment %s", host, MasakariSegment)
+}
+
+// EnableCompute sets host's nova-compute service status to disabled and
+// back to enabled (mv 2.53). Masakari disables the service of a host it
+// recovers; Nova keeps the COMPUTE_STATUS_DISABLED trait in placement, and
+// boots there get NoValidHost, until the service is re-enabled with its
+// nova-compute up (shared/reference/openstack.md).
+func (h *Harness) EnableCompute(ctx context.Context, host string) error {
+	id, err := h.ComputeServiceID(ctx, host)
+	if err != nil {
+		return err
+	}
+	for _, st := range []string{"disabled", "enabled"} {
+		if err := h.do(ctx, "PUT", MVForcedDown, "/os-services/"+id, map[string]any{"status": st}, nil, 200); err != nil {
+			return err
+		}
+	}
+	return nil
+}
