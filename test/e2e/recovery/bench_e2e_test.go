@@ -68,6 +68,9 @@ func TestMasakariBench(t *testing.T) {
 		t.Fatalf("Masakari: %v", err)
 	}
 	t.Cleanup(r.undoMasakari)
+	if err := r.h.MasakariMaintenance(r.ctx, "node1", false); err != nil {
+		t.Fatal(err)
+	}
 	r.step("stop nova-compute on node1 (power-off)", func() error { return r.h.StopCompute(r.ctx, "node1") })
 	t0 := time.Now()
 	id, err := r.h.MasakariHostNotification(r.ctx, "node1", t0.UTC().Format("2006-01-02T15:04:05"))

@@ -46,11 +46,11 @@ const (
 	// this long after the partition: far beyond the 60 s target,
 	// so only a broken recovery (not a loaded machine) trips it.
 	recoverBound = 4 * time.Minute
-	// cinderOutage is how long cinder-api is stopped when the recovery
-	// starts (fault: Cinder unreachable mid-recovery): long enough for the
-	// first attachment removal to fail, shorter than the retries' backoff
-	// sum (10 s + 20 s), so a retry succeeds.
-	cinderOutage = 8 * time.Second
+	// cinderOutage is how long cinder-api stays stopped after the
+	// recovery started (fault: Cinder unreachable mid-recovery): the first
+	// attachment removals fail; cinder-api is back (its start takes ~5 s)
+	// before the second attempt, 10 s (retry_base) later.
+	cinderOutage = 2 * time.Second
 )
 
 // rig is one scenario's cloud, NATS, node1's agent and controllers.
@@ -210,14 +210,14 @@ func (r *rig) cleanup() {
 	defer cancel()
 	h := r.h
 	_, _ = h.Ctl(ctx, "start", "cinder-api")
+	// node1's nova-compute must run before the deletes: a just-stopped
+	// compute still looks up for 60 s, and Nova would send it the delete
 	if _, fd, err := h.ComputeState(ctx, "node1"); err == nil && fd {
 		if err := h.RestoreHost(ctx, "node1"); err != nil {
 			r.t.Errorf("cleanup: restore node1: %v", err)
 		}
-	} else if st, _, _ := h.ComputeState(ctx, "node1"); st != "up" {
-		if err := h.StartCompute(ctx, "node1"); err != nil {
-			r.t.Errorf("cleanup: start node1: %v", err)
-		}
+	} else if err := h.StartCompute(ctx, "node1"); err != nil {
+		r.t.Errorf("cleanup: start node1: %v", err)
 	}
 	ids := append(r.node1(), r.foreign)
 	ids = slices.DeleteFunc(ids, func(s string) bool { return s == "" })
@@ -393,10 +393,12 @@ func TestHostRecoveryE2E(t *testing.T) {
 	b := startController(t, "ctl-b", r.nsURL, r.clouds, ctlOpts{mode: recovery.ModeEvacuate, releaseRetry: 5 * time.Second})
 	time.Sleep(2 * time.Second) // the standby's tracker watches node1 active before the cut
 
-	cut := r.powerOff()
-	// Cinder unreachable when the recovery starts
-	r.evs.wait(t, "node1", "started", 1, 2*time.Minute)
+	// Cinder unreachable when the recovery starts (stopped before the
+	// cut: the declaration follows it within seconds, the detach phase
+	// within a second of that)
 	r.step("stop cinder-api (fault: Cinder unreachable mid-recovery)", func() error { _, err := r.h.Ctl(r.ctx, "stop", "cinder-api"); return err })
+	cut := r.powerOff()
+	r.evs.wait(t, "node1", "started", 1, 2*time.Minute)
 	time.Sleep(cinderOutage)
 	r.step("start cinder-api", func() error { _, err := r.h.Ctl(r.ctx, "start", "cinder-api"); return err })
 	// the leader killed right after its first evacuate call
@@ -424,7 +426,10 @@ func TestHostRecoveryE2E(t *testing.T) {
 		t.Errorf("%d servers with an evacuation from node1, want %d", n, len(all))
 	}
 	removed := r.evs.ops("node1", "attachment-removed")
-	t.Logf("attachment-removed events: %d; controllers that acted: %v", len(removed), actors(r.evs))
+	t.Logf("attachment-removed events: %d; controllers that acted: %v; events:%s", len(removed), actors(r.evs), r.evs)
+	if len(actors(r.evs)) != 2 {
+		t.Errorf("events from %v, want both controllers (the standby took over)", actors(r.evs))
+	}
 	r.checkVolumesOnNode2()
 	started := r.evs.ops("node1", "started")[0].At
 	phases(t, rec, cut, started)
@@ -459,6 +464,11 @@ func TestHostRecoveryMasakariE2E(t *testing.T) {
 		t.Skipf("Masakari is not in the harness (HVG_OS_MASAKARI=1 up.sh): %v", err)
 	}
 	t.Cleanup(r.undoMasakari)
+	// a host in maintenance (after an earlier Masakari recovery) has its
+	// notifications ignored
+	if err := r.h.MasakariMaintenance(r.ctx, "node1", false); err != nil {
+		t.Fatal(err)
+	}
 	startController(t, "ctl-m", r.nsURL, r.clouds, ctlOpts{mode: recovery.ModeMasakari})
 	cut := r.powerOff()
 	all := r.node1()
@@ -467,7 +477,12 @@ func TestHostRecoveryMasakariE2E(t *testing.T) {
 	if rec.Masakari == nil {
 		t.Fatalf("no Masakari notification in the record: %+v", rec)
 	}
-	t.Logf("Masakari notification %+v", *rec.Masakari)
+	t.Logf("Masakari notification %+v; events:%s", *rec.Masakari, r.evs)
+	// the controller follows Masakari's outcome: it must know the
+	// notification it created and have seen it finished
+	if rec.Masakari.ID == "" || rec.Masakari.Status != "finished" {
+		t.Errorf("record's notification %+v: want its id and status finished (the one Masakari has: %s)", *rec.Masakari, masakariHostNotifications(t, r))
+	}
 	if n := len(r.evs.ops("node1", "attachment-removed")); n != 2 {
 		t.Errorf("%d attachment-removed events, want 2 (the BFV volumes'):%s", n, r.evs)
 	}
@@ -531,7 +546,16 @@ func TestHostRecoveryLeaseBackE2E(t *testing.T) {
 func (r *rig) undoMasakari() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := r.h.MasakariMaintenance(ctx, "node1", false); err != nil {
+	// 409 "in-use to process notifications" until the engine finished
+	// (its own waits after the evacuations)
+	var err error
+	for range 60 {
+		if err = r.h.MasakariMaintenance(ctx, "node1", false); err == nil || !strings.Contains(err.Error(), "in-use") {
+			break
+		}
+		time.Sleep(2 * time.Second)
+	}
+	if err != nil {
 		r.t.Errorf("cleanup: %v", err)
 	}
 	if err := r.h.StartCompute(ctx, "node1"); err == nil {
@@ -539,4 +563,14 @@ func (r *rig) undoMasakari() {
 			r.t.Errorf("cleanup: %v", err)
 		}
 	}
+}
+
+// masakariHostNotifications lists Masakari's COMPUTE_HOST notifications of
+// node1 (uuid, status, created_at) for a failure message.
+func masakariHostNotifications(t *testing.T, r *rig) string {
+	resp, err := r.h.MasakariRaw(r.ctx, "GET", "/notifications?sort_key=created_at&sort_dir=desc&limit=5", nil)
+	if err != nil {
+		return err.Error()
+	}
+	return string(resp.Body)
 }
