@@ -1,0 +1,179 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/agent/delivery/deliverytest"
+	"hvguard/controller/controllertest"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+	"hvguard/fencing/peer"
+)
+
+// lyingRelayer is a compromised node's relay: it says "relayed" and
+// writes nothing (it holds the fleet's peer secret, so its answers are
+// authentic peer answers).
+type lyingRelayer struct{}
+
+func (lyingRelayer) Relay(_ context.Context, req fencing.RenewRequest, _ time.Duration) fencing.RenewResult {
+	return fencing.RenewResult{Outcome: fencing.RenewAcked, Revision: req.Revision + 1}
+}
+
+// peerAgent drives a real fencing.Agent for host against st and asks its
+// peers with a real peer.Client (urls: peer → endpoint; a peer without
+// one is unreachable); it records when its domain was paused.
+type peerAgent struct {
+	mu       sync.Mutex
+	pausedAt time.Time
+	trans    []string
+}
+
+func startPeerAgent(ctx context.Context, t *testing.T, st *natslease.Store, host string, members []string, urls map[string]string) *peerAgent {
+	t.Helper()
+	cfg := fencing.DefaultConfig(host, "boot-"+host)
+	cfg.Enabled, cfg.HardwareWatchdog = true, true
+	cfg.Timing = controllertest.HostRecord(host).Timing
+	cfg.HeldRecheck = 500 * time.Millisecond
+	a, rd, err := fencing.NewAgent(cfg, nil, nil, 0, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := &peer.Client{Host: host, Secret: fleetSecret, URL: func(p string) string {
+		if u, ok := urls[p]; ok {
+			return u
+		}
+		return "http://127.0.0.1:9" + peer.Path // nothing listens: unreachable
+	}}
+	pa := &peerAgent{}
+	results := make(chan func(time.Time) fencing.Ready, 64)
+	var apply func(fencing.Ready)
+	apply = func(rd fencing.Ready) {
+		for _, tr := range rd.Transitions {
+			pa.mu.Lock()
+			pa.trans = append(pa.trans, fmt.Sprintf("%s %s->%s %s", time.Now().Format("05.000"), tr.From, tr.To, tr.Reason))
+			pa.mu.Unlock()
+		}
+		for _, u := range rd.Pause {
+			pa.mu.Lock()
+			if pa.pausedAt.IsZero() {
+				pa.pausedAt = time.Now()
+			}
+			pa.mu.Unlock()
+			apply(a.FenceDone(time.Now(), u, nil))
+		}
+		if rq := rd.Renew; rq != nil {
+			req := *rq
+			go func() {
+				res := st.Renew(ctx, req, cfg.Timing.RenewTimeout)
+				select {
+				case results <- func(n time.Time) fencing.Ready { return a.Renewed(n, req.Seq, res) }:
+				case <-ctx.Done():
+				}
+			}()
+		}
+		if r := rd.AskPeers; r != nil {
+			round := *r
+			for _, p := range round.Peers {
+				go func() {
+					actx, cancel := context.WithDeadline(ctx, round.Deadline)
+					ans, _ := cl.Ask(actx, p, round)
+					cancel()
+					select {
+					case results <- func(n time.Time) fencing.Ready { return a.PeerAnswered(n, round.ID, p, ans) }:
+					case <-ctx.Done():
+					}
+				}()
+			}
+		}
+	}
+	apply(rd)
+	g := fencing.DefaultGuard(len(members))
+	g.Share = 0.5
+	a.SetMembers(members, g)
+	apply(a.Domains(time.Now(), []fencing.Domain{{UUID: "d1", Running: true}}))
+	go func() {
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case f := <-results:
+				apply(f(time.Now()))
+			case <-tick.C:
+				apply(a.Tick(time.Now()))
+			}
+		}
+	}()
+	return pa
+}
+
+// TestLyingRelayCannotKeepDeclaredHostRunning: h0 is cut off from NATS
+// (its connection closed) and from its honest peers; it still reaches
+// h1's peer endpoint. h1 is compromised: with the fleet's peer secret it
+// answers every relay question "relayed" and writes nothing. Nothing
+// lands in h0's key, so the controller declares h0 after lease_ttl +
+// grace — while h0, taking every such answer for a landed renewal
+// (Agent.PeerAnswered: PeerRelayed is RenewAcked), never fences: its
+// domain runs while the controller has declared it and recovery would
+// rebuild it elsewhere. The fencing guarantee (docs/fencing.md) broken by
+// one compromised node. Control: h1 unreachable too — h0 fences before
+// it is declared.
+func TestLyingRelayCannotKeepDeclaredHostRunning(t *testing.T) {
+	for _, lying := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lying=%t", lying), func(t *testing.T) {
+			f := newFleet(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
+			open := func() (*natslease.Store, *nats.Conn) {
+				nc, err := nats.Connect(srv.ClientURL())
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(nc.Close)
+				js, _ := jetstream.New(nc)
+				kv, err := natslease.EnsureBucket(ctx, js, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return &natslease.Store{KV: kv}, nc
+			}
+			base, _ := open()
+			members := []string{"h0", "h1", "h2", "h3"}
+			for _, h := range members[1:] {
+				startAgent(ctx, t, f.store(base, h, true, nil), h, members)
+			}
+			h0st, h0nc := open()
+			urls := map[string]string{}
+			if lying {
+				urls["h1"] = controllertest.PeerEndpoint(t, "h1", fleetSecret, lyingRelayer{})
+			}
+			victim := startPeerAgent(ctx, t, f.store(h0st, "h0", true, nil), "h0", members, urls)
+			ctl := startController(ctx, t, f.store(base, "ctl", true, nil))
+			time.Sleep(time.Second) // everybody renewing
+			h0nc.Close()            // h0 cut off from NATS
+			cut := time.Now()
+			time.Sleep(5 * time.Second) // > lease_ttl + grace (3.05 s at x0.1)
+			at, declared := ctl.declaredAt("h0")
+			victim.mu.Lock()
+			pausedAt, trans := victim.pausedAt, victim.trans
+			victim.mu.Unlock()
+			if !declared {
+				t.Fatalf("h0 not declared within 5 s of its cut: the test shows nothing; h0: %v", trans)
+			}
+			t.Logf("h0 declared %.2f s after the cut; paused at %v", at.Sub(cut).Seconds(), pausedAt.Sub(cut))
+			if pausedAt.IsZero() || pausedAt.After(at) {
+				t.Errorf("h0 declared %.2f s after its cut while its domain ran (paused: %v): h1's 'relayed' answers kept it from fencing; h0's transitions: %v",
+					at.Sub(cut).Seconds(), !pausedAt.IsZero(), trans)
+			}
+		})
+	}
+}
