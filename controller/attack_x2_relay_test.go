@@ -3,6 +3,8 @@ package controller_test
 import (
 	"context"
 	"fmt"
+	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -173,6 +175,80 @@ func TestLyingRelayCannotKeepDeclaredHostRunning(t *testing.T) {
 			if pausedAt.IsZero() || pausedAt.After(at) {
 				t.Errorf("h0 declared %.2f s after its cut while its domain ran (paused: %v): h1's 'relayed' answers kept it from fencing; h0's transitions: %v",
 					at.Sub(cut).Seconds(), !pausedAt.IsZero(), trans)
+			}
+		})
+	}
+}
+
+// heldEndpoint is a peer endpoint whose agent is Held (cut off from NATS
+// too: it cannot renew) — its answer is "cannot renew".
+func heldEndpoint(t *testing.T, host string) string {
+	t.Helper()
+	h := &peer.Handler{Host: host, Secret: fleetSecret, View: func() (fencing.PeerView, time.Time) {
+		now := time.Now()
+		return fencing.PeerView{Lease: false, Held: true, LastAck: now.Add(-time.Minute), Timing: controllertest.HostRecord(host).Timing}, now
+	}}
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL + peer.Path
+}
+
+// absentRelayer is a compromised node's relay answer: "your key holds no
+// record" (key_absent), nothing read, nothing written.
+type absentRelayer struct{}
+
+func (absentRelayer) Relay(context.Context, fencing.RenewRequest, time.Duration) fencing.RenewResult {
+	return fencing.RenewResult{Outcome: fencing.RenewConflict}
+}
+
+// TestLyingPeerCannotFenceHeldHost: a NATS outage cuts h0, h2 and h3 off
+// (h2 and h3 answer "cannot renew": h0 is Held by the mass-failure guard,
+// its lease lapses, its domain keeps running, as designed). h1 is
+// compromised: with the fleet's peer secret it answers h0's questions
+// "relay failed: your key holds no record" (key_absent), which h0 takes
+// for a deleted key while its lease has lapsed: it fences and declares
+// itself, and stays fenced until an operator's --unfence. One compromised
+// node turns a fleet-wide NATS outage into fencing (every Held host asks
+// it), which the guard exists to prevent: invariant (a) of issue 11.
+// Control: h1 Held and honest — h0 stays Held.
+func TestLyingPeerCannotFenceHeldHost(t *testing.T) {
+	for _, lying := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lying=%t", lying), func(t *testing.T) {
+			f := newFleet(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
+			nc, err := nats.Connect(srv.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			js, _ := jetstream.New(nc)
+			kv, err := natslease.EnsureBucket(ctx, js, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			members := []string{"h0", "h1", "h2", "h3"}
+			urls := map[string]string{"h2": heldEndpoint(t, "h2"), "h3": heldEndpoint(t, "h3"), "h1": heldEndpoint(t, "h1")}
+			if lying {
+				urls["h1"] = controllertest.PeerEndpoint(t, "h1", fleetSecret, absentRelayer{})
+			}
+			victim := startPeerAgent(ctx, t, f.store(&natslease.Store{KV: kv}, "h0", true, nil), "h0", members, urls)
+			time.Sleep(time.Second) // renewing
+			nc.Close()              // the outage
+			cut := time.Now()
+			time.Sleep(4 * time.Second) // > lease_ttl (1.5 s at x0.1)
+			victim.mu.Lock()
+			pausedAt, trans := victim.pausedAt, victim.trans
+			victim.mu.Unlock()
+			held := false
+			for _, tr := range trans {
+				held = held || strings.Contains(tr, "->held")
+			}
+			if !held {
+				t.Fatalf("h0 never Held: the test shows nothing; h0: %v", trans)
+			}
+			if !pausedAt.IsZero() {
+				t.Errorf("Held h0 fenced %.2f s after the outage, on h1's 'key absent' answer; h0: %v", pausedAt.Sub(cut).Seconds(), trans)
 			}
 		})
 	}
