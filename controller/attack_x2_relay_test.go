@@ -28,93 +28,29 @@ func (lyingRelayer) Relay(_ context.Context, req fencing.RenewRequest, _ time.Du
 	return fencing.RenewResult{Outcome: fencing.RenewAcked, Revision: req.Revision + 1}
 }
 
-// peerAgent drives a real fencing.Agent for host against st and asks its
-// peers with a real peer.Client (urls: peer → endpoint; a peer without
-// one is unreachable); it records when its domain was paused.
-type peerAgent struct {
-	mu       sync.Mutex
-	pausedAt time.Time
-	trans    []string
+// relayRig returns h0..h3's keys, a context ending with the test and the
+// URL of a fresh embedded JetStream.
+func relayRig(t *testing.T) (fleet, context.Context, string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return newFleet(t), ctx, deliverytest.StartJetStream(t, t.TempDir(), -1).ClientURL()
 }
 
-func startPeerAgent(ctx context.Context, t *testing.T, st *natslease.Store, host string, members []string, urls map[string]string) *peerAgent {
+// leaseBucket opens the lease bucket at url over a new connection.
+func leaseBucket(ctx context.Context, t *testing.T, url string) (*natslease.Store, *nats.Conn) {
 	t.Helper()
-	cfg := fencing.DefaultConfig(host, "boot-"+host)
-	cfg.Enabled, cfg.HardwareWatchdog = true, true
-	cfg.Timing = controllertest.HostRecord(host).Timing
-	cfg.HeldRecheck = 500 * time.Millisecond
-	a, rd, err := fencing.NewAgent(cfg, nil, nil, 0, time.Now())
+	nc, err := nats.Connect(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl := &peer.Client{Host: host, Secret: fleetSecret, URL: func(p string) string {
-		if u, ok := urls[p]; ok {
-			return u
-		}
-		return "http://127.0.0.1:9" + peer.Path // nothing listens: unreachable
-	}}
-	pa := &peerAgent{}
-	results := make(chan func(time.Time) fencing.Ready, 64)
-	var apply func(fencing.Ready)
-	apply = func(rd fencing.Ready) {
-		for _, tr := range rd.Transitions {
-			pa.mu.Lock()
-			pa.trans = append(pa.trans, fmt.Sprintf("%s %s->%s %s", time.Now().Format("05.000"), tr.From, tr.To, tr.Reason))
-			pa.mu.Unlock()
-		}
-		for _, u := range rd.Pause {
-			pa.mu.Lock()
-			if pa.pausedAt.IsZero() {
-				pa.pausedAt = time.Now()
-			}
-			pa.mu.Unlock()
-			apply(a.FenceDone(time.Now(), u, nil))
-		}
-		if rq := rd.Renew; rq != nil {
-			req := *rq
-			go func() {
-				res := st.Renew(ctx, req, cfg.Timing.RenewTimeout)
-				select {
-				case results <- func(n time.Time) fencing.Ready { return a.Renewed(n, req.Seq, res) }:
-				case <-ctx.Done():
-				}
-			}()
-		}
-		if r := rd.AskPeers; r != nil {
-			round := *r
-			for _, p := range round.Peers {
-				go func() {
-					actx, cancel := context.WithDeadline(ctx, round.Deadline)
-					ans, _ := cl.Ask(actx, p, round)
-					cancel()
-					select {
-					case results <- func(n time.Time) fencing.Ready { return a.PeerAnswered(n, round.ID, p, ans) }:
-					case <-ctx.Done():
-					}
-				}()
-			}
-		}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	kv, err := natslease.EnsureBucket(ctx, js, true)
+	if err != nil {
+		t.Fatal(err)
 	}
-	apply(rd)
-	g := fencing.DefaultGuard(len(members))
-	g.Share = 0.5
-	a.SetMembers(members, g)
-	apply(a.Domains(time.Now(), []fencing.Domain{{UUID: "d1", Running: true}}))
-	go func() {
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case f := <-results:
-				apply(f(time.Now()))
-			case <-tick.C:
-				apply(a.Tick(time.Now()))
-			}
-		}
-	}()
-	return pa
+	return &natslease.Store{KV: kv}, nc
 }
 
 // TestLyingRelayCannotKeepDeclaredHostRunning: h0 is cut off from NATS
@@ -131,34 +67,18 @@ func startPeerAgent(ctx context.Context, t *testing.T, st *natslease.Store, host
 func TestLyingRelayCannotKeepDeclaredHostRunning(t *testing.T) {
 	for _, lying := range []bool{false, true} {
 		t.Run(fmt.Sprintf("lying=%t", lying), func(t *testing.T) {
-			f := newFleet(t)
-			ctx, cancel := context.WithCancel(context.Background())
-			t.Cleanup(cancel)
-			srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
-			open := func() (*natslease.Store, *nats.Conn) {
-				nc, err := nats.Connect(srv.ClientURL())
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(nc.Close)
-				js, _ := jetstream.New(nc)
-				kv, err := natslease.EnsureBucket(ctx, js, true)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return &natslease.Store{KV: kv}, nc
-			}
-			base, _ := open()
+			f, ctx, url := relayRig(t)
+			base, _ := leaseBucket(ctx, t, url)
 			members := []string{"h0", "h1", "h2", "h3"}
 			for _, h := range members[1:] {
 				startAgent(ctx, t, f.store(base, h, true, nil), h, members)
 			}
-			h0st, h0nc := open()
+			h0st, h0nc := leaseBucket(ctx, t, url)
 			urls := map[string]string{}
 			if lying {
 				urls["h1"] = controllertest.PeerEndpoint(t, "h1", fleetSecret, lyingRelayer{})
 			}
-			victim := startPeerAgent(ctx, t, f.store(h0st, "h0", true, nil), "h0", members, urls)
+			victim := startAgentPeers(ctx, t, f.store(h0st, "h0", true, nil), "h0", members, urls)
 			ctl := startController(ctx, t, f.store(base, "ctl", true, nil))
 			time.Sleep(time.Second) // everybody renewing
 			h0nc.Close()            // h0 cut off from NATS
@@ -214,25 +134,14 @@ func (absentRelayer) Relay(context.Context, fencing.RenewRequest, time.Duration)
 func TestLyingPeerCannotFenceHeldHost(t *testing.T) {
 	for _, lying := range []bool{false, true} {
 		t.Run(fmt.Sprintf("lying=%t", lying), func(t *testing.T) {
-			f := newFleet(t)
-			ctx, cancel := context.WithCancel(context.Background())
-			t.Cleanup(cancel)
-			srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
-			nc, err := nats.Connect(srv.ClientURL())
-			if err != nil {
-				t.Fatal(err)
-			}
-			js, _ := jetstream.New(nc)
-			kv, err := natslease.EnsureBucket(ctx, js, true)
-			if err != nil {
-				t.Fatal(err)
-			}
+			f, ctx, url := relayRig(t)
+			st, nc := leaseBucket(ctx, t, url)
 			members := []string{"h0", "h1", "h2", "h3"}
 			urls := map[string]string{"h2": heldEndpoint(t, "h2"), "h3": heldEndpoint(t, "h3"), "h1": heldEndpoint(t, "h1")}
 			if lying {
 				urls["h1"] = controllertest.PeerEndpoint(t, "h1", fleetSecret, absentRelayer{})
 			}
-			victim := startPeerAgent(ctx, t, f.store(&natslease.Store{KV: kv}, "h0", true, nil), "h0", members, urls)
+			victim := startAgentPeers(ctx, t, f.store(st, "h0", true, nil), "h0", members, urls)
 			time.Sleep(time.Second) // renewing
 			nc.Close()              // the outage
 			cut := time.Now()
