@@ -104,12 +104,16 @@ func startAgent(ctx context.Context, t *testing.T, st *natslease.Store, host str
 // startAgentPeers is startAgent whose agent asks its peers with a real
 // peer.Client (urls: peer → endpoint; a peer without one is unreachable);
 // with urls nil it asks nobody (no answer ever comes).
-func startAgentPeers(ctx context.Context, t *testing.T, st *natslease.Store, host string, members []string, urls map[string]string) *agentRun {
+// lyingPeers is fencing.Config.LyingPeers.
+func startAgentPeers(ctx context.Context, t *testing.T, st *natslease.Store, host string, members []string, urls map[string]string, lyingPeers ...int) *agentRun {
 	t.Helper()
 	cfg := fencing.DefaultConfig(host, "boot-"+host)
 	cfg.Enabled, cfg.HardwareWatchdog = true, true
 	cfg.Timing = controllertest.HostRecord(host).Timing
 	cfg.HeldRecheck = 500 * time.Millisecond
+	for _, n := range lyingPeers {
+		cfg.LyingPeers = n
+	}
 	a, rd, err := fencing.NewAgent(cfg, nil, nil, 0, time.Now())
 	if err != nil {
 		t.Fatal(err)

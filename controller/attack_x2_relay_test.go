@@ -63,10 +63,15 @@ func leaseBucket(ctx context.Context, t *testing.T, url string) (*natslease.Stor
 // domain runs while the controller has declared it and recovery would
 // rebuild it elsewhere. The fencing guarantee (docs/fencing.md) broken by
 // one compromised node. Control: h1 unreachable too — h0 fences before
-// it is declared.
+// it is declared. With fence.signing.lying_peers 1 (main's 483b395, 0 by
+// default) one claim no longer counts and h0 fences.
 func TestLyingRelayCannotKeepDeclaredHostRunning(t *testing.T) {
-	for _, lying := range []bool{false, true} {
-		t.Run(fmt.Sprintf("lying=%t", lying), func(t *testing.T) {
+	for _, tc := range []struct {
+		lying      bool
+		lyingPeers int
+	}{{false, 0}, {true, 0}, {true, 1}} {
+		lying := tc.lying
+		t.Run(fmt.Sprintf("lying=%t/lying_peers=%d", lying, tc.lyingPeers), func(t *testing.T) {
 			f, ctx, url := relayRig(t)
 			base, _ := leaseBucket(ctx, t, url)
 			members := []string{"h0", "h1", "h2", "h3"}
@@ -78,7 +83,7 @@ func TestLyingRelayCannotKeepDeclaredHostRunning(t *testing.T) {
 			if lying {
 				urls["h1"] = controllertest.PeerEndpoint(t, "h1", fleetSecret, lyingRelayer{})
 			}
-			victim := startAgentPeers(ctx, t, f.store(h0st, "h0", true, nil), "h0", members, urls)
+			victim := startAgentPeers(ctx, t, f.store(h0st, "h0", true, nil), "h0", members, urls, tc.lyingPeers)
 			ctl := startController(ctx, t, f.store(base, "ctl", true, nil))
 			time.Sleep(time.Second) // everybody renewing
 			h0nc.Close()            // h0 cut off from NATS
@@ -130,18 +135,31 @@ func (absentRelayer) Relay(context.Context, fencing.RenewRequest, time.Duration)
 // itself, and stays fenced until an operator's --unfence. One compromised
 // node turns a fleet-wide NATS outage into fencing (every Held host asks
 // it), which the guard exists to prevent: invariant (a) of issue 11.
-// Control: h1 Held and honest — h0 stays Held.
+// Control: h1 Held and honest — h0 stays Held. Also with
+// fence.signing.lying_peers 1 (six hosts, so that h0 is still Held with
+// h1's confirmation discounted): the key_absent claim is not counted as
+// a relay landing, it is acted on at once.
 func TestLyingPeerCannotFenceHeldHost(t *testing.T) {
-	for _, lying := range []bool{false, true} {
-		t.Run(fmt.Sprintf("lying=%t", lying), func(t *testing.T) {
+	for _, tc := range []struct {
+		lying      bool
+		lyingPeers int
+	}{{false, 0}, {true, 0}, {false, 1}, {true, 1}} {
+		lying := tc.lying
+		t.Run(fmt.Sprintf("lying=%t/lying_peers=%d", lying, tc.lyingPeers), func(t *testing.T) {
 			f, ctx, url := relayRig(t)
 			st, nc := leaseBucket(ctx, t, url)
 			members := []string{"h0", "h1", "h2", "h3"}
-			urls := map[string]string{"h2": heldEndpoint(t, "h2"), "h3": heldEndpoint(t, "h3"), "h1": heldEndpoint(t, "h1")}
+			if tc.lyingPeers > 0 {
+				members = append(members, "h4", "h5")
+			}
+			urls := map[string]string{}
+			for _, h := range members[1:] {
+				urls[h] = heldEndpoint(t, h)
+			}
 			if lying {
 				urls["h1"] = controllertest.PeerEndpoint(t, "h1", fleetSecret, absentRelayer{})
 			}
-			victim := startAgentPeers(ctx, t, f.store(st, "h0", true, nil), "h0", members, urls)
+			victim := startAgentPeers(ctx, t, f.store(st, "h0", true, nil), "h0", members, urls, tc.lyingPeers)
 			time.Sleep(time.Second) // renewing
 			nc.Close()              // the outage
 			cut := time.Now()
