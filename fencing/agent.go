@@ -522,6 +522,12 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 		case c != nil && a.ownRecord(*c) && !a.corroborated(c.Seq, ans.Revision, peer):
 			// A landing of ours that only this peer reports so far: not
 			// counted yet (LyingPeers).
+		case (ans.Invalid != "" || ans.KeyAbsent) && !a.keyDeleteSafe(now):
+			// "No record" or "a record you would not trust" is a claim
+			// nothing verifies: acted on while the lease is lapsed, one
+			// lying peer fenced and self-declared a Held host (a NATS
+			// outage turned into fencing). Only our own read acts on it
+			// then (docs/fencing.md, "Key deleted").
 		case ans.Invalid != "":
 			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Invalid: ans.Invalid})
 		case c != nil && c.State == LeaseActive:
