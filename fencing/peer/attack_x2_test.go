@@ -71,3 +71,19 @@ func TestManyAddressesKeepPeerReachable(t *testing.T) {
 		t.Errorf("a real peer's question went unanswered while one attacker held the endpoint's connections from %d addresses: %v", addrs, err)
 	}
 }
+
+// TestIPv6CountsPerPrefix: MaxConnsPerIP counts an IPv6 source per /64
+// (one interface's allotment), an IPv4 source per address.
+func TestIPv6CountsPerPrefix(t *testing.T) {
+	for _, tc := range []struct{ a, b string }{
+		{"[2001:db8:1:2::1]:9476", "[2001:db8:1:2:ffff:ffff:ffff:fffe]:1"},
+		{"10.0.0.1:9476", "10.0.0.1:1"},
+	} {
+		if ka, kb := addrKey(tc.a), addrKey(tc.b); ka != kb {
+			t.Errorf("%s and %s count apart (%s, %s)", tc.a, tc.b, ka, kb)
+		}
+	}
+	if addrKey("[2001:db8:1:2::1]:1") == addrKey("[2001:db8:1:3::1]:1") || addrKey("10.0.0.1:1") == addrKey("10.0.0.2:1") {
+		t.Error("different /64s (or IPv4 addresses) count together")
+	}
+}
