@@ -136,7 +136,7 @@ func (f FenceConfig) Core(host, bootID string) fencing.Config {
 	c.Timing.MaxClockDrift = f.MaxClockDrift
 	c.HeldRecheck = f.HeldRecheck.D()
 	c.PeerBatch = f.PeerBatch
-	c.LyingPeers = f.Signing.LyingPeers
+	c.LyingPeers = f.Signing.lyingPeers()
 	c.AgentVersion = Version
 	return c
 }

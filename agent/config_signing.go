@@ -32,8 +32,18 @@ type SigningConfig struct {
 	// guard threshold by more than it, and a relay counts only when more
 	// than it peers report the landing (fencing.Config.LyingPeers). Peers' answers
 	// are verified against their own keys whenever signing is on, so a
-	// compromised node can only lie for itself.
-	LyingPeers int `yaml:"lying_peers"`
+	// compromised node can only lie for itself. Unset: 1 with mode
+	// required, else 0 (fencing.DefaultLyingPeers).
+	LyingPeers *int `yaml:"lying_peers,omitempty"`
+}
+
+// lyingPeers returns lying_peers, or its default for the mode.
+func (s SigningConfig) lyingPeers() int {
+	if s.LyingPeers != nil {
+		return *s.LyingPeers
+	}
+	mode, _ := fencing.ParseSigningMode(s.Mode)
+	return fencing.DefaultLyingPeers(mode)
 }
 
 // DefaultKeyFile is where `hvguard-agent keygen` writes the host's key.
@@ -50,12 +60,13 @@ func (s SigningConfig) validate(host string, enabled bool, bad func(field string
 		bad("fence.signing.mode", fmt.Sprintf("%q", s.Mode), "must be off, optional or required")
 		return
 	}
-	if s.LyingPeers < 0 {
-		bad("fence.signing.lying_peers", s.LyingPeers, "must not be negative")
+	n := s.lyingPeers()
+	if n < 0 {
+		bad("fence.signing.lying_peers", n, "must not be negative")
 	}
 	if mode == fencing.SigningOff || !enabled {
-		if s.LyingPeers > 0 && enabled {
-			bad("fence.signing.lying_peers", s.LyingPeers, "needs signing (optional or required): without host-signed answers one member can answer in every peer's name")
+		if n > 0 && enabled {
+			bad("fence.signing.lying_peers", n, "needs signing (optional or required): without host-signed answers one member can answer in every peer's name")
 		}
 		return
 	}

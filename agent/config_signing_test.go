@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.yaml.in/yaml/v3"
+
 	"hvguard/fencing/keyfile"
 )
 
@@ -36,8 +38,8 @@ func TestSigningConfigValidation(t *testing.T) {
 		{"badctl", "fence.signing.controller_keys[0]", func(s *SigningConfig) { s.ControllerKeys = []string{"nope"} }},
 		{"nohosts", `fence.signing.host_keys_file: "": required`, func(s *SigningConfig) { s.HostKeysFile = "" }},
 		{"notlisted", "is not listed for host node1.example.org", func(s *SigningConfig) { s.HostKeysFile = wrong }},
-		{"lying", "fence.signing.lying_peers: -1: must not be negative", func(s *SigningConfig) { s.LyingPeers = -1 }},
-		{"lyingoff", "fence.signing.lying_peers: 1: needs signing", func(s *SigningConfig) { *s = SigningConfig{Mode: "off", LyingPeers: 1} }},
+		{"lying", "fence.signing.lying_peers: -1: must not be negative", func(s *SigningConfig) { s.LyingPeers = ptr(-1) }},
+		{"lyingoff", "fence.signing.lying_peers: 1: needs signing", func(s *SigningConfig) { *s = SigningConfig{Mode: "off", LyingPeers: ptr(1)} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := DefaultConfig()
@@ -60,5 +62,34 @@ func TestSigningConfigValidation(t *testing.T) {
 	keys, signer, serr := valid.load(c.Host)
 	if serr != nil || signer.ID != pub || !keys.Required() || len(keys.Controllers) != 1 {
 		t.Fatalf("load: %+v %v %v", keys, signer.ID, serr)
+	}
+}
+
+func ptr(n int) *int { return &n }
+
+// TestLyingPeersDefault: fence.signing.lying_peers defaults to 1 with
+// mode required (the compromised-node threat model; with 0 one lying
+// peer keeps a declared host running: controller
+// TestLyingRelayCannotKeepDeclaredHostRunning), to 0 otherwise; an
+// explicit value (0 too) wins, from YAML as well.
+func TestLyingPeersDefault(t *testing.T) {
+	for _, tc := range []struct {
+		s    SigningConfig
+		want int
+	}{
+		{SigningConfig{Mode: "required"}, 1},
+		{SigningConfig{Mode: "optional"}, 0},
+		{SigningConfig{Mode: "off"}, 0},
+		{defaultSigning(), 0},
+		{SigningConfig{Mode: "required", LyingPeers: ptr(0)}, 0},
+		{SigningConfig{Mode: "required", LyingPeers: ptr(2)}, 2},
+	} {
+		if got := tc.s.lyingPeers(); got != tc.want {
+			t.Errorf("mode %s, lying_peers %v: %d, want %d", tc.s.Mode, tc.s.LyingPeers, got, tc.want)
+		}
+	}
+	var s SigningConfig
+	if err := yaml.Unmarshal([]byte("mode: required\nlying_peers: 0\n"), &s); err != nil || s.lyingPeers() != 0 {
+		t.Errorf("explicit lying_peers: 0 with required: %d (%v), want 0", s.lyingPeers(), err)
 	}
 }

@@ -62,13 +62,17 @@ func leaseBucket(ctx context.Context, t *testing.T, url string) (*natslease.Stor
 // domain runs while the controller has declared it and recovery would
 // rebuild it elsewhere. The fencing guarantee (docs/fencing.md) broken by
 // one compromised node. Control: h1 unreachable too — h0 fences before
-// it is declared. With fence.signing.lying_peers 1 (main's 483b395, 0 by
-// default) one claim no longer counts and h0 fences.
+// it is declared. With fence.signing.lying_peers 1 (main's 483b395) one
+// claim no longer counts and h0 fences; 1 is the default with signing
+// required (the mode this fleet runs: fencing.DefaultLyingPeers), so the
+// lying case runs at that default. lying_peers 0 with required is an
+// explicit opt-out into this hole (docs/security.md, "Lying peers").
 func TestLyingRelayCannotKeepDeclaredHostRunning(t *testing.T) {
+	def := fencing.DefaultLyingPeers(fencing.SigningRequired)
 	for _, tc := range []struct {
 		lying      bool
 		lyingPeers int
-	}{{false, 0}, {true, 0}, {true, 1}} {
+	}{{false, 0}, {true, def}, {true, 1}} {
 		lying := tc.lying
 		t.Run(fmt.Sprintf("lying=%t/lying_peers=%d", lying, tc.lyingPeers), func(t *testing.T) {
 			f, ctx, url := relayRig(t)

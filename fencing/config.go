@@ -383,13 +383,35 @@ type Config struct {
 	// only peers report (a relay) counts once more than LyingPeers peers
 	// reported it (docs/security.md). Meaningful
 	// only with answers signed by each peer's own key (signing); 0: every
-	// peer is trusted (the protocol before issue 11).
+	// peer is trusted (the protocol before issue 11). The agent's default
+	// is DefaultLyingPeers(mode).
 	LyingPeers int
 	// Seed seeds the random choice of peers.
 	Seed uint64
 	// AgentVersion is advertised in the lease record (agent_version), for
 	// the controller's fleet view; informational only.
 	AgentVersion string
+}
+
+// DefaultLyingPeersRequired is fence.signing.lying_peers' default with
+// signing required: `required` exists for a compromised-node threat model,
+// and with 0 one compromised peer answering "relayed" (writing nothing)
+// kept a cut-off host running past its declaration
+// (TestLyingRelayCannotKeepDeclaredHostRunning). The price (docs/security.md,
+// "Lying peers"): a hold needs one more confirmation than the guard
+// threshold, and a relayed renewal counts only when two peers that reach
+// NATS report it.
+const DefaultLyingPeersRequired = 1
+
+// DefaultLyingPeers returns LyingPeers' default for a signing mode:
+// DefaultLyingPeersRequired with SigningRequired; 0 otherwise (off: answers
+// are not host-signed, so one member can answer in every name and n
+// bounds nothing; optional: a migration step).
+func DefaultLyingPeers(mode SigningMode) int {
+	if mode == SigningRequired {
+		return DefaultLyingPeersRequired
+	}
+	return 0
 }
 
 // DefaultConfig returns the defaults for host (fencing off).
