@@ -242,6 +242,9 @@ type job struct {
 
 type queued struct {
 	ev Event
+	// gone, running: what the events after the stop said (the job's).
+	gone    Reason
+	running bool
 }
 
 // Core is the instance recovery state machine. Not safe for concurrent
@@ -292,13 +295,13 @@ func (c *Core) Event(now time.Time, ev Event) []Op {
 			gone = ReasonUndefined
 		}
 		if q := c.queue[ev.UUID]; len(q) > 0 {
-			// The last queued stop is over before any action: drop it.
-			last := q[len(q)-1].ev
-			c.queue[ev.UUID] = q[:len(q)-1]
-			if len(c.queue[ev.UUID]) == 0 {
-				delete(c.queue, ev.UUID)
-			}
-			return []Op{c.report(now, last, nil, StepSkipped, gone, "")}
+			// The last queued stop is over — unless a previous leader
+			// acted on it (its record says so: a replayed stream after a
+			// restart). Its job reads the record first when it begins.
+			last := &q[len(q)-1]
+			last.gone = gone
+			last.running = last.running || isRunning(ev.Transition)
+			return nil
 		}
 		if j == nil {
 			return nil
@@ -327,11 +330,11 @@ func (c *Core) Event(now time.Time, ev Event) []Op {
 		c.queue[ev.UUID] = append(c.queue[ev.UUID], queued{ev: ev})
 		return nil
 	}
-	return c.begin(now, ev)
+	return c.begin(now, ev, "", false)
 }
 
-func (c *Core) begin(now time.Time, ev Event) []Op {
-	j := &job{ev: ev, start: now, phase: phLoad}
+func (c *Core) begin(now time.Time, ev Event, gone Reason, running bool) []Op {
+	j := &job{ev: ev, start: now, phase: phLoad, gone: gone, running: running}
 	c.jobs[ev.UUID] = j
 	return c.step(now, j)
 }
@@ -777,7 +780,7 @@ func (c *Core) done(now time.Time, j *job, r Report) []Op {
 	if rr, ok := c.screen(now, next.ev); !ok {
 		return append(ops, c.report(now, next.ev, nil, StepSkipped, rr, ""))
 	}
-	return append(ops, c.begin(now, next.ev)...)
+	return append(ops, c.begin(now, next.ev, next.gone, next.running)...)
 }
 
 func (c *Core) report(now time.Time, ev Event, j *job, st Step, r Reason, msg string) Op {

@@ -474,7 +474,7 @@ func (s *storm) crashPhase(ctx context.Context) {
 		t.Errorf("controller stop: %v", err)
 	}
 	s.ctl = startController(t, "ctl-e2e-2", s.cls.ns.ClientURL(), s.clouds, s.logs)
-	t.Logf("restart mid-recovery: controller stopped %.2f s after the acting report, new controller ready %.1f s later",
+	t.Logf("restart mid-recovery: controller stopped %.2f s after the kill (Nova had the start), new controller ready %.1f s later",
 		time.Since(rAt).Seconds(), time.Since(stopAt).Seconds())
 	if ev, err := s.reports.wait(ctx, restartG, stopAt, 5*time.Minute, ir.StepRecovered, ir.StepFailed); err != nil {
 		t.Errorf("restart mid-recovery: %v", err)
