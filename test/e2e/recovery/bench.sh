@@ -16,7 +16,9 @@ cd "$(dirname "$0")/../../.."
 OS=test/e2e/openstack
 GO="${GO:-go}"
 was_up=0
-bash $OS/ctl.sh status 2>/dev/null | grep -q '^nova-api running' && was_up=1
+# read whole first: grep -q exiting early would SIGPIPE ctl.sh (pipefail)
+st="$(bash $OS/ctl.sh status 2>/dev/null || true)"
+grep -q '^nova-api running' <<<"$st" && was_up=1
 # HVG_OS_MASAKARI_WAIT unset: up.sh writes the upstream default (180 s)
 env -u HVG_OS_MASAKARI_WAIT HVG_OS_MASAKARI=1 bash $OS/up.sh
 bash $OS/ctl.sh stop masakari-engine

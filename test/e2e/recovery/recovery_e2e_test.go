@@ -123,6 +123,10 @@ func newRig(t *testing.T, withForeign bool) *rig {
 		}
 	}
 	t.Cleanup(r.cleanup)
+	// a host-failure run of Masakari leaves the COMPUTE_STATUS_DISABLED
+	// trait on node1 (boots there: NoValidHost) until its service is
+	// disabled and enabled again with the compute up
+	r.step("re-enable node1's service", func() error { return h.EnableCompute(ctx, "node1") })
 	prefix := fmt.Sprintf("hvg-rec-%d", time.Now().Unix())
 	r.step("boot 2 BFV servers (multiattach=False) on node1", func() (err error) {
 		r.bfv, r.vols, err = h.BootBFV(ctx, 2, "node1", prefix)
@@ -212,12 +216,8 @@ func (r *rig) cleanup() {
 	_, _ = h.Ctl(ctx, "start", "cinder-api")
 	// node1's nova-compute must run before the deletes: a just-stopped
 	// compute still looks up for 60 s, and Nova would send it the delete
-	if _, fd, err := h.ComputeState(ctx, "node1"); err == nil && fd {
-		if err := h.RestoreHost(ctx, "node1"); err != nil {
-			r.t.Errorf("cleanup: restore node1: %v", err)
-		}
-	} else if err := h.StartCompute(ctx, "node1"); err != nil {
-		r.t.Errorf("cleanup: start node1: %v", err)
+	if err := r.restoreNode1(ctx); err != nil {
+		r.t.Errorf("cleanup: restore node1: %v", err)
 	}
 	ids := append(r.node1(), r.foreign)
 	ids = slices.DeleteFunc(ids, func(s string) bool { return s == "" })
@@ -558,11 +558,21 @@ func (r *rig) undoMasakari() {
 	if err != nil {
 		r.t.Errorf("cleanup: %v", err)
 	}
-	if err := r.h.StartCompute(ctx, "node1"); err == nil {
-		if err := r.h.EnableCompute(ctx, "node1"); err != nil {
-			r.t.Errorf("cleanup: %v", err)
-		}
+	// re-enabled only with node1 up and not forced down: Nova updates the
+	// trait over RPC and skips a compute that is down
+	if err := r.restoreNode1(ctx); err != nil {
+		r.t.Errorf("cleanup: %v", err)
+	} else if err := r.h.EnableCompute(ctx, "node1"); err != nil {
+		r.t.Errorf("cleanup: %v", err)
 	}
+}
+
+// restoreNode1 starts node1's nova-compute and clears forced_down.
+func (r *rig) restoreNode1(ctx context.Context) error {
+	if _, fd, err := r.h.ComputeState(ctx, "node1"); err == nil && fd {
+		return r.h.RestoreHost(ctx, "node1")
+	}
+	return r.h.StartCompute(ctx, "node1")
 }
 
 // masakariHostNotifications lists Masakari's COMPUTE_HOST notifications of
