@@ -92,3 +92,93 @@ func TestAgentCannotPurgeLeaseBucket(t *testing.T) {
 	}
 }
 
+// permRig starts nats-server with the shipped permissions, real agent
+// cores for hosts (each with its own NKey and host key, signing required)
+// and a controller Runner; the agent of dead (if any) runs until the
+// returned die is called. attacker is compute-1's store (its NKey, its
+// host key).
+func permRig(t *testing.T, dead string) (f fleet, ctx context.Context, hosts []string, agents map[string]*agentRun, ctl *controllerRun, attacker *natslease.Store, anc *nats.Conn, die func()) {
+	url := natspermtest.StartServer(t)
+	hosts = []string{"compute-1.example.org", "compute-2.example.org", "compute-3.example.org"}
+	f = newFleetOf(t, hosts)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	dctx, die := context.WithCancel(ctx)
+	agents = map[string]*agentRun{}
+	for _, h := range hosts {
+		st, _ := permStore(t, url, "agent:"+h, f, h)
+		actx := ctx
+		if h == dead {
+			actx = dctx
+		}
+		agents[h] = startAgent(actx, t, st, h, hosts)
+	}
+	cst, _ := permStore(t, url, "controller:ctl-1", f, "ctl")
+	ctl = startController(ctx, t, cst)
+	attacker, anc = permStore(t, url, "agent:"+hosts[0], f, hosts[0])
+	time.Sleep(time.Second) // everybody renewing, the guard published
+	return f, ctx, hosts, agents, ctl, attacker, anc, die
+}
+
+// TestAgentCannotKeepDeadHostUndeclaredWithUnverifiableValues: compute-3
+// dies; compute-1 writes, every second, a value into compute-3's key
+// that the controller cannot verify — garbage, compute-3's last record
+// without its signature, a record signed by a key nobody knows — or
+// deletes the key. Every such value restarts compute-3's declaration
+// clock (it "may be a genuine renewal this controller cannot verify"), a
+// delete makes it "never declared while the key is absent": compute-3 is
+// never declared. docs/security.md lists this under "What is left"; it
+// is invariant (c) of issue 11 all the same.
+func TestAgentCannotKeepDeadHostUndeclaredWithUnverifiableValues(t *testing.T) {
+	const dead = "compute-3.example.org"
+	unknown := newFleetOf(t, []string{dead}).signers[dead]
+	for _, tc := range []struct {
+		name  string
+		write func(ctx context.Context, st *natslease.Store, last fencing.LeaseRecord, rev uint64, i int) error
+	}{
+		{"garbage", func(ctx context.Context, st *natslease.Store, _ fencing.LeaseRecord, _ uint64, _ int) error {
+			_, err := st.KV.Put(ctx, "compute-3_example_org", []byte("not a record"))
+			return err
+		}},
+		{"unsigned", func(ctx context.Context, st *natslease.Store, last fencing.LeaseRecord, _ uint64, i int) error {
+			r := last
+			r.Sig, r.Signer, r.Seq = "", "", last.Seq+uint64(i)+1
+			b, _ := r.Encode()
+			_, err := st.KV.Put(ctx, "compute-3_example_org", b)
+			return err
+		}},
+		{"unknown-signer", func(ctx context.Context, st *natslease.Store, last fencing.LeaseRecord, rev uint64, i int) error {
+			r := last
+			r.Seq = last.Seq + uint64(i) + 1
+			b, _ := unknown.Seal(r, rev).Encode()
+			_, err := st.KV.Put(ctx, "compute-3_example_org", b)
+			return err
+		}},
+		{"delete", func(ctx context.Context, st *natslease.Store, _ fencing.LeaseRecord, _ uint64, _ int) error {
+			return st.KV.Delete(ctx, "compute-3_example_org")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, ctx, _, _, ctl, attacker, _, die := permRig(t, dead)
+			die()
+			time.Sleep(50 * time.Millisecond)
+			last, rev, err := attacker.Read(ctx, dead)
+			if err != nil {
+				t.Fatal(err)
+			}
+			died := time.Now()
+			for i := 0; time.Since(died) < 6*time.Second; i++ {
+				if _, ok := ctl.declaredAt(dead); ok {
+					break
+				}
+				if err := tc.write(ctx, attacker, *last, rev, i); err != nil {
+					t.Fatalf("compute-1's write refused: %v", err)
+				}
+				time.Sleep(time.Second) // < lease_ttl + grace (3.05 s at x0.1)
+			}
+			if _, ok := ctl.declaredAt(dead); !ok {
+				t.Errorf("dead compute-3 not declared within 6 s (lease_ttl + grace = 3.05 s) while compute-1 wrote %s values into its key every second; invalid values said: %d", tc.name, ctl.invalidCount(dead))
+			}
+		})
+	}
+}
