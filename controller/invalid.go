@@ -24,8 +24,12 @@ import (
 //     renewing with such records is never declared (alerted at every
 //     value); it does not end its silence for the guard (a forged value
 //     must not lower the count a Held peer relies on);
+//     — in `optional` or `off` mode, or before the host's first trusted
+//     signed record in `required` mode only;
 //   - for a value that cannot be genuine (fencing.ErrForgedRecord: signed
-//     by another known key, or a replay) restarts nothing, unless the watch
+//     by another known key, or a replay; with signatures required, any
+//     untrusted value once the host has a trusted record signed by its
+//     known key: Tracker.pinned) restarts nothing, unless the watch
 //     skipped a revision since the host's last one (Skipped): a genuine
 //     renewal may then have been overwritten before it was delivered, and
 //     the clock restarts as if it had been observed.
@@ -57,6 +61,13 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		t.hosts[host] = h
 	}
 	hidden := t.skippedRev > h.rev
+	if t.pinned(h) {
+		// Signatures required and a trusted record signed by the host's
+		// known key seen: a genuine renewal is signed by that key, so an
+		// unverifiable value (unsigned, unknown signer, undecodable) is a
+		// forgery like any other.
+		forged = true
+	}
 	h.rev = rev
 	h.untrusted, h.untrustedWhy = now, why
 	restart := !forged || hidden

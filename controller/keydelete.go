@@ -20,7 +20,18 @@ import (
 // comes back, then for one more guard window), but not toward the
 // membership (N: a delete shrinks it, which lowers the threshold at once).
 // When the agent re-creates its key, the host is tracked again as a new
-// observation (its clock restarts). Forget drops a deleted host for good
+// observation (its clock restarts).
+//
+// With signatures required and a trusted record of the host signed by its
+// key seen (Tracker.pinned), a delete is no longer a reason not to
+// declare: any agent may delete any host's key (relays need the
+// permission), so a dead host would be kept undeclared by a delete every
+// lease_ttl + grace (issue 11's invariant c). Its declaration clock runs
+// on from its last trusted renewal and it is declared by CAS on the newest
+// marker's revision; a live agent re-creates its key at its next renewal
+// (docs/fencing.md, "Key deleted"), which restarts the clock. The
+// membership and the guard count it as above. Decommissioning a host is
+// then an orderly stop (withdrawn: never declared) before the delete. Forget drops a deleted host for good
 // (decommissioned: withdraw or stop its agent first). The deleted hosts
 // that count travel in the published guard (fencing.Guard.Deleted), so a
 // controller that restarts or takes over restores them (RestoreGuard) and
@@ -48,8 +59,12 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 		}
 		return
 	}
-	if h.deleted || rev <= h.rev {
-		return // already deleted, or a stale delivery
+	if rev <= h.rev {
+		return // a stale delivery
+	}
+	if h.deleted {
+		h.rev = rev // deleted again: a declaration is a CAS on the newest marker
+		return
 	}
 	if keyDeleteMutation.forget {
 		delete(t.hosts, host)
@@ -57,6 +72,12 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 	}
 	h.deleted, h.rev = true, rev
 	h.declaring = time.Time{}
+	if t.pinned(h) {
+		t.out = append(t.out, Decision{Op: OpLeaseDeleted, Host: host, Reason: fmt.Sprintf(
+			"lease-deleted: its key was deleted or purged (last record %s, epoch %d, signed by its key); signatures are required, so the delete stops nothing: declared on the marker's revision once silent for lease_ttl + grace since its last trusted renewal, unless its agent re-creates the key; it keeps counting toward the mass-failure guard",
+			h.rec.State, h.rec.Epoch)})
+		return
+	}
 	t.out = append(t.out, Decision{Op: OpLeaseDeleted, Host: host, Reason: fmt.Sprintf(
 		"lease-deleted: host unprotected: its key was deleted or purged (last record %s, epoch %d); never declared until its agent re-creates it; it keeps counting toward the mass-failure guard",
 		h.rec.State, h.rec.Epoch)})

@@ -102,6 +102,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if log == nil {
 		log = slog.Default()
 	}
+	r.Tracker.SetSigningRequired(r.Store.Keys != nil && r.Store.Keys.Mode == fencing.SigningRequired)
 	tick := time.NewTicker(TickInterval)
 	defer tick.Stop()
 	var lastPublish, retryPublish time.Time

@@ -197,6 +197,22 @@ type Tracker struct {
 	skippedRev uint64
 	guards     guardVersions
 	out        []Decision
+	// required: signed records are required (fencing.SigningRequired;
+	// SetSigningRequired): see invalid.go and keydelete.go for what it
+	// changes.
+	required bool
+}
+
+// SetSigningRequired tells the tracker whether signed records are
+// required (the Runner sets it from its Store's keyring).
+func (t *Tracker) SetSigningRequired(on bool) { t.required = on }
+
+// pinned reports whether h's last trusted record was signed by a host key
+// this controller knows while signatures are required: from then on only
+// a value signed by that host's key can be its renewal (invalid.go), and a
+// delete of its key does not stop its declaration (keydelete.go).
+func (t *Tracker) pinned(h *hostState) bool {
+	return t.required && h.rec.Signer != "" && h.rec.Host != ""
 }
 
 // NewTracker returns a tracker.
@@ -446,8 +462,8 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 	}
 	for _, name := range t.Hosts() {
 		h := t.hosts[name]
-		if h.deleted || h.rec.State != fencing.LeaseActive && h.rec.State != fencing.LeaseReleased && !(withdrawnDeclarable && h.rec.State == fencing.LeaseWithdrawn) {
-			continue // expired, withdrawn (never declared), or deleted
+		if h.deleted && !t.pinned(h) || h.rec.State != fencing.LeaseActive && h.rec.State != fencing.LeaseReleased && !(withdrawnDeclarable && h.rec.State == fencing.LeaseWithdrawn) {
+			continue // expired, withdrawn (never declared), or deleted (keydelete.go)
 		}
 		if h.rec.State == fencing.LeaseReleased {
 			continue // the agent takes the lease again; nothing to declare
