@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/controller/recovery"
@@ -97,7 +98,12 @@ type RecoveryRunner struct {
 	// KV is the recovery bucket; Leases the lease bucket (fresh reads).
 	KV     jetstream.KeyValue
 	Leases *natslease.Store
-	Core   *recovery.Core
+	// NC, if set, makes the gate's fresh read a read from the lease
+	// stream's leader (natslease.Store.ReadLeader) rather than a KV get
+	// that a lagging replica may answer, and gives a delete marker's
+	// revision.
+	NC   *nats.Conn
+	Core *recovery.Core
 	// Cloud is nil in mode notify (nothing is called).
 	Cloud RecoveryCloud
 	// View returns the tracker's view (Runner.View).
@@ -114,9 +120,13 @@ type RecoveryRunner struct {
 	// only; from the workers' goroutines).
 	OnEvent func(recovery.Event)
 
-	mu      sync.Mutex // guards Core, revs, leases, workers
-	revs    map[string]uint64
-	leases  map[string]recovery.Lease
+	mu     sync.Mutex // guards Core, revs, leases, workers, stands
+	revs   map[string]uint64
+	leases map[string]recovery.Lease
+	// stands: the tracker's view of a host whose declaration stands
+	// although untrusted values or a delete followed it
+	// (LeaseView.DeclarationStands): its latest revision seen.
+	stands  map[string]uint64
 	workers map[string]context.CancelFunc
 	wg      sync.WaitGroup
 	loaded  bool
@@ -265,9 +275,15 @@ func (r *RecoveryRunner) load(ctx context.Context) error {
 }
 
 // leaseOf converts the tracker's view of a host.
+// A declaration that stands (h.DeclarationStands) is shown as the trusted
+// declaration: present, at its own revision.
 func leaseOf(v TrackerView, h LeaseView) recovery.Lease {
-	return recovery.Lease{Host: h.Host, Present: !h.KeyDeleted, State: string(h.State), Epoch: h.Epoch, Revision: h.Revision,
+	l := recovery.Lease{Host: h.Host, Present: !h.KeyDeleted, State: string(h.State), Epoch: h.Epoch, Revision: h.Revision,
 		AgentState: string(h.FenceState), Reason: h.Reason, Refused: h.Refused, SilentFor: h.SilentFor, Due: h.Due, Holding: v.Holding}
+	if h.DeclarationStands {
+		l.Present, l.Revision = true, h.TrustedRevision
+	}
+	return l
 }
 
 // cycle starts the recoveries of new declarations (oldest declaration
@@ -286,10 +302,17 @@ func (r *RecoveryRunner) cycle(ctx context.Context, v TrackerView) {
 		l.SharedNovaHost = strings.Join(cfg.SharedNovaHost(h.Host, names), ", ")
 		l.AliveAs = strings.Join(aliveAs(h, hosts), ", ")
 		r.leases[h.Host] = l
+		if r.stands == nil {
+			r.stands = map[string]uint64{}
+		}
+		delete(r.stands, h.Host)
+		if h.DeclarationStands {
+			r.stands[h.Host] = h.Revision
+		}
 	}
 	r.mu.Unlock()
 	for _, h := range hosts {
-		if h.State != fencing.LeaseExpired || h.KeyDeleted {
+		if h.State != fencing.LeaseExpired || h.KeyDeleted && !h.DeclarationStands {
 			continue
 		}
 		if k, err := proto.HostToken(h.Host); err == nil && r.isUnreadable(k) {
@@ -301,7 +324,7 @@ func (r *RecoveryRunner) cycle(ctx context.Context, v TrackerView) {
 		r.mu.Lock()
 		stop, busy := r.workers[h.Host]
 		var st recovery.Step
-		if rec := r.Core.Record(h.Host); busy && rec != nil && (rec.Epoch != h.Epoch || rec.LeaseRevision != h.Revision) {
+		if rec := r.Core.Record(h.Host); busy && rec != nil && (rec.Epoch != h.Epoch || rec.LeaseRevision != r.leases[h.Host].Revision) {
 			// A new declaration of a host whose earlier recovery has a
 			// worker: end that worker first (after its current step);
 			// the next cycle starts the new recovery.
@@ -540,6 +563,9 @@ func (r *RecoveryRunner) freshLease(ctx context.Context, host string) recovery.L
 	l := r.leases[host]
 	r.mu.Unlock()
 	l.Host = host
+	if r.NC != nil {
+		return r.freshLeader(ctx, l)
+	}
 	rec, rev, err := r.Leases.Read(ctx, host)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound):
@@ -549,6 +575,40 @@ func (r *RecoveryRunner) freshLease(ctx context.Context, host string) recovery.L
 	default:
 		l.Present, l.ReadErr = true, ""
 		l.State, l.Epoch, l.Revision, l.AgentState, l.Reason = string(rec.State), rec.Epoch, rev, string(rec.AgentState), rec.Reason
+	}
+	return l
+}
+
+// freshLeader is freshLease reading from the lease stream's leader. When
+// the key holds an untrusted value or a delete marker, the tracker's view
+// decides: if it shows the declaration standing (signatures required, the
+// last trusted record this declaration, every later revision untrusted or
+// a delete, none skipped) and has seen the revision read (or a later one),
+// the declaration is taken as it stands — a compromised node's garbage or
+// delete stops no recovery. Otherwise (signing optional or off, the
+// tracker behind the read) the read is what it was: an untrusted value is
+// an error that pauses the recovery, a delete ends it.
+func (r *RecoveryRunner) freshLeader(ctx context.Context, l recovery.Lease) recovery.Lease {
+	rd, err := r.Leases.ReadLeader(ctx, r.NC, l.Host)
+	if err == nil && (rd.Deleted || rd.Err != nil) {
+		r.mu.Lock()
+		seen, stands := r.stands[l.Host]
+		r.mu.Unlock()
+		if stands && seen >= rd.Revision {
+			return l // the trusted view (leaseOf): the declaration stands
+		}
+	}
+	switch {
+	case err != nil:
+		l.Present, l.ReadErr = false, err.Error()
+	case rd.Deleted:
+		l.Present, l.ReadErr = false, ""
+	case rd.Err != nil:
+		l.Present, l.ReadErr = false, rd.Err.Error()
+	default:
+		rec := rd.Record
+		l.Present, l.ReadErr = true, ""
+		l.State, l.Epoch, l.Revision, l.AgentState, l.Reason = string(rec.State), rec.Epoch, rd.Revision, string(rec.AgentState), rec.Reason
 	}
 	return l
 }

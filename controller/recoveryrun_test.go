@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/controller"
@@ -28,21 +29,31 @@ type recoveryEnv struct {
 	st      *natslease.Store
 	tracker *controller.Runner
 	cloud   *controllertest.RecoveryCloud
+	// nc, if set, is the runners' RecoveryRunner.NC (leader reads).
+	nc *nats.Conn
 }
 
-func newRecoveryEnv(t *testing.T) *recoveryEnv {
+// recoveryBuckets starts JetStream with a lease bucket keeping 16
+// revisions and the recovery bucket; ctx ends with the test (60 s at most).
+func recoveryBuckets(t *testing.T) (ctx context.Context, nc *nats.Conn, leases, rkv jetstream.KeyValue) {
 	t.Helper()
-	_, _, js := controllertest.JetStream(t)
+	_, nc, js := controllertest.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	leases, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: fencing.Bucket, History: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rkv, err := controller.EnsureRecoveryBucket(ctx, js, true)
+	rkv, err = controller.EnsureRecoveryBucket(ctx, js, true)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ctx, nc, leases, rkv
+}
+
+func newRecoveryEnv(t *testing.T) *recoveryEnv {
+	t.Helper()
+	ctx, _, leases, rkv := recoveryBuckets(t)
 	st := &natslease.Store{KV: leases}
 	if _, err := st.Write(ctx, "h0", 0, controllertest.HostRecord("h0"), time.Second); err != nil {
 		t.Fatal(err)
@@ -71,7 +82,7 @@ func (e *recoveryEnv) runner(t *testing.T, who string, acting *atomic.Bool, even
 	if err != nil {
 		t.Fatal(err)
 	}
-	rr := &controller.RecoveryRunner{KV: e.rkv, Leases: e.st, Core: core, Cloud: e.cloud.As(who), View: e.tracker.View,
+	rr := &controller.RecoveryRunner{KV: e.rkv, Leases: e.st, NC: e.nc, Core: core, Cloud: e.cloud.As(who), View: e.tracker.View,
 		MayAct: func(time.Time) bool { return acting.Load() }, Log: quiet(), By: func() string { return who },
 		OnEvent: func(ev recovery.Event) {
 			mu.Lock()

@@ -151,7 +151,10 @@ func (d Decision) String() string {
 }
 
 type hostState struct {
-	rev        uint64
+	rev uint64
+	// trustedRev: the revision of rec (the last trusted record); rev may
+	// be later (an untrusted value, a delete).
+	trustedRev uint64
 	rec        fencing.LeaseRecord
 	lastSeen   time.Time // last observed renewal (or release, or watch start)
 	silentEnd  time.Time // when the last silence ended (zero: none)
@@ -213,6 +216,17 @@ func (t *Tracker) SetSigningRequired(on bool) { t.required = on }
 // delete of its key does not stop its declaration (keydelete.go).
 func (t *Tracker) pinned(h *hostState) bool {
 	return t.required && h.rec.Signer != "" && h.rec.Host != ""
+}
+
+// declarationStands reports whether h's declaration still stands although
+// its key changed since: signatures required, its last trusted record is
+// a (controller-signed) declaration, and every revision of the key after
+// it was delivered (no skip since: a genuine release or renewal cannot
+// have been missed) and was untrusted or a delete. Host recovery then
+// judges the declaration from this trusted view: a compromised node's
+// garbage or delete written after the declaration stops nothing.
+func (t *Tracker) declarationStands(h *hostState) bool {
+	return t.pinned(h) && h.rec.State == fencing.LeaseExpired && h.trustedRev > 0 && h.rev > h.trustedRev && t.skippedRev <= h.trustedRev
 }
 
 // NewTracker returns a tracker.
@@ -306,7 +320,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		t.hosts[host] = h
 	}
 	prev := h.rec
-	h.rev, h.rec = rev, *rec
+	h.rev, h.rec, h.trustedRev = rev, *rec, rev
 	t.guards.named(rec)
 	switch rec.State {
 	case fencing.LeaseActive:

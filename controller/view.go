@@ -51,6 +51,13 @@ type LeaseView struct {
 	InvalidAgeSeconds float64 `json:"invalid_record_age_seconds,omitempty"`
 	// Signer: the key that signed the host's current record ("": unsigned).
 	Signer string `json:"signer,omitempty"`
+	// TrustedRevision is the revision of the record shown (the last
+	// trusted one); Revision may be later (an untrusted value, a delete).
+	// DeclarationStands: the record shown is a declaration that still
+	// stands although untrusted values or a delete followed it
+	// (Tracker.declarationStands; signatures required only).
+	TrustedRevision   uint64 `json:"trusted_revision,omitempty"`
+	DeclarationStands bool   `json:"declaration_stands,omitempty"`
 }
 
 // TrackerView is the tracker's state at one instant.
@@ -73,7 +80,7 @@ func (t *Tracker) View(now time.Time) TrackerView {
 			GraceSeconds: h.grace.Seconds(), LastRenewalSeconds: now.Sub(h.lastSeen).Seconds(),
 			Silent: t.counted(h, now), Refused: h.refused, Reason: h.rec.Reason,
 			KeyDeleted: h.deleted, BootID: h.rec.BootID, Guard: h.rec.Guard, FenceState: h.rec.AgentState, AgentVersion: h.rec.AgentVersion,
-			Signer:    h.rec.Signer,
+			Signer: h.rec.Signer, TrustedRevision: h.trustedRev, DeclarationStands: t.declarationStands(h),
 			SilentFor: now.Sub(h.declClock()), Due: h.rec.Timing.LeaseTTL + h.grace,
 		}
 		if !h.untrusted.IsZero() {

@@ -198,7 +198,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 		OnSynced:  func(int) { d.trackerSynced.Store(true); d.maybeReady() },
 		Signature: func() string { return fmt.Sprintf("declared by controller %s, term %d", cfg.ID, d.lr.Term()) }}
 
-	d.rec = &controller.RecoveryRunner{KV: rkv, Leases: st, Core: recCore, Cloud: cloud, View: d.run.View,
+	d.rec = &controller.RecoveryRunner{KV: rkv, Leases: st, NC: d.nc, Core: recCore, Cloud: cloud, View: d.run.View,
 		MayAct: d.lr.MayAct, Now: d.now, Log: log.With("component", "recovery"),
 		By:      func() string { return fmt.Sprintf("controller %s, term %d", cfg.ID, d.lr.Term()) },
 		OnEvent: d.recoveryEvent}

@@ -9,10 +9,12 @@ package natslease
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -449,4 +451,66 @@ func WarnRollup(ctx context.Context, js jetstream.JetStream, log *slog.Logger) b
 		log.Error("insecure lease bucket", "warning", RollupWarning)
 	}
 	return allowed
+}
+
+// LeaderRead is a read of a host's key from the lease stream's leader:
+// Deleted (a delete or purge marker) or the value, at Revision; Err is
+// why the value is not a trusted record (undecodable, unverifiable,
+// forged: it is then ignored like any untrusted value).
+type LeaderRead struct {
+	Record   *fencing.LeaseRecord
+	Revision uint64
+	Deleted  bool
+	Err      error
+}
+
+// ReadLeader reads host's key with the stream API's message get
+// ($JS.API.STREAM.MSG.GET, answered by the stream's leader) rather than a
+// KV get, which with direct gets allowed (KV buckets allow them) may be
+// answered by a replica that lags: the read that gates a destructive step
+// must not miss a renewal or a release. A missing key (never written) is
+// Deleted at revision 0. The error is an error of the read itself.
+func (s *Store) ReadLeader(ctx context.Context, nc *nats.Conn, host string) (LeaderRead, error) {
+	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	defer cancel()
+	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + fencing.Bucket + "." + key(host)})
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+StreamName, req)
+	if err != nil {
+		return LeaderRead{}, fmt.Errorf("lease %s: leader read: %w", host, err)
+	}
+	var resp struct {
+		Message *struct {
+			Seq  uint64 `json:"seq"`
+			Hdrs []byte `json:"hdrs"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+		Error *struct {
+			Code        int    `json:"code"`
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return LeaderRead{}, fmt.Errorf("lease %s: leader read: %w", host, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == 10037: // no message found
+		return LeaderRead{Deleted: true}, nil
+	case resp.Error != nil:
+		return LeaderRead{}, fmt.Errorf("lease %s: leader read: %s (%d)", host, resp.Error.Description, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return LeaderRead{}, fmt.Errorf("lease %s: leader read: empty answer", host)
+	}
+	out := LeaderRead{Revision: resp.Message.Seq}
+	if h := string(resp.Message.Hdrs); strings.Contains(h, "KV-Operation: DEL") || strings.Contains(h, "KV-Operation: PURGE") {
+		out.Deleted = true
+		return out, nil
+	}
+	r, err := s.decode(host, out.Revision, resp.Message.Data)
+	if err != nil {
+		out.Err = err
+		return out, nil
+	}
+	out.Record = &r
+	return out, nil
 }
