@@ -123,6 +123,7 @@ func newRig(t *testing.T, withForeign bool) *rig {
 		}
 	}
 	t.Cleanup(r.cleanup)
+	r.parkStoppedComputes(ctx)
 	// a host-failure run of Masakari leaves the COMPUTE_STATUS_DISABLED
 	// trait on node1 (boots there: NoValidHost) until its service is
 	// disabled and enabled again with the compute up
@@ -583,4 +584,32 @@ func masakariHostNotifications(t *testing.T, r *rig) string {
 		return err.Error()
 	}
 	return string(resp.Body)
+}
+
+// parkStoppedComputes forces down, for this test, every other compute whose
+// nova-compute the harness is not running (node3, the libvirt-driver compute
+// the reboot storm of make e2e starts and stops just before this test). A
+// just-stopped compute still looks up to Nova for service_down_time (60 s),
+// so the scheduler may choose it as an evacuation's destination and the
+// rebuild then waits on a queue nobody reads: seen in the final CI run of
+// 2026-12-01 (the ephemeral server scheduled to node3 48 s after the storm
+// stopped it, never ACTIVE on node2). Restored (forced_down cleared) when
+// the test ends, so a later storm can use node3 again.
+func (r *rig) parkStoppedComputes(ctx context.Context) {
+	for _, host := range []string{"node3"} {
+		if _, err := os.Stat(osharness.WorkDir() + "/run/nova-compute-" + host + ".pid"); err == nil {
+			continue // running: a real destination
+		}
+		if _, _, err := r.h.ComputeState(ctx, host); err != nil {
+			continue // no such compute in this cloud
+		}
+		r.step("force down "+host+" (stopped, may still look up)", func() error { return r.h.ForceDown(ctx, host, true) })
+		r.t.Cleanup(func() {
+			cctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			if err := r.h.ForceDown(cctx, host, false); err != nil {
+				r.t.Logf("clear forced_down of %s: %v", host, err)
+			}
+		})
+	}
 }
