@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-multierror"
 	"github.com/nats-io/nats.go"
 
 	"hvguard/agent/delivery"
@@ -194,7 +195,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	d.outbox = ob
 	defer func() {
 		if cerr := ob.Close(); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("close outbox: %w", cerr))
+			err = multierror.Append(err, fmt.Errorf("close outbox: %w", cerr)).ErrorOrNil()
 		}
 	}()
 
@@ -321,30 +322,30 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 
 	d.waitReady(ctx)
 
-	var result error
+	var result *multierror.Error
 	select {
 	case <-ctx.Done():
 		if cause := d.failure(); cause != nil {
-			result = errors.Join(result, cause)
+			result = multierror.Append(result, cause)
 		}
 	case lerr := <-loopDone:
-		result = errors.Join(result, fmt.Errorf("event loop: %w", lerr))
+		result = multierror.Append(result, fmt.Errorf("event loop: %w", lerr))
 		loopDone = nil
 	}
 	d.notify.Stopping()
 	// The lease first (withdraw, or fence), while the fencing loop, libvirt
 	// and NATS all run: the drain and the flush below may take
 	// shutdown_timeout, and nothing may lapse into a declaration meanwhile.
-	d.stopFencing(result)
+	d.stopFencing(result.ErrorOrNil())
 	log.Info("shutting down: flushing outbox", "timeout", cfg.ShutdownTimeout.D())
 	stopLoop()
 	if loopDone != nil {
 		if lerr := <-loopDone; lerr != nil {
-			result = errors.Join(result, lerr)
+			result = multierror.Append(result, lerr)
 		}
 	}
 	if serr := ob.Sync(); serr != nil {
-		result = errors.Join(result, fmt.Errorf("outbox sync: %w", serr))
+		result = multierror.Append(result, fmt.Errorf("outbox sync: %w", serr))
 	}
 	fctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout.D())
 	if ferr := d.pub.Flush(fctx); ferr != nil {
@@ -354,7 +355,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 	stopPub()
 	<-pubDone
 	log.Info("stopped")
-	return result
+	return result.ErrorOrNil()
 }
 
 // dialLibvirt connects, retrying with backoff until ctx ends: at boot
