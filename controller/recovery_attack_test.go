@@ -1,13 +1,10 @@
 package controller_test
 
 import (
-	"context"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
@@ -27,17 +24,7 @@ import (
 // recovery confirms the declaration and forces the host down, removes its
 // attachments and evacuates it.
 func TestAttackRecoveryFirstSeenExpiredBackstopNotAccepted(t *testing.T) {
-	_, _, js := controllertest.JetStream(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	leases, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: fencing.Bucket, History: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rkv, err := controller.EnsureRecoveryBucket(ctx, js, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, _, leases, rkv := recoveryBuckets(t)
 	st := &natslease.Store{KV: leases}
 	declared := controllertest.HostRecord("h0")
 	declared.Backstop = fencing.BackstopReset // this controller's config refuses it
@@ -183,17 +170,7 @@ func TestAttackRecoveryNewerRecordNotOverwritten(t *testing.T) {
 // host's servers. A declared host whose boot id another renewing lease
 // host carries is alive under another name: never recovered.
 func TestAttackRecoveryRenamedHostAlive(t *testing.T) {
-	_, _, js := controllertest.JetStream(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	leases, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: fencing.Bucket, History: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rkv, err := controller.EnsureRecoveryBucket(ctx, js, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, _, leases, rkv := recoveryBuckets(t)
 	st := &natslease.Store{KV: leases}
 	old := controllertest.HostRecord("h0")
 	old.BootID = "5f1c7a2e-0d43-4c1b-9a57-3b0e2f6d8c11"
