@@ -37,14 +37,7 @@ func TestControllerFleetView(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	addrc := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- daemon.Run(ctx, cfg, quietLog(), daemon.Options{Listening: func(x string) { addrc <- x }})
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	addr := <-addrc
+	addr := runController(t, cfg)
 
 	status := func(what string, ok func(daemon.Status) bool) daemon.Status {
 		t.Helper()
@@ -115,4 +108,18 @@ func TestControllerFleetView(t *testing.T) {
 	if state(st, a) != "absent" || state(st, b) != "running" {
 		t.Fatalf("view after the new incarnation: a %s (undefined: want absent), b %s (want running)", state(st, a), state(st, b))
 	}
+}
+
+// runController runs hvguard-controller's daemon with cfg until the test
+// ends and returns its status endpoint's address.
+func runController(t *testing.T, cfg daemon.Config) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addrc := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- daemon.Run(ctx, cfg, quietLog(), daemon.Options{Listening: func(x string) { addrc <- x }})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return <-addrc
 }

@@ -47,14 +47,8 @@ func TestControllerInstanceRecovery(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	addrc := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- daemon.Run(ctx, cfg, quietLog(), daemon.Options{Listening: func(x string) { addrc <- x }})
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	addr := <-addrc
+	addr := runController(t, cfg)
+	ctx := t.Context()
 	status := func(what string, ok func(daemon.Status) bool) daemon.Status {
 		t.Helper()
 		deadline := time.Now().Add(20 * time.Second)
