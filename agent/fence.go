@@ -184,6 +184,7 @@ type FenceStats struct {
 	LeaseHeld      atomic.Bool
 	Renewals       atomic.Uint64
 	RenewFailures  atomic.Uint64 // timed out, failed or conflict
+	Beacons        atomic.Uint64 // beacons published (fencing.Beacon)
 	PeersAsked     atomic.Uint64
 	PeerAnswers    [6]atomic.Uint64 // by fencing.PeerAnswerKind
 	PausedByHV     atomic.Int64     // size of the durable paused set
@@ -273,6 +274,9 @@ type fencer struct {
 	domainsC chan []fencing.Domain
 	relistC  chan struct{}
 	events   chan fencing.FenceEvent
+	// beacons: the newest beacon waiting to be published (capacity 1:
+	// only the newest revision matters, an older one is superseded).
+	beacons  chan *nats.Msg
 	sem      chan struct{}
 	view     atomic.Pointer[fencing.PeerView]
 	progress atomic.Int64 // wall unix nanos of the last loop iteration
@@ -327,7 +331,7 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 		statePath: filepath.Join(cfg.StateDir, fenceStateFile), membPath: filepath.Join(cfg.StateDir, fenceMembersFile),
 		onTrans: opts.OnFenceTransition,
 		inbox:   make(chan func(time.Time) fencing.Ready, 4096), domainsC: make(chan []fencing.Domain, 1),
-		relistC: make(chan struct{}, 1), events: make(chan fencing.FenceEvent, fenceEventQueue), sem: make(chan struct{}, fc.FenceConcurrency),
+		relistC: make(chan struct{}, 1), events: make(chan fencing.FenceEvent, fenceEventQueue), beacons: make(chan *nats.Msg, 1), sem: make(chan struct{}, fc.FenceConcurrency),
 		stopped: make(chan struct{}), wdOpen: opts.OpenWatchdog,
 	}
 	if opts.WrapFenceHypervisor != nil {
@@ -799,6 +803,8 @@ func (f *fencer) renew(ctx context.Context, req fencing.RenewRequest) {
 		res := f.store.Renew(ctx, req, f.core.Timing.RenewTimeout)
 		if res.Outcome != fencing.RenewAcked {
 			f.stats.RenewFailures.Add(1)
+		} else {
+			f.beacon(req.Record, res.Revision)
 		}
 		f.post(ctx, func(now time.Time) fencing.Ready { return f.a.Renewed(now, req.Seq, res) })
 	}()
@@ -917,6 +923,29 @@ func (f *fencer) invalidRecord(host string, rev uint64, err error) {
 	}
 }
 
+// beacon queues the beacon of a renewal this agent wrote itself at rev
+// (fencing.Beacon), replacing one not yet published. Never blocks.
+func (f *fencer) beacon(rec fencing.LeaseRecord, rev uint64) {
+	if f.nc == nil {
+		return
+	}
+	m, err := natslease.BeaconMsg(rec, rev, time.Now())
+	if err != nil {
+		return
+	}
+	for range 2 {
+		select {
+		case f.beacons <- m:
+			return
+		default:
+		}
+		select {
+		case <-f.beacons: // superseded
+		default:
+		}
+	}
+}
+
 // fenceEventQueue bounds the fence events waiting to be published: a few
 // per fence; more means NATS has been unwritable for a long time and the
 // log has them anyway.
@@ -931,6 +960,18 @@ func (f *fencer) publishEvents(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case m := <-f.beacons:
+			if ctx.Err() != nil {
+				return
+			}
+			// Best effort: a beacon lost makes that one renewal count
+			// for nothing only where the controller cannot verify the
+			// record itself (fencing.Beacon); the next renewal sends one.
+			if err := f.nc.PublishMsg(m); err != nil {
+				f.log.Debug("beacon not published", "host", f.host, "subject", m.Subject, "err", err)
+			} else {
+				f.stats.Beacons.Add(1)
+			}
 		case ev := <-f.events:
 			if ctx.Err() != nil {
 				return // stopping: a blackholed connection would block each publish

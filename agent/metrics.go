@@ -60,6 +60,7 @@ var (
 	descLeaseAge      = prometheus.NewDesc("hvguard_fence_lease_last_renewal_timestamp_seconds", "Unix time (send time) of the last lease renewal known to have landed (0: none since start). Measured on CLOCK_BOOTTIME and converted at scrape time, so a wall-clock step moves it by that step.", nil, nil)
 	descLeaseHeld     = prometheus.NewDesc("hvguard_fence_lease_held", "1 while the agent holds its lease.", nil, nil)
 	descRenewals      = prometheus.NewDesc("hvguard_fence_lease_renewals_total", "Lease renewals sent.", nil, nil)
+	descBeacons       = prometheus.NewDesc("hvguard_fence_beacons_published_total", "Beacons published after the agent's own lease renewals (fencing.Beacon: what lets a controller requiring signatures count a renewal it cannot verify).", nil, nil)
 	descRenewFailures = prometheus.NewDesc("hvguard_fence_lease_renewal_failures_total", "Lease renewals not acknowledged (timed out, failed or CAS conflict).", nil, nil)
 	descPeersAsked    = prometheus.NewDesc("hvguard_fence_peers_asked_total", "Peer questions sent.", nil, nil)
 	descPeerAnswers   = prometheus.NewDesc("hvguard_fence_peer_answers_total", "Peer answers, by kind.", []string{"kind"}, nil)
@@ -115,6 +116,7 @@ func (c collector) collectFence(ch chan<- prometheus.Metric) {
 	g(descLeaseHeld, held)
 	cnt(descRenewals, s.Renewals.Load())
 	cnt(descRenewFailures, s.RenewFailures.Load())
+	cnt(descBeacons, s.Beacons.Load())
 	cnt(descPeersAsked, s.PeersAsked.Load())
 	for i, n := range peerAnswerNames {
 		cnt(descPeerAnswers, s.PeerAnswers[i].Load(), n)

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
@@ -107,6 +110,13 @@ func startAgent(ctx context.Context, t *testing.T, st *natslease.Store, host str
 // lyingPeers is fencing.Config.LyingPeers.
 func startAgentPeers(ctx context.Context, t *testing.T, st *natslease.Store, host string, members []string, urls map[string]string, lyingPeers ...int) *agentRun {
 	t.Helper()
+	return startAgentOn(ctx, t, st, nil, host, members, urls, lyingPeers...)
+}
+
+// startAgentOn is startAgentPeers whose agent, when nc is set, publishes
+// a beacon on nc after each renewal it wrote (as agent/fence.go does).
+func startAgentOn(ctx context.Context, t *testing.T, st *natslease.Store, nc *nats.Conn, host string, members []string, urls map[string]string, lyingPeers ...int) *agentRun {
+	t.Helper()
 	cfg := fencing.DefaultConfig(host, "boot-"+host)
 	cfg.Enabled, cfg.HardwareWatchdog = true, true
 	cfg.Timing = controllertest.HostRecord(host).Timing
@@ -151,6 +161,11 @@ func startAgentPeers(ctx context.Context, t *testing.T, st *natslease.Store, hos
 			req := *rq
 			go func() {
 				res := st.Renew(ctx, req, cfg.Timing.RenewTimeout)
+				if nc != nil && res.Outcome == fencing.RenewAcked {
+					if m, err := natslease.BeaconMsg(req.Record, res.Revision, time.Now()); err == nil {
+						nc.PublishMsg(m)
+					}
+				}
 				select {
 				case results <- func(n time.Time) fencing.Ready { return a.Renewed(n, req.Seq, res) }:
 				case <-ctx.Done():
@@ -205,10 +220,18 @@ type controllerRun struct {
 	mu        sync.Mutex
 	declared  map[string]time.Time // written declarations
 	invalid   map[string]int
+	beacons   map[string]int // accepted, by host
 	decisions []string
 }
 
 func startController(ctx context.Context, t *testing.T, st *natslease.Store) *controllerRun {
+	t.Helper()
+	return startControllerOn(ctx, t, st, nil)
+}
+
+// startControllerOn is startController receiving the agents' beacons on
+// nc (nil: none).
+func startControllerOn(ctx context.Context, t *testing.T, st *natslease.Store, nc *nats.Conn) *controllerRun {
 	t.Helper()
 	cfg := controller.DefaultConfig()
 	cfg.GuardShare = 0.5 // 4 hosts: threshold 2 (one dead host is not a mass failure)
@@ -216,8 +239,17 @@ func startController(ctx context.Context, t *testing.T, st *natslease.Store) *co
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &controllerRun{declared: map[string]time.Time{}, invalid: map[string]int{}}
-	r := &controller.Runner{Store: st, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	c := &controllerRun{declared: map[string]time.Time{}, invalid: map[string]int{}, beacons: map[string]int{}}
+	r := &controller.Runner{Store: st, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: nc,
+		OnBeacon: func(host string, _ fencing.Beacon, err error) {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if err != nil {
+				c.decisions = append(c.decisions, fmt.Sprintf("beacon of %s refused: %v", host, err))
+			} else {
+				c.beacons[host]++
+			}
+		},
 		OnDecision: func(d controller.Decision, err error) {
 			c.mu.Lock()
 			defer c.mu.Unlock()
@@ -240,6 +272,12 @@ func (c *controllerRun) declaredAt(host string) (time.Time, bool) {
 	defer c.mu.Unlock()
 	at, ok := c.declared[host]
 	return at, ok
+}
+
+func (c *controllerRun) beaconCounts() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.beacons)
 }
 
 func (c *controllerRun) invalidCount(host string) int {

@@ -93,8 +93,8 @@ func TestAgentCannotPurgeLeaseBucket(t *testing.T) {
 }
 
 // permRig starts nats-server with the shipped permissions, real agent
-// cores for hosts (each with its own NKey and host key, signing required)
-// and a controller Runner; the agent of dead (if any) runs until the
+// cores for hosts (each with its own NKey and host key, signing required,
+// publishing beacons) and a controller Runner receiving them; the agent of dead (if any) runs until the
 // returned die is called. attacker is compute-1's store (its NKey, its
 // host key).
 func permRig(t *testing.T, dead string) (f fleet, ctx context.Context, hosts []string, agents map[string]*agentRun, ctl *controllerRun, attacker *natslease.Store, anc *nats.Conn, die func()) {
@@ -106,15 +106,15 @@ func permRig(t *testing.T, dead string) (f fleet, ctx context.Context, hosts []s
 	dctx, die := context.WithCancel(ctx)
 	agents = map[string]*agentRun{}
 	for _, h := range hosts {
-		st, _ := permStore(t, url, "agent:"+h, f, h)
+		st, nc := permStore(t, url, "agent:"+h, f, h)
 		actx := ctx
 		if h == dead {
 			actx = dctx
 		}
-		agents[h] = startAgent(actx, t, st, h, hosts)
+		agents[h] = startAgentOn(actx, t, st, nc, h, hosts, nil)
 	}
-	cst, _ := permStore(t, url, "controller:ctl-1", f, "ctl")
-	ctl = startController(ctx, t, cst)
+	cst, cnc := permStore(t, url, "controller:ctl-1", f, "ctl")
+	ctl = startControllerOn(ctx, t, cst, cnc)
 	attacker, anc = permStore(t, url, "agent:"+hosts[0], f, hosts[0])
 	time.Sleep(time.Second) // everybody renewing, the guard published
 	return f, ctx, hosts, agents, ctl, attacker, anc, die
@@ -124,36 +124,53 @@ func permRig(t *testing.T, dead string) (f fleet, ctx context.Context, hosts []s
 // dies; compute-1 writes, every second, a value into compute-3's key
 // that the controller cannot verify — garbage, compute-3's last record
 // without its signature, a record signed by a key nobody knows — or
-// deletes the key. Every such value restarts compute-3's declaration
-// clock (it "may be a genuine renewal this controller cannot verify"), a
-// delete made it "never declared while the key is absent". The delete is
-// tested here (with signatures required a pinned host is declared over
-// it); the unverifiable values stay a documented limit: see the cases.
+// deletes the key. Before beacons every such value restarted compute-3's
+// declaration clock (it "may be a genuine renewal this controller cannot
+// verify") and a delete made it "never declared while the key is
+// absent". Now a pinned host is declared over a delete, and an
+// unverifiable value counts only when compute-3's own beacon names its
+// revision — which compute-1 cannot publish (the shipped permissions).
 func TestAgentCannotKeepDeadHostUndeclaredWithUnverifiableValues(t *testing.T) {
 	const dead = "compute-3.example.org"
+	unknown := newFleetOf(t, []string{dead}).signers[dead]
 	for _, tc := range []struct {
 		name  string
 		write func(ctx context.Context, st *natslease.Store, last fencing.LeaseRecord, rev uint64, i int) error
 	}{
-		// garbage, the record unsigned, or signed by an unknown key: not
-		// here. The controller cannot tell them from a live host's genuine
-		// renewals (an agent rolled back, a key rotated out of order), and
-		// counting them as forged declared a running host —
-		// TestLiveHostRenewingUnverifiablyIsNotDeclared (x3_attack_test.go)
-		// requires they restart the clock, so such writes keep a dead host
-		// undeclared, loudly (docs/security.md, "What is left").
+		{"garbage", func(ctx context.Context, st *natslease.Store, _ fencing.LeaseRecord, _ uint64, _ int) error {
+			_, err := st.KV.Put(ctx, "compute-3_example_org", []byte("not a record"))
+			return err
+		}},
+		{"unsigned", func(ctx context.Context, st *natslease.Store, last fencing.LeaseRecord, _ uint64, i int) error {
+			r := last
+			r.Sig, r.Signer, r.Seq = "", "", last.Seq+uint64(i)+1
+			b, _ := r.Encode()
+			_, err := st.KV.Put(ctx, "compute-3_example_org", b)
+			return err
+		}},
+		{"unknown-signer", func(ctx context.Context, st *natslease.Store, last fencing.LeaseRecord, rev uint64, i int) error {
+			r := last
+			r.Seq = last.Seq + uint64(i) + 1
+			b, _ := unknown.Seal(r, rev).Encode()
+			_, err := st.KV.Put(ctx, "compute-3_example_org", b)
+			return err
+		}},
 		{"delete", func(ctx context.Context, st *natslease.Store, _ fencing.LeaseRecord, _ uint64, _ int) error {
 			return st.KV.Delete(ctx, "compute-3_example_org")
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, ctx, _, _, ctl, attacker, _, die := permRig(t, dead)
+			_, ctx, _, _, ctl, attacker, anc, die := permRig(t, dead)
+			if n := ctl.beaconCounts()[dead]; n == 0 {
+				t.Fatalf("no beacon of compute-3 received before its death: %v", ctl.beaconCounts())
+			}
 			die()
 			time.Sleep(50 * time.Millisecond)
 			last, rev, err := attacker.Read(ctx, dead)
 			if err != nil {
 				t.Fatal(err)
 			}
+			before := ctl.beaconCounts()[dead]
 			died := time.Now()
 			for i := 0; time.Since(died) < 6*time.Second; i++ {
 				if _, ok := ctl.declaredAt(dead); ok {
@@ -162,10 +179,21 @@ func TestAgentCannotKeepDeadHostUndeclaredWithUnverifiableValues(t *testing.T) {
 				if err := tc.write(ctx, attacker, *last, rev, i); err != nil {
 					t.Fatalf("compute-1's write refused: %v", err)
 				}
+				// ... and compute-1 publishes compute-3's beacon naming
+				// the value it wrote: the server refuses it (compute-1
+				// may publish only its own beacon subject).
+				if e, err := attacker.KV.Get(ctx, "compute-3_example_org"); err == nil {
+					if m, err := natslease.BeaconMsg(*last, e.Revision(), time.Now()); err == nil {
+						anc.PublishMsg(m)
+					}
+				}
 				time.Sleep(time.Second) // < lease_ttl + grace (3.05 s at x0.1)
 			}
 			if _, ok := ctl.declaredAt(dead); !ok {
-				t.Errorf("dead compute-3 not declared within 6 s (lease_ttl + grace = 3.05 s) while compute-1 wrote %s values into its key every second; invalid values said: %d", tc.name, ctl.invalidCount(dead))
+				t.Errorf("dead compute-3 not declared within 6 s (lease_ttl + grace = 3.05 s) while compute-1 wrote %s values into its key every second; invalid values said: %d, beacons received %v", tc.name, ctl.invalidCount(dead), ctl.beaconCounts())
+			}
+			if n := ctl.beaconCounts()[dead]; n != before {
+				t.Errorf("compute-1's beacons for compute-3 reached the controller (%d after the death): the shipped permissions must refuse them", n-before)
 			}
 		})
 	}

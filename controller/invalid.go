@@ -19,20 +19,91 @@ import (
 //     fail for ever: one forged write would keep a dead host undeclared);
 //   - for a value that may be a genuine renewal it cannot verify
 //     (unsigned, an unknown signer, a bad signature, undecodable: a host
-//     key not provisioned here, an old agent), restarts the host's
-//     declaration clock as a renewal would — a host whose agent keeps
-//     renewing with such records is never declared (alerted at every
-//     value); it does not end its silence for the guard (a forged value
-//     must not lower the count a Held peer relies on);
-//     — in `optional` or `off` mode, or before the host's first trusted
-//     signed record in `required` mode only;
+//     key not provisioned here, an agent whose signing is off), restarts
+//     the host's declaration clock as a renewal would — a host whose
+//     agent keeps renewing with such records is never declared (alerted
+//     at every value); it does not end its silence for the guard (a
+//     forged value must not lower the count a Held peer relies on);
+//     EXCEPT while the host's beacons bind it (beaconsBind: signatures
+//     required, a trusted record signed by the host's known key seen, a
+//     beacon from the host received within beaconWindow): then such a
+//     value counts only when the host's own beacon (fencing.Beacon, which
+//     with the shipped NATS permissions only the host itself can publish)
+//     names its revision — before the value arrives or after it, while it
+//     is still the key's latest. A value no beacon names restarts nothing
+//     (discounted): a compromised node writing garbage, unsigned or
+//     unknown-signer values into a dead host's key does not keep it
+//     undeclared, and a live host renewing with records this controller
+//     cannot verify is not declared (its beacons name them). A
+//     declaration made while values were discounted is "contested": host
+//     recovery confirms it only lease_ttl + grace after it was observed
+//     (silentFor) — the time an agent that wrote them needs to see the
+//     controller's expired record and fence, or its backstop to fire;
 //   - for a value that cannot be genuine (fencing.ErrForgedRecord: signed
-//     by another known key, or a replay; with signatures required, any
-//     untrusted value once the host has a trusted record signed by its
-//     known key: Tracker.pinned) restarts nothing, unless the watch
-//     skipped a revision since the host's last one (Skipped): a genuine
-//     renewal may then have been overwritten before it was delivered, and
-//     the clock restarts as if it had been observed.
+//     by another known key, or a replay) restarts nothing;
+//   - in either case, when the watch skipped a revision since the host's
+//     last one (Skipped), restarts the clock: a genuine renewal may have
+//     been overwritten before it was delivered.
+
+// BeaconTrustWindow is the least time a host's beacons bind its
+// unverifiable values after the last beacon received (beaconWindow:
+// at least twice the host's lease_ttl + grace). It must outlast the time
+// from a dead host's last beacon to its declaration (lease_ttl + grace
+// after its last renewal: at most 15 s + 2 min with the defaults and
+// DefaultMaxGrace): within it, values no beacon names are discounted, so
+// the dead host is declared on time. After it (beacons gone for good:
+// NATS permissions without the beacon subscription, agents of a release
+// without beacons) the tracker is lenient again — a live host is then
+// never declared over values it cannot verify, at the price of invariant
+// (c) (docs/security.md).
+const BeaconTrustWindow = 5 * time.Minute
+
+// beaconWindow is how long after its last beacon h's beacons bind it.
+func beaconWindow(h *hostState) time.Duration {
+	return max(BeaconTrustWindow, 2*(h.rec.Timing.LeaseTTL+h.grace))
+}
+
+// beaconsBind reports whether an unverifiable value of h observed at now
+// counts only when a beacon names it (see above).
+func (t *Tracker) beaconsBind(h *hostState, now time.Time) bool {
+	return t.pinned(h) && !h.beaconAt.IsZero() && now.Sub(h.beaconAt) <= beaconWindow(h)
+}
+
+// ObserveBeacon reports a beacon of host naming revision rev, received at
+// now on host's own beacon subject (the caller checked the subject is
+// host's). A beacon of a host not tracked is ignored (beacons make no
+// member). A beacon naming the key's latest value, an unverifiable one
+// discounted before, counts it as the host's renewal now.
+func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
+	h := t.hosts[host]
+	if h == nil || h.deleted {
+		return
+	}
+	h.beaconAt = now
+	h.beaconRev = max(h.beaconRev, rev)
+	if rev == h.pendingRev && rev == h.rev {
+		h.pendingRev, h.corroboratedRev = 0, rev
+		h.unverifiedAt = now
+	}
+}
+
+// contested reports whether h's declaration came while values of its key
+// were discounted (no beacon named them) after its last renewal.
+func (h *hostState) contested() bool {
+	return !h.discountedAt.IsZero() && h.discountedAt.After(h.lastSeen)
+}
+
+// silentFor is how long h has been silent for host recovery's
+// confirmation (recovery.Lease.SilentFor): since its declaration clock
+// last restarted, and for a contested declaration no longer than since
+// the declaration was observed.
+func (t *Tracker) silentFor(h *hostState, now time.Time) time.Duration {
+	d := now.Sub(h.declClock())
+	if h.contested() && !h.declaredAt.IsZero() && !contestMutation {
+		d = min(d, now.Sub(h.declaredAt))
+	}
+	return d
+}
 
 // Skipped tells the tracker the watch delivered rev although some revision
 // before it was never delivered (superseded before the watch reached it,
@@ -61,17 +132,20 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		t.hosts[host] = h
 	}
 	hidden := t.skippedRev > h.rev
-	// An unverifiable value (unsigned, unknown signer, undecodable) may be
-	// the live host's genuine renewal even after a trusted record was seen
-	// (an agent rolled back to a release that does not sign, a host key
-	// changed before this controller re-read host_keys_file): it restarts
-	// the declaration clock. Counting it as forged declared a running host
-	// (TestLiveHostRenewingUnverifiablyIsNotDeclared, reviewer X3); the
-	// price is that a node writing such values keeps a dead host
-	// undeclared, loudly (docs/security.md, "What is left").
+	bind := !forged && !hidden && t.beaconsBind(h, now) && !beaconMutation
 	h.rev = rev
 	h.untrusted, h.untrustedWhy = now, why
 	restart := !forged || hidden
+	named := false
+	if bind {
+		named = h.beaconRev == rev
+		if named {
+			h.corroboratedRev = rev
+		} else {
+			restart = false
+			h.pendingRev, h.discountedAt = rev, now
+		}
+	}
 	if restart {
 		h.unverifiedAt = now
 	}
@@ -80,7 +154,12 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		kind = "unverifiable"
 	}
 	detail := "declaration clock kept"
-	if restart {
+	switch {
+	case named:
+		detail = "the host's beacon names this revision: counted as its renewal"
+	case bind:
+		detail = "declaration clock kept: no beacon of the host names this revision (only a value the host's own beacon names counts)"
+	case restart:
 		detail = "counted as a renewal for its declaration (never declared while such values keep coming)"
 	}
 	if h.rec.State == "" {

@@ -5,11 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
+	"hvguard/proto"
 )
 
 // Runner defaults.
@@ -25,6 +29,11 @@ const (
 	WriteTimeout = 2 * time.Second
 	// RewatchDelay is the pause before a failed watch is re-established.
 	RewatchDelay = time.Second
+	// BeaconQueue bounds the beacons waiting for the tracker's goroutine:
+	// one per renewal per host (every few seconds each); a beacon dropped
+	// when it is full only makes that one renewal count for nothing where
+	// the controller cannot verify it (invalid.go).
+	BeaconQueue = 4096
 )
 
 // Runner is the controller's I/O shell: it watches the lease bucket into
@@ -57,6 +66,11 @@ type Runner struct {
 	// written (the daemon's: its id and leader term), so the record says
 	// which controller declared the host.
 	Signature func() string
+	// Beacons, if set, is the connection the agents' beacons
+	// (fencing.Beacon, hvguard.v1.*.beacon) are received on (invalid.go);
+	// OnBeacon, if set, is told of each (err: refused, not passed on).
+	Beacons  *nats.Conn
+	OnBeacon func(host string, b fencing.Beacon, err error)
 
 	viewOnce sync.Once
 	views    chan chan TrackerView
@@ -111,6 +125,14 @@ func (r *Runner) Run(ctx context.Context) error {
 	// controller last started acting (see restoreGuard).
 	restored := false
 	views := r.viewReqs()
+	beacons := make(chan fencing.Beacon, BeaconQueue)
+	if r.Beacons != nil {
+		sub, err := r.Beacons.Subscribe(proto.BeaconWildcard, func(m *nats.Msg) { r.beacon(m, beacons) })
+		if err != nil {
+			return fmt.Errorf("subscribe to the agents' beacons (%s): %w", proto.BeaconWildcard, err)
+		}
+		defer sub.Unsubscribe()
+	}
 	for ctx.Err() == nil {
 		updates := make(chan natslease.Update, 1024)
 		synced := make(chan struct{})
@@ -136,6 +158,8 @@ func (r *Runner) Run(ctx context.Context) error {
 				}
 			case reply := <-views:
 				reply <- r.Tracker.View(r.now())
+			case b := <-beacons:
+				r.Tracker.ObserveBeacon(r.now(), b.Host, b.Revision)
 			case u := <-updates:
 				if u.Skipped {
 					r.Tracker.Skipped(u.Revision)
@@ -210,6 +234,41 @@ func (r *Runner) Run(ctx context.Context) error {
 		pause.Stop()
 	}
 	return nil
+}
+
+// beacon decodes one beacon message (NATS's goroutine) and queues it for
+// the tracker: only a beacon whose host is its subject's host (with the
+// shipped permissions, the only host that may publish there) is passed on.
+func (r *Runner) beacon(m *nats.Msg, out chan<- fencing.Beacon) {
+	host, b, err := decodeBeaconMsg(m)
+	if err == nil {
+		select {
+		case out <- b:
+		default:
+			err = fmt.Errorf("beacon queue full (%d): revision %d dropped", BeaconQueue, b.Revision)
+		}
+	}
+	if r.OnBeacon != nil {
+		r.OnBeacon(host, b, err)
+	}
+}
+
+// decodeBeaconMsg returns the host of m's subject and m's beacon, which
+// must be that host's.
+func decodeBeaconMsg(m *nats.Msg) (string, fencing.Beacon, error) {
+	toks := strings.Split(m.Subject, ".")
+	if len(toks) != 4 || toks[3] != proto.KindBeacon {
+		return "", fencing.Beacon{}, fmt.Errorf("beacon on subject %q", m.Subject)
+	}
+	host, err := proto.TokenToHost(toks[2])
+	if err != nil {
+		return "", fencing.Beacon{}, fmt.Errorf("beacon on subject %q: %w", m.Subject, err)
+	}
+	b, err := fencing.DecodeBeacon(m.Data)
+	if err == nil && b.Host != host {
+		err = fmt.Errorf("beacon of host %q on the subject of %q", b.Host, host)
+	}
+	return host, b, err
 }
 
 func (r *Runner) perform(ctx context.Context, log *slog.Logger, d Decision) {

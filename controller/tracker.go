@@ -176,6 +176,13 @@ type hostState struct {
 	// value of any kind.
 	unverifiedAt, untrusted time.Time
 	untrustedWhy            string
+	// Beacons (ObserveBeacon, invalid.go): beaconAt the last received,
+	// beaconRev the highest revision one named; pendingRev the last
+	// unverifiable value discounted (at discountedAt) that a late beacon
+	// may still name; corroboratedRev the last unverifiable value a beacon
+	// named.
+	beaconAt, discountedAt                 time.Time
+	beaconRev, pendingRev, corroboratedRev uint64
 }
 
 // Mutation switches (controller/sim_test.go): each removes one fix and
@@ -187,6 +194,12 @@ var (
 	// invalidMutation (issue 11): a replayed record (fencing.StaleRecord)
 	// is taken as the host's current record.
 	invalidMutation bool
+	// beaconMutation (issue 11): beacons bind nothing (every unverifiable
+	// value restarts the declaration clock).
+	beaconMutation bool
+	// contestMutation (issue 11): a contested declaration is confirmed
+	// for recovery like any other.
+	contestMutation bool
 )
 
 // Tracker is the controller's lease tracker: pure, time passed in,
@@ -226,7 +239,8 @@ func (t *Tracker) pinned(h *hostState) bool {
 // judges the declaration from this trusted view: a compromised node's
 // garbage or delete written after the declaration stops nothing.
 func (t *Tracker) declarationStands(h *hostState) bool {
-	return t.pinned(h) && h.rec.State == fencing.LeaseExpired && h.trustedRev > 0 && h.rev > h.trustedRev && t.skippedRev <= h.trustedRev
+	return t.pinned(h) && h.rec.State == fencing.LeaseExpired && h.trustedRev > 0 && h.rev > h.trustedRev && t.skippedRev <= h.trustedRev &&
+		h.corroboratedRev <= h.trustedRev // no later value the host's own beacon named (invalid.go)
 }
 
 // NewTracker returns a tracker.

@@ -81,7 +81,7 @@ func (t *Tracker) View(now time.Time) TrackerView {
 			Silent: t.counted(h, now), Refused: h.refused, Reason: h.rec.Reason,
 			KeyDeleted: h.deleted, BootID: h.rec.BootID, Guard: h.rec.Guard, FenceState: h.rec.AgentState, AgentVersion: h.rec.AgentVersion,
 			Signer: h.rec.Signer, TrustedRevision: h.trustedRev, DeclarationStands: t.declarationStands(h),
-			SilentFor: now.Sub(h.declClock()), Due: h.rec.Timing.LeaseTTL + h.grace,
+			SilentFor: t.silentFor(h, now), Due: h.rec.Timing.LeaseTTL + h.grace,
 		}
 		if !h.untrusted.IsZero() {
 			lv.InvalidRecord, lv.InvalidAgeSeconds = h.untrustedWhy, now.Sub(h.untrusted).Seconds()

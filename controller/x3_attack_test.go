@@ -1,14 +1,13 @@
 package controller
 
 import (
-	"fmt"
 	"testing"
 	"time"
-
-	"hvguard/fencing"
 )
 
-// TestLiveHostRenewingUnverifiablyIsNotDeclared (X3, OPEN): with signatures
+// TestLiveHostRenewingUnverifiablyIsNotDeclared (X3; beacons since, see
+// beacon_test.go — this is the case without any beacon of h0, where the
+// tracker stays lenient): with signatures
 // required, once h0's trusted record signed by its key was seen
 // (Tracker.pinned), its LIVE agent's genuine renewals that this controller
 // cannot verify — an agent rolled back to a release that does not sign
@@ -20,26 +19,10 @@ import (
 func TestLiveHostRenewingUnverifiablyIsNotDeclared(t *testing.T) {
 	for _, why := range []string{"unsigned (agent rolled back)", "signed by unknown key h0-new (rotated before host_keys_file reload)"} {
 		t.Run(why, func(t *testing.T) {
-			tr, err := NewTracker(resetConfig())
-			if err != nil {
-				t.Fatal(err)
-			}
-			tr.SetSigningRequired(true)
-			for i := range 10 {
-				r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
-				r.Signer = fmt.Sprintf("h%d-old", i)
-				tr.Observe(t0, r.Host, uint64(1+i), r)
-			}
-			tr.GuardPublished(tr.Guard(), nil)
-			rev := uint64(100)
+			tr, rev := pinnedFleet(t, false)
 			for s := 1; s <= 120; s++ {
 				now := t0.Add(time.Duration(s) * time.Second)
-				for i := 1; i < 10; i++ {
-					rev++
-					r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
-					r.Signer = fmt.Sprintf("h%d-old", i)
-					tr.Observe(now, r.Host, rev, r)
-				}
+				renewOthers(tr, now, &rev)
 				rev++
 				tr.ObserveInvalid(now, "h0", rev, why, false) // h0's live agent renews
 				for _, d := range tr.Tick(now) {

@@ -25,6 +25,11 @@ const (
 	// reconciliation destroyed or would destroy), stored in the StreamName
 	// stream.
 	KindReconcile = "reconcile"
+	// KindBeacon: agent -> controllers, fencing.Beacon (the revision of
+	// each renewal the agent wrote itself), core NATS only (not stored):
+	// with the shipped permissions only the host itself publishes on its
+	// beacon subject (docs/security.md, "Beacons").
+	KindBeacon = "beacon"
 
 	// ControllerDecisionSubject carries the leading controller's decisions
 	// (controller.DecisionEvent: declarations, releases, guard holds,
@@ -50,6 +55,8 @@ const (
 	FenceWildcard = SubjectPrefix + ".*." + KindFence
 	// ReconcileWildcard matches the reconcile subjects of every host.
 	ReconcileWildcard = SubjectPrefix + ".*." + KindReconcile
+	// BeaconWildcard matches the beacon subjects of every host.
+	BeaconWildcard = SubjectPrefix + ".*." + KindBeacon
 )
 
 // MaxHostLen is the longest RFC 1123 host name (in its textual form).
@@ -121,6 +128,11 @@ func LifecycleSubject(host string) (string, error) {
 // FenceSubject returns hvguard.v1.<HostToken(host)>.fence (reserved).
 func FenceSubject(host string) (string, error) {
 	return hostSubject(host, KindFence)
+}
+
+// BeaconSubject returns hvguard.v1.<HostToken(host)>.beacon.
+func BeaconSubject(host string) (string, error) {
+	return hostSubject(host, KindBeacon)
 }
 
 // ReconcileSubject returns hvguard.v1.<HostToken(host)>.reconcile.

@@ -17,6 +17,7 @@ import (
 	"hvguard/controller"
 	"hvguard/controller/recovery"
 	"hvguard/daemonkit"
+	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 	"hvguard/proto"
 )
@@ -99,6 +100,26 @@ type Daemon struct {
 	// rollup: the lease bucket's stream allows rollups
 	// (natslease.RollupWarning), checked once the bucket is open.
 	rollup atomic.Bool
+	// beaconSaid: when a refused beacon was last logged (UnixNano).
+	beaconSaid atomic.Int64
+}
+
+// beaconLogEvery spaces the log lines of refused beacons (each is
+// counted: hvguard_controller_beacons_total{result="refused"}).
+const beaconLogEvery = 10 * time.Second
+
+// beacon counts an agent's beacon (controller.Runner.OnBeacon) and logs a
+// refused one, at most once every beaconLogEvery.
+func (d *Daemon) beacon(host string, b fencing.Beacon, err error) {
+	if err == nil {
+		d.m.beacons.Add(1)
+		return
+	}
+	d.m.beaconsBad.Add(1)
+	now := d.now().UnixNano()
+	if last := d.beaconSaid.Load(); now-last >= int64(beaconLogEvery) && d.beaconSaid.CompareAndSwap(last, now) {
+		d.log.Warn("agent beacon refused", "host", host, "revision", b.Revision, "err", err)
+	}
 }
 
 // securityWarnings are the insecure settings: the configuration's and,
@@ -195,7 +216,8 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	st := &natslease.Store{KV: kv, Signer: signer, Keys: keys}
 	d.run = &controller.Runner{Store: st, Tracker: tracker, Log: log.With("component", "tracker"),
 		Now: d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
-		OnSynced:  func(int) { d.trackerSynced.Store(true); d.maybeReady() },
+		OnSynced: func(int) { d.trackerSynced.Store(true); d.maybeReady() },
+		Beacons:  d.nc, OnBeacon: d.beacon,
 		Signature: func() string { return fmt.Sprintf("declared by controller %s, term %d", cfg.ID, d.lr.Term()) }}
 
 	d.rec = &controller.RecoveryRunner{KV: rkv, Leases: st, NC: d.nc, Core: recCore, Cloud: cloud, View: d.run.View,

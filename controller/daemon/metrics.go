@@ -30,6 +30,8 @@ type counters struct {
 	refusedDue    atomic.Int64
 	keysDeleted   atomic.Int64 // lease keys deleted or purged (lease-deleted)
 	invalid       atomic.Int64 // untrusted values of lease keys (invalid-record)
+	beacons       atomic.Int64 // agents' beacons passed to the tracker
+	beaconsBad    atomic.Int64 // beacons refused (undecodable, wrong host, queue full)
 	// decisionsDropped: decision events not published (queue full, NATS
 	// refused the publish).
 	decisionsDropped atomic.Int64
@@ -91,6 +93,7 @@ var (
 	descAckPending       = prometheus.NewDesc("hvguard_controller_stream_ack_pending_messages", "Messages delivered to this controller's consumer and not yet acknowledged.", nil, nil)
 	descStaleHosts       = prometheus.NewDesc("hvguard_controller_hosts_stale", "Hosts whose fleet view is stale (events missing, a new incarnation, a gap, or no full report yet) until their agent's next full report.", nil, nil)
 	descInvalidRecords   = prometheus.NewDesc("hvguard_controller_invalid_lease_records_total", "Values of lease keys ignored as untrusted (signing: forged, replayed, unsigned, unknown signer, bad signature, undecodable).", nil, nil)
+	descBeacons          = prometheus.NewDesc("hvguard_controller_beacons_total", "Agents' beacons received (fencing.Beacon: with signatures required, a lease value the controller cannot verify counts only when its host's beacon names its revision), by result: accepted, refused (undecodable, another host's, queue full).", []string{"result"}, nil)
 	descKeysDeleted      = prometheus.NewDesc("hvguard_controller_lease_keys_deleted_total", "Lease keys deleted or purged (the host is unprotected until its agent re-creates the key).", nil, nil)
 	descHostsDeleted     = prometheus.NewDesc("hvguard_controller_hosts_key_deleted", "Hosts whose lease key is deleted now (never declared; still counted by the guard).", nil, nil)
 	descThreshold        = prometheus.NewDesc("hvguard_controller_guard_threshold", "The mass-failure guard's threshold now: the smallest over the membership and every guard version an agent may still act on.", nil, nil)
@@ -141,6 +144,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	d.m.recMu.Unlock()
 	ctr(descInvalidRecords, d.m.invalid.Load())
+	ctr(descBeacons, d.m.beacons.Load(), "accepted")
+	ctr(descBeacons, d.m.beaconsBad.Load(), "refused")
 	if !d.started.Load() {
 		return
 	}

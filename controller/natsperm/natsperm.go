@@ -71,7 +71,8 @@ type User struct {
 
 // Agent returns host's permissions.
 //
-// Publish: its own lifecycle, reconcile and fence subjects; the lease
+// Publish: its own lifecycle, reconcile, fence and beacon subjects (only
+// the host itself may publish its beacon: fencing.Beacon); the lease
 // bucket's keys (its own record and relays of its peers' records — with
 // signed records a relay can only carry what the owner signed) except the
 // controller's keys; the JetStream API calls it makes: stream info of the
@@ -90,6 +91,7 @@ func Agent(host string) (Permissions, error) {
 			proto.SubjectPrefix + "." + tok + "." + proto.KindLifecycle,
 			proto.SubjectPrefix + "." + tok + "." + proto.KindReconcile,
 			proto.SubjectPrefix + "." + tok + "." + proto.KindFence,
+			proto.SubjectPrefix + "." + tok + "." + proto.KindBeacon,
 			kvPrefix + "*",
 			jsAPI + "INFO",
 			jsAPI + "STREAM.INFO." + eventsStream,
@@ -127,7 +129,8 @@ func kvRead(bucket string) []string {
 // holds the leader lock, records recoveries), its durable consumer on the
 // event stream (create, info, fetch, ack, delete: it starts a fresh one at
 // start), its event subjects hvguard.v1._controller.> (decisions, host
-// and instance recovery), replies on the default inbox prefix.
+// and instance recovery), replies on the default inbox prefix, the agents'
+// beacons (hvguard.v1.*.beacon).
 func Controller() Permissions {
 	p := Permissions{
 		PubAllow: []string{
@@ -142,7 +145,8 @@ func Controller() Permissions {
 			"$JS.ACK." + eventsStream + ".>",
 			"$JS.FC.>",
 		},
-		SubAllow: []string{"_INBOX.>"},
+		// The agents' beacons (fencing.Beacon, controller/invalid.go).
+		SubAllow: []string{"_INBOX.>", proto.BeaconWildcard},
 	}
 	for _, b := range ControllerBuckets {
 		p.PubAllow = append(p.PubAllow, "$KV."+b+".>")

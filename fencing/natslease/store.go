@@ -514,3 +514,18 @@ func (s *Store) ReadLeader(ctx context.Context, nc *nats.Conn, host string) (Lea
 	out.Record = &r
 	return out, nil
 }
+
+// BeaconMsg returns the beacon (fencing.Beacon) of rec, the owner's own
+// record, written at rev: the message its agent publishes after the
+// renewal, on proto.BeaconSubject(rec.Host).
+func BeaconMsg(rec fencing.LeaseRecord, rev uint64, at time.Time) (*nats.Msg, error) {
+	subj, err := proto.BeaconSubject(rec.Host)
+	if err != nil {
+		return nil, err
+	}
+	b, err := fencing.Beacon{Schema: fencing.BeaconSchema, Host: rec.Host, BootID: rec.BootID, Incarnation: rec.Incarnation, Revision: rev, At: at.UTC()}.Encode()
+	if err != nil {
+		return nil, err
+	}
+	return &nats.Msg{Subject: subj, Data: b}, nil
+}

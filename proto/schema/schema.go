@@ -7,7 +7,8 @@ package schema
 import "embed"
 
 // V1 holds v1/lifecycle.json, v1/reconcile.json, v1/fence.json,
-// v1/controller-decision.json and v1/controller-recovery.json. Each names itself by its $id
+// v1/beacon.json, v1/controller-decision.json and
+// v1/controller-recovery.json. Each names itself by its $id
 // (urn:hvguard:schema:v1:<name>); reconcile.json refers to
 // lifecycle.json's definitions by that id.
 //
@@ -19,6 +20,7 @@ var Files = map[string]string{
 	"urn:hvguard:schema:v1:lifecycle":           "v1/lifecycle.json",
 	"urn:hvguard:schema:v1:reconcile":           "v1/reconcile.json",
 	"urn:hvguard:schema:v1:fence":               "v1/fence.json",
+	"urn:hvguard:schema:v1:beacon":              "v1/beacon.json",
 	"urn:hvguard:schema:v1:controller-decision": "v1/controller-decision.json",
 	"urn:hvguard:schema:v1:controller-recovery": "v1/controller-recovery.json",
 }

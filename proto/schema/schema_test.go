@@ -181,6 +181,19 @@ func fenceKind() kind {
 	}
 }
 
+func beaconKind() kind {
+	base := map[string]any{"schema": 1, "host": "node1", "boot_id": "0e3b8f4a-1c2d-4e5f-8a9b-0c1d2e3f4a5b", "incarnation": 7, "revision": 42, "at": t0}
+	return kind{name: "beacon", decode: func(b []byte) error { _, err := fencing.DecodeBeacon(b); return err },
+		bases: []map[string]any{base, {"schema": 1, "host": "node1", "revision": 1}},
+		values: map[string][]any{
+			"schema": {1, 2, 0, "1"}, "host": {"node1", "any host text", "", 3}, "boot_id": {"b", "", 2},
+			"incarnation": {0, 1, maxU64, -1, overU64, "1"}, "revision": {1, 9, maxU64, 0, -1, overU64, 1.5, "1"},
+			"at": {t0, "0001-01-01T00:00:00Z", "yesterday", 5},
+		},
+		crossField: regexp.MustCompile(`^$`),
+	}
+}
+
 func decisionKind() kind {
 	base := map[string]any{"schema": 1, "controller": "ctl-a", "term": 4, "op": "declare", "host": "node1", "epoch": 3,
 		"reason": "lease expired", "at": t0}
@@ -210,7 +223,7 @@ func recoveryKind() kind {
 }
 
 func kinds() []kind {
-	return []kind{lifecycleKind(), reconcileKind(), fenceKind(), decisionKind(), recoveryKind()}
+	return []kind{lifecycleKind(), reconcileKind(), fenceKind(), beaconKind(), decisionKind(), recoveryKind()}
 }
 
 // mutate applies n random changes to a copy of m: set a known field to one
@@ -353,7 +366,8 @@ func TestEncodersWriteSchemaValid(t *testing.T) {
 		Record: fencing.LeaseRecord{Epoch: 3}}, errors.New("cas conflict"), at)
 	re := controller.NewRecoveryEvent("ctl-a", 4, recovery.Event{Host: "node1", Op: "evacuation-failed", Phase: recovery.PhaseEvacuate,
 		Instance: uuidA, Reason: "migration 12 error (no destination: NoValidHost, the server stays on node1)"}, at)
-	for name, enc := range map[string]func() ([]byte, error){"reconcile": rc.Encode, "fence": fe.Encode, "controller-decision": de.Encode,
+	be := fencing.Beacon{Schema: fencing.BeaconSchema, Host: "node1", BootID: "boot", Incarnation: 3, Revision: 42, At: at}
+	for name, enc := range map[string]func() ([]byte, error){"reconcile": rc.Encode, "fence": fe.Encode, "beacon": be.Encode, "controller-decision": de.Encode,
 		"controller-recovery": re.Encode} {
 		b, err := enc()
 		if err != nil {

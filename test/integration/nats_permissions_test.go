@@ -155,6 +155,37 @@ func TestNATSPermissions(t *testing.T) {
 		return err == nil && info.State.Subjects[subj] > 0
 	})
 
+	// Each agent's beacon names the revision of a renewal it wrote (the
+	// reader sees them: hvguard.v1.*.beacon; the controller subscribes
+	// to them under its permissions — no permission error below).
+	var bmu sync.Mutex
+	beacons := map[string]map[uint64]bool{}
+	bsub, err := reader.nc.Subscribe(proto.BeaconWildcard, func(m *nats.Msg) {
+		b, err := fencing.DecodeBeacon(m.Data)
+		if want, _ := proto.BeaconSubject(b.Host); err != nil || m.Subject != want {
+			t.Errorf("beacon %q on %s: %v", m.Data, m.Subject, err)
+			return
+		}
+		bmu.Lock()
+		defer bmu.Unlock()
+		if beacons[b.Host] == nil {
+			beacons[b.Host] = map[uint64]bool{}
+		}
+		beacons[b.Host][b.Revision] = true
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []string{h1, h2} {
+		waitUntil(h+"'s beacon names its key's revision", 10*time.Second, func() bool {
+			_, rev := record(h)
+			bmu.Lock()
+			defer bmu.Unlock()
+			return beacons[h][rev]
+		})
+	}
+	bsub.Unsubscribe()
+
 	// h2 loses NATS: h1 relays its renewals (a put on h2's key).
 	_, revBefore := record(h2)
 	prxNATS2.Blackhole(true)
@@ -236,6 +267,13 @@ func TestNATSPermissions(t *testing.T) {
 	if err := a.nc.Publish(fsubj, []byte("{}")); err != nil {
 		t.Fatal(err)
 	}
+	// Another host's beacon: refused (a beacon is evidence only its host
+	// can make: fencing.Beacon).
+	obeacon, _ := proto.BeaconSubject(h2)
+	if err := a.nc.Publish(obeacon, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("agent publishing another host's beacon: %s", a.denied(t, fmt.Sprintf("publish %q", obeacon)))
 	// A marker: a refused publish after them. Refusals are reported in
 	// order, so once the marker's is in, theirs would be too.
 	marker, _ := proto.FenceSubject("compute-3.example.org")

@@ -30,9 +30,12 @@ import (
 // compute-2 never fences, is never declared, and its key holds its own
 // signed active record again. Then compute-2 is cut off from NATS and its
 // peer (it fences: a dead host as far as the controller can tell) while
-// compute-1 writes active records of compute-2, signed by compute-1's
-// key, and copies of compute-2's last genuine record, every 300 ms: the
-// controller declares compute-2 anyway. No daemon hits a permission error.
+// compute-1 writes into compute-2's key, every 300 ms, in turn: active
+// records of compute-2 signed by compute-1's key, copies of compute-2's
+// last genuine record, garbage, unsigned records and records signed by a
+// key nobody knows (the last three the controller cannot tell from a live
+// agent's renewals but by compute-2's beacons, which compute-1 cannot
+// publish): the controller declares compute-2 anyway. No daemon hits a permission error.
 func TestSignedLeasesCompromisedAgent(t *testing.T) {
 	url := natspermtest.StartServer(t)
 	const h1, h2 = permH1, permH2
@@ -81,6 +84,14 @@ func TestSignedLeasesCompromisedAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	attKey, err := keyfile.Signer(keyFile[h1]) // compute-1's host key
+	if err != nil {
+		t.Fatal(err)
+	}
+	unknownSeed := filepath.Join(dir, "unknown.seed")
+	if _, err := keyfile.Generate(unknownSeed); err != nil {
+		t.Fatal(err)
+	}
+	unknownKey, err := keyfile.Signer(unknownSeed) // a key in no host_keys file
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,11 +185,23 @@ func TestSignedLeasesCompromisedAgent(t *testing.T) {
 			case <-time.After(300 * time.Millisecond):
 			}
 			forged.Seq = last.Seq + uint64(i) + 1
-			if i%2 == 0 {
+			switch i % 5 {
+			case 0: // signed by the attacker's own key
 				_, rev := read(h2)
 				put(attKey.Seal(forged, rev))
-			} else {
+			case 1: // a replay of compute-2's last genuine record
 				put(last)
+			case 2: // garbage
+				if _, err := kv.Put(actx, mustToken(t, h2), []byte("not a record")); err != nil {
+					t.Errorf("garbage: %v", err)
+				}
+			case 3: // unsigned (as an agent whose signing is off)
+				u := forged
+				u.Sig, u.Signer = "", ""
+				put(u)
+			case 4: // signed by a key nobody knows (as a rotated key)
+				_, rev := read(h2)
+				put(unknownKey.Seal(forged, rev))
 			}
 		}
 	}()

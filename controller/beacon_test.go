@@ -1,0 +1,216 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"hvguard/fencing"
+)
+
+// beaconFleet is pinnedFleet with every host's beacon naming its
+// record's revision at t0.
+func beaconFleet(t *testing.T) (*Tracker, uint64) {
+	return pinnedFleet(t, true)
+}
+
+// pinnedFleet is a tracker (signatures required) with h0..h9 pinned
+// (trusted records signed by their keys) at t0, and (beacons) each
+// host's beacon naming its record's revision; it returns the next free
+// revision.
+func pinnedFleet(t *testing.T, beacons bool) (*Tracker, uint64) {
+	t.Helper()
+	tr, err := NewTracker(resetConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.SetSigningRequired(true)
+	for i := range 10 {
+		r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
+		r.Signer = fmt.Sprintf("h%d-key", i)
+		tr.Observe(t0, r.Host, uint64(1+i), r)
+		if beacons {
+			tr.ObserveBeacon(t0, r.Host, uint64(1+i))
+		}
+	}
+	tr.GuardPublished(tr.Guard(), nil)
+	return tr, 100
+}
+
+// renewOthers renews h1..h9 (trusted) at now.
+func renewOthers(tr *Tracker, now time.Time, rev *uint64) {
+	for i := 1; i < 10; i++ {
+		*rev++
+		r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
+		r.Signer = fmt.Sprintf("h%d-key", i)
+		tr.Observe(now, r.Host, *rev, r)
+	}
+}
+
+// TestBeaconsLetLiveHostRenewUnverifiably: h0's agent beacons; then its
+// renewals become unverifiable here (its key rotated before this
+// controller re-read host_keys_file, or its signing turned off), each
+// named by h0's beacon — before the value arrives, after it, or
+// alternately. h0 is never declared.
+func TestBeaconsLetLiveHostRenewUnverifiably(t *testing.T) {
+	for _, c := range []struct {
+		why, order string
+		before     func(s int) bool
+	}{
+		{"unsigned (signing off on the agent)", "beacon first", func(int) bool { return true }},
+		{"signed by unknown key h0-new (rotated before host_keys_file reload)", "beacon after the value", func(int) bool { return false }},
+		{"unsigned (signing off on the agent)", "alternately", func(s int) bool { return s%2 == 1 }},
+	} {
+		why := c.why
+		t.Run(c.why+", "+c.order, func(t *testing.T) {
+			tr, rev := beaconFleet(t)
+			for s := 1; s <= 120; s++ {
+				now := t0.Add(time.Duration(s) * time.Second)
+				renewOthers(tr, now, &rev)
+				rev++
+				if c.before(s) {
+					tr.ObserveBeacon(now, "h0", rev)
+				}
+				ds := tr.ObserveInvalid(now, "h0", rev, why, false)
+				if !c.before(s) {
+					tr.ObserveBeacon(now.Add(30*time.Millisecond), "h0", rev)
+				}
+				for _, d := range ds {
+					if d.Op == OpInvalid && s < 3 {
+						t.Logf("%s", d.Reason)
+					}
+				}
+				for _, d := range tr.Tick(now) {
+					if d.Op == OpDeclare && d.Host == "h0" {
+						t.Fatalf("h0 declared at %s while its agent renewed every second and named each value in its beacon (%s): %s", now.Sub(t0), why, d.Reason)
+					}
+				}
+			}
+		})
+	}
+}
+
+// declareH0 lets h0 fall silent at t0 (h1..h9 renewing) while values
+// nobody's beacon names arrive in its key every second (write), and
+// returns when h0 was declared (the expired record observed) and the
+// next free revision; zero time if it never was within 60 s.
+func declareH0(t *testing.T, tr *Tracker, rev uint64, write func(now time.Time, rev uint64)) (time.Time, uint64) {
+	t.Helper()
+	for ms := 250; ms <= 60_000; ms += 250 {
+		now := t0.Add(time.Duration(ms) * time.Millisecond)
+		if ms%1000 == 0 {
+			renewOthers(tr, now, &rev)
+			rev++
+			write(now, rev)
+		}
+		for _, d := range tr.Tick(now) {
+			if d.Op == OpDeclare && d.Host == "h0" {
+				rev++
+				tr.Observe(now, "h0", rev, &d.Record)
+				return now, rev
+			}
+		}
+	}
+	return time.Time{}, rev
+}
+
+// TestBeaconsBindDeadHost: h0 (pinned, beaconing) dies at t0; a
+// compromised node writes into its key every second a value this
+// controller cannot verify (garbage, unsigned, an unknown signer) that no
+// beacon of h0 names. h0 is declared lease_ttl + grace after its last
+// renewal, as if nothing had been written (beaconMutation: never).
+func TestBeaconsBindDeadHost(t *testing.T) {
+	for _, why := range []string{"undecodable", "unsigned", "unknown signer"} {
+		t.Run(why, func(t *testing.T) {
+			tr, rev := beaconFleet(t)
+			due := tr.hosts["h0"].rec.Timing.LeaseTTL + tr.hosts["h0"].grace
+			at, _ := declareH0(t, tr, rev, func(now time.Time, rev uint64) { tr.ObserveInvalid(now, "h0", rev, why, false) })
+			if at.IsZero() {
+				t.Fatalf("h0 never declared in 60 s while a compromised node wrote %s values into its key (due after %s)", why, due)
+			}
+			if got := at.Sub(t0); got > due+time.Second {
+				t.Errorf("h0 declared %s after its death, want ≤ lease_ttl + grace (%s) + 1 s", got, due)
+			}
+		})
+	}
+}
+
+// TestBeaconsLapse: beacons bind a host only for beaconWindow after its
+// last one: an agent whose beacons stopped long ago (NATS permissions
+// without the beacon subscription) renewing with records this controller
+// cannot verify is not declared — the tracker is lenient again.
+func TestBeaconsLapse(t *testing.T) {
+	tr, rev := beaconFleet(t)
+	start := t0.Add(beaconWindow(tr.hosts["h0"]) + time.Second)
+	for s := 0; s <= 120; s++ {
+		now := start.Add(time.Duration(s) * time.Second)
+		renewOthers(tr, now, &rev)
+		rev++
+		tr.ObserveInvalid(now, "h0", rev, "unsigned", false)
+		for _, d := range tr.Tick(now) {
+			if d.Op == OpDeclare && d.Host == "h0" {
+				t.Fatalf("h0 declared %s into its unverifiable renewals, its last beacon %s before them", now.Sub(start), start.Sub(t0))
+			}
+		}
+	}
+}
+
+// TestContestedDeclarationWaits: a declaration made while values of the
+// host's key were discounted (no beacon named them) is confirmed for host
+// recovery only lease_ttl + grace after it was observed: an agent that
+// wrote those values (one whose renewals this controller cannot verify
+// and whose beacons did not arrive) has seen the expired record and
+// fenced by then. Further values do not push it back (an attacker's
+// writes cannot stall the recovery). contestMutation: confirmed at once.
+func TestContestedDeclarationWaits(t *testing.T) {
+	tr, rev := beaconFleet(t)
+	declared, rev := declareH0(t, tr, rev, func(now time.Time, rev uint64) { tr.ObserveInvalid(now, "h0", rev, "unsigned", false) })
+	if declared.IsZero() {
+		t.Fatal("h0 never declared")
+	}
+	h := tr.hosts["h0"]
+	due := h.rec.Timing.LeaseTTL + h.grace
+	lv := func(now time.Time) LeaseView {
+		for _, l := range tr.View(now).Hosts {
+			if l.Host == "h0" {
+				return l
+			}
+		}
+		t.Fatal("h0 not in the view")
+		return LeaseView{}
+	}
+	if l := lv(declared.Add(time.Second)); l.SilentFor >= l.Due {
+		t.Fatalf("contested declaration confirmable 1 s after it: silent for %s, due %s", l.SilentFor, l.Due)
+	}
+	// More discounted values after the declaration.
+	for s := 1; s <= int(due/time.Second)+2; s++ {
+		rev++
+		tr.ObserveInvalid(declared.Add(time.Duration(s)*time.Second), "h0", rev, "garbage", false)
+	}
+	if l := lv(declared.Add(due + 10*time.Millisecond)); l.SilentFor < l.Due {
+		t.Errorf("contested declaration not confirmable lease_ttl + grace (%s) after it while values kept coming: silent for %s", due, l.SilentFor)
+	}
+	if l := lv(declared.Add(due + 10*time.Millisecond)); !l.DeclarationStands {
+		t.Errorf("the declaration does not stand over values no beacon named")
+	}
+	// h0's beacon names the latest value: h0 is alive: it no longer stands.
+	tr.ObserveBeacon(declared.Add(due+20*time.Millisecond), "h0", rev)
+	if l := lv(declared.Add(due + 30*time.Millisecond)); l.DeclarationStands {
+		t.Errorf("the declaration still stands after h0's beacon named the latest value of its key")
+	}
+}
+
+// An uncontested declaration (nothing discounted) is confirmable as soon
+// as the host was silent for lease_ttl + grace, as before.
+func TestUncontestedDeclarationConfirmable(t *testing.T) {
+	tr, rev := beaconFleet(t)
+	declared, _ := declareH0(t, tr, rev, func(time.Time, uint64) {})
+	if declared.IsZero() {
+		t.Fatal("h0 never declared")
+	}
+	for _, l := range tr.View(declared).Hosts {
+		if l.Host == "h0" && l.SilentFor < l.Due {
+			t.Errorf("uncontested declaration not confirmable at once: silent for %s, due %s", l.SilentFor, l.Due)
+		}
+	}
+}

@@ -1,0 +1,61 @@
+package fencing
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// BeaconSchema is the version of Beacon.
+const BeaconSchema = 1
+
+// Beacon is an agent's word that it wrote its own lease key at Revision:
+// published (core NATS, best effort) on proto.BeaconSubject(host) after
+// every renewal the agent wrote itself.
+//
+// It is not signed: it is authenticated by NATS. With the shipped
+// permissions (controller/natsperm) only host's own NATS user may publish
+// on host's beacon subject, so a beacon is evidence no other node can
+// make. The controller uses it for one thing (controller/invalid.go): with
+// signatures required, a value of a host's key it cannot verify (garbage,
+// unsigned, an unknown signer) counts as that host's renewal only when the
+// host's beacon names its revision — a live host whose key or release this
+// controller does not know is never declared, and a compromised node
+// writing such values into a dead host's key no longer keeps it
+// undeclared (issue 11, docs/security.md).
+type Beacon struct {
+	Schema      int       `json:"schema"`
+	Host        string    `json:"host"`
+	BootID      string    `json:"boot_id,omitempty"`
+	Incarnation uint64    `json:"incarnation,omitempty"`
+	Revision    uint64    `json:"revision"`
+	At          time.Time `json:"at"`
+}
+
+// Encode returns the JSON encoding of b.
+func (b Beacon) Encode() ([]byte, error) {
+	out, err := json.Marshal(b)
+	if err != nil {
+		return nil, fmt.Errorf("encode beacon: %w", err)
+	}
+	return out, nil
+}
+
+// maxBeaconSize bounds what DecodeBeacon reads: a beacon is ~150 bytes.
+const maxBeaconSize = 4096
+
+// DecodeBeacon decodes a Beacon, rejecting unknown schemas, a missing host
+// and revision 0 (no write has it).
+func DecodeBeacon(b []byte) (Beacon, error) {
+	var e Beacon
+	if len(b) > maxBeaconSize {
+		return e, fmt.Errorf("decode beacon: %d bytes (at most %d)", len(b), maxBeaconSize)
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		return e, fmt.Errorf("decode beacon: %w", err)
+	}
+	if e.Schema != BeaconSchema || e.Host == "" || e.Revision == 0 {
+		return e, fmt.Errorf("decode beacon: schema %d host %q revision %d", e.Schema, e.Host, e.Revision)
+	}
+	return e, nil
+}
