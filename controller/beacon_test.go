@@ -56,10 +56,14 @@ func TestBeaconsLetLiveHostRenewUnverifiably(t *testing.T) {
 	for _, c := range []struct {
 		why, order string
 		before     func(s int) bool
+		// supersede: a compromised node writes garbage right after each
+		// renewal, before its beacon arrives.
+		supersede bool
 	}{
-		{"unsigned (signing off on the agent)", "beacon first", func(int) bool { return true }},
-		{"signed by unknown key h0-new (rotated before host_keys_file reload)", "beacon after the value", func(int) bool { return false }},
-		{"unsigned (signing off on the agent)", "alternately", func(s int) bool { return s%2 == 1 }},
+		{"unsigned (signing off on the agent)", "beacon first", func(int) bool { return true }, false},
+		{"signed by unknown key h0-new (rotated before host_keys_file reload)", "beacon after the value", func(int) bool { return false }, false},
+		{"unsigned (signing off on the agent)", "alternately", func(s int) bool { return s%2 == 1 }, false},
+		{"unsigned (signing off on the agent)", "each renewal superseded by garbage before its beacon", func(int) bool { return false }, true},
 	} {
 		why := c.why
 		t.Run(c.why+", "+c.order, func(t *testing.T) {
@@ -72,8 +76,14 @@ func TestBeaconsLetLiveHostRenewUnverifiably(t *testing.T) {
 					tr.ObserveBeacon(now, "h0", rev)
 				}
 				ds := tr.ObserveInvalid(now, "h0", rev, why, false)
+				if c.supersede {
+					tr.ObserveInvalid(now.Add(time.Millisecond), "h0", rev+1, "garbage", false)
+				}
 				if !c.before(s) {
 					tr.ObserveBeacon(now.Add(30*time.Millisecond), "h0", rev)
+				}
+				if c.supersede {
+					rev++
 				}
 				for _, d := range ds {
 					if d.Op == OpInvalid && s < 3 {

@@ -29,8 +29,8 @@ import (
 //     beacon from the host received within beaconWindow): then such a
 //     value counts only when the host's own beacon (fencing.Beacon, which
 //     with the shipped NATS permissions only the host itself can publish)
-//     names its revision — before the value arrives or after it, while it
-//     is still the key's latest. A value no beacon names restarts nothing
+//     names its revision — before the value arrives or after it (within
+//     the host's last beaconMemory beacons and discounted values). A value no beacon names restarts nothing
 //     (discounted): a compromised node writing garbage, unsigned or
 //     unknown-signer values into a dead host's key does not keep it
 //     undeclared, and a live host renewing with records this controller
@@ -72,18 +72,28 @@ func (t *Tracker) beaconsBind(h *hostState, now time.Time) bool {
 // ObserveBeacon reports a beacon of host naming revision rev, received at
 // now on host's own beacon subject (the caller checked the subject is
 // host's). A beacon of a host not tracked is ignored (beacons make no
-// member). A beacon naming the key's latest value, an unverifiable one
-// discounted before, counts it as the host's renewal now.
+// member). A beacon naming an unverifiable value discounted before (one
+// of the host's last beaconMemory) counts it as the host's renewal at the
+// time that value was observed — even if a later value superseded it
+// since (a compromised node writing right after each renewal must not
+// make a live host's renewals count for nothing).
 func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	h := t.hosts[host]
 	if h == nil || h.deleted {
 		return
 	}
 	h.beaconAt = now
-	h.beaconRev = max(h.beaconRev, rev)
-	if rev == h.pendingRev && rev == h.rev {
-		h.pendingRev, h.corroboratedRev = 0, rev
-		h.unverifiedAt = now
+	h.beaconRevs.add(rev)
+	for i, p := range h.pending {
+		if p.rev != rev {
+			continue
+		}
+		h.pending = append(h.pending[:i], h.pending[i+1:]...)
+		h.corroboratedRev = max(h.corroboratedRev, rev)
+		if p.at.After(h.unverifiedAt) {
+			h.unverifiedAt = p.at
+		}
+		return
 	}
 }
 
@@ -138,12 +148,16 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 	restart := !forged || hidden
 	named := false
 	if bind {
-		named = h.beaconRev == rev
+		named = h.beaconRevs.has(rev)
 		if named {
-			h.corroboratedRev = rev
+			h.corroboratedRev = max(h.corroboratedRev, rev)
 		} else {
 			restart = false
-			h.pendingRev, h.discountedAt = rev, now
+			h.discountedAt = now
+			if len(h.pending) == beaconMemory {
+				h.pending = h.pending[1:]
+			}
+			h.pending = append(h.pending, pendingValue{rev: rev, at: now})
 		}
 	}
 	if restart {

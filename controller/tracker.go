@@ -177,12 +177,44 @@ type hostState struct {
 	unverifiedAt, untrusted time.Time
 	untrustedWhy            string
 	// Beacons (ObserveBeacon, invalid.go): beaconAt the last received,
-	// beaconRev the highest revision one named; pendingRev the last
-	// unverifiable value discounted (at discountedAt) that a late beacon
-	// may still name; corroboratedRev the last unverifiable value a beacon
-	// named.
-	beaconAt, discountedAt                 time.Time
-	beaconRev, pendingRev, corroboratedRev uint64
+	// beaconRevs the revisions the last ones named; pending the last
+	// unverifiable values discounted that a late beacon may still name,
+	// discountedAt the last discounted; corroboratedRev the highest
+	// unverifiable value a beacon named.
+	beaconAt, discountedAt time.Time
+	beaconRevs             revRing
+	pending                []pendingValue
+	corroboratedRev        uint64
+}
+
+// pendingValue is an unverifiable value of a host's key observed at at,
+// not (yet) named by a beacon of the host.
+type pendingValue struct {
+	rev uint64
+	at  time.Time
+}
+
+// beaconMemory is how many beacon revisions and discounted values a host
+// keeps: a beacon and the value it names are at most a few renewals
+// apart (the watch and the beacon travel separately, and a compromised
+// node may supersede a value before its beacon arrives).
+const beaconMemory = 16
+
+// revRing holds the last beaconMemory revisions added.
+type revRing struct {
+	revs [beaconMemory]uint64
+	next int
+}
+
+func (r *revRing) add(rev uint64) { r.revs[r.next%beaconMemory] = rev; r.next++ }
+
+func (r *revRing) has(rev uint64) bool {
+	for _, v := range r.revs {
+		if v == rev && rev != 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // Mutation switches (controller/sim_test.go): each removes one fix and
