@@ -2,8 +2,11 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
+
+	"pgregory.net/rapid"
 
 	"hvguard/fencing"
 )
@@ -223,4 +226,101 @@ func TestUncontestedDeclarationConfirmable(t *testing.T) {
 			t.Errorf("uncontested declaration not confirmable at once: silent for %s, due %s", l.SilentFor, l.Due)
 		}
 	}
+}
+
+// TestPropertyBeacons (rapid): h0 pinned and beaconing among h1..h9.
+// Live phase: h0 renews every 0.5–3 s, each value trusted or one this
+// controller cannot verify, its beacon delivered 0–2 s later (before the
+// value, reordered, or after) or lost (never two in a row); a compromised
+// node writes garbage at random times, often right after a renewal; the
+// watch may skip. h0 is never declared. Dead phase: h0 stops at a random
+// time; the attacker keeps writing: h0 is declared within lease_ttl +
+// grace + 1 s of its last renewal.
+func TestPropertyBeacons(t *testing.T) {
+	rapid.Check(t, func(rt *rapid.T) {
+		tr, err := NewTracker(resetConfig())
+		if err != nil {
+			rt.Fatal(err)
+		}
+		tr.SetSigningRequired(true)
+		for i := range 10 {
+			r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
+			r.Signer = fmt.Sprintf("h%d-key", i)
+			tr.Observe(t0, r.Host, uint64(1+i), r)
+			tr.ObserveBeacon(t0, r.Host, uint64(1+i))
+		}
+		tr.GuardPublished(tr.Guard(), nil)
+		due := tr.hosts["h0"].rec.Timing.LeaseTTL + tr.hosts["h0"].grace
+		deathAt := t0.Add(time.Duration(rapid.IntRange(30, 120).Draw(rt, "death_s")) * time.Second)
+		type ev struct {
+			at time.Time
+			do func(now time.Time)
+		}
+		var evs []ev
+		rev := uint64(100)
+		nextRev := func() uint64 { rev++; return rev }
+		// Others renew every second (trusted).
+		for s := 1; s <= 200; s++ {
+			at := t0.Add(time.Duration(s) * time.Second)
+			evs = append(evs, ev{at, func(now time.Time) { renewOthers(tr, now, &rev) }})
+		}
+		var lastRenewal time.Time
+		lost := false
+		for at := t0.Add(time.Second); at.Before(deathAt); at = at.Add(time.Duration(rapid.IntRange(500, 3000).Draw(rt, "renew_ms")) * time.Millisecond) {
+			trusted := rapid.Bool().Draw(rt, "trusted")
+			delay := time.Duration(rapid.IntRange(-500, 2000).Draw(rt, "beacon_delay_ms")) * time.Millisecond
+			drop := !lost && rapid.IntRange(0, 9).Draw(rt, "beacon_lost") == 0
+			lost = drop
+			skip := rapid.IntRange(0, 19).Draw(rt, "skip") == 0
+			garbage := rapid.IntRange(0, 2).Draw(rt, "garbage_after") == 0
+			lastRenewal = at
+			var r uint64
+			evs = append(evs, ev{at, func(now time.Time) {
+				r = nextRev()
+				if skip {
+					tr.Skipped(r)
+				}
+				if trusted {
+					x := rec("h0", fencing.BackstopReset)
+					x.Signer = "h0-key"
+					tr.Observe(now, "h0", r, x)
+				} else {
+					tr.ObserveInvalid(now, "h0", r, "unsigned", false)
+				}
+				if garbage {
+					tr.ObserveInvalid(now, "h0", nextRev(), "garbage", false)
+				}
+			}})
+			if !drop {
+				bat := at.Add(max(delay, time.Millisecond))
+				evs = append(evs, ev{bat, func(now time.Time) { tr.ObserveBeacon(now, "h0", r) }})
+			}
+		}
+		// The attacker's writes throughout (and after the death).
+		for at := t0.Add(time.Duration(rapid.IntRange(100, 3000).Draw(rt, "att0_ms")) * time.Millisecond); at.Before(t0.Add(200 * time.Second)); at = at.Add(time.Duration(rapid.IntRange(200, 5000).Draw(rt, "att_ms")) * time.Millisecond) {
+			why := rapid.SampledFrom([]string{"garbage", "unsigned", "unknown signer"}).Draw(rt, "att_kind")
+			evs = append(evs, ev{at, func(now time.Time) { tr.ObserveInvalid(now, "h0", nextRev(), why, false) }})
+		}
+		slices.SortStableFunc(evs, func(a, b ev) int { return a.at.Compare(b.at) })
+		i := 0
+		for now := t0; now.Before(t0.Add(200 * time.Second)); now = now.Add(TickInterval) {
+			for ; i < len(evs) && !evs[i].at.After(now); i++ {
+				evs[i].do(evs[i].at)
+			}
+			for _, d := range tr.Tick(now) {
+				if d.Op != OpDeclare || d.Host != "h0" {
+					continue
+				}
+				if now.Before(deathAt) {
+					rt.Fatalf("live h0 declared at %s (dies at %s): %s", now.Sub(t0), deathAt.Sub(t0), d.Reason)
+				}
+				if now.After(lastRenewal.Add(due + time.Second)) {
+					rt.Fatalf("dead h0 declared at %s, %s after its last renewal (due %s)", now.Sub(t0), now.Sub(lastRenewal), due)
+				}
+				return
+			}
+		}
+		h := tr.hosts["h0"]
+		rt.Fatalf("dead h0 (last renewal at %s) never declared: lastSeen %s unverifiedAt %s rev %d skipped %d state %s refused %q held %v", lastRenewal.Sub(t0), h.lastSeen.Sub(t0), h.unverifiedAt.Sub(t0), h.rev, tr.skippedRev, h.rec.State, h.refused, tr.holding)
+	})
 }
