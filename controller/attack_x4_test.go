@@ -1,0 +1,132 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"hvguard/fencing"
+)
+
+// Reviewer X4, attacks on the beacons (6c8bc15).
+
+// TestX4GarbageBetweenValueAndBeaconDeclaresLiveHost: h0 is alive and
+// renews every second, but its records are unverifiable here (its key
+// rotated before this controller re-read host_keys_file, or signing off
+// on the agent); its beacon names each renewal, arriving just after the
+// value (the watch and the beacon travel separately:
+// TestBeaconsLetLiveHostRenewUnverifiably "beacon after the value"). A
+// compromised node watching h0's key writes one garbage value right after
+// each of h0's renewals, before h0's beacon arrives. ObserveBeacon counts a
+// beacon only when it names the pending value AND that value is still the
+// key's latest: the garbage replaced it, so h0's genuine, beaconed
+// renewals all count for nothing and the live h0 is declared after
+// lease_ttl + grace (it then fences on the declaration). Invariants (b)
+// and (S). (h0's next CAS is on the garbage's revision: the agent rewrites
+// an untrusted value while its lease is held, so h0 keeps renewing.)
+// Control: without the garbage, never declared.
+func TestX4GarbageBetweenValueAndBeaconDeclaresLiveHost(t *testing.T) {
+	for _, garbage := range []bool{false, true} {
+		t.Run(fmt.Sprintf("garbage=%t", garbage), func(t *testing.T) {
+			tr, rev := beaconFleet(t)
+			for s := 1; s <= 120; s++ {
+				now := t0.Add(time.Duration(s) * time.Second)
+				renewOthers(tr, now, &rev)
+				rev++
+				own := rev
+				tr.ObserveInvalid(now, "h0", own, "signed by unknown key h0-new", false)
+				if garbage {
+					rev++
+					tr.ObserveInvalid(now.Add(5*time.Millisecond), "h0", rev, "undecodable", false)
+				}
+				tr.ObserveBeacon(now.Add(10*time.Millisecond), "h0", own)
+				for _, d := range tr.Tick(now.Add(20 * time.Millisecond)) {
+					if d.Op == OpDeclare && d.Host == "h0" {
+						t.Fatalf("live h0 declared at %s although its beacon named every one of its renewals (a garbage value followed each): %s", now.Sub(t0), d.Reason)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestX4DeclaredLiveHostStandsOverGarbage: the same interleaving after a
+// declaration. h0 is declared (its beacons lost for lease_ttl + grace —
+// core NATS, best effort); h0's agent cannot verify the declaration
+// (controller key rotated before the agents learnt it) and, its lease
+// held, rewrites it — a renewal its beacon names — and a compromised node
+// writes garbage right after. The beacon comes after the garbage:
+// corroboratedRev never moves, DeclarationStands stays true and host
+// recovery goes on evacuating a host whose agent renews (S).
+func TestX4DeclaredLiveHostStandsOverGarbage(t *testing.T) {
+	tr, rev := beaconFleet(t)
+	declared, rev := declareH0(t, tr, rev, func(now time.Time, rev uint64) {
+		tr.ObserveInvalid(now, "h0", rev, "signed by unknown key h0-new", false) // beacon lost
+	})
+	if declared.IsZero() {
+		t.Fatal("h0 never declared")
+	}
+	now := declared.Add(time.Second)
+	rev++
+	own := rev
+	tr.ObserveInvalid(now, "h0", own, "signed by unknown key h0-new", false)
+	rev++
+	tr.ObserveInvalid(now.Add(5*time.Millisecond), "h0", rev, "undecodable", false)
+	tr.ObserveBeacon(now.Add(10*time.Millisecond), "h0", own)
+	for _, l := range tr.View(now.Add(20 * time.Millisecond)).Hosts {
+		if l.Host == "h0" && l.DeclarationStands {
+			t.Errorf("h0's declaration still stands after h0's own beacon named a value it wrote after it (revision %d; garbage at %d followed)", own, rev)
+		}
+	}
+}
+
+// TestX4LongHoldLapsesBeacons: a rack loses power: h0, h1, h2 die (3 > the
+// guard threshold 2 of 10 hosts): the mass-failure guard holds and
+// declares nothing. A compromised node writes garbage into h0's key every
+// second. While h0's last beacon is within BeaconTrustWindow (5 min) the
+// garbage is discounted; the hold outlasts it (h1 and h2 come back after
+// 6 min; the hold ends GuardWindow later): the tracker is lenient again,
+// every garbage value restarts h0's declaration clock, and the dead h0 is
+// never declared — invariant (c). BeaconTrustWindow's comment assumes a
+// dead host is declared within lease_ttl + grace of its last beacon; a
+// hold (or an operator's pause) breaks that.
+func TestX4LongHoldLapsesBeacons(t *testing.T) {
+	tr, rev := beaconFleet(t)
+	held := false
+	var heldEnd time.Time
+	for s := 1; s <= 12*60; s++ {
+		now := t0.Add(time.Duration(s) * time.Second)
+		for i := 3; i < 10; i++ {
+			rev++
+			r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
+			r.Signer = fmt.Sprintf("h%d-key", i)
+			tr.Observe(now, r.Host, rev, r)
+		}
+		if s >= 6*60 { // h1 and h2 are back
+			for i := 1; i < 3; i++ {
+				rev++
+				r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
+				r.Signer = fmt.Sprintf("h%d-key", i)
+				tr.Observe(now, r.Host, rev, r)
+			}
+		}
+		rev++
+		tr.ObserveInvalid(now, "h0", rev, "undecodable", false) // the attacker
+		for _, d := range tr.Tick(now) {
+			switch {
+			case d.Op == OpHoldStarted:
+				held = true
+			case d.Op == OpHoldEnded:
+				heldEnd = now
+			case d.Op == OpDeclare && d.Host == "h0":
+				tr.Observe(now, "h0", rev+1, &d.Record)
+				t.Logf("h0 declared at %s (hold ended at %s)", now.Sub(t0), heldEnd.Sub(t0))
+				return
+			}
+		}
+	}
+	if !held || heldEnd.IsZero() {
+		t.Fatalf("no hold, or it never ended: the test shows nothing (held %t, ended %v)", held, heldEnd)
+	}
+	t.Errorf("dead h0 never declared in 12 min (the hold ended at %s) while a compromised node wrote garbage into its key every second", heldEnd.Sub(t0))
+}
