@@ -1,0 +1,64 @@
+package controller_test
+
+import (
+	"testing"
+	"time"
+
+	"hvguard/fencing"
+)
+
+// TestX4WatchSkipKeepsDeadHostUndeclared (reviewer X4, invariant (c)):
+// compute-3 (pinned, beaconing) dies; compute-1, with its own NATS user
+// (the shipped permissions: it may publish to every lease key, for
+// relays), publishes every second a BURST of garbage values into
+// compute-3's key — plain core publishes, pipelined, no ack awaited. The
+// bucket keeps one value per key (history 1): values superseded before
+// the controller's watch delivered them are gone, the watch sees a gap in
+// the stream's sequence and reports Skipped. Tracker.observeInvalid then
+// takes the value as "hidden" (a genuine renewal may have been
+// overwritten) and restarts the declaration clock, before and regardless
+// of the beacons: the dead compute-3 is never declared. (The gap may be
+// anywhere in the bucket after compute-3's last revision: a burst into
+// the attacker's own key does as well.) Control: one garbage value a
+// second (TestAgentCannotKeepDeadHostUndeclaredWithUnverifiableValues):
+// declared.
+func TestX4WatchSkipKeepsDeadHostUndeclared(t *testing.T) {
+	const dead = "compute-3.example.org"
+	for _, tc := range []struct {
+		name  string
+		burst int
+		into  string // the burst's key
+	}{{"single", 1, "compute-3_example_org"}, {"burst", 200, "compute-3_example_org"}, {"burst-into-own-key", 200, "compute-1_example_org"}} {
+		burst := tc.burst
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, _, _, ctl, _, anc, die := permRig(t, dead)
+			if n := ctl.beaconCounts()[dead]; n == 0 {
+				t.Fatalf("no beacon of compute-3 received before its death: %v", ctl.beaconCounts())
+			}
+			die()
+			time.Sleep(50 * time.Millisecond)
+			died := time.Now()
+			subj := "$KV." + fencing.Bucket + ".compute-3_example_org"
+			for time.Since(died) < 6*time.Second {
+				if _, ok := ctl.declaredAt(dead); ok {
+					break
+				}
+				for i := range burst {
+					if err := anc.Publish("$KV."+fencing.Bucket+"."+tc.into, []byte("not a record")); err != nil {
+						t.Fatal(err)
+					}
+					if i == burst-1 && tc.into != "compute-3_example_org" {
+						anc.Publish(subj, []byte("not a record"))
+					}
+				}
+				if err := anc.FlushTimeout(5 * time.Second); err != nil {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Second) // < lease_ttl + grace (3.05 s at x0.1)
+			}
+			if _, ok := ctl.declaredAt(dead); !ok {
+				t.Errorf("dead compute-3 not declared within 6 s (lease_ttl + grace = 3.05 s) while compute-1 published bursts of %d garbage values into %s (then one into compute-3's) every second; invalid values said: %d", burst, tc.into, ctl.invalidCount(dead))
+			}
+		})
+	}
+}
