@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"hvguard/fencing"
+	"hvguard/fencing/natslease"
 )
 
 // Reviewer X4, attacks on the beacons (6c8bc15).
@@ -129,4 +132,72 @@ func TestX4LongHoldLapsesBeacons(t *testing.T) {
 		t.Fatalf("no hold, or it never ended: the test shows nothing (held %t, ended %v)", held, heldEnd)
 	}
 	t.Errorf("dead h0 never declared in 12 min (the hold ended at %s) while a compromised node wrote garbage into its key every second", heldEnd.Sub(t0))
+}
+
+// TestX4DeleteAndReplayDropBeacons: h0 (pinned, beaconing) dies at t0. A
+// compromised node deletes h0's key and writes back h0's last genuine
+// record (signed by h0: a replay nobody recognises after a delete —
+// docs/security.md "What is left" says it restarts the clock "once per
+// replay"), then garbage every second. Tracker.recreated starts h0 afresh
+// WITHOUT its beacon state (beaconAt zero): the beacons no longer bind
+// it, every garbage value restarts its declaration clock again and the
+// dead h0 is never declared — not once per replay but for ever (c).
+func TestX4DeleteAndReplayDropBeacons(t *testing.T) {
+	tr, rev := beaconFleet(t)
+	last := tr.hosts["h0"].rec
+	last.PrevRev, last.Sig = 0, "sig"
+	for s := 1; s <= 120; s++ {
+		now := t0.Add(time.Duration(s) * time.Second)
+		renewOthers(tr, now, &rev)
+		switch s {
+		case 2:
+			rev++
+			tr.Observe(now, "h0", rev, nil) // the delete
+			rev++
+			r := last
+			tr.Observe(now, "h0", rev, &r) // the replay
+		default:
+			rev++
+			tr.ObserveInvalid(now, "h0", rev, "undecodable", false)
+		}
+		for _, d := range tr.Tick(now) {
+			if d.Op == OpDeclare && d.Host == "h0" {
+				t.Logf("h0 declared at %s", now.Sub(t0))
+				return
+			}
+		}
+	}
+	t.Errorf("dead h0 never declared in 120 s after one delete + replay, then garbage every second (lease_ttl + grace %s)", tr.hosts["h0"].rec.Timing.LeaseTTL+tr.hosts["h0"].grace)
+}
+
+// TestX4BeaconQueueCrowdedOutByOneHost: the controller's beacon queue
+// (BeaconQueue, 4096) is shared by every host, and a host may publish its
+// own beacon subject as fast as it likes (the shipped permissions). A
+// compromised compute-1 publishing its own beacons in a loop keeps the
+// queue full: the beacons of every other host are dropped ("queue
+// full"). Their unverifiable values are then discounted (a live host
+// whose key this controller does not know yet is declared: b, S), and
+// once their last beacon is BeaconTrustWindow old the tracker is lenient
+// again for them (garbage keeps a dead host undeclared: c). The queue
+// needs no depth per host: the tracker only needs the highest revision
+// each host's beacons named.
+func TestX4BeaconQueueCrowdedOutByOneHost(t *testing.T) {
+	r := &Runner{}
+	out := make(chan fencing.Beacon, BeaconQueue)
+	msg := func(host string, rev uint64) *nats.Msg {
+		m, err := natslease.BeaconMsg(fencing.LeaseRecord{Host: host}, rev, t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	for i := range BeaconQueue + 10 { // compute-1's flood (between two reads of the tracker)
+		r.beacon(msg("compute-1.example.org", uint64(i+1)), out)
+	}
+	var refused error
+	r.OnBeacon = func(_ string, _ fencing.Beacon, err error) { refused = err }
+	r.beacon(msg("compute-3.example.org", 99999), out)
+	if refused != nil {
+		t.Errorf("compute-3's beacon dropped because compute-1 flooded its own beacon subject: %v", refused)
+	}
 }
