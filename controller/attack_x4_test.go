@@ -201,3 +201,39 @@ func TestX4BeaconQueueCrowdedOutByOneHost(t *testing.T) {
 		t.Errorf("compute-3's beacon dropped because compute-1 flooded its own beacon subject: %v", refused)
 	}
 }
+
+// TestX4FakeKeysRaiseGuardThreshold: the shipped permissions let an agent
+// write any single-token key of the lease bucket (kvPrefix + "*", for
+// relays). A compromised node writes garbage under 40 made-up host names
+// ("fake-0" …). Each becomes a tracked host ("no trusted record yet:
+// never declared") and a MEMBER: N goes from 10 to 50, the guard the
+// controller publishes says 50 members, the agents adopt it (it is
+// signed by the controller), and the threshold goes from 2 to 10. A rack
+// of 5 hosts cut off by a network fault then no longer makes the
+// controller hold (5 ≤ 10) nor its agents Held (they need 11 + lying
+// peers): all five fence and are declared — the mass-failure guard,
+// which exists to keep an outage from fencing hosts, is switched off by
+// one node (invariant (a), amplified by any outage). A key that never
+// held a trusted record should not count toward N (a smaller N is the
+// conservative side, as for a deleted key).
+func TestX4FakeKeysRaiseGuardThreshold(t *testing.T) {
+	tr, rev := beaconFleet(t)
+	before := tr.Threshold()
+	for i := range 40 {
+		rev++
+		tr.ObserveInvalid(t0.Add(time.Second), fmt.Sprintf("fake-%d", i), rev, "undecodable", false)
+	}
+	g := tr.Guard()
+	tr.GuardPublished(g, nil)
+	// The agents adopt the controller's new guard and name it.
+	for i := range 10 {
+		rev++
+		r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
+		r.Signer = fmt.Sprintf("h%d-key", i)
+		r.Guard = g.Ref()
+		tr.Observe(t0.Add(2*time.Second), r.Host, rev, r)
+	}
+	if after := tr.Threshold(); after > before {
+		t.Errorf("40 garbage values under made-up host names raised the guard threshold from %d to %d (published guard: %d members)", before, after, g.Members)
+	}
+}
