@@ -99,11 +99,15 @@ func TestX4LongHoldLapsesBeacons(t *testing.T) {
 	var heldEnd time.Time
 	for s := 1; s <= 12*60; s++ {
 		now := t0.Add(time.Duration(s) * time.Second)
+		// The live hosts renew and beacon (every agent of this release
+		// does; the lead's fix made the window fleet-wide, so the test
+		// models the beacons the live agents publish).
 		for i := 3; i < 10; i++ {
 			rev++
 			r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
 			r.Signer = fmt.Sprintf("h%d-key", i)
 			tr.Observe(now, r.Host, rev, r)
+			tr.ObserveBeacon(now, r.Host, rev)
 		}
 		if s >= 6*60 { // h1 and h2 are back
 			for i := 1; i < 3; i++ {
@@ -111,6 +115,7 @@ func TestX4LongHoldLapsesBeacons(t *testing.T) {
 				r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
 				r.Signer = fmt.Sprintf("h%d-key", i)
 				tr.Observe(now, r.Host, rev, r)
+				tr.ObserveBeacon(now, r.Host, rev)
 			}
 		}
 		rev++
@@ -171,7 +176,7 @@ func TestX4DeleteAndReplayDropBeacons(t *testing.T) {
 }
 
 // TestX4BeaconQueueCrowdedOutByOneHost: the controller's beacon queue
-// (BeaconQueue, 4096) is shared by every host, and a host may publish its
+// (then BeaconQueue, 4096; now beaconBox, per host) was shared by every host, and a host may publish its
 // own beacon subject as fast as it likes (the shipped permissions). A
 // compromised compute-1 publishing its own beacons in a loop keeps the
 // queue full: the beacons of every other host are dropped ("queue
@@ -183,7 +188,7 @@ func TestX4DeleteAndReplayDropBeacons(t *testing.T) {
 // each host's beacons named.
 func TestX4BeaconQueueCrowdedOutByOneHost(t *testing.T) {
 	r := &Runner{}
-	out := make(chan fencing.Beacon, BeaconQueue)
+	out := newBeaconBox()
 	msg := func(host string, rev uint64) *nats.Msg {
 		m, err := natslease.BeaconMsg(fencing.LeaseRecord{Host: host}, rev, t0)
 		if err != nil {
@@ -191,7 +196,7 @@ func TestX4BeaconQueueCrowdedOutByOneHost(t *testing.T) {
 		}
 		return m
 	}
-	for i := range BeaconQueue + 10 { // compute-1's flood (between two reads of the tracker)
+	for i := range 4096 + 10 { // compute-1's flood (between two reads of the tracker)
 		r.beacon(msg("compute-1.example.org", uint64(i+1)), out)
 	}
 	var refused error
@@ -199,6 +204,9 @@ func TestX4BeaconQueueCrowdedOutByOneHost(t *testing.T) {
 	r.beacon(msg("compute-3.example.org", 99999), out)
 	if refused != nil {
 		t.Errorf("compute-3's beacon dropped because compute-1 flooded its own beacon subject: %v", refused)
+	}
+	if got := out.take()["compute-3.example.org"]; len(got) != 1 || got[0] != 99999 {
+		t.Errorf("compute-3's beacon not delivered to the tracker after compute-1's flood: %v", got)
 	}
 }
 

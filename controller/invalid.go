@@ -26,7 +26,8 @@ import (
 //     forged value must not lower the count a Held peer relies on);
 //     EXCEPT while the host's beacons bind it (beaconsBind: signatures
 //     required, a trusted record signed by the host's known key seen, a
-//     beacon from the host received within beaconWindow): then such a
+//     beacon of the host received, some host's beacon within
+//     BeaconTrustWindow): then such a
 //     value counts only when the host's own beacon (fencing.Beacon, which
 //     with the shipped NATS permissions only the host itself can publish)
 //     names its revision — before the value arrives or after it (within
@@ -45,28 +46,25 @@ import (
 //     last one (Skipped), restarts the clock: a genuine renewal may have
 //     been overwritten before it was delivered.
 
-// BeaconTrustWindow is the least time a host's beacons bind its
-// unverifiable values after the last beacon received (beaconWindow:
-// at least twice the host's lease_ttl + grace). It must outlast the time
-// from a dead host's last beacon to its declaration (lease_ttl + grace
-// after its last renewal: at most 15 s + 2 min with the defaults and
-// DefaultMaxGrace): within it, values no beacon names are discounted, so
-// the dead host is declared on time. After it (beacons gone for good:
-// NATS permissions without the beacon subscription, agents of a release
-// without beacons) the tracker is lenient again — a live host is then
-// never declared over values it cannot verify, at the price of invariant
-// (c) (docs/security.md).
+// BeaconTrustWindow: a host's beacons bind its unverifiable values while
+// some host's beacon (any host's) arrived within this window
+// (beaconsBind). Beacons that stopped for the whole fleet mean this
+// controller does not receive them (its NATS account lacks the beacon
+// subscription, its subscription broke): the tracker is then lenient
+// again — a live host is never declared over values it cannot verify,
+// at the price of invariant (c) (docs/security.md). The window is per
+// fleet, not per host: a dead host's own beacons stop with it, and a
+// mass-failure hold that outlasts any per-host window made the tracker
+// lenient for the dead host (reviewer X4, TestX4LongHoldLapsesBeacons).
+// 5 minutes: far above the renewal interval every live agent beacons at,
+// short enough that a broken subscription is noticed (alerted:
+// hvguard_controller_beacons_total stops growing).
 const BeaconTrustWindow = 5 * time.Minute
-
-// beaconWindow is how long after its last beacon h's beacons bind it.
-func beaconWindow(h *hostState) time.Duration {
-	return max(BeaconTrustWindow, 2*(h.rec.Timing.LeaseTTL+h.grace))
-}
 
 // beaconsBind reports whether an unverifiable value of h observed at now
 // counts only when a beacon names it (see above).
 func (t *Tracker) beaconsBind(h *hostState, now time.Time) bool {
-	return t.pinned(h) && !h.beaconAt.IsZero() && now.Sub(h.beaconAt) <= beaconWindow(h)
+	return t.pinned(h) && !h.beaconAt.IsZero() && now.Sub(t.lastBeacon) <= BeaconTrustWindow
 }
 
 // ObserveBeacon reports a beacon of host naming revision rev, received at
@@ -82,7 +80,9 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	if h == nil || h.deleted {
 		return
 	}
+	t.lastBeacon = now
 	h.beaconAt = now
+	seen := h.beaconRevs.has(rev)
 	h.beaconRevs.add(rev)
 	for i, p := range h.pending {
 		if p.rev != rev {
@@ -94,6 +94,19 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 			h.unverifiedAt = p.at
 		}
 		return
+	}
+	if !seen && rev > h.trustedRev && !beaconMutation {
+		// A write of the host's own after its last trusted record, not
+		// among the discounted values: the watch has not delivered it
+		// yet, skipped it (a value superseded before delivery — a
+		// compromised node can make the watch skip at will with a burst
+		// of writes, reviewer X4), or counted it already (then this
+		// extends the clock by the beacon's delay: the lenient side).
+		// The host was alive and wrote: a renewal now. (Values the watch
+		// skipped no longer restart the clock of a host its beacons
+		// bind: see observeInvalid.)
+		h.corroboratedRev = max(h.corroboratedRev, rev)
+		h.unverifiedAt = now
 	}
 }
 
@@ -142,9 +155,14 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		t.hosts[host] = h
 	}
 	hidden := t.skippedRev > h.rev
-	bind := !forged && !hidden && t.beaconsBind(h, now) && !beaconMutation
+	bind := !forged && t.beaconsBind(h, now) && !beaconMutation
 	h.rev = rev
 	h.untrusted, h.untrustedWhy = now, why
+	// A skipped revision (hidden) may have been a genuine renewal
+	// overwritten before the watch delivered it; for a host its beacons
+	// bind, its beacon says so (ObserveBeacon), so the skip itself
+	// restarts nothing — a burst of writes makes the watch skip at will
+	// (reviewer X4, TestX4WatchSkipKeepsDeadHostUndeclared).
 	restart := !forged || hidden
 	named := false
 	if bind {

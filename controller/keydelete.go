@@ -91,6 +91,11 @@ func (t *Tracker) recreated(now time.Time, old *hostState) *hostState {
 	if t.counted(old, now) {
 		h.silentEnd = now
 	}
+	// The host's beacons go on binding it: a delete and a replay of its
+	// last genuine record must not make the tracker lenient for it
+	// (reviewer X4, TestX4DeleteAndReplayDropBeacons: garbage then kept
+	// the dead host undeclared for ever).
+	h.beaconAt, h.beaconRevs, h.pending, h.corroboratedRev = old.beaconAt, old.beaconRevs, old.pending, old.corroboratedRev
 	return h
 }
 

@@ -29,11 +29,11 @@ const (
 	WriteTimeout = 2 * time.Second
 	// RewatchDelay is the pause before a failed watch is re-established.
 	RewatchDelay = time.Second
-	// BeaconQueue bounds the beacons waiting for the tracker's goroutine:
-	// one per renewal per host (every few seconds each); a beacon dropped
-	// when it is full only makes that one renewal count for nothing where
-	// the controller cannot verify it (invalid.go).
-	BeaconQueue = 4096
+	// MaxBeaconHosts bounds the hosts whose beacons wait for the
+	// tracker's goroutine at once (beaconBox): with the shipped
+	// permissions only real hosts publish beacons; without them this
+	// bounds the memory a flood of made-up host names can take.
+	MaxBeaconHosts = 65536
 )
 
 // Runner is the controller's I/O shell: it watches the lease bucket into
@@ -125,7 +125,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// controller last started acting (see restoreGuard).
 	restored := false
 	views := r.viewReqs()
-	beacons := make(chan fencing.Beacon, BeaconQueue)
+	beacons := newBeaconBox()
 	if r.Beacons != nil {
 		sub, err := r.Beacons.Subscribe(proto.BeaconWildcard, func(m *nats.Msg) { r.beacon(m, beacons) })
 		if err != nil {
@@ -158,8 +158,13 @@ func (r *Runner) Run(ctx context.Context) error {
 				}
 			case reply := <-views:
 				reply <- r.Tracker.View(r.now())
-			case b := <-beacons:
-				r.Tracker.ObserveBeacon(r.now(), b.Host, b.Revision)
+			case <-beacons.ready:
+				now := r.now()
+				for host, revs := range beacons.take() {
+					for _, rev := range revs {
+						r.Tracker.ObserveBeacon(now, host, rev)
+					}
+				}
 			case u := <-updates:
 				if u.Skipped {
 					r.Tracker.Skipped(u.Revision)
@@ -236,17 +241,57 @@ func (r *Runner) Run(ctx context.Context) error {
 	return nil
 }
 
-// beacon decodes one beacon message (NATS's goroutine) and queues it for
-// the tracker: only a beacon whose host is its subject's host (with the
-// shipped permissions, the only host that may publish there) is passed on.
-func (r *Runner) beacon(m *nats.Msg, out chan<- fencing.Beacon) {
+// beaconBox holds the beacons waiting for the tracker's goroutine, per
+// host: each host's last beaconMemory revisions (a host publishing its
+// own beacon subject in a loop only overwrites its own: reviewer X4 found
+// one shared queue let one compromised host crowd out every other host's
+// beacons, TestX4BeaconQueueCrowdedOutByOneHost).
+type beaconBox struct {
+	mu    sync.Mutex
+	hosts map[string][]uint64
+	ready chan struct{}
+}
+
+func newBeaconBox() *beaconBox {
+	return &beaconBox{hosts: map[string][]uint64{}, ready: make(chan struct{}, 1)}
+}
+
+// put adds host's beacon naming rev.
+func (b *beaconBox) put(host string, rev uint64) error {
+	b.mu.Lock()
+	q, ok := b.hosts[host]
+	if !ok && len(b.hosts) >= MaxBeaconHosts {
+		b.mu.Unlock()
+		return fmt.Errorf("beacons of %d hosts already waiting: revision %d dropped", MaxBeaconHosts, rev)
+	}
+	if len(q) == beaconMemory {
+		q = q[1:]
+	}
+	b.hosts[host] = append(q, rev)
+	b.mu.Unlock()
+	select {
+	case b.ready <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// take returns the waiting beacons and empties the box.
+func (b *beaconBox) take() map[string][]uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	m := b.hosts
+	b.hosts = map[string][]uint64{}
+	return m
+}
+
+// beacon decodes one beacon message (NATS's goroutine) and puts it in
+// box: only a beacon whose host is its subject's host (with the shipped
+// permissions, the only host that may publish there) is passed on.
+func (r *Runner) beacon(m *nats.Msg, box *beaconBox) {
 	host, b, err := decodeBeaconMsg(m)
 	if err == nil {
-		select {
-		case out <- b:
-		default:
-			err = fmt.Errorf("beacon queue full (%d): revision %d dropped", BeaconQueue, b.Revision)
-		}
+		err = box.put(host, b.Revision)
 	}
 	if r.OnBeacon != nil {
 		r.OnBeacon(host, b, err)

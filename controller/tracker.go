@@ -245,6 +245,8 @@ type Tracker struct {
 	skippedRev uint64
 	guards     guardVersions
 	out        []Decision
+	// lastBeacon: the last beacon of any host (beaconsBind).
+	lastBeacon time.Time
 	// required: signed records are required (fencing.SigningRequired;
 	// SetSigningRequired): see invalid.go and keydelete.go for what it
 	// changes.
@@ -422,11 +424,19 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	return t.out
 }
 
-// Members returns the number of hosts tracked (keys deleted not counted).
+// Members returns the number of hosts tracked: keys deleted, and keys
+// that never held a trusted record, are not counted. Any agent may write
+// any host's key (relays): a node writing garbage under made-up host
+// names must not raise N and with it the guard threshold (reviewer X4,
+// TestX4FakeKeysRaiseGuardThreshold: 40 names took the threshold from 2
+// to 10). A smaller N is the conservative side (a lower threshold holds
+// sooner), as for a deleted key; a host whose first record this
+// controller cannot verify (its key not provisioned here yet) counts once
+// a trusted one arrives.
 func (t *Tracker) Members() int {
 	n := 0
 	for _, h := range t.hosts {
-		if !h.deleted {
+		if !h.deleted && h.rec.State != "" {
 			n++
 		}
 	}
