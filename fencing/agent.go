@@ -522,18 +522,21 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 		case c != nil && a.ownRecord(*c) && !a.corroborated(c.Seq, ans.Revision, peer):
 			// A landing of ours that only this peer reports so far: not
 			// counted yet (LyingPeers).
-		case (ans.Invalid != "" || ans.KeyAbsent) && !a.keyDeleteSafe(now):
-			// "No record" or "a record you would not trust" is a claim
+		case (ans.Invalid != "" || ans.KeyAbsent || c != nil && !a.ownRecord(*c)) && !a.keyDeleteSafe(now):
+			// "No record", "a record you would not trust" or "a record
+			// that is not your landing" (an old genuine record of ours
+			// replayed: untrusted → taken like a deleted key) is a claim
 			// nothing verifies: acted on while the lease is lapsed, one
 			// lying peer fenced and self-declared a Held host (a NATS
-			// outage turned into fencing). Only our own read acts on it
-			// then (docs/fencing.md, "Key deleted").
+			// outage turned into fencing; reviewers X2 and X4,
+			// TestX4LyingReplayFencesHeldHost). Only our own read acts on
+			// it then (docs/fencing.md, "Key deleted").
 		case ans.Invalid != "":
-			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Invalid: ans.Invalid})
+			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Invalid: ans.Invalid, peer: true})
 		case c != nil && c.State == LeaseActive:
-			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Current: c})
+			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Current: c, peer: true})
 		case ans.KeyAbsent:
-			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict})
+			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, peer: true})
 		}
 	case PeerCannotRenew:
 		a.confirmed[peer] = now
@@ -1064,6 +1067,19 @@ func (a *Agent) startRejoin(now time.Time, reason Reason) {
 	a.setState(now, StateRejoining, reason, fmt.Sprintf("%d paused by hvguard", len(a.paused)))
 }
 
+// conflictRev is the revision to renew on after a conflict showing an
+// active record at res.Revision: our own store's answer is the key's
+// revision (even below the one we had: a lying peer's "invalid record at
+// revision r+1000" must not leave every later CAS conflicting while NATS
+// works — reviewer X4, TestX4LyingRevisionPoisonsRenewals); a peer's
+// report only ever raises it.
+func (a *Agent) conflictRev(res RenewResult) uint64 {
+	if res.peer {
+		return max(a.rev, res.Revision)
+	}
+	return res.Revision
+}
+
 func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 	cur := res.Current
 	if why := a.untrusted(res); why != "" {
@@ -1098,13 +1114,13 @@ func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 			if cur.Seq <= a.landedSeq {
 				// Already counted (its ack overtook this conflict): only
 				// the revision is news. Renew again at once.
-				a.rev = max(a.rev, res.Revision)
+				a.rev = a.conflictRev(res)
 				a.nextRenew = now
 				return
 			}
 		}
-		if res.Revision > a.rev {
-			a.rev = res.Revision
+		if r := a.conflictRev(res); r != a.rev {
+			a.rev = r
 			a.nextRenew = now // retry at once on the revision now known
 		}
 		a.renewFailed(now, ReasonRenewFailed)

@@ -204,6 +204,10 @@ type RenewResult struct {
 	// bad signature): why. The agent treats it like a deleted key whose
 	// marker is at Revision (keydelete.go).
 	Invalid string
+	// peer: the conflict is a peer's report (PeerAnswered), not our own
+	// store's answer: its revision is a claim nothing verifies, so it
+	// never lowers the revision our store reports (reviewer X4).
+	peer bool
 }
 
 // PeerAnswerKind is what a peer answered.
