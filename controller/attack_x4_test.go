@@ -245,3 +245,30 @@ func TestX4FakeKeysRaiseGuardThreshold(t *testing.T) {
 		t.Errorf("40 garbage values under made-up host names raised the guard threshold from %d to %d (published guard: %d members)", before, after, g.Members)
 	}
 }
+
+// TestX4DeleteMakesLiveHostsBeaconsIgnored: h0 is alive, its records
+// unverifiable here (key rotated out of order), each named by its beacon.
+// A compromised node deletes h0's key once; h0's agent re-creates it at
+// its next renewal and goes on renewing. observeInvalid leaves h0 marked
+// deleted (only a trusted record re-creates it) and ObserveBeacon ignores
+// a deleted host's beacons: every later renewal of h0 is discounted and
+// the live h0 is declared (pinned: a delete stops nothing) — (b), (S).
+func TestX4DeleteMakesLiveHostsBeaconsIgnored(t *testing.T) {
+	tr, rev := beaconFleet(t)
+	for s := 1; s <= 120; s++ {
+		now := t0.Add(time.Duration(s) * time.Second)
+		renewOthers(tr, now, &rev)
+		if s == 5 {
+			rev++
+			tr.Observe(now, "h0", rev, nil) // the delete
+		}
+		rev++
+		tr.ObserveInvalid(now, "h0", rev, "signed by unknown key h0-new", false)
+		tr.ObserveBeacon(now.Add(10*time.Millisecond), "h0", rev)
+		for _, d := range tr.Tick(now.Add(20 * time.Millisecond)) {
+			if d.Op == OpDeclare && d.Host == "h0" {
+				t.Fatalf("live h0 declared at %s (its key deleted once at 5 s) although its beacon named every renewal: %s", now.Sub(t0), d.Reason)
+			}
+		}
+	}
+}
