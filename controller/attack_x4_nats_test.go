@@ -28,10 +28,14 @@ func TestX4WatchSkipKeepsDeadHostUndeclared(t *testing.T) {
 		name  string
 		burst int
 		into  string // the burst's key
-	}{{"single", 1, "compute-3_example_org"}, {"burst", 200, "compute-3_example_org"}, {"burst-into-own-key", 200, "compute-1_example_org"}} {
+		// forged: the value then written into compute-3's key is its
+		// last record signed by compute-1's key (fencing.ErrForgedRecord).
+		forged bool
+	}{{"single", 1, "compute-3_example_org", false}, {"burst", 200, "compute-3_example_org", false}, {"burst-into-own-key", 200, "compute-1_example_org", false},
+		{"burst-into-own-key-then-forged", 200, "compute-1_example_org", true}} {
 		burst := tc.burst
 		t.Run(tc.name, func(t *testing.T) {
-			_, _, _, _, ctl, _, anc, die := permRig(t, dead)
+			_, ctx, _, _, ctl, attacker, anc, die := permRig(t, dead)
 			if n := ctl.beaconCounts()[dead]; n == 0 {
 				t.Fatalf("no beacon of compute-3 received before its death: %v", ctl.beaconCounts())
 			}
@@ -39,6 +43,16 @@ func TestX4WatchSkipKeepsDeadHostUndeclared(t *testing.T) {
 			time.Sleep(50 * time.Millisecond)
 			died := time.Now()
 			subj := "$KV." + fencing.Bucket + ".compute-3_example_org"
+			value := []byte("not a record")
+			if tc.forged {
+				last, rev, err := attacker.Read(ctx, dead)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if value, err = attacker.Signer.Seal(*last, rev).Encode(); err != nil {
+					t.Fatal(err)
+				}
+			}
 			for time.Since(died) < 6*time.Second {
 				if _, ok := ctl.declaredAt(dead); ok {
 					break
@@ -48,7 +62,7 @@ func TestX4WatchSkipKeepsDeadHostUndeclared(t *testing.T) {
 						t.Fatal(err)
 					}
 					if i == burst-1 && tc.into != "compute-3_example_org" {
-						anc.Publish(subj, []byte("not a record"))
+						anc.Publish(subj, value)
 					}
 				}
 				if err := anc.FlushTimeout(5 * time.Second); err != nil {
@@ -57,7 +71,7 @@ func TestX4WatchSkipKeepsDeadHostUndeclared(t *testing.T) {
 				time.Sleep(time.Second) // < lease_ttl + grace (3.05 s at x0.1)
 			}
 			if _, ok := ctl.declaredAt(dead); !ok {
-				t.Errorf("dead compute-3 not declared within 6 s (lease_ttl + grace = 3.05 s) while compute-1 published bursts of %d garbage values into %s (then one into compute-3's) every second; invalid values said: %d", burst, tc.into, ctl.invalidCount(dead))
+				t.Errorf("dead compute-3 not declared within 6 s (lease_ttl + grace = 3.05 s) while compute-1 published bursts of %d garbage values into %s (then one into compute-3's, forged %t) every second; invalid values said: %d", burst, tc.into, tc.forged, ctl.invalidCount(dead))
 			}
 		})
 	}
