@@ -76,8 +76,12 @@ func (t *Tracker) beaconsBind(h *hostState, now time.Time) bool {
 // since (a compromised node writing right after each renewal must not
 // make a live host's renewals count for nothing).
 func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
+	// A deleted host's beacons count too: its agent re-creates its key
+	// (with a value this controller may not verify) and lives on
+	// (reviewer X4, TestX4DeleteMakesLiveHostsBeaconsIgnored: ignored,
+	// the live host was declared at 26 s).
 	h := t.hosts[host]
-	if h == nil || h.deleted {
+	if h == nil {
 		return
 	}
 	t.lastBeacon = now
@@ -155,7 +159,10 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		t.hosts[host] = h
 	}
 	hidden := t.skippedRev > h.rev
-	bind := !forged && t.beaconsBind(h, now) && !beaconMutation
+	// bind: the host's beacons decide for any untrusted value, forged or
+	// not (a forged value after a burst-made skip restarted the clock:
+	// reviewer X4, TestX4WatchSkipKeepsDeadHostUndeclared/...-then-forged).
+	bind := t.beaconsBind(h, now) && !beaconMutation
 	h.rev = rev
 	h.untrusted, h.untrustedWhy = now, why
 	// A skipped revision (hidden) may have been a genuine renewal
@@ -169,6 +176,7 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		named = h.beaconRevs.has(rev)
 		if named {
 			h.corroboratedRev = max(h.corroboratedRev, rev)
+			restart = true
 		} else {
 			restart = false
 			h.discountedAt = now
