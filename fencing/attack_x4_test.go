@@ -143,3 +143,36 @@ func TestX4LyingRevisionPoisonsRenewals(t *testing.T) {
 		})
 	}
 }
+
+// TestX4RelayShownDeclarationIgnored: h0 is cut off from NATS, its lease
+// still held, renewing through peers' relays (asking peers). The
+// controller has declared it (h0's records are unverifiable there and no
+// beacon came: docs/security.md "What is left" — "it then fences on the
+// declaration its next relay shows it"). An honest peer's relay conflicts
+// with the declaration and shows it (RelayFailed, Current: the
+// controller-signed expired record of the next epoch, written by CAS on
+// h0's last revision: no replay). PeerAnswered has no case for a shown
+// record that is not active: the declaration is ignored, h0 learns of it
+// only when its lease lapses (and not at all while Held) — the
+// contested wait (lease_ttl + grace after the declaration) is then all
+// that keeps recovery from racing h0's guests. Low: the lapse fences in
+// time unless h0 becomes Held; the docs promise more.
+func TestX4RelayShownDeclarationIgnored(t *testing.T) {
+	cfg := testConfig()
+	cfg.LyingPeers = DefaultLyingPeers(SigningRequired)
+	h := newHarness(t, cfg, 50, "d1")
+	h.healthyFor(3 * time.Second)
+	h.advance(4 * time.Second) // cut off: asking peers, lease held
+	if !h.a.LeaseHeld(h.now) || h.round == nil {
+		t.Fatalf("want a cut-off h0 asking peers with its lease held: %s", strings.Join(h.log, "; "))
+	}
+	rd := h.round
+	decl := LeaseRecord{Schema: 1, Host: "h0", BootID: "boot-1", Epoch: h.a.Epoch() + 1, State: LeaseExpired, PrevRev: h.rev,
+		Signer: "Kctl", Sig: "s", Reason: "no renewal (declared by controller c1, term 1)"}
+	h.log = nil
+	h.take(h.a.PeerAnswered(h.now, rd.ID, rd.Peers[0], PeerAnswer{Kind: PeerRelayFailed, Revision: h.rev + 1, Current: &decl}))
+	h.advance(500 * time.Millisecond)
+	if !h.a.Declared() {
+		t.Errorf("h0 (%s) ignored the controller's declaration an honest peer's relay showed it: %s", h.a.State(), strings.Join(h.log, "; "))
+	}
+}
