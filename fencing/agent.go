@@ -522,6 +522,17 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 		case c != nil && a.ownRecord(*c) && !a.corroborated(c.Seq, ans.Revision, peer):
 			// A landing of ours that only this peer reports so far: not
 			// counted yet (LyingPeers).
+		case c != nil && c.State == LeaseExpired && c.Epoch > a.epoch && c.Sig != "" && !Mutations.RelayShownDeclarationIgnored:
+			// A declaration of a later epoch than ours, signed (the shell
+			// verified it: a controller's key, or our own), shown by a
+			// peer whose relay conflicted with it: the controller has
+			// declared us — fence now, Held or not, instead of at the
+			// lease's lapse (reviewer X4, TestX4RelayShownDeclarationIgnored).
+			// Only a later epoch: a declaration released since (our epoch
+			// took it over) replayed by a liar changes nothing, whatever
+			// revision it names. Unsigned (signing off): not acted on, as
+			// before — anyone could have written it.
+			a.declaredBy(now, c)
 		case (ans.Invalid != "" || ans.KeyAbsent || c != nil && !a.ownRecord(*c)) && !a.keyDeleteSafe(now):
 			// "No record", "a record you would not trust" or "a record
 			// that is not your landing" (an old genuine record of ours
@@ -1067,6 +1078,36 @@ func (a *Agent) startRejoin(now time.Time, reason Reason) {
 	a.setState(now, StateRejoining, reason, fmt.Sprintf("%d paused by hvguard", len(a.paused)))
 }
 
+// declaredBy takes cur, an expired record of epoch ≥ ours in our key (the
+// controller's declaration, or our own self-declaration), as our lease's
+// end: fence (or, fenced, await the release).
+func (a *Agent) declaredBy(now time.Time, cur *LeaseRecord) {
+	// Never adopt the revision of a declaration: a renewal must not be
+	// able to overwrite it. Only a released record is taken over.
+	a.epoch = cur.Epoch
+	if a.declared {
+		return
+	}
+	a.declared, a.released = true, false
+	a.lease = false
+	reason := ReasonDeclaredExpired
+	if a.LeaseHeldIgnoringDeclaration(now) {
+		reason = ReasonDeclaredWhileHoldingLease
+		a.r.Alerts = append(a.r.Alerts, Alert{Reason: reason, Detail: fmt.Sprintf("controller declared epoch %d while the lease was held until %s", cur.Epoch, a.LeaseExpiry())})
+	}
+	switch a.state {
+	case StateFenced:
+		a.setState(now, StateAwaitingRelease, reason, cur.Reason)
+	case StateFencing:
+		a.persist()
+	case StateRejoining:
+		a.setState(now, StateAwaitingRelease, reason, cur.Reason)
+	case StateAwaitingRelease:
+	default:
+		a.startFence(now, reason)
+	}
+}
+
 // conflictRev is the revision to renew on after a conflict showing an
 // active record at res.Revision: our own store's answer is the key's
 // revision (even below the one we had: a lying peer's "invalid record at
@@ -1129,30 +1170,7 @@ func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 			a.renewFailed(now, ReasonRenewFailed)
 			return
 		}
-		// Never adopt the revision of a declaration: a renewal must not be
-		// able to overwrite it. Only a released record is taken over.
-		a.epoch = cur.Epoch
-		if a.declared {
-			return
-		}
-		a.declared, a.released = true, false
-		a.lease = false
-		reason := ReasonDeclaredExpired
-		if a.LeaseHeldIgnoringDeclaration(now) {
-			reason = ReasonDeclaredWhileHoldingLease
-			a.r.Alerts = append(a.r.Alerts, Alert{Reason: reason, Detail: fmt.Sprintf("controller declared epoch %d while the lease was held until %s", cur.Epoch, a.LeaseExpiry())})
-		}
-		switch a.state {
-		case StateFenced:
-			a.setState(now, StateAwaitingRelease, reason, cur.Reason)
-		case StateFencing:
-			a.persist()
-		case StateRejoining:
-			a.setState(now, StateAwaitingRelease, reason, cur.Reason)
-		case StateAwaitingRelease:
-		default:
-			a.startFence(now, reason)
-		}
+		a.declaredBy(now, cur)
 	case LeaseWithdrawn:
 		// A withdrawal of an earlier process of ours that landed late (its
 		// stop timed out and fenced): take the lease back from it (the

@@ -335,6 +335,10 @@ var Mutations struct {
 	// epoch's withdrawal — and an invalid one fails the renewal without
 	// its revision being learned (before signed records).
 	UntrustedRecordsTrusted bool
+	// RelayShownDeclarationIgnored (issue 11, reviewer X4): a signed
+	// declaration of a later epoch that a peer's relay shows is ignored
+	// (the agent fences only when its lease lapses, never while Held).
+	RelayShownDeclarationIgnored bool
 
 	// Issue 10 items 3 and 4 (guard versions, deleted keys):
 	//
