@@ -112,11 +112,12 @@ e2e-openstack-adapter: ## the OpenStack recovery adapter against the running har
 # lines. Tears down only what it started (HVG_OS_KEEP=1 keeps it).
 #
 # make e2e runs it with 30 guests and E2E_STORM_ROUNDS=2 reboot rounds (+
-# the cut round): the crash phase (95 s) and the Masakari test (40 s) add
-# ~135 s, one round fewer saves ~160-200 s and keeps make e2e inside CI's
-# 45-min budget (measured 2026-12-01: e2e-classify 1021 s with a hung guest
-# boot re-rebooted after 4 min, ~905 s without; the 4-round storm alone was
-# 836 s; docs/BENCHMARKS.md, issue 14). Issue 6's assertions are the same. The cloud comes up with Masakari there
+# the cut round): the crash phase (76-95 s) and the Masakari test (40 s)
+# add ~120-135 s, one round fewer saves ~160-200 s and keeps make e2e inside
+# CI's 45-min budget (measured 2026-12-01: e2e-classify 883 s; 1021 s in a
+# run where a guest's boot hung and was re-rebooted after 4 min; the 4-round
+# storm alone was 836 s; docs/BENCHMARKS.md, issue 14). Issue 6's
+# assertions are the same. The cloud comes up with Masakari there
 # and the Masakari test is required (HVG_E2E_MASAKARI=1). make bench runs
 # the full storm (BENCH_STORM_ROUNDS=3 rounds + the cut round) with the same
 # recovery part; HVG_STORM_RECOVERY=0 runs the issue 6 storm alone. 20
