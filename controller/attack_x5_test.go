@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -63,6 +64,65 @@ func TestX5DeleteThenReplayedWithdrawalKeepsDeadHostUndeclared(t *testing.T) {
 			h := tr.hosts["h0"]
 			t.Errorf("dead h0 never declared in 120 s (lease_ttl + grace %s) after one delete and one replay of its old genuine %s record (prev_rev %d < the marker's revision): the tracker took it as h0's record (state %s)",
 				due, replay, old.PrevRev, h.rec.State)
+		})
+	}
+}
+
+// TestX5HiddenRenewalsHoldTheGuard: h0 (pinned, beaconing) dies at t0. A
+// compromised node supersedes every renewal of h1 and h2 (live, renewing
+// every second) before the controller's watch delivers it — X4 showed a
+// burst of pipelined writes into any key lags the watch at will, and the
+// bucket keeps one value per key — with one garbage value. The watch then
+// delivers only the garbage (Skipped), and h1's and h2's beacons name each
+// renewal. ObserveBeacon counts the named, unseen revision as a renewal for
+// the declaration clock (so h1 and h2 are not declared), but nothing ends
+// their silence for the mass-failure guard (lastSeen moves only on a
+// trusted record the watch delivered): from suspect_after on they count
+// silent, with h0 3 > threshold 2, and the guard holds for as long as the
+// attacker keeps it up: the dead h0 is never declared — invariant (c). A
+// beacon is published only after the host's own compare-and-set landed,
+// i.e. the host reached NATS: it is evidence the host is not cut off and
+// could end its silence. Control: no attacker, declared on time.
+func TestX5HiddenRenewalsHoldTheGuard(t *testing.T) {
+	for _, attack := range []bool{false, true} {
+		t.Run(fmt.Sprintf("attack=%t", attack), func(t *testing.T) {
+			tr, rev := beaconFleet(t)
+			due := tr.hosts["h0"].rec.Timing.LeaseTTL + tr.hosts["h0"].grace
+			held := false
+			for s := 1; s <= 120; s++ {
+				now := t0.Add(time.Duration(s) * time.Second)
+				for i := 1; i < 10; i++ {
+					host := fmt.Sprintf("h%d", i)
+					rev++
+					r := rec(host, fencing.BackstopReset)
+					r.Signer = host + "-key"
+					if attack && i <= 2 {
+						// h's renewal landed at rev (its agent beacons
+						// it); the attacker's garbage superseded it before
+						// the watch got there.
+						rev++
+						tr.Skipped(rev)
+						tr.ObserveInvalid(now, host, rev, "undecodable", false)
+						tr.ObserveBeacon(now.Add(5*time.Millisecond), host, rev-1)
+						continue
+					}
+					tr.Observe(now, host, rev, r)
+					tr.ObserveBeacon(now.Add(5*time.Millisecond), host, rev)
+				}
+				for _, d := range tr.Tick(now.Add(10 * time.Millisecond)) {
+					switch {
+					case d.Op == OpHoldStarted:
+						held = true
+					case d.Op == OpDeclare && (d.Host == "h1" || d.Host == "h2"):
+						t.Fatalf("live %s declared at %s", d.Host, now.Sub(t0))
+					case d.Op == OpDeclare && d.Host == "h0":
+						t.Logf("h0 declared at %s (hold seen %t)", now.Sub(t0), held)
+						return
+					}
+				}
+			}
+			t.Errorf("dead h0 never declared in 120 s (lease_ttl + grace %s): the guard held (%t; silent %d > threshold %d) on live h1 and h2, whose every renewal a compromised node superseded before the watch delivered it although their beacons named each one",
+				due, held, tr.Silent(t0.Add(120*time.Second)), tr.Threshold())
 		})
 	}
 }
