@@ -166,3 +166,58 @@ func TestX5SkipElsewhereUnstandsDeclaration(t *testing.T) {
 		})
 	}
 }
+
+// TestX5ReplayedWithdrawalsEndHoldOverHeldRack: the same root cause as
+// TestX5DeleteThenReplayedWithdrawalKeepsDeadHostUndeclared, used against
+// live hosts. A rack h1..h4 is cut off from NATS (its hosts reach each
+// other): they confirm each other's "cannot renew", are Held and keep
+// their guests running; the controller counts them silent (4 > threshold
+// 2) and holds — the guard's promise to the Held hosts. A compromised node
+// outside the rack deletes h1's and h2's keys and writes back each one's
+// old genuine withdrawal (from any earlier orderly stop; it read the keys
+// then). After a delete no replay is recognised: h1 and h2 are withdrawn,
+// and a withdrawn host is not counted silent. Silent drops to 2, the hold
+// ends, and h3 and h4 — Held, their guests running — are declared and
+// handed to host recovery: invariants (b) and (S). Control: no attack,
+// the hold stands and nothing is declared.
+func TestX5ReplayedWithdrawalsEndHoldOverHeldRack(t *testing.T) {
+	for _, attack := range []bool{false, true} {
+		t.Run(fmt.Sprintf("attack=%t", attack), func(t *testing.T) {
+			tr, rev := beaconFleet(t)
+			held := false
+			for s := 1; s <= 120; s++ {
+				now := t0.Add(time.Duration(s) * time.Second)
+				for _, host := range []string{"h0", "h5", "h6", "h7", "h8", "h9"} { // h1..h4 are cut off
+					rev++
+					r := rec(host, fencing.BackstopReset)
+					r.Signer = host + "-key"
+					tr.Observe(now, host, rev, r)
+					tr.ObserveBeacon(now, host, rev)
+				}
+				if attack && s == 40 {
+					for _, host := range []string{"h1", "h2"} {
+						old := *rec(host, fencing.BackstopReset)
+						old.State, old.Reason = fencing.LeaseWithdrawn, "orderly-stop"
+						old.Signer, old.Sig, old.PrevRev = host+"-key", "sig", 1
+						rev++
+						tr.Observe(now, host, rev, nil) // the delete
+						rev++
+						tr.Observe(now.Add(10*time.Millisecond), host, rev, &old) // the replay
+					}
+				}
+				for _, d := range tr.Tick(now.Add(20 * time.Millisecond)) {
+					switch {
+					case d.Op == OpHoldStarted:
+						held = true
+					case d.Op == OpDeclare:
+						t.Fatalf("%s declared at %s while h1..h4 were all cut off and confirming each other (Held, guests running): hold seen %t, silent now %d, threshold %d",
+							d.Host, now.Sub(t0), held, tr.Silent(now), tr.Threshold())
+					}
+				}
+			}
+			if !held {
+				t.Fatal("no hold: the test shows nothing")
+			}
+		})
+	}
+}
