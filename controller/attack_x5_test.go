@@ -221,3 +221,42 @@ func TestX5ReplayedWithdrawalsEndHoldOverHeldRack(t *testing.T) {
 		})
 	}
 }
+
+// TestX5FakeDeleteMarkersHoldForever: X4's fix (8f377be) keeps keys under
+// made-up host names from counting in N, but not their DELETE markers. An
+// agent may publish to any single-token lease key (relays), and a KV
+// delete is such a publish: a compromised node deletes "fake-0",
+// "fake-1", "fake-2" — keys that never existed. observeDeleted takes each
+// marker of an unknown host for a real host deleted while this controller
+// was down (restoreDeleted): tracked, deleted, lastSeen zero — counted
+// SILENT at once and for ever (only Forget, by hand, drops it). 3 > the
+// threshold 2: the mass-failure guard holds from the next tick, and the
+// dead h0 (and every host that dies later) is never declared — invariant
+// (c) for the whole fleet, three publishes, no further effort. Control:
+// no markers, declared at 22 s.
+func TestX5FakeDeleteMarkersHoldForever(t *testing.T) {
+	for _, fakes := range []int{0, 3} {
+		t.Run(fmt.Sprintf("fakes=%d", fakes), func(t *testing.T) {
+			tr, rev := beaconFleet(t)
+			due := tr.hosts["h0"].rec.Timing.LeaseTTL + tr.hosts["h0"].grace
+			for s := 1; s <= 120; s++ {
+				now := t0.Add(time.Duration(s) * time.Second)
+				renewOthers(tr, now, &rev)
+				if s == 1 {
+					for i := range fakes {
+						rev++
+						tr.Observe(now, fmt.Sprintf("fake-%d", i), rev, nil)
+					}
+				}
+				for _, d := range tr.Tick(now) {
+					if d.Op == OpDeclare && d.Host == "h0" {
+						t.Logf("h0 declared at %s", now.Sub(t0))
+						return
+					}
+				}
+			}
+			t.Errorf("dead h0 never declared in 120 s (lease_ttl + grace %s) after delete markers of %d made-up host names: holding %t, silent %d > threshold %d",
+				due, fakes, tr.Holding(), tr.Silent(t0.Add(120*time.Second)), tr.Threshold())
+		})
+	}
+}
