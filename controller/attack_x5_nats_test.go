@@ -37,3 +37,50 @@ func TestX5FakeDeleteMarkersHoldForeverNATS(t *testing.T) {
 		})
 	}
 }
+
+// TestX5DeleteThenReplayedWithdrawalNATS: TestX5DeleteThenReplayedWithdrawalKeepsDeadHostUndeclared
+// against nats-server with the shipped permissions: compute-3 dies;
+// compute-1's own NATS user deletes compute-3's key and puts back a
+// withdrawal compute-3 genuinely signed earlier (modelled here by sealing
+// it with compute-3's key for an old revision, as its agent did at an
+// orderly stop). compute-3 is never declared (c). Control: the delete
+// alone, declared (pinned).
+func TestX5DeleteThenReplayedWithdrawalNATS(t *testing.T) {
+	const dead = "compute-3.example.org"
+	for _, replay := range []bool{false, true} {
+		t.Run(fmt.Sprintf("replay=%t", replay), func(t *testing.T) {
+			f, ctx, _, _, ctl, attacker, _, die := permRig(t, dead)
+			last, rev, err := attacker.Read(ctx, dead)
+			if err != nil {
+				t.Fatal(err)
+			}
+			old := *last
+			old.State, old.Reason = "withdrawn", "orderly-stop"
+			saved, err := f.signers[dead].Seal(old, rev-1).Encode() // compute-3's own withdrawal, written long ago
+			if err != nil {
+				t.Fatal(err)
+			}
+			die()
+			time.Sleep(50 * time.Millisecond)
+			died := time.Now()
+			if err := attacker.KV.Delete(ctx, "compute-3_example_org"); err != nil {
+				t.Fatal(err)
+			}
+			if replay {
+				time.Sleep(100 * time.Millisecond) // the marker delivered first
+				if _, err := attacker.KV.Put(ctx, "compute-3_example_org", saved); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for time.Since(died) < 10*time.Second {
+				if _, ok := ctl.declaredAt(dead); ok {
+					t.Logf("declared %s after its death", time.Since(died).Round(100*time.Millisecond))
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			t.Logf("decisions: %v", ctl.decisions)
+			t.Errorf("dead compute-3 not declared within 10 s (lease_ttl + grace = 3.05 s) after compute-1 deleted its key and put back its old withdrawal (prev_rev %d, before the marker)", rev-1)
+		})
+	}
+}
