@@ -307,3 +307,27 @@ func TestX5OwnRecordNamesThresholdZero(t *testing.T) {
 		})
 	}
 }
+
+// TestX5OwnRecordNamesHugeGuardVersion: the versions named by members'
+// records raise maxSeen, and the next guard is maxSeen + 1. A compromised
+// h9 names version 2^64-1 in its own signed renewal: the controller's next
+// guard (a membership change) is version 0 — agents adopt only a guard of
+// a version >= theirs (fencing.Agent.SetMembers), so no agent adopts any
+// guard the controller publishes from then on, and an agent started
+// afterwards gets one it cannot order. Low: the controller keeps holding
+// with the minimum of the kept versions (conservative); the agents' guard
+// is frozen (a later shrink is not seen by them: they fence sooner).
+func TestX5OwnRecordNamesHugeGuardVersion(t *testing.T) {
+	tr, rev := beaconFleet(t)
+	g := tr.Guard()
+	tr.GuardPublished(g, nil)
+	r := rec("h9", fencing.BackstopReset)
+	r.Signer, r.Guard = "h9-key", &fencing.GuardVersion{Version: ^uint64(0), Threshold: g.Ref().Threshold}
+	rev++
+	tr.Observe(t0.Add(time.Second), "h9", rev, r)
+	rev++
+	tr.Observe(t0.Add(time.Second), "h1", rev, nil) // a membership change: a new guard is due
+	if n := tr.Guard(); n.Version <= g.Version {
+		t.Errorf("after h9 named guard version %d in its own record, the controller's next guard has version %d (published before: %d): no agent adopts it", ^uint64(0), n.Version, g.Version)
+	}
+}
