@@ -47,6 +47,10 @@ var guardMutation struct {
 	latestOnly bool
 }
 
+// guardClaimMutation (reviewer X5): with signatures required, thresholds
+// and versions members name are taken as they come, as before.
+var guardClaimMutation bool
+
 type guardVersions struct {
 	kept    []fencing.GuardVersion // ascending versions
 	adopted fencing.Guard          // the last guard published successfully
@@ -55,11 +59,23 @@ type guardVersions struct {
 	latestN int                    // members of the latest proposal (mutation)
 }
 
-// named notes the version a record names.
-func (g *guardVersions) named(rec *fencing.LeaseRecord) {
-	if rec.Guard != nil {
-		g.maxSeen = max(g.maxSeen, rec.Guard.Version)
+// maxGuardJump bounds how far a version a member names may move maxSeen
+// with signatures required: versions grow by one per guard change, so a
+// jump of a million is not a version any controller published — a
+// compromised node naming 2^64-1 in its own record wrapped the next
+// version to 0 and froze every agent's guard (reviewer X5,
+// TestX5OwnRecordNamesHugeGuardVersion).
+const maxGuardJump = 1 << 20
+
+// named notes the version a record names (required: signatures required).
+func (g *guardVersions) named(rec *fencing.LeaseRecord, required bool) {
+	if rec.Guard == nil {
+		return
 	}
+	if required && rec.Guard.Version > g.maxSeen+maxGuardJump && !guardClaimMutation {
+		return
+	}
+	g.maxSeen = max(g.maxSeen, rec.Guard.Version)
 }
 
 // counts reports whether h's record constrains the threshold: not a
@@ -90,7 +106,14 @@ func floor(hosts map[string]*hostState) uint64 {
 }
 
 // effective returns th lowered to every threshold an agent may act on.
-func (g *guardVersions) effective(th int, hosts map[string]*hostState) int {
+// With signatures required (required) the guard agents act on is signed
+// by a controller, so a threshold a member's record names counts only as
+// the threshold this controller kept for the version it names (every
+// version an agent may act on is kept: published, restored or possibly
+// published); a version not kept names nothing. A compromised node naming
+// threshold 0 in its own renewals made the controller hold for any one
+// silent host, for ever (reviewer X5, TestX5OwnRecordNamesThresholdZero).
+func (g *guardVersions) effective(th int, hosts map[string]*hostState, required bool) int {
 	f := floor(hosts)
 	for _, v := range g.kept {
 		if v.Version >= f {
@@ -98,9 +121,18 @@ func (g *guardVersions) effective(th int, hosts map[string]*hostState) int {
 		}
 	}
 	for _, h := range hosts {
-		if counts(h) && h.rec.Guard != nil {
-			th = min(th, h.rec.Guard.Threshold)
+		if !counts(h) || h.rec.Guard == nil {
+			continue
 		}
+		named := h.rec.Guard.Threshold
+		if required && !guardClaimMutation {
+			i, ok := slices.BinarySearchFunc(g.kept, h.rec.Guard.Version, func(e fencing.GuardVersion, x uint64) int { return cmpU(e.Version, x) })
+			if !ok {
+				continue
+			}
+			named = max(named, g.kept[i].Threshold)
+		}
+		th = min(th, named)
 	}
 	return th
 }

@@ -39,6 +39,10 @@ import (
 
 // keyDeleteMutation switches the rule above off, for the simulation's
 // mutation checks only (sim_membership_test.go). Never set outside tests.
+// fakeMarkerMutation (reviewer X5): with signatures required, a marker
+// of a host never seen still counts silent, as before. Tests only.
+var fakeMarkerMutation bool
+
 var keyDeleteMutation struct {
 	// forget: a deleted host is forgotten (counts toward nothing), as
 	// before.
@@ -48,6 +52,20 @@ var keyDeleteMutation struct {
 // observeDeleted records that host's key was deleted or purged at rev.
 func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 	h := t.hosts[host]
+	if h == nil && t.required && !fakeMarkerMutation {
+		// With signatures required, a marker of a host this controller
+		// never saw counts for nothing: a delete is a publish any agent
+		// may make to any single-token key (relays), and markers of
+		// made-up names, each counted silent for ever, held the guard
+		// — no host declared again, fleet-wide (reviewer X5,
+		// TestX5FakeDeleteMarkersHoldForever). A real host deleted while
+		// this controller was down is restored from the published
+		// guard's deleted list (RestoreGuard), which the controller that
+		// saw the delete published; one deleted while no controller ran
+		// and before any guard counted it is not (docs/fencing.md).
+		t.out = append(t.out, Decision{Op: OpLeaseDeleted, Host: host, Revision: rev, Reason: "lease-deleted: a marker of a host this controller never saw and no published guard lists as deleted: ignored (signatures required: any agent may write such a marker)"})
+		return
+	}
 	if h == nil {
 		// A marker of a host this controller never saw (deleted while it
 		// was down, before a guard listing it was published): its agent

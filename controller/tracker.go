@@ -229,6 +229,15 @@ var (
 	// beaconMutation (issue 11): beacons bind nothing (every unverifiable
 	// value restarts the declaration clock).
 	beaconMutation bool
+	// skipStandsMutation (reviewer X5): any watch skip since a
+	// declaration makes it not stand, beacons or not.
+	skipStandsMutation bool
+	// beaconSilenceMutation (reviewer X5): a write a beacon named does
+	// not end the host's silence for the guard.
+	beaconSilenceMutation bool
+	// replayMutation (issue 11, reviewer X5): a signed record written
+	// back after a delete is never taken for a replay.
+	replayMutation bool
 	// contestMutation (issue 11): a contested declaration is confirmed
 	// for recovery like any other.
 	contestMutation bool
@@ -272,8 +281,16 @@ func (t *Tracker) pinned(h *hostState) bool {
 // have been missed) and was untrusted or a delete. Host recovery then
 // judges the declaration from this trusted view: a compromised node's
 // garbage or delete written after the declaration stops nothing.
-func (t *Tracker) declarationStands(h *hostState) bool {
-	return t.pinned(h) && h.rec.State == fencing.LeaseExpired && h.trustedRev > 0 && h.rev > h.trustedRev && t.skippedRev <= h.trustedRev &&
+//
+// A watch skip since the declaration (a genuine release or renewal may
+// have been overwritten unseen) makes it not stand — unless the host's
+// beacons bind it (invalid.go): its own writes are then named by its
+// beacons (corroboratedRev), so a skip tells nothing, and a compromised
+// node makes the watch skip at will with a burst of writes into any key
+// (reviewer X5, TestX5SkipElsewhereUnstandsDeclaration).
+func (t *Tracker) declarationStands(h *hostState, now time.Time) bool {
+	return t.pinned(h) && h.rec.State == fencing.LeaseExpired && h.trustedRev > 0 && h.rev > h.trustedRev &&
+		(t.skippedRev <= h.trustedRev || t.beaconsBind(h, now) && !skipStandsMutation) &&
 		h.corroboratedRev <= h.trustedRev // no later value the host's own beacon named (invalid.go)
 }
 
@@ -369,7 +386,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	}
 	prev := h.rec
 	h.rev, h.rec, h.trustedRev = rev, *rec, rev
-	t.guards.named(rec)
+	t.guards.named(rec, t.required)
 	switch rec.State {
 	case fencing.LeaseActive:
 		if prev.State != fencing.LeaseWithdrawn && !h.lastSeen.IsZero() && now.Sub(h.lastSeen) > h.silentAft && h.silentAft > 0 {
@@ -477,7 +494,7 @@ func (t *Tracker) Threshold() int {
 		return fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(n)
 	}
 	th := fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(n)
-	return t.guards.effective(th, t.hosts)
+	return t.guards.effective(th, t.hosts, t.required)
 }
 
 // Holding reports whether the mass-failure guard holds.

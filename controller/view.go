@@ -80,7 +80,7 @@ func (t *Tracker) View(now time.Time) TrackerView {
 			GraceSeconds: h.grace.Seconds(), LastRenewalSeconds: now.Sub(h.lastSeen).Seconds(),
 			Silent: t.counted(h, now), Refused: h.refused, Reason: h.rec.Reason,
 			KeyDeleted: h.deleted, BootID: h.rec.BootID, Guard: h.rec.Guard, FenceState: h.rec.AgentState, AgentVersion: h.rec.AgentVersion,
-			Signer: h.rec.Signer, TrustedRevision: h.trustedRev, DeclarationStands: t.declarationStands(h),
+			Signer: h.rec.Signer, TrustedRevision: h.trustedRev, DeclarationStands: t.declarationStands(h, now),
 			SilentFor: t.silentFor(h, now), Due: h.rec.Timing.LeaseTTL + h.grace,
 		}
 		if !h.untrusted.IsZero() {
