@@ -11,6 +11,9 @@ import (
 	"hvguard/fencing"
 )
 
+// enrolledH: h0..h9 have keys in host_keys_file (Tracker.SetEnrolled).
+func enrolledH(host string) bool { return len(host) == 2 && host[0] == 'h' }
+
 // beaconFleet is pinnedFleet with every host's beacon naming its
 // record's revision at t0.
 func beaconFleet(t *testing.T) (*Tracker, uint64) {
@@ -28,6 +31,7 @@ func pinnedFleet(t *testing.T, beacons bool) (*Tracker, uint64) {
 		t.Fatal(err)
 	}
 	tr.SetSigningRequired(true)
+	tr.SetEnrolled(enrolledH)
 	for i := range 10 {
 		r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
 		r.Signer = fmt.Sprintf("h%d-key", i)

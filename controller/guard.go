@@ -51,6 +51,11 @@ var guardMutation struct {
 // and versions members name are taken as they come, as before.
 var guardClaimMutation bool
 
+// guardFloorMutation (reviewer X6): the pruning floor counts only hosts
+// whose records constrain the threshold (not withdrawn or declared ones),
+// as before.
+var guardFloorMutation bool
+
 type guardVersions struct {
 	kept    []fencing.GuardVersion // ascending versions
 	adopted fencing.Guard          // the last guard published successfully
@@ -87,11 +92,17 @@ func counts(h *hostState) bool {
 }
 
 // floor returns the oldest version a member may act on (0: any kept).
+// Every host with a trusted record counts here, withdrawn and declared
+// ones too: such a host comes back acting on the guard it cached, and a
+// version pruned meanwhile named nothing (with signatures required a
+// named version must be kept) — the controller then held with a higher
+// threshold than the returning host's and declared it while Held
+// (reviewer X6, TestX6ReturningHostNamesPrunedGuardVersion).
 func floor(hosts map[string]*hostState) uint64 {
 	var f uint64
 	first := true
 	for _, h := range hosts {
-		if !counts(h) {
+		if h.rec.Host == "" || h.rec.State == "" || guardFloorMutation && !counts(h) {
 			continue
 		}
 		var v uint64

@@ -52,18 +52,17 @@ var keyDeleteMutation struct {
 // observeDeleted records that host's key was deleted or purged at rev.
 func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 	h := t.hosts[host]
-	if h == nil && t.required && !fakeMarkerMutation {
+	if h == nil && t.required && t.enrolled != nil && !t.enrolled(host) && !fakeMarkerMutation {
 		// With signatures required, a marker of a host this controller
-		// never saw counts for nothing: a delete is a publish any agent
-		// may make to any single-token key (relays), and markers of
-		// made-up names, each counted silent for ever, held the guard
-		// — no host declared again, fleet-wide (reviewer X5,
-		// TestX5FakeDeleteMarkersHoldForever). A real host deleted while
-		// this controller was down is restored from the published
-		// guard's deleted list (RestoreGuard), which the controller that
-		// saw the delete published; one deleted while no controller ran
-		// and before any guard counted it is not (docs/fencing.md).
-		t.out = append(t.out, Decision{Op: OpLeaseDeleted, Host: host, Revision: rev, Reason: "lease-deleted: a marker of a host this controller never saw and no published guard lists as deleted: ignored (signatures required: any agent may write such a marker)"})
+		// never saw and that has no key in host_keys_file counts for
+		// nothing: a delete is a publish any agent may make to any
+		// single-token key (relays), and markers of made-up names, each
+		// counted silent for ever, held the guard — no host declared
+		// again, fleet-wide (reviewer X5, TestX5FakeDeleteMarkersHoldForever).
+		// An enrolled host's marker still counts (deleted while no
+		// controller ran: its agent may be Held and confirming —
+		// reviewer X6, TestX6DeletesWhileNoControllerEndHold).
+		t.out = append(t.out, Decision{Op: OpLeaseDeleted, Host: host, Revision: rev, Reason: "lease-deleted: a marker of a host this controller never saw and that has no key in host_keys_file: ignored (signatures required: any agent may write such a marker)"})
 		return
 	}
 	if h == nil {
@@ -154,7 +153,11 @@ func (t *Tracker) deletedHosts() []fencing.DeletedHost {
 	var out []fencing.DeletedHost
 	for _, name := range t.Hosts() {
 		h := t.hosts[name]
-		if h.deleted && h.rec.State != fencing.LeaseExpired && h.rec.State != fencing.LeaseWithdrawn {
+		// Not a host that never held a trusted record (a made-up name
+		// seen once as garbage, then deleted: published, every later
+		// controller counted it silent for ever — reviewer X6,
+		// TestX6GarbageThenDeleteFakesHoldAfterRestart).
+		if h.deleted && h.rec.State != "" && h.rec.State != fencing.LeaseExpired && h.rec.State != fencing.LeaseWithdrawn {
 			out = append(out, fencing.DeletedHost{Host: name, Guard: h.rec.Guard})
 		}
 	}
@@ -171,6 +174,9 @@ func sameDeleted(a, b fencing.DeletedHost) bool {
 func (t *Tracker) restoreDeleted(ds []fencing.DeletedHost) {
 	sa := time.Duration(float64(fencing.DefaultTiming().SuspectAfter()) * (1 - 2*t.cfg.Drift))
 	for _, d := range ds {
+		if t.required && t.enrolled != nil && !t.enrolled(d.Host) && !fakeMarkerMutation {
+			continue // not enrolled: see observeDeleted
+		}
 		if h, ok := t.hosts[d.Host]; ok || d.Host == "" {
 			if ok && h.deleted && h.rec.Guard == nil {
 				h.rec.Guard = d.Guard // its marker came first: the guard it named

@@ -117,6 +117,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		log = slog.Default()
 	}
 	r.Tracker.SetSigningRequired(r.Store.Keys != nil && r.Store.Keys.Mode == fencing.SigningRequired)
+	if k := r.Store.Keys; k != nil {
+		r.Tracker.SetEnrolled(func(host string) bool { return len(k.Hosts[host]) > 0 })
+	}
 	tick := time.NewTicker(TickInterval)
 	defer tick.Stop()
 	var lastPublish, retryPublish time.Time

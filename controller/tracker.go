@@ -260,11 +260,19 @@ type Tracker struct {
 	// SetSigningRequired): see invalid.go and keydelete.go for what it
 	// changes.
 	required bool
+	// enrolled: SetEnrolled.
+	enrolled func(host string) bool
 }
 
 // SetSigningRequired tells the tracker whether signed records are
 // required (the Runner sets it from its Store's keyring).
 func (t *Tracker) SetSigningRequired(on bool) { t.required = on }
+
+// SetEnrolled tells the tracker which hosts have a key in host_keys_file
+// (the Runner sets it from its Store's keyring; nil: unknown, every host
+// may be one): with signatures required, delete markers of hosts it
+// never saw count only for enrolled hosts (keydelete.go).
+func (t *Tracker) SetEnrolled(enrolled func(host string) bool) { t.enrolled = enrolled }
 
 // pinned reports whether h's last trusted record was signed by a host key
 // this controller knows while signatures are required: from then on only
