@@ -47,14 +47,9 @@ var guardMutation struct {
 	latestOnly bool
 }
 
-// guardClaimMutation (reviewer X5): with signatures required, thresholds
-// and versions members name are taken as they come, as before.
+// guardClaimMutation (reviewer X5): with signatures required, versions
+// members name are taken as they come (maxGuardJump off), as before.
 var guardClaimMutation bool
-
-// guardFloorMutation (reviewer X6): the pruning floor counts only hosts
-// whose records constrain the threshold (not withdrawn or declared ones),
-// as before.
-var guardFloorMutation bool
 
 type guardVersions struct {
 	kept    []fencing.GuardVersion // ascending versions
@@ -92,17 +87,11 @@ func counts(h *hostState) bool {
 }
 
 // floor returns the oldest version a member may act on (0: any kept).
-// Every host with a trusted record counts here, withdrawn and declared
-// ones too: such a host comes back acting on the guard it cached, and a
-// version pruned meanwhile named nothing (with signatures required a
-// named version must be kept) — the controller then held with a higher
-// threshold than the returning host's and declared it while Held
-// (reviewer X6, TestX6ReturningHostNamesPrunedGuardVersion).
 func floor(hosts map[string]*hostState) uint64 {
 	var f uint64
 	first := true
 	for _, h := range hosts {
-		if h.rec.Host == "" || h.rec.State == "" || guardFloorMutation && !counts(h) {
+		if !counts(h) {
 			continue
 		}
 		var v uint64
@@ -117,14 +106,17 @@ func floor(hosts map[string]*hostState) uint64 {
 }
 
 // effective returns th lowered to every threshold an agent may act on.
-// With signatures required (required) the guard agents act on is signed
-// by a controller, so a threshold a member's record names counts only as
-// the threshold this controller kept for the version it names (every
-// version an agent may act on is kept: published, restored or possibly
-// published); a version not kept names nothing. A compromised node naming
-// threshold 0 in its own renewals made the controller hold for any one
-// silent host, for ever (reviewer X5, TestX5OwnRecordNamesThresholdZero).
-func (g *guardVersions) effective(th int, hosts map[string]*hostState, required bool) int {
+// A threshold a member's record names counts as named, even for a
+// version this controller no longer keeps: an agent back from a
+// withdrawal acts on the guard it cached until it reads a newer one, and
+// counting only kept versions declared such a host while Held (reviewer
+// X6, TestX6ReturningHostNamesPrunedGuardVersion); keeping every version
+// a withdrawn or declared host named, instead, pinned a low threshold for
+// ever (reviewer X7, TestX7StaleHostPinsLowGuardForEver). The price: a
+// compromised node naming threshold 0 in its own renewals makes the
+// controller hold on any one silent host (docs/security.md, What is
+// left) — the safe direction.
+func (g *guardVersions) effective(th int, hosts map[string]*hostState) int {
 	f := floor(hosts)
 	for _, v := range g.kept {
 		if v.Version >= f {
@@ -132,18 +124,9 @@ func (g *guardVersions) effective(th int, hosts map[string]*hostState, required 
 		}
 	}
 	for _, h := range hosts {
-		if !counts(h) || h.rec.Guard == nil {
-			continue
+		if counts(h) && h.rec.Guard != nil {
+			th = min(th, h.rec.Guard.Threshold)
 		}
-		named := h.rec.Guard.Threshold
-		if required && !guardClaimMutation {
-			i, ok := slices.BinarySearchFunc(g.kept, h.rec.Guard.Version, func(e fencing.GuardVersion, x uint64) int { return cmpU(e.Version, x) })
-			if !ok {
-				continue
-			}
-			named = max(named, g.kept[i].Threshold)
-		}
-		th = min(th, named)
 	}
 	return th
 }

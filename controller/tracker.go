@@ -502,7 +502,7 @@ func (t *Tracker) Threshold() int {
 		return fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(n)
 	}
 	th := fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(n)
-	return t.guards.effective(th, t.hosts, t.required)
+	return t.guards.effective(th, t.hosts)
 }
 
 // Holding reports whether the mass-failure guard holds.

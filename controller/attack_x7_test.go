@@ -1,0 +1,184 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"hvguard/fencing"
+)
+
+// Reviewer X7, attacks on cc5b9f3 and 1127cce (issue 11).
+
+// x7Fleet drives a pure-core fleet in 1 s steps: every host in live renews
+// (signed, trusted, beaconed) naming the guard it acts on — the latest
+// published one, or what name returns for it — and the controller
+// publishes tr.Guard() each step, as the Runner does on a change.
+type x7Fleet struct {
+	t    *testing.T
+	tr   *Tracker
+	rev  uint64
+	g    fencing.Guard // the latest published guard
+	name map[string]func() *fencing.GuardVersion
+}
+
+func newX7Fleet(t *testing.T, enrolled func(string) bool) *x7Fleet {
+	tr, err := NewTracker(resetConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr.SetSigningRequired(true)
+	tr.SetEnrolled(enrolled)
+	return &x7Fleet{t: t, tr: tr, name: map[string]func() *fencing.GuardVersion{}}
+}
+
+func (f *x7Fleet) put(now time.Time, host string, st fencing.LeaseState) {
+	f.rev++
+	r := rec(host, fencing.BackstopReset)
+	r.Signer, r.State, r.Guard = host+"-key", st, f.g.Ref()
+	if n := f.name[host]; n != nil {
+		r.Guard = n()
+	}
+	f.tr.Observe(now, host, f.rev, r)
+	f.tr.ObserveBeacon(now, host, f.rev)
+}
+
+func (f *x7Fleet) publish() {
+	g := f.tr.Guard()
+	f.tr.GuardPublished(g, nil)
+	f.g = g
+}
+
+// step renews live at now, publishes and ticks; it returns the decisions.
+func (f *x7Fleet) step(now time.Time, live []string) []Decision {
+	for _, h := range live {
+		f.put(now, h, fencing.LeaseActive)
+	}
+	f.publish()
+	return f.tr.Tick(now)
+}
+
+func hostRange(a, b int) []string {
+	var out []string
+	for i := a; i < b; i++ {
+		out = append(out, fmt.Sprintf("h%d", i))
+	}
+	return out
+}
+
+func without(hs []string, drop ...string) []string {
+	var out []string
+next:
+	for _, h := range hs {
+		for _, d := range drop {
+			if h == d {
+				continue next
+			}
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// TestX7StaleHostPinsLowGuardForEver (liveness; a regression of cc5b9f3):
+// the pruning floor now counts withdrawn and declared hosts, so a host
+// that stays withdrawn (out for repair, or decommissioned by an orderly
+// stop without a delete + forget) or declared and never released (dead
+// hardware, evacuated, left in the bucket) keeps every guard version from
+// the one it last named in force, for ever — and merging beyond
+// maxGuardHistory keeps the smallest threshold. A fleet that grows after
+// such a host left holds with the threshold it had when small:
+//
+//   - withdrawn: 4 hosts (v1: threshold 0), h3 withdraws naming v1; 11
+//     hosts join (15, threshold 3) and every member adopts each new guard.
+//     Minutes later ONE host (h0) dies: 1 > 0, the guard holds for ever
+//     and h0 is never declared.
+//   - declared: 5 hosts (v1: threshold 1), h4 dies and is declared (never
+//     released); 10 hosts join (15, threshold 3). Minutes later a rack of
+//     two (h0, h1) dies: 2 > 1, held for ever.
+//
+// Before cc5b9f3 both were declared, as with no stale host (control); the
+// lead reverted cc5b9f3's floor (and 1127cce's kept-version rule that made
+// it needed): both declared again. The safety X6 found (a returning host naming a
+// pruned version) needs the pruned version's threshold only when such a
+// host renews again, not a permanent hold on the whole fleet.
+func TestX7StaleHostPinsLowGuardForEver(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		start int // hosts at first
+		stale fencing.LeaseState
+		dead  []string
+		mut   bool
+	}{
+		{"withdrawn", 4, fencing.LeaseWithdrawn, []string{"h0"}, false},
+		{"declared", 5, fencing.LeaseExpired, []string{"h0", "h1"}, false},
+		{"control: no stale host", 4, "", []string{"h0"}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newX7Fleet(t, nil)
+			stale := fmt.Sprintf("h%d", c.start-1)
+			live := hostRange(0, c.start)
+			f.step(t0, live)
+			f.step(t0, live) // everyone names v1
+			v1 := f.g.Ref()
+			now := t0
+			switch c.stale {
+			case fencing.LeaseWithdrawn:
+				now = now.Add(time.Second)
+				f.put(now, stale, fencing.LeaseWithdrawn) // orderly stop, stays out
+				live = without(live, stale)
+			case fencing.LeaseExpired:
+				live = without(live, stale) // dies
+				for s := 1; ; s++ {
+					now = t0.Add(time.Duration(s) * time.Second)
+					var decl *Decision
+					for _, d := range f.step(now, live) {
+						if d.Op == OpDeclare && d.Host == stale {
+							decl = &d
+						}
+					}
+					if decl != nil {
+						f.rev++
+						f.tr.Observe(now, stale, f.rev, &decl.Record) // the CAS landed; never released
+						break
+					}
+					if s > 120 {
+						t.Fatalf("%s never declared", stale)
+					}
+				}
+			}
+			t.Logf("%s at %s: %s, guard v%d threshold %d", stale, now.Sub(t0), c.stale, v1.Version, v1.Threshold)
+			live = append(live, hostRange(c.start, 15)...) // the fleet grows to 15 hosts
+			base := now
+			for s := 1; s <= 300; s++ { // five quiet minutes: everyone adopts every guard
+				now = base.Add(time.Duration(s) * time.Second)
+				for _, d := range f.step(now, live) {
+					if d.Op == OpDeclare {
+						t.Fatalf("declared %s while every host renewed", d.Host)
+					}
+				}
+			}
+			t.Logf("before the failure: members %d, membership threshold %d, controller threshold %d, kept %v",
+				f.tr.Members(), fencing.Guard{Count: fencing.DefaultGuardCount, Share: fencing.DefaultGuardShare}.Threshold(f.tr.Members()), f.tr.Threshold(), f.tr.GuardVersions())
+			died := now
+			live = without(live, c.dead...)
+			declared := map[string]bool{}
+			for s := 1; s <= 300; s++ {
+				now = died.Add(time.Duration(s) * time.Second)
+				for _, d := range f.step(now, live) {
+					if d.Op == OpDeclare {
+						declared[d.Host] = true
+						f.rev++
+						f.tr.Observe(now, d.Host, f.rev, &d.Record)
+					}
+				}
+				if len(declared) == len(c.dead) {
+					t.Logf("%v declared %s after they died", c.dead, now.Sub(died))
+					return
+				}
+			}
+			t.Errorf("%v (dead; %d of 15 hosts, threshold for 15 is 3) never declared in 300 s: %s %s named guard v%d (threshold %d) long ago and pins it: controller threshold %d, silent %d, holding %t, kept %v",
+				c.dead, len(c.dead), stale, c.stale, v1.Version, v1.Threshold, f.tr.Threshold(), f.tr.Silent(now), f.tr.Holding(), f.tr.GuardVersions())
+		})
+	}
+}
