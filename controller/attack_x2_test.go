@@ -94,9 +94,10 @@ func TestAgentCannotPurgeLeaseBucket(t *testing.T) {
 
 // permRig starts nats-server with the shipped permissions, real agent
 // cores for hosts (each with its own NKey and host key, signing required,
-// publishing beacons) and a controller Runner receiving them; the agent of dead (if any) runs until the
-// returned die is called. attacker is compute-1's store (its NKey, its
-// host key).
+// publishing beacons) and a controller Runner receiving them; the agent of
+// dead (if any; its beacons must have reached the controller) runs until
+// the returned die is called. attacker is compute-1's store (its NKey,
+// its host key).
 func permRig(t *testing.T, dead string) (f fleet, ctx context.Context, hosts []string, agents map[string]*agentRun, ctl *controllerRun, attacker *natslease.Store, anc *nats.Conn, die func()) {
 	url := natspermtest.StartServer(t)
 	hosts = []string{"compute-1.example.org", "compute-2.example.org", "compute-3.example.org"}
@@ -117,6 +118,9 @@ func permRig(t *testing.T, dead string) (f fleet, ctx context.Context, hosts []s
 	ctl = startControllerOn(ctx, t, cst, cnc)
 	attacker, anc = permStore(t, url, "agent:"+hosts[0], f, hosts[0])
 	time.Sleep(time.Second) // everybody renewing, the guard published
+	if dead != "" && ctl.beaconCounts()[dead] == 0 {
+		t.Fatalf("no beacon of %s received before its death: %v", dead, ctl.beaconCounts())
+	}
 	return f, ctx, hosts, agents, ctl, attacker, anc, die
 }
 
@@ -161,9 +165,6 @@ func TestAgentCannotKeepDeadHostUndeclaredWithUnverifiableValues(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, ctx, _, _, ctl, attacker, anc, die := permRig(t, dead)
-			if n := ctl.beaconCounts()[dead]; n == 0 {
-				t.Fatalf("no beacon of compute-3 received before its death: %v", ctl.beaconCounts())
-			}
 			die()
 			time.Sleep(50 * time.Millisecond)
 			last, rev, err := attacker.Read(ctx, dead)

@@ -24,7 +24,10 @@ func beaconFleet(t *testing.T) (*Tracker, uint64) {
 // (trusted records signed by their keys) at t0, and (beacons) each
 // host's beacon naming its record's revision; it returns the next free
 // revision.
-func pinnedFleet(t *testing.T, beacons bool) (*Tracker, uint64) {
+func pinnedFleet(t interface {
+	Helper()
+	Fatal(...any)
+}, beacons bool) (*Tracker, uint64) {
 	t.Helper()
 	tr, err := NewTracker(resetConfig())
 	if err != nil {
@@ -243,18 +246,7 @@ func TestUncontestedDeclarationConfirmable(t *testing.T) {
 // grace + 1 s of its last renewal.
 func TestPropertyBeacons(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
-		tr, err := NewTracker(resetConfig())
-		if err != nil {
-			rt.Fatal(err)
-		}
-		tr.SetSigningRequired(true)
-		for i := range 10 {
-			r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
-			r.Signer = fmt.Sprintf("h%d-key", i)
-			tr.Observe(t0, r.Host, uint64(1+i), r)
-			tr.ObserveBeacon(t0, r.Host, uint64(1+i))
-		}
-		tr.GuardPublished(tr.Guard(), nil)
+		tr, rev := pinnedFleet(rt, true)
 		due := tr.hosts["h0"].rec.Timing.LeaseTTL + tr.hosts["h0"].grace
 		deathAt := t0.Add(time.Duration(rapid.IntRange(30, 120).Draw(rt, "death_s")) * time.Second)
 		type ev struct {
@@ -262,7 +254,6 @@ func TestPropertyBeacons(t *testing.T) {
 			do func(now time.Time)
 		}
 		var evs []ev
-		rev := uint64(100)
 		nextRev := func() uint64 { rev++; return rev }
 		// Others renew every second (trusted).
 		for s := 1; s <= 200; s++ {

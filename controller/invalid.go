@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"hvguard/fencing"
@@ -27,12 +28,12 @@ import (
 //     EXCEPT while the host's beacons bind it (beaconsBind: signatures
 //     required, a trusted record signed by the host's known key seen, a
 //     beacon of the host received, some host's beacon within
-//     BeaconTrustWindow): then such a
-//     value counts only when the host's own beacon (fencing.Beacon, which
-//     with the shipped NATS permissions only the host itself can publish)
-//     names its revision — before the value arrives or after it (within
-//     the host's last beaconMemory beacons and discounted values). A value no beacon names restarts nothing
-//     (discounted): a compromised node writing garbage, unsigned or
+//     BeaconTrustWindow): then such a value counts only when the host's
+//     own beacon (fencing.Beacon, which with the shipped NATS permissions
+//     only the host itself can publish) names its revision — before the
+//     value arrives or after it (within the host's last beaconMemory
+//     beacons and discounted values). A value no beacon names restarts
+//     nothing (discounted): a compromised node writing garbage, unsigned or
 //     unknown-signer values into a dead host's key does not keep it
 //     undeclared, and a live host renewing with records this controller
 //     cannot verify is not declared (its beacons name them). A
@@ -43,8 +44,11 @@ import (
 //   - for a value that cannot be genuine (fencing.ErrForgedRecord: signed
 //     by another known key, or a replay) restarts nothing;
 //   - in either case, when the watch skipped a revision since the host's
-//     last one (Skipped), restarts the clock: a genuine renewal may have
-//     been overwritten before it was delivered.
+//     last one (Skipped), restarts the clock (a genuine renewal may have
+//     been overwritten before it was delivered) — except for a host its
+//     beacons bind: its beacons name its own writes, skipped or not, and
+//     a compromised node makes the watch skip at will with a burst of
+//     writes (reviewer X4, TestX4WatchSkipKeepsDeadHostUndeclared).
 
 // BeaconTrustWindow: a host's beacons bind its unverifiable values while
 // some host's beacon (any host's) arrived within this window
@@ -64,7 +68,7 @@ const BeaconTrustWindow = 5 * time.Minute
 // beaconsBind reports whether an unverifiable value of h observed at now
 // counts only when a beacon names it (see above).
 func (t *Tracker) beaconsBind(h *hostState, now time.Time) bool {
-	return t.pinned(h) && !h.beaconAt.IsZero() && now.Sub(t.lastBeacon) <= BeaconTrustWindow
+	return t.pinned(h) && !h.beacons.at.IsZero() && now.Sub(t.lastBeacon) <= BeaconTrustWindow
 }
 
 // ObserveBeacon reports a beacon of host naming revision rev, received at
@@ -85,16 +89,14 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 		return
 	}
 	t.lastBeacon = now
-	h.beaconAt = now
-	seen := h.beaconRevs.has(rev)
-	h.beaconRevs.add(rev)
-	for i, p := range h.pending {
-		if p.rev != rev {
-			continue
-		}
-		h.pending = append(h.pending[:i], h.pending[i+1:]...)
-		h.corroboratedRev = max(h.corroboratedRev, rev)
-		h.renewedByBeacon(p.at)
+	b := &h.beacons
+	b.at = now
+	seen := b.revs.has(rev)
+	b.revs.add(rev)
+	if i := slices.IndexFunc(b.pending, func(p pendingValue) bool { return p.rev == rev }); i >= 0 {
+		at := b.pending[i].at
+		b.pending = slices.Delete(b.pending, i, i+1)
+		h.namedByBeacon(rev, at)
 		return
 	}
 	if !seen && rev > h.trustedRev && !beaconMutation {
@@ -104,12 +106,26 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 		// compromised node can make the watch skip at will with a burst
 		// of writes, reviewer X4), or counted it already (then this
 		// extends the clock by the beacon's delay: the lenient side).
-		// The host was alive and wrote: a renewal now. (Values the watch
-		// skipped no longer restart the clock of a host its beacons
-		// bind: see observeInvalid.)
-		h.corroboratedRev = max(h.corroboratedRev, rev)
-		h.renewedByBeacon(now)
+		// The host was alive and wrote: a renewal now.
+		h.namedByBeacon(rev, now)
 	}
+}
+
+// namedByBeacon: h's beacon named its write at rev, seen at at.
+func (h *hostState) namedByBeacon(rev uint64, at time.Time) {
+	h.beacons.corroboratedRev = max(h.beacons.corroboratedRev, rev)
+	h.renewedByBeacon(at)
+}
+
+// discount records an untrusted value at rev, seen at now, that no
+// beacon of h named (yet): it restarts nothing until one does.
+func (h *hostState) discount(rev uint64, now time.Time) {
+	h.discountedAt = now
+	b := &h.beacons
+	if len(b.pending) == beaconMemory {
+		b.pending = b.pending[1:]
+	}
+	b.pending = append(b.pending, pendingValue{rev: rev, at: now})
 }
 
 // renewedByBeacon counts a write of h's that its beacon named, seen at at,
@@ -187,26 +203,16 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 	bind := t.beaconsBind(h, now) && !beaconMutation
 	h.rev = rev
 	h.untrusted, h.untrustedWhy = now, why
-	// A skipped revision (hidden) may have been a genuine renewal
-	// overwritten before the watch delivered it; for a host its beacons
-	// bind, its beacon says so (ObserveBeacon), so the skip itself
-	// restarts nothing — a burst of writes makes the watch skip at will
-	// (reviewer X4, TestX4WatchSkipKeepsDeadHostUndeclared).
 	restart := !forged || hidden
 	named := false
 	if bind {
-		named = h.beaconRevs.has(rev)
+		// The beacons decide, skip or not (see the top of this file).
+		named = h.beacons.revs.has(rev)
+		restart = named
 		if named {
-			h.corroboratedRev = max(h.corroboratedRev, rev)
-			h.renewedByBeacon(now)
-			restart = true
+			h.namedByBeacon(rev, now)
 		} else {
-			restart = false
-			h.discountedAt = now
-			if len(h.pending) == beaconMemory {
-				h.pending = h.pending[1:]
-			}
-			h.pending = append(h.pending, pendingValue{rev: rev, at: now})
+			h.discount(rev, now)
 		}
 	}
 	if restart {

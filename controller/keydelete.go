@@ -49,10 +49,17 @@ var keyDeleteMutation struct {
 	forget bool
 }
 
+// unenrolled reports whether, with signatures required, host has no key
+// in host_keys_file (Tracker.SetEnrolled): its delete markers count for
+// nothing (observeDeleted).
+func (t *Tracker) unenrolled(host string) bool {
+	return t.required && t.enrolled != nil && !t.enrolled(host) && !fakeMarkerMutation
+}
+
 // observeDeleted records that host's key was deleted or purged at rev.
 func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 	h := t.hosts[host]
-	if h == nil && t.required && t.enrolled != nil && !t.enrolled(host) && !fakeMarkerMutation {
+	if h == nil && t.unenrolled(host) {
 		// With signatures required, a marker of a host this controller
 		// never saw and that has no key in host_keys_file counts for
 		// nothing: a delete is a publish any agent may make to any
@@ -112,7 +119,7 @@ func (t *Tracker) recreated(now time.Time, old *hostState) *hostState {
 	// last genuine record must not make the tracker lenient for it
 	// (reviewer X4, TestX4DeleteAndReplayDropBeacons: garbage then kept
 	// the dead host undeclared for ever).
-	h.beaconAt, h.beaconRevs, h.pending, h.corroboratedRev = old.beaconAt, old.beaconRevs, old.pending, old.corroboratedRev
+	h.beacons = old.beacons
 	return h
 }
 
@@ -174,8 +181,8 @@ func sameDeleted(a, b fencing.DeletedHost) bool {
 func (t *Tracker) restoreDeleted(ds []fencing.DeletedHost) {
 	sa := time.Duration(float64(fencing.DefaultTiming().SuspectAfter()) * (1 - 2*t.cfg.Drift))
 	for _, d := range ds {
-		if t.required && t.enrolled != nil && !t.enrolled(d.Host) && !fakeMarkerMutation {
-			continue // not enrolled: see observeDeleted
+		if t.unenrolled(d.Host) {
+			continue // see observeDeleted
 		}
 		if h, ok := t.hosts[d.Host]; ok || d.Host == "" {
 			if ok && h.deleted && h.rec.Guard == nil {

@@ -176,15 +176,22 @@ type hostState struct {
 	// value of any kind.
 	unverifiedAt, untrusted time.Time
 	untrustedWhy            string
-	// Beacons (ObserveBeacon, invalid.go): beaconAt the last received,
-	// beaconRevs the revisions the last ones named; pending the last
-	// unverifiable values discounted that a late beacon may still name,
-	// discountedAt the last discounted; corroboratedRev the highest
-	// unverifiable value a beacon named.
-	beaconAt, discountedAt time.Time
-	beaconRevs             revRing
-	pending                []pendingValue
-	corroboratedRev        uint64
+	// beacons: what the host's beacons said (invalid.go); kept when its
+	// key is deleted and re-created (recreated). discountedAt: the last
+	// untrusted value no beacon named.
+	beacons      beaconState
+	discountedAt time.Time
+}
+
+// beaconState is what a host's beacons said (ObserveBeacon, invalid.go):
+// at the last received, revs the revisions the last ones named; pending
+// the last untrusted values discounted that a late beacon may still
+// name; corroboratedRev the highest untrusted value a beacon named.
+type beaconState struct {
+	at              time.Time
+	revs            revRing
+	pending         []pendingValue
+	corroboratedRev uint64
 }
 
 // pendingValue is an unverifiable value of a host's key observed at at,
@@ -299,7 +306,7 @@ func (t *Tracker) pinned(h *hostState) bool {
 func (t *Tracker) declarationStands(h *hostState, now time.Time) bool {
 	return t.pinned(h) && h.rec.State == fencing.LeaseExpired && h.trustedRev > 0 && h.rev > h.trustedRev &&
 		(t.skippedRev <= h.trustedRev || t.beaconsBind(h, now) && !skipStandsMutation) &&
-		h.corroboratedRev <= h.trustedRev // no later value the host's own beacon named (invalid.go)
+		h.beacons.corroboratedRev <= h.trustedRev // no later value the host's own beacon named (invalid.go)
 }
 
 // NewTracker returns a tracker.
