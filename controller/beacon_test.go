@@ -3,6 +3,8 @@ package controller
 import (
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,8 +13,12 @@ import (
 	"hvguard/fencing"
 )
 
-// enrolledH: h0..h9 have keys in host_keys_file (Tracker.SetEnrolled).
-func enrolledH(host string) bool { return len(host) == 2 && host[0] == 'h' }
+// enrolledH: the test fleets' hosts h0, h1, … have keys in
+// host_keys_file (Tracker.SetEnrolled); made-up names ("fake-0") do not.
+func enrolledH(host string) bool {
+	n, err := strconv.Atoi(strings.TrimPrefix(host, "h"))
+	return strings.HasPrefix(host, "h") && err == nil && n >= 0
+}
 
 // beaconFleet is pinnedFleet with every host's beacon naming its
 // record's revision at t0.

@@ -141,8 +141,8 @@ func (h *hostState) renewedByBeacon(at time.Time) {
 	if at.After(h.unverifiedAt) {
 		h.unverifiedAt = at
 	}
-	if h.rec.State != fencing.LeaseActive || h.deleted || beaconSilenceMutation {
-		return
+	if h.rec.State != fencing.LeaseActive && h.rec.State != "" || h.deleted || beaconSilenceMutation {
+		return // ("": no trusted record yet, counted silent: observeInvalid)
 	}
 	if h.silentAft > 0 && at.Sub(h.lastSeen) > h.silentAft {
 		h.silentEnd = at
@@ -192,8 +192,20 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		return // stale delivery
 	case h == nil:
 		// No trusted record yet: tracked (never declared: no constants),
-		// and said loudly.
+		// and said loudly. It counts silent for the guard from
+		// suspect_after on (the default timing), as a host whose
+		// renewals stopped, until a trusted record or a beacon of it
+		// arrives: it may be a Held host of a cut-off rack whose key
+		// holds a forgery when this controller (re)starts — not counting
+		// it ended the hold and the rack's other Held hosts were declared
+		// while their guests ran (reviewer X8,
+		// TestX8ForgedValuesAtRestartEndHoldOverHeldRack). Not a host
+		// without a key in host_keys_file (signatures required): made-up
+		// names would hold the guard (keydelete.go).
 		h = &hostState{lastSeen: now}
+		if !t.unenrolled(host) && !untrustedSilentMutation {
+			h.silentAft = t.defaultSilentAfter()
+		}
 		t.hosts[host] = h
 	}
 	hidden := t.skippedRev > h.rev

@@ -49,6 +49,13 @@ var keyDeleteMutation struct {
 	forget bool
 }
 
+// defaultSilentAfter is when a host the controller has no trusted record
+// of counts silent for the guard: a little before an agent with the
+// default timing suspects itself (as Observe computes it from a record).
+func (t *Tracker) defaultSilentAfter() time.Duration {
+	return time.Duration(float64(fencing.DefaultTiming().SuspectAfter()) * (1 - 2*t.cfg.Drift))
+}
+
 // unenrolled reports whether, with signatures required, host has no key
 // in host_keys_file (Tracker.SetEnrolled): its delete markers count for
 // nothing (observeDeleted).
@@ -179,7 +186,7 @@ func sameDeleted(a, b fencing.DeletedHost) bool {
 // know (its watch showed only their delete markers): silent from now on
 // (lastSeen zero), never declared, their named guard version in force.
 func (t *Tracker) restoreDeleted(ds []fencing.DeletedHost) {
-	sa := time.Duration(float64(fencing.DefaultTiming().SuspectAfter()) * (1 - 2*t.cfg.Drift))
+	sa := t.defaultSilentAfter()
 	for _, d := range ds {
 		if t.unenrolled(d.Host) {
 			continue // see observeDeleted

@@ -242,6 +242,9 @@ var (
 	// beaconSilenceMutation (reviewer X5): a write a beacon named does
 	// not end the host's silence for the guard.
 	beaconSilenceMutation bool
+	// untrustedSilentMutation (reviewer X8): a host with no trusted
+	// record is never counted silent, as before.
+	untrustedSilentMutation bool
 	// replayMutation (issue 11, reviewer X5): a signed record written
 	// back after a delete is never taken for a replay.
 	replayMutation bool

@@ -530,8 +530,10 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 			// lease's lapse (reviewer X4, TestX4RelayShownDeclarationIgnored).
 			// Only a later epoch: a declaration released since (our epoch
 			// took it over) replayed by a liar changes nothing, whatever
-			// revision it names. Unsigned (signing off): not acted on, as
-			// before — anyone could have written it.
+			// revision it names. Unsigned: not acted on. (With signing off
+			// the shell verifies nothing, so a lying peer could show a
+			// made-up "signed" declaration — mode off trusts peers by
+			// design: lying_peers 0, and any node can write the key.)
 			a.declaredBy(now, c)
 		case (ans.Invalid != "" || ans.KeyAbsent || c != nil && !a.ownRecord(*c)) && !a.keyDeleteSafe(now):
 			// "No record", "a record you would not trust" or "a record
