@@ -202,10 +202,15 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		// TestX8ForgedValuesAtRestartEndHoldOverHeldRack). Not a host
 		// without a key in host_keys_file (signatures required): made-up
 		// names would hold the guard (keydelete.go).
+		// Only with signatures required and the host enrolled: with
+		// signing off or optional any undecodable key (another tool's, a
+		// leftover) counted silent for ever and held the guard (reviewer
+		// X9, TestX9UndecodableKeysHoldGuardForEverSigningOff). Silent
+		// after the shortest silence of any host's record (counted): with
+		// the default one, hosts with shorter timings fell due first
+		// (reviewer X9, TestX9ForgedValuesAtRestartShortTiming).
 		h = &hostState{lastSeen: now}
-		if !t.unenrolled(host) && !untrustedSilentMutation {
-			h.silentAft = t.defaultSilentAfter()
-		}
+		h.silentUntrusted = t.required && t.enrolled != nil && !t.unenrolled(host) && !untrustedSilentMutation
 		t.hosts[host] = h
 	}
 	hidden := t.skippedRev > h.rev

@@ -181,6 +181,9 @@ type hostState struct {
 	// untrusted value no beacon named.
 	beacons      beaconState
 	discountedAt time.Time
+	// silentUntrusted: tracked from an untrusted value, no trusted
+	// record yet; counted silent after Tracker.minSilentAft (invalid.go).
+	silentUntrusted bool
 }
 
 // beaconState is what a host's beacons said (ObserveBeacon, invalid.go):
@@ -266,6 +269,10 @@ type Tracker struct {
 	out        []Decision
 	// lastBeacon: the last beacon of any host (beaconsBind).
 	lastBeacon time.Time
+	// minSilentAft: the shortest silence after which any host's record
+	// had it counted silent (never grows): what a host with no trusted
+	// record yet waits (counted, invalid.go).
+	minSilentAft time.Duration
 	// required: signed records are required (fencing.SigningRequired;
 	// SetSigningRequired): see invalid.go and keydelete.go for what it
 	// changes.
@@ -428,6 +435,9 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		// Count a host silent a little before its agent suspects itself.
 		sa := rec.Timing.SuspectAfter()
 		h.silentAft = time.Duration(float64(sa) * (1 - 2*t.cfg.Drift))
+		if t.minSilentAft == 0 || h.silentAft < t.minSilentAft {
+			t.minSilentAft = h.silentAft
+		}
 	case fencing.LeaseExpired:
 		if h.declaredAt.IsZero() {
 			h.declaredAt = now
@@ -530,7 +540,11 @@ func (t *Tracker) counted(h *hostState, now time.Time) bool {
 		// it would let a stopped host hold the controller for good.
 		return false
 	default:
-		if h.silentAft > 0 && now.Sub(h.lastSeen) > h.silentAft {
+		sa := h.silentAft
+		if h.silentUntrusted && h.rec.State == "" {
+			sa = t.minSilentAft // invalid.go: a host with no trusted record yet
+		}
+		if sa > 0 && now.Sub(h.lastSeen) > sa {
 			return true
 		}
 		return !h.silentEnd.IsZero() && now.Sub(h.silentEnd) <= w
