@@ -284,3 +284,50 @@ func TestX5OwnRecordNamesHugeGuardVersion(t *testing.T) {
 		t.Errorf("after h9 named guard version %d in its own record, the controller's next guard has version %d (published before: %d): no agent adopts it", ^uint64(0), n.Version, g.Version)
 	}
 }
+
+// TestX5OwnRecordNamesThresholdZero: the controller holds with the
+// minimum of every threshold a member's latest record names (guard.go:
+// an agent cut off keeps acting on the guard it had). A record is the
+// agent's own word — a compromised h9 signs its own renewals with its own
+// key (trusted) and names {version: the current one, threshold: 0}. The
+// controller's threshold becomes 0: one silent host is a "mass failure",
+// the guard holds, and the dead h0 — like every host that dies while h9
+// keeps naming 0 — is never declared (c, fleet-wide, no write outside
+// h9's own key). A named threshold could be bounded below by the threshold
+// of the version it names (the controller published it: it knows it).
+// Control: h9 names the real guard, h0 declared at 22 s.
+func TestX5OwnRecordNamesThresholdZero(t *testing.T) {
+	for _, lie := range []bool{false, true} {
+		t.Run(fmt.Sprintf("lie=%t", lie), func(t *testing.T) {
+			tr, rev := beaconFleet(t)
+			g := tr.Guard()
+			tr.GuardPublished(g, nil)
+			named := g.Ref()
+			if lie {
+				named = &fencing.GuardVersion{Version: g.Version, Threshold: 0}
+			}
+			for s := 1; s <= 120; s++ {
+				now := t0.Add(time.Duration(s) * time.Second)
+				for i := 1; i < 10; i++ {
+					host := fmt.Sprintf("h%d", i)
+					rev++
+					r := rec(host, fencing.BackstopReset)
+					r.Signer, r.Guard = host+"-key", g.Ref()
+					if i == 9 {
+						r.Guard = named // compromised h9's own (signed, trusted) renewal
+					}
+					tr.Observe(now, host, rev, r)
+					tr.ObserveBeacon(now, host, rev)
+				}
+				for _, d := range tr.Tick(now) {
+					if d.Op == OpDeclare && d.Host == "h0" {
+						t.Logf("h0 declared at %s", now.Sub(t0))
+						return
+					}
+				}
+			}
+			t.Errorf("dead h0 never declared in 120 s: h9's own record names threshold 0 for guard version %d (published threshold %d): controller threshold %d, holding %t",
+				g.Version, g.Ref().Threshold, tr.Threshold(), tr.Holding())
+		})
+	}
+}

@@ -182,3 +182,143 @@ func TestX7StaleHostPinsLowGuardForEver(t *testing.T) {
 		})
 	}
 }
+
+// TestX7DeletesMintZeroThresholdVersion (c; 1127cce's fix of
+// TestX5OwnRecordNamesThresholdZero is bypassed): a member-named threshold
+// now counts as the kept threshold of the version named — but the
+// compromised h9 can make the controller publish (and so keep) a version
+// of threshold 0 itself: it deletes the keys of six LIVE, enrolled hosts
+// (h3..h8; six publishes its shipped permissions allow). A delete shrinks
+// the membership at once (Members: 10 -> 4, threshold 2 -> 0), so the
+// controller publishes v2 with threshold 0. The six agents re-create their
+// keys at their next renewal (1 s later: never silent, N back to 10, v3
+// threshold 2, every honest agent adopts it). h9's own signed renewals go
+// on naming v2 — a kept version, so it pins the floor and its threshold 0
+// counts (named threshold max(0, kept 0)). From then on ONE silent host is
+// a mass failure: h0 dies at 30 s and is never declared, like every host
+// that dies while h9 keeps naming v2 (c, fleet-wide; six deletes, then
+// nothing but h9's own key). Controls: the deletes with h9 naming the
+// latest guard like the others, and no deletes at all: h0 declared.
+func TestX7DeletesMintZeroThresholdVersion(t *testing.T) {
+	for _, c := range []struct {
+		name          string
+		deletes, lies bool
+	}{
+		{"attack: deletes, h9 names the version they minted", true, true},
+		{"control: deletes only", true, false},
+		{"control: nothing", false, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newX7Fleet(t, enrolledH)
+			all := hostRange(0, 10)
+			f.step(t0, all)
+			f.step(t0, all)
+			var minted *fencing.GuardVersion
+			now := t0.Add(time.Second)
+			f.step(now, all)
+			if c.deletes {
+				now = t0.Add(1500 * time.Millisecond)
+				for _, h := range hostRange(3, 9) { // right after their renewals
+					f.rev++
+					f.tr.Observe(now, h, f.rev, nil)
+				}
+				f.publish()
+				f.tr.Tick(now)
+				minted = f.g.Ref()
+				t.Logf("after the deletes: members %d, published guard v%d threshold %d", f.tr.Members(), minted.Version, minted.Threshold)
+				if c.lies {
+					f.name["h9"] = func() *fencing.GuardVersion { return minted }
+				}
+			}
+			for s := 2; s <= 30; s++ { // the six re-create at their next renewal
+				now = t0.Add(time.Duration(s) * time.Second)
+				for _, d := range f.step(now, all) {
+					if d.Op == OpDeclare {
+						t.Fatalf("declared %s while every host renewed", d.Host)
+					}
+				}
+			}
+			t.Logf("before h0 dies: members %d, latest guard v%d threshold %d, controller threshold %d, kept %v",
+				f.tr.Members(), f.g.Version, f.g.Ref().Threshold, f.tr.Threshold(), f.tr.GuardVersions())
+			live := without(all, "h0")
+			for s := 31; s <= 180; s++ {
+				now = t0.Add(time.Duration(s) * time.Second)
+				for _, d := range f.step(now, live) {
+					if d.Op == OpDeclare && d.Host == "h0" {
+						t.Logf("h0 declared %s after it died", now.Sub(t0.Add(30*time.Second)))
+						return
+					}
+				}
+			}
+			t.Errorf("dead h0 never declared in 150 s: h9 deleted 6 live hosts' keys once (they re-created them 0.5 s later) and names the guard v%d (threshold %d) that shrink minted: controller threshold %d, silent %d, holding %t, kept %v",
+				minted.Version, minted.Threshold, f.tr.Threshold(), f.tr.Silent(now), f.tr.Holding(), f.tr.GuardVersions())
+		})
+	}
+}
+
+// TestX7MarkersOfEnrolledIdleHostsHoldForever (c; cc5b9f3): a marker of a
+// host this controller never saw counts again when the host has a key in
+// host_keys_file — restored active with lastSeen zero: silent at once and
+// for ever (until an agent creates the key, or an operator forgets it),
+// and, its state being active, published in the guard's deleted list, so
+// every later controller restores it too. host_keys_file routinely lists
+// hosts with no agent running: hosts enrolled before their agent starts
+// (docs/security.md rollout: keys collected first), and hosts
+// decommissioned as documented (orderly stop, key deleted,
+// Tracker.Forget) whose line nobody removed. A compromised h9 deletes the
+// (absent or long-deleted) keys of three such names: 3 > threshold 2, the
+// guard holds for good and the dead h0 is never declared (c, fleet-wide;
+// three publishes; after a Forget the same three again). Control: no
+// markers: h0 declared.
+func TestX7MarkersOfEnrolledIdleHostsHoldForever(t *testing.T) {
+	idle := []string{"spare-1", "spare-2", "spare-3"}
+	enrolled := func(h string) bool { return enrolledH(h) || h == "spare-1" || h == "spare-2" || h == "spare-3" }
+	for _, c := range []string{"never started (enrolled ahead)", "decommissioned as documented, key left in host_keys_file", "control: no markers"} {
+		t.Run(c, func(t *testing.T) {
+			f := newX7Fleet(t, enrolled)
+			all := hostRange(0, 10)
+			if c == "decommissioned as documented, key left in host_keys_file" {
+				for _, h := range idle {
+					f.put(t0, h, fencing.LeaseActive)
+				}
+			}
+			f.step(t0, all)
+			now := t0
+			if c == "decommissioned as documented, key left in host_keys_file" {
+				now = t0.Add(time.Second)
+				for _, h := range idle {
+					f.put(now, h, fencing.LeaseWithdrawn) // orderly stop
+					f.rev++
+					f.tr.Observe(now, h, f.rev, nil) // key deleted
+					if err := f.tr.Forget(now, h); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for s := 2; s <= 120; s++ { // purged one guard window later
+					now = t0.Add(time.Duration(s) * time.Second)
+					f.step(now, all)
+				}
+			}
+			if c != "control: no markers" {
+				now = now.Add(time.Second)
+				for _, h := range idle { // h9's three deletes
+					f.rev++
+					f.tr.Observe(now, h, f.rev, nil)
+				}
+			}
+			died := now
+			live := without(all, "h0")
+			for s := 1; s <= 180; s++ {
+				now = died.Add(time.Duration(s) * time.Second)
+				for _, d := range f.step(now, live) {
+					if d.Op == OpDeclare && d.Host == "h0" {
+						t.Logf("h0 declared %s after it died", now.Sub(died))
+						return
+					}
+				}
+			}
+			t.Errorf("dead h0 never declared in 180 s: three markers of enrolled hosts with no agent (%s): silent %d, threshold %d, holding %t; the published guard lists deleted %v (restored by every later controller)",
+				c, f.tr.Silent(now), f.tr.Threshold(), f.tr.Holding(), f.g.Deleted)
+		})
+	}
+}
