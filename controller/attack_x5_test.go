@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"hvguard/controller/recovery"
 	"hvguard/fencing"
 )
 
@@ -330,4 +331,56 @@ func TestX5OwnRecordNamesThresholdZero(t *testing.T) {
 				g.Version, g.Ref().Threshold, tr.Threshold(), tr.Holding())
 		})
 	}
+}
+
+// TestOwnNamedThresholdZeroPausesNoRecovery: host recovery waits while
+// the guard holds a declared host (recovery.WhyGuardHolding). With the
+// hold judged on the lowest threshold of any member, h9 naming threshold
+// 0 in its own renewals (TestX5OwnRecordNamesThresholdZero) made the gate
+// of every declared host say guard-holding while anything was silent;
+// per host, the dead h0's declaration is recoverable at once.
+// hostThresholdMutation fails it.
+func TestOwnNamedThresholdZeroPausesNoRecovery(t *testing.T) {
+	tr, rev := beaconFleet(t)
+	g := tr.Guard()
+	tr.GuardPublished(g, nil)
+	declared := ""
+	for s := 1; s <= 60; s++ {
+		now := t0.Add(time.Duration(s) * time.Second)
+		for i := 1; i < 10; i++ {
+			host := fmt.Sprintf("h%d", i)
+			rev++
+			r := rec(host, fencing.BackstopReset)
+			r.Signer, r.Guard = host+"-key", g.Ref()
+			if i == 9 && declared != "" { // h9 names 0 once h0 is declared
+				r.Guard = &fencing.GuardVersion{Version: g.Version, Threshold: 0}
+			}
+			tr.Observe(now, host, rev, r)
+			tr.ObserveBeacon(now, host, rev)
+		}
+		if declared != "" {
+			v := tr.View(now)
+			for _, h := range v.Hosts {
+				if h.Host != declared {
+					continue
+				}
+				if why, detail := recovery.Confirm(leaseOf(h)); why == recovery.WhyGuardHolding {
+					t.Fatalf("%s declared, but its recovery waits: %s (silent %d, lowest threshold %d, named by h9)", declared, detail, v.Silent, v.Threshold)
+				}
+				if v.Threshold != 0 || v.Silent == 0 {
+					t.Fatalf("h9's threshold 0 not in force (threshold %d, silent %d): the test shows nothing", v.Threshold, v.Silent)
+				}
+				return
+			}
+		}
+		for _, d := range tr.Tick(now) {
+			if d.Op == OpDeclare {
+				rev++
+				d.Record.Signer = "ctl-key"
+				tr.Observe(now, d.Host, rev, &d.Record) // the declaration lands
+				declared = d.Host
+			}
+		}
+	}
+	t.Fatal("h0 never declared: the test shows nothing")
 }

@@ -322,3 +322,51 @@ func TestX7MarkersOfEnrolledIdleHostsHoldForever(t *testing.T) {
 		})
 	}
 }
+
+// TestRepeatedDeletesMintLowThresholds (after X7): per-host thresholds
+// (Tracker.hostThreshold) stop a compromised node's own named threshold
+// from holding others, but the deletes themselves minted low thresholds
+// that GENUINE agents adopt: h9 deletes six live hosts' keys right after
+// every round of renewals; each shrink published a guard for 4 members
+// (threshold 0), every agent read it before its next renewal and named
+// it, so the dead h0's last record names threshold 0 and one silent host
+// holds it for good. With signatures required a deleted host with a
+// trusted record stays a member (Members), so no shrunken guard is
+// published. memberDeleteMutation restores the shrink. Control: no
+// deletes.
+func TestRepeatedDeletesMintLowThresholds(t *testing.T) {
+	for _, deletes := range []bool{true, false} {
+		t.Run(fmt.Sprintf("deletes=%t", deletes), func(t *testing.T) {
+			f := newX7Fleet(t, enrolledH)
+			all := hostRange(0, 10)
+			f.step(t0, all)
+			live := all
+			var died time.Time
+			for s := 1; s <= 240; s++ {
+				now := t0.Add(time.Duration(s) * time.Second)
+				if s == 30 {
+					live, died = without(all, "h0"), now
+				}
+				for _, d := range f.step(now, live) {
+					if d.Op != OpDeclare {
+						continue
+					}
+					if d.Host != "h0" || died.IsZero() {
+						t.Fatalf("declared %s at %s while it renewed", d.Host, now.Sub(t0))
+					}
+					t.Logf("h0 declared %s after it died", now.Sub(died))
+					return
+				}
+				if deletes { // h9, right after the round: the next guard is published before the next renewals
+					for _, h := range hostRange(3, 9) {
+						f.rev++
+						f.tr.Observe(now.Add(500*time.Millisecond), h, f.rev, nil)
+					}
+					f.publish()
+				}
+			}
+			t.Errorf("dead h0 never declared in 210 s: h9 deleted six live hosts' keys after every round; latest guard v%d threshold %d, h0's threshold named %v, members %d, silent %d",
+				f.g.Version, f.g.Ref().Threshold, f.tr.hosts["h0"].rec.Guard, f.tr.Members(), f.tr.Silent(t0.Add(240*time.Second)))
+		})
+	}
+}

@@ -131,6 +131,28 @@ func (g *guardVersions) effective(th int, hosts map[string]*hostState) int {
 	return th
 }
 
+// forHost returns th lowered to every threshold h's agent may act on: the
+// threshold h's latest record names and every kept version at or after
+// the version it names (an agent never goes back to an older guard; a
+// record naming none — no guard known yet, an agent from before versions —
+// keeps every kept version in). The same rules as effective, for one
+// host: h is declared only when the silent hosts are more than this, so
+// the guard h's agent acts on holds it (docs/fencing.md, "Guard
+// versions"); what another member names cannot hold h.
+func (g *guardVersions) forHost(th int, h *hostState) int {
+	var v uint64
+	if h.rec.Guard != nil {
+		v = h.rec.Guard.Version
+		th = min(th, h.rec.Guard.Threshold)
+	}
+	for _, k := range g.kept {
+		if k.Version >= v {
+			th = min(th, k.Threshold)
+		}
+	}
+	return th
+}
+
 // keep adds v to the kept versions and prunes them.
 func (g *guardVersions) keep(v fencing.GuardVersion, hosts map[string]*hostState) {
 	g.maxSeen = max(g.maxSeen, v.Version)
@@ -168,9 +190,10 @@ func cmpU(a, b uint64) int {
 func (t *Tracker) Guard() fencing.Guard {
 	g := fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare, Window: t.cfg.GuardWindow, Members: t.Members()}
 	g.Deleted = t.deletedHosts()
+	g.Hosts = t.listedHosts()
 	l := t.guards.last
 	if l.Version > 0 && l.Version == t.guards.maxSeen && l.Count == g.Count && l.Share == g.Share && l.Window == g.Window && l.Members == g.Members &&
-		slices.EqualFunc(l.Deleted, g.Deleted, sameDeleted) {
+		slices.EqualFunc(l.Deleted, g.Deleted, sameDeleted) && slices.Equal(l.Hosts, g.Hosts) {
 		g.Version = l.Version
 	} else {
 		g.Version = t.guards.maxSeen + 1
@@ -211,6 +234,7 @@ func (t *Tracker) RestoreGuard(g fencing.Guard) {
 		t.guards.adopted, t.guards.last = g, g
 	}
 	t.restoreDeleted(g.Deleted)
+	t.restoreListed(g.Hosts)
 }
 
 // GuardVersions returns the versions kept (for tests and status).

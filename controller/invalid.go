@@ -210,7 +210,7 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		// the default one, hosts with shorter timings fell due first
 		// (reviewer X9, TestX9ForgedValuesAtRestartShortTiming).
 		h = &hostState{lastSeen: now}
-		h.silentUntrusted = t.required && t.enrolled != nil && !t.unenrolled(host) && !untrustedSilentMutation
+		h.silentUntrusted = t.silentUntrusted(host)
 		t.hosts[host] = h
 	}
 	hidden := t.skippedRev > h.rev
@@ -304,4 +304,16 @@ func (h *hostState) declClock() time.Time {
 		return h.unverifiedAt
 	}
 	return h.lastSeen
+}
+
+// silentUntrusted reports whether host, tracked from an untrusted value
+// with no trusted record yet, counts silent for the guard (see
+// observeInvalid): signatures required, and a restored guard lists it
+// (fencing.Guard.Hosts: it held a trusted record under an earlier
+// controller) and it is enrolled. Garbage written into the keys of hosts
+// enrolled ahead of their agent (or decommissioned with their key line
+// left in) held the guard for good like their delete markers (reviewer
+// X7; keydelete.go).
+func (t *Tracker) silentUntrusted(host string) bool {
+	return t.required && t.listed[host] && !t.unenrolled(host) && !untrustedSilentMutation
 }

@@ -277,9 +277,9 @@ func (r *RecoveryRunner) load(ctx context.Context) error {
 // leaseOf converts the tracker's view of a host.
 // A declaration that stands (h.DeclarationStands) is shown as the trusted
 // declaration: present, at its own revision.
-func leaseOf(v TrackerView, h LeaseView) recovery.Lease {
+func leaseOf(h LeaseView) recovery.Lease {
 	l := recovery.Lease{Host: h.Host, Present: !h.KeyDeleted, State: string(h.State), Epoch: h.Epoch, Revision: h.Revision,
-		AgentState: string(h.FenceState), Reason: h.Reason, Refused: h.Refused, SilentFor: h.SilentFor, Due: h.Due, Holding: v.Holding}
+		AgentState: string(h.FenceState), Reason: h.Reason, Refused: h.Refused, SilentFor: h.SilentFor, Due: h.Due, Holding: h.GuardHolds}
 	if h.DeclarationStands {
 		l.Present, l.Revision = true, h.TrustedRevision
 	}
@@ -298,7 +298,7 @@ func (r *RecoveryRunner) cycle(ctx context.Context, v TrackerView) {
 	cfg := r.Core.Config()
 	r.mu.Lock()
 	for _, h := range hosts {
-		l := leaseOf(v, h)
+		l := leaseOf(h)
 		l.SharedNovaHost = strings.Join(cfg.SharedNovaHost(h.Host, names), ", ")
 		l.AliveAs = strings.Join(aliveAs(h, hosts), ", ")
 		r.leases[h.Host] = l

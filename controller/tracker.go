@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 	"time"
 
 	"hvguard/fencing"
@@ -279,6 +280,14 @@ type Tracker struct {
 	required bool
 	// enrolled: SetEnrolled.
 	enrolled func(host string) bool
+	// listed: the hosts a restored guard named (fencing.Guard.Hosts and
+	// Deleted): with signatures required, only such a host's delete
+	// marker or untrusted value counts toward the guard before this
+	// controller saw a trusted record of it (keydelete.go); markers holds
+	// the markers of hosts not listed (yet), by revision, for a guard
+	// restored after them.
+	listed  map[string]bool
+	markers map[string]uint64
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -324,7 +333,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Tracker{cfg: cfg, hosts: map[string]*hostState{}}, nil
+	return &Tracker{cfg: cfg, hosts: map[string]*hostState{}, listed: map[string]bool{}, markers: map[string]uint64{}}, nil
 }
 
 // Grace computes the grace the controller grants beyond a host's LeaseTTL,
@@ -478,14 +487,33 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 // sooner), as for a deleted key; a host whose first record this
 // controller cannot verify (its key not provisioned here yet) counts once
 // a trusted one arrives.
+//
+// With signatures required, a deleted host whose last trusted record
+// counts toward the guard stays a member until it is forgotten: any agent
+// may delete any host's key, and a compromised node that deleted six live
+// hosts' keys once made the controller publish a guard with threshold 0
+// for the shrunken fleet, which it (and every agent that read it before
+// the six re-created their keys) then named (reviewer X7,
+// TestX7DeletesMintZeroThresholdVersion). The published guard carries the
+// same N, so agents and controller still agree on the threshold.
 func (t *Tracker) Members() int {
 	n := 0
 	for _, h := range t.hosts {
-		if !h.deleted && h.rec.State != "" {
+		if h.rec.State != "" && (!h.deleted || t.deletedMember(h)) {
 			n++
 		}
 	}
 	return n
+}
+
+// memberDeleteMutation (reviewer X7): with signatures required, a delete
+// shrinks the membership again, as before. Tests only.
+var memberDeleteMutation bool
+
+// deletedMember reports whether the deleted h is still a member (see
+// Members).
+func (t *Tracker) deletedMember(h *hostState) bool {
+	return t.required && h.forgotten.IsZero() && countsDeleted(h) && !memberDeleteMutation
 }
 
 // Withdrawn returns the hosts whose agents withdrew their leases, sorted:
@@ -514,15 +542,58 @@ func (t *Tracker) Hosts() []string {
 // threshold for the current membership and every threshold an agent may
 // still act on (guard.go).
 func (t *Tracker) Threshold() int {
-	n := t.Members()
 	if guardMutation.latestOnly {
+		n := t.Members()
 		if t.guards.latestN > 0 {
 			n = min(n, t.guards.latestN)
 		}
 		return fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(n)
 	}
-	th := fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(n)
-	return t.guards.effective(th, t.hosts)
+	return t.guards.effective(t.membershipThreshold(), t.hosts)
+}
+
+// membershipThreshold is the threshold for the current membership (what
+// the next guard publishes).
+func (t *Tracker) membershipThreshold() int {
+	return fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(t.Members())
+}
+
+// hostThresholdMutation (reviewers X5, X7): hold every host on the lowest
+// threshold any member may act on (Threshold), as before. Tests only.
+var hostThresholdMutation bool
+
+// hostThreshold is the threshold that holds h (guard.go forHost): base,
+// the membership's, lowered to every guard h's agent may act on. A
+// compromised node's own records then lower only its own threshold: one
+// naming threshold 0 held every host for good when the lowest threshold
+// of any member held them all (reviewer X5,
+// TestX5OwnRecordNamesThresholdZero).
+func (t *Tracker) hostThreshold(base int, h *hostState) int {
+	if hostThresholdMutation || guardMutation.latestOnly {
+		return t.Threshold()
+	}
+	return t.guards.forHost(base, h)
+}
+
+// lowestNamer names, for the hold's log line, the hosts whose guard makes
+// the threshold th lower than the membership's (base).
+func (t *Tracker) lowestNamer(base, th int) string {
+	if th >= base {
+		return ""
+	}
+	var names []string
+	for _, name := range t.Hosts() {
+		if h := t.hosts[name]; counts(h) && t.guards.forHost(base, h) == th {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return ""
+	}
+	if len(names) > 5 {
+		names = append(names[:5], "…")
+	}
+	return ", for " + strings.Join(names, ", ")
 }
 
 // Holding reports whether the mass-failure guard holds.
@@ -566,12 +637,12 @@ func (t *Tracker) Silent(now time.Time) int {
 func (t *Tracker) Tick(now time.Time) []Decision {
 	t.out = t.out[:0]
 	t.purgeForgotten(now)
-	silent, th := t.Silent(now), t.Threshold()
+	silent, th, base := t.Silent(now), t.Threshold(), t.membershipThreshold()
 	switch hold := silent > th; {
 	case hold && !t.holding:
 		t.holding = true
 		t.out = append(t.out, Decision{Op: OpHoldStarted, Silent: silent, Threshold: th,
-			Reason: fmt.Sprintf("%d hosts silent within %s > threshold %d: declaring nothing", silent, t.cfg.GuardWindow, th)})
+			Reason: fmt.Sprintf("%d hosts silent within %s > threshold %d (the lowest any member may act on%s): declaring no host whose guard may hold it", silent, t.cfg.GuardWindow, th, t.lowestNamer(base, th))})
 	case !hold && t.holding:
 		t.holding = false
 		t.out = append(t.out, Decision{Op: OpHoldEnded, Silent: silent, Threshold: th})
@@ -597,10 +668,12 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 				h.saidDue = true
 				t.out = append(t.out, Decision{Op: OpRefusedDue, Host: name, Reason: "silent for " + now.Sub(h.lastSeen).String() + " but never declared: " + h.refused})
 			}
-		case t.holding:
+		case silent > t.hostThreshold(base, h):
 			if !h.heldBack {
 				h.heldBack = true
-				t.out = append(t.out, Decision{Op: OpHeldBack, Host: name, Silent: silent, Threshold: th, Reason: "due but held by the mass-failure guard"})
+				hth := t.hostThreshold(base, h)
+				t.out = append(t.out, Decision{Op: OpHeldBack, Host: name, Silent: silent, Threshold: hth, Reason: fmt.Sprintf(
+					"due but held by the mass-failure guard: %d hosts silent > %d, the lowest threshold of any guard this host may act on", silent, hth)})
 			}
 		case !h.declaring.IsZero() && now.Sub(h.declaring) < DeclareRetry:
 		default:

@@ -58,6 +58,12 @@ type LeaseView struct {
 	// (Tracker.declarationStands; signatures required only).
 	TrustedRevision   uint64 `json:"trusted_revision,omitempty"`
 	DeclarationStands bool   `json:"declaration_stands,omitempty"`
+	// GuardHolds: more hosts are silent now than the lowest threshold of
+	// the guards this host's agent may act on (Tracker.hostThreshold): the
+	// controller would not declare it now, and host recovery waits
+	// (recovery.WhyGuardHolding). Per host: another member's guard
+	// cannot pause this host's recovery.
+	GuardHolds bool `json:"guard_holds,omitempty"`
 }
 
 // TrackerView is the tracker's state at one instant.
@@ -73,6 +79,7 @@ type TrackerView struct {
 // View returns the tracker's state at now (hosts sorted by name).
 func (t *Tracker) View(now time.Time) TrackerView {
 	v := TrackerView{Holding: t.holding, Silent: t.Silent(now), Threshold: t.Threshold(), GuardVersions: t.GuardVersions()}
+	base := t.membershipThreshold()
 	for _, name := range t.Hosts() {
 		h := t.hosts[name]
 		lv := LeaseView{
@@ -81,7 +88,7 @@ func (t *Tracker) View(now time.Time) TrackerView {
 			Silent: t.counted(h, now), Refused: h.refused, Reason: h.rec.Reason,
 			KeyDeleted: h.deleted, BootID: h.rec.BootID, Guard: h.rec.Guard, FenceState: h.rec.AgentState, AgentVersion: h.rec.AgentVersion,
 			Signer: h.rec.Signer, TrustedRevision: h.trustedRev, DeclarationStands: t.declarationStands(h, now),
-			SilentFor: t.silentFor(h, now), Due: h.rec.Timing.LeaseTTL + h.grace,
+			SilentFor: t.silentFor(h, now), Due: h.rec.Timing.LeaseTTL + h.grace, GuardHolds: v.Silent > t.hostThreshold(base, h),
 		}
 		if !h.untrusted.IsZero() {
 			lv.InvalidRecord, lv.InvalidAgeSeconds = h.untrustedWhy, now.Sub(h.untrusted).Seconds()
