@@ -2,10 +2,13 @@ package controller
 
 import (
 	"fmt"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
 	"hvguard/fencing"
+	"hvguard/fencing/keyfile"
 )
 
 // Reviewer X7, attacks on cc5b9f3 and 1127cce (issue 11).
@@ -368,5 +371,68 @@ func TestRepeatedDeletesMintLowThresholds(t *testing.T) {
 			t.Errorf("dead h0 never declared in 210 s: h9 deleted six live hosts' keys after every round; latest guard v%d threshold %d, h0's threshold named %v, members %d, silent %d",
 				f.g.Version, f.g.Ref().Threshold, f.tr.hosts["h0"].rec.Guard, f.tr.Members(), f.tr.Silent(t0.Add(240*time.Second)))
 		})
+	}
+}
+
+// TestGuardHostsRoundTripSigned: the hosts a guard lists reach a
+// restarted controller as signed (fencing.Guard.Hosts is covered by the
+// controller's signature: altered, the guard is refused), and restoring
+// them makes a marker seen before the restore count
+// (Tracker.restoreListed) — only a listed host's.
+func TestGuardHostsRoundTripSigned(t *testing.T) {
+	dir := t.TempDir()
+	pub, err := keyfile.Generate(filepath.Join(dir, "ctl.seed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := keyfile.Signer(filepath.Join(dir, "ctl.seed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := keyfile.Public(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring := &fencing.Keyring{Mode: fencing.SigningRequired, Controllers: []fencing.PublicKey{key}}
+	c1, err := NewTracker(resetConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1.SetSigningRequired(true)
+	for i, h := range []string{"h0", "h1", "h2"} {
+		r := rec(h, fencing.BackstopReset)
+		r.Signer = h + "-key"
+		c1.Observe(t0, h, uint64(i+1), r)
+	}
+	g := c1.Guard()
+	if !slices.Equal(g.Hosts, []string{"h0", "h1", "h2"}) {
+		t.Fatalf("guard lists %v, want h0 h1 h2", g.Hosts)
+	}
+	b, err := fencing.EncodeGuard(signer.SealGuard(g)) // natslease.Store.PublishGuard
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := fencing.DecodeGuard(b) // natslease.Store.ReadGuard
+	if err == nil {
+		err = ring.VerifyGuard(got)
+	}
+	if err != nil || !slices.Equal(got.Hosts, g.Hosts) {
+		t.Fatalf("read back %v, %v; want %v", got.Hosts, err, g.Hosts)
+	}
+	forged := got
+	forged.Hosts = append(slices.Clone(forged.Hosts), "spare-1")
+	if err := ring.VerifyGuard(forged); err == nil {
+		t.Fatal("a guard whose host list was altered after signing verified")
+	}
+	c2, err := NewTracker(resetConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2.SetSigningRequired(true)
+	c2.Observe(t0, "h1", 10, nil)      // listed once restored
+	c2.Observe(t0, "spare-1", 11, nil) // never listed
+	c2.RestoreGuard(got)
+	if n := c2.Silent(t0.Add(time.Second)); n != 1 {
+		t.Errorf("after the restore %d hosts count silent, want 1 (h1's marker; spare-1's counts for nothing)", n)
 	}
 }
