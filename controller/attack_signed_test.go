@@ -75,9 +75,9 @@ func attackRig(t *testing.T) (fleet, *natslease.Store, context.Context, []string
 // store returns who's Store on kv (signed unless signed is false).
 func (f fleet) store(st *natslease.Store, who string, signed bool, onInvalid func(string, uint64, error)) *natslease.Store {
 	if !signed {
-		return &natslease.Store{KV: st.KV}
+		return &natslease.Store{KV: st.KV, NC: st.NC}
 	}
-	return &natslease.Store{KV: st.KV, Signer: f.signers[who], Keys: f.ring, OnInvalid: onInvalid}
+	return &natslease.Store{KV: st.KV, NC: st.NC, Signer: f.signers[who], Keys: f.ring, OnInvalid: onInvalid}
 }
 
 // agentRun drives a real fencing.Agent for host against st (one running
@@ -235,6 +235,12 @@ func startControllerOn(ctx context.Context, t *testing.T, st *natslease.Store, n
 	t.Helper()
 	cfg := controller.DefaultConfig()
 	cfg.GuardShare = 0.5 // 4 hosts: threshold 2 (one dead host is not a mass failure)
+	return startControllerCfg(ctx, t, st, nc, cfg)
+}
+
+// startControllerCfg is startControllerOn with the tracker's cfg.
+func startControllerCfg(ctx context.Context, t *testing.T, st *natslease.Store, nc *nats.Conn, cfg controller.Config) *controllerRun {
+	t.Helper()
 	tr, err := controller.NewTracker(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -25,7 +25,7 @@ func newSignedRecoveryEnv(t *testing.T, mode fencing.SigningMode) *recoveryEnv {
 	f.ring.Mode = mode
 	ctx, nc, leases, rkv := recoveryBuckets(t)
 	as := func(who string) *natslease.Store {
-		return &natslease.Store{KV: leases, Signer: f.signers[who], Keys: f.ring}
+		return &natslease.Store{KV: leases, NC: nc, Signer: f.signers[who], Keys: f.ring}
 	}
 	if _, err := as("h0").Write(ctx, "h0", 0, controllertest.HostRecord("h0"), time.Second); err != nil {
 		t.Fatal(err)

@@ -49,7 +49,7 @@ func leaseBucket(ctx context.Context, t *testing.T, url string) (*natslease.Stor
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &natslease.Store{KV: kv}, nc
+	return &natslease.Store{KV: kv, NC: nc}, nc
 }
 
 // TestLyingRelayCannotKeepDeclaredHostRunning: h0 is cut off from NATS

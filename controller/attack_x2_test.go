@@ -30,7 +30,7 @@ func permStore(t *testing.T, url, user string, f fleet, who string) (*natslease.
 	if err != nil {
 		t.Fatalf("%s: %v", user, err)
 	}
-	return &natslease.Store{KV: kv, Signer: f.signers[who], Keys: f.ring}, nc
+	return &natslease.Store{KV: kv, NC: nc, Signer: f.signers[who], Keys: f.ring}, nc
 }
 
 // TestAgentCannotPurgeLeaseBucket: a compromised compute-1 publishes ONE

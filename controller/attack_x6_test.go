@@ -19,6 +19,208 @@ func x6Withdrawal(host string) fencing.LeaseRecord {
 	return old
 }
 
+// x6Replay is how the attacker of TestX6ReplayedWithdrawalsAcrossRestartEndHold
+// writes an old genuine record back while no controller runs, and so
+// what the replay's stored message says (fencing.Written).
+type x6Replay struct {
+	name string
+	// old returns host's old genuine record; written what its stored
+	// message says (marker: the revision of the delete marker before it).
+	old     func(host string) fencing.LeaseRecord
+	written func(marker uint64) fencing.Written
+}
+
+// x6Replays: the withdrawals written back by a plain put (no header) or
+// by a delete then a create (nats.go's Create writes on the marker's
+// revision, not on the record's prev_rev 1), or by a compare-and-set on
+// the key's current revision; and (reviewer X9) an old controller
+// declaration released since, put back.
+var x6Replays = []x6Replay{
+	{"withdrawn-put", x6Withdrawal, func(uint64) fencing.Written { return fencing.Written{Known: true} }},
+	{"withdrawn-delete-create", x6Withdrawal, func(m uint64) fencing.Written {
+		return fencing.Written{Known: true, HasExpected: true, Expected: m}
+	}},
+	{"withdrawn-cas-current", x6Withdrawal, func(m uint64) fencing.Written {
+		return fencing.Written{Known: true, HasExpected: true, Expected: m - 1}
+	}},
+	{"released-put", x9Release, func(uint64) fencing.Written { return fencing.Written{Known: true} }},
+}
+
+// x9Release is the controller's old genuine release of host's old
+// declaration (sealed by the controller's key on the expired record's
+// revision 2), which any agent could read then.
+func x9Release(host string) fencing.LeaseRecord {
+	old := *rec(host, fencing.BackstopReset)
+	old.State, old.Reason, old.Epoch = fencing.LeaseReleased, "evacuated", 1
+	old.Signer, old.Sig, old.PrevRev = "ctl-key", "sig", 2
+	return old
+}
+
+// observeFirst feeds tr a listed value as the Runner does: with what its
+// stored message says when the tracker needs it.
+func observeFirst(tr *Tracker, now time.Time, host string, rev uint64, r *fencing.LeaseRecord, w fencing.Written) []Decision {
+	if tr.NeedsWritten(host) {
+		return tr.ObserveWritten(now, host, rev, r, w)
+	}
+	return tr.Observe(now, host, rev, r)
+}
+
+// TestX6ReplayedWithdrawalsAcrossRestartEndHold: X5's Held-rack attack
+// (TestX5ReplayedWithdrawalsEndHoldOverHeldRack) against a controller that
+// starts after it. A rack h1..h4 is cut off (Held, guests running); the
+// controller C1 holds (4 > threshold 2) — its last published guard is for
+// 10 members (threshold 2). C1 stops (an upgrade of a single controller,
+// or of every controller; the attacker needs no more than to act while
+// none runs). While no controller runs, a compromised node
+// writes h1's and h2's old genuine withdrawals back into their keys (a
+// plain put, or a delete then a create). The new controller C2's listing shows only those withdrawals,
+// for hosts it never saw: replay() compares nothing (h == nil), so they
+// were trusted — withdrawn, not counted silent; no marker was seen, so no
+// guard with the shrunken membership was ever published to keep a lower
+// threshold in force (when C1 sees the delete, the published 8-member
+// guard keeps threshold 1 in force while h3 and h4 name the older
+// version: that case holds). Silent 2 = threshold 2: no hold, and h3 and
+// h4 — Held, guests running — were declared at lease_ttl + grace after C2's
+// start: (S), (b). Now a first value is trusted only if its stored message
+// shows it written by a compare-and-set on its prev_rev (ObserveWritten):
+// the replays are untrusted, h1 and h2 count silent, C2 holds.
+// Control: no attack, C2 holds and declares nothing.
+func TestX6ReplayedWithdrawalsAcrossRestartEndHold(t *testing.T) {
+	t.Run("attack=none", func(t *testing.T) {
+		if d := x6RestartOverHeldRack(t, nil); d != "" {
+			t.Fatal(d)
+		}
+	})
+	for _, a := range x6Replays[:3] {
+		t.Run("attack="+a.name, func(t *testing.T) {
+			if d := x6RestartOverHeldRack(t, &a); d != "" {
+				t.Fatal(d)
+			}
+		})
+	}
+}
+
+// TestX9ReplayedReleaseAtRestartEndsHold: TestX6ReplayedWithdrawalsAcrossRestartEndHold
+// with an old controller declaration released since (controller-signed
+// released, prev_rev 2) put back into h1's and h2's keys (docs/security.md
+// had it open after reviewer X9): a released host is not counted silent
+// either.
+func TestX9ReplayedReleaseAtRestartEndsHold(t *testing.T) {
+	a := x6Replays[3]
+	if d := x6RestartOverHeldRack(t, &a); d != "" {
+		t.Fatal(d)
+	}
+}
+
+// TestX6WrittenMutation: with writtenMutation (a first value trusted
+// without its stored message's word, as before) every replay of
+// x6Replays ends C2's hold and a Held host is declared.
+func TestX6WrittenMutation(t *testing.T) {
+	writtenMutation = true
+	defer func() { writtenMutation = false }()
+	for _, a := range x6Replays {
+		t.Run(a.name, func(t *testing.T) {
+			d := x6RestartOverHeldRack(t, &a)
+			if d == "" {
+				t.Fatal("the mutation kills nothing: C2 held")
+			}
+			t.Logf("with the mutation: %s", d)
+		})
+	}
+}
+
+// x6RestartOverHeldRack runs TestX6ReplayedWithdrawalsAcrossRestartEndHold's
+// fleet with attack (nil: none) and returns what went wrong ("": C2 held
+// and declared nothing for 90 s).
+func x6RestartOverHeldRack(t *testing.T, attack *x6Replay) string {
+	t.Helper()
+	c1, rev := beaconFleet(t)
+	g := c1.Guard() // the guard agents act on (h1..h4 name it)
+	c1.GuardPublished(g, nil)
+	live := []string{"h0", "h5", "h6", "h7", "h8", "h9"} // h1..h4 are cut off at t0
+	latest := map[string]uint64{}
+	renew := func(tr *Tracker, now time.Time) {
+		for _, host := range live {
+			rev++
+			r := rec(host, fencing.BackstopReset)
+			r.Signer, r.Guard = host+"-key", g.Ref()
+			r.PrevRev = latest[host]
+			tr.Observe(now, host, rev, r)
+			tr.ObserveBeacon(now, host, rev)
+			latest[host] = rev
+		}
+	}
+	for s := 1; s <= 30; s++ {
+		now := t0.Add(time.Duration(s) * time.Second)
+		renew(c1, now)
+		for _, d := range c1.Tick(now.Add(20 * time.Millisecond)) {
+			if d.Op == OpDeclare {
+				t.Fatalf("C1 declared %s at %s", d.Host, now.Sub(t0))
+			}
+		}
+	}
+	if !c1.Holding() {
+		t.Fatal("C1 not holding: the test shows nothing")
+	}
+	g = c1.Guard()
+	c1.GuardPublished(g, nil) // C1's last publish; C1 stops
+	restart := t0.Add(31 * time.Second)
+	marker := map[string]uint64{}
+	if attack != nil { // no controller runs
+		for _, host := range []string{"h1", "h2"} {
+			rev += 2 // the delete, then the replay
+			marker[host], latest[host] = rev-1, rev
+		}
+	}
+
+	// C2 starts: its watch lists every key's latest value (each with
+	// what its stored message says: the genuine ones were written by a
+	// compare-and-set on their prev_rev), then syncs; its first tick
+	// restores the published guard.
+	c2, err := NewTracker(resetConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2.SetSigningRequired(true)
+	c2.SetEnrolled(enrolledH) // as the Runner does from its keyring
+	now := restart.Add(time.Second)
+	for i := range 10 {
+		host := fmt.Sprintf("h%d", i)
+		r := rec(host, fencing.BackstopReset)
+		r.Signer, r.Guard = host+"-key", g.Ref()
+		lrev, ok := latest[host]
+		if !ok {
+			lrev = uint64(1 + i) // h1..h4: their last record before the cut (a create)
+		} else {
+			r.PrevRev = lrev - 1
+		}
+		c2.Skipped(lrev)
+		if attack != nil && (host == "h1" || host == "h2") {
+			old := attack.old(host)
+			observeFirst(c2, now, host, lrev, &old, attack.written(marker[host])) // the replay: the key's latest value
+			continue
+		}
+		observeFirst(c2, now, host, lrev, r, fencing.Written{Known: true, HasExpected: true, Expected: r.PrevRev})
+	}
+	c2.WatchStarted(now)
+	c2.RestoreGuard(g)
+	c2.GuardPublished(c2.Guard(), nil)
+	for s := 1; s <= 90; s++ {
+		now := restart.Add(time.Duration(1+s) * time.Second)
+		renew(c2, now)
+		for _, d := range c2.Tick(now.Add(20 * time.Millisecond)) {
+			if d.Op == OpDeclare {
+				return fmt.Sprintf("C2 declared %s %s after its start while h1..h4 were all cut off and confirming each other (Held, guests running): silent %d, threshold %d, withdrawn %v (replays of old records)",
+					d.Host, now.Sub(restart), c2.Silent(now), c2.Threshold(), c2.Withdrawn())
+			}
+		}
+	}
+	if !c2.Holding() {
+		return "C2 not holding: the test shows nothing"
+	}
+	return ""
+}
+
 // TestX6ReturningHostNamesPrunedGuardVersion: 1127cce counts a threshold a
 // member's record names only as the kept threshold of the version named,
 // and a version not kept names nothing — on the premise that every

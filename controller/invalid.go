@@ -255,6 +255,46 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		Reason: fmt.Sprintf("invalid-record: %s value at revision %d ignored (%s); %s", kind, rev, why, detail)})
 }
 
+// NeedsWritten reports whether a record of host observed now must come
+// with what its stored message says about its write (ObserveWritten):
+// signatures are required and this tracker holds no trusted record of
+// host yet (it never saw one, or only untrusted values, or host was
+// restored from the published guard's deleted list) — replay has nothing
+// to compare a first value with.
+func (t *Tracker) NeedsWritten(host string) bool {
+	h := t.hosts[host]
+	return t.required && (h == nil || h.trustedRev == 0)
+}
+
+// ObserveWritten is Observe for a record whose stored message says w
+// about its write (fencing.Written, read by the runner when NeedsWritten).
+// A host's first value, signatures required, is trusted only when it was
+// written fresh (fencing.Written.Fresh: by a compare-and-set on the very
+// revision it was sealed for). Otherwise it may be a replay of an old
+// genuine record — a withdrawal from an earlier orderly stop, a
+// declaration released since — written back while no controller ran or
+// at a restart: taken as genuine, withdrawn hosts of a Held rack were not
+// counted silent, the hold ended and the rack's other Held hosts were
+// declared ~22 s after the controller started while their guests ran
+// (reviewers X6, X9: TestX6ReplayedWithdrawalsAcrossRestartEndHold,
+// TestX9ReplayedReleaseAtRestartEndsHold). Such a value is handled as
+// untrusted (observeInvalid, not forged: it may be a genuine record whose
+// stored message is gone or a genuine create over a delete marker): the
+// host has no trusted record yet, counts silent for the guard as such
+// until a trusted record (its next renewal, a compare-and-set on that
+// revision, is verified) or a beacon of it arrives, and is never declared
+// meanwhile. Once a trusted record is held, replay compares with it.
+func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord, w fencing.Written) []Decision {
+	if rec != nil && t.NeedsWritten(host) && !writtenMutation {
+		if ok, why := w.Fresh(*rec); !ok {
+			t.out = t.out[:0]
+			t.observeInvalid(now, host, rev, fmt.Sprintf("a %s record not verified as written fresh: possibly a replay (%s)", rec.State, why), false)
+			return t.out
+		}
+	}
+	return t.Observe(now, host, rev, rec)
+}
+
 // replay reports whether rec, observed at rev, is a replay of an earlier
 // record of h (fencing.StaleRecord against the last revision observed).
 // After a delete (h.rev: the marker's revision) a genuine record is a

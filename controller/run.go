@@ -29,6 +29,16 @@ const (
 	WriteTimeout = 2 * time.Second
 	// RewatchDelay is the pause before a failed watch is re-established.
 	RewatchDelay = time.Second
+	// WrittenReadTimeout bounds the read of a first value's stored
+	// message (Tracker.NeedsWritten; natslease.Store.WrittenOn), which
+	// the tracker's goroutine waits for: a failed or slow read leaves the
+	// value untrusted (the safe side: the host counts silent, is never
+	// declared, until its next renewal is verified). 1 s: a message get
+	// takes milliseconds on a healthy server; a controller starting over
+	// a bucket it cannot read in 1 s has a broken connection (its watch
+	// fails too), and a listing of many hosts must not stall the loop
+	// (heartbeats, ticks) for long.
+	WrittenReadTimeout = time.Second
 	// MaxBeaconHosts bounds the hosts whose beacons wait for the
 	// tracker's goroutine at once (beaconBox): with the shipped
 	// permissions only real hosts publish beacons; without them this
@@ -173,9 +183,18 @@ func (r *Runner) Run(ctx context.Context) error {
 					r.Tracker.Skipped(u.Revision)
 				}
 				var ds []Decision
-				if u.Err != nil {
+				switch {
+				case u.Err != nil:
 					ds = r.Tracker.ObserveInvalid(r.now(), u.Host, u.Revision, u.Err.Error(), errors.Is(u.Err, fencing.ErrForgedRecord))
-				} else {
+				case u.Record != nil && r.Tracker.NeedsWritten(u.Host):
+					// A first value of the host: trusted only if its
+					// stored message shows it written fresh (invalid.go).
+					w, err := r.Store.WrittenOn(ctx, u.Host, u.Revision, WrittenReadTimeout)
+					if err != nil {
+						log.Warn("reading how a lease value was written failed: not trusted as the host's first record", "host", u.Host, "revision", u.Revision, "err", err)
+					}
+					ds = r.Tracker.ObserveWritten(r.now(), u.Host, u.Revision, u.Record, w)
+				default:
 					ds = r.Tracker.Observe(r.now(), u.Host, u.Revision, u.Record)
 				}
 				for _, d := range ds {

@@ -33,7 +33,7 @@ func newLeaseStore(t *testing.T) *natslease.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &natslease.Store{KV: kv}
+	return &natslease.Store{KV: kv, NC: nc}
 }
 
 // TestRunnerDeclaresSilentHost: against a real JetStream KV, three hosts

@@ -255,6 +255,10 @@ var (
 	// contestMutation (issue 11): a contested declaration is confirmed
 	// for recovery like any other.
 	contestMutation bool
+	// writtenMutation (reviewers X6, X9): a host's first value is
+	// trusted without checking it was written fresh (ObserveWritten), as
+	// before.
+	writtenMutation bool
 )
 
 // Tracker is the controller's lease tracker: pure, time passed in,

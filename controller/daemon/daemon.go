@@ -213,7 +213,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	} else {
 		log.Warn("lease records are NOT signed (signing.mode: off): any holder of NATS credentials can forge a host's record (docs/security.md)")
 	}
-	st := &natslease.Store{KV: kv, Signer: signer, Keys: keys}
+	st := &natslease.Store{KV: kv, NC: d.nc, Signer: signer, Keys: keys}
 	d.run = &controller.Runner{Store: st, Tracker: tracker, Log: log.With("component", "tracker"),
 		Now: d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
 		OnSynced: func(int) { d.trackerSynced.Store(true); d.maybeReady() },

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -122,6 +123,10 @@ type Store struct {
 	// read, found in a conflict, or asked to be relayed (host "" for the
 	// guard). The caller logs it loudly and counts it.
 	OnInvalid func(host string, rev uint64, err error)
+	// NC, if set, is the connection WrittenOn reads the lease stream's
+	// stored messages on (the controller, signatures required: without
+	// it no first value of a host is verified fresh).
+	NC *nats.Conn
 }
 
 func (s *Store) invalid(host string, rev uint64, err error) {
@@ -471,48 +476,123 @@ type LeaderRead struct {
 // must not miss a renewal or a release. A missing key (never written) is
 // Deleted at revision 0. The error is an error of the read itself.
 func (s *Store) ReadLeader(ctx context.Context, nc *nats.Conn, host string) (LeaderRead, error) {
-	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
-	defer cancel()
-	req, _ := json.Marshal(map[string]string{"last_by_subj": "$KV." + fencing.Bucket + "." + key(host)})
-	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+StreamName, req)
-	if err != nil {
-		return LeaderRead{}, fmt.Errorf("lease %s: leader read: %w", host, err)
-	}
-	var resp struct {
-		Message *struct {
-			Seq  uint64 `json:"seq"`
-			Hdrs []byte `json:"hdrs"`
-			Data []byte `json:"data"`
-		} `json:"message"`
-		Error *struct {
-			Code        int    `json:"code"`
-			ErrCode     int    `json:"err_code"`
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return LeaderRead{}, fmt.Errorf("lease %s: leader read: %w", host, err)
-	}
+	m, err := streamMsg(ctx, nc, map[string]any{"last_by_subj": subject(host)}, ReadTimeout)
 	switch {
-	case resp.Error != nil && resp.Error.ErrCode == 10037: // no message found
+	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return LeaderRead{Deleted: true}, nil
-	case resp.Error != nil:
-		return LeaderRead{}, fmt.Errorf("lease %s: leader read: %s (%d)", host, resp.Error.Description, resp.Error.ErrCode)
-	case resp.Message == nil:
-		return LeaderRead{}, fmt.Errorf("lease %s: leader read: empty answer", host)
+	case err != nil:
+		return LeaderRead{}, fmt.Errorf("lease %s: leader read: %w", host, err)
 	}
-	out := LeaderRead{Revision: resp.Message.Seq}
-	if h := string(resp.Message.Hdrs); strings.Contains(h, "KV-Operation: DEL") || strings.Contains(h, "KV-Operation: PURGE") {
+	out := LeaderRead{Revision: m.Seq}
+	if h := string(m.Hdrs); strings.Contains(h, "KV-Operation: DEL") || strings.Contains(h, "KV-Operation: PURGE") {
 		out.Deleted = true
 		return out, nil
 	}
-	r, err := s.decode(host, out.Revision, resp.Message.Data)
+	r, err := s.decode(host, out.Revision, m.Data)
 	if err != nil {
 		out.Err = err
 		return out, nil
 	}
 	out.Record = &r
 	return out, nil
+}
+
+// subject is the lease stream's subject of host's key.
+func subject(host string) string { return "$KV." + fencing.Bucket + "." + key(host) }
+
+// storedMsg is a message of the lease stream as the stream API's message
+// get returns it.
+type storedMsg struct {
+	Subject string `json:"subject"`
+	Seq     uint64 `json:"seq"`
+	Hdrs    []byte `json:"hdrs"`
+	Data    []byte `json:"data"`
+}
+
+// streamMsg performs the stream API's message get
+// ($JS.API.STREAM.MSG.GET, answered by the stream's leader; the
+// permission every reader of the bucket has) with req, waiting at most
+// timeout. No message: an error wrapping jetstream.ErrMsgNotFound.
+func streamMsg(ctx context.Context, nc *nats.Conn, req map[string]any, timeout time.Duration) (storedMsg, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	b, _ := json.Marshal(req)
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+StreamName, b)
+	if err != nil {
+		return storedMsg{}, err
+	}
+	var resp struct {
+		Message *storedMsg `json:"message"`
+		Error   *struct {
+			Code        int    `json:"code"`
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return storedMsg{}, err
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == 10037: // no message found
+		return storedMsg{}, fmt.Errorf("%w (%s)", jetstream.ErrMsgNotFound, resp.Error.Description)
+	case resp.Error != nil:
+		return storedMsg{}, fmt.Errorf("%s (%d)", resp.Error.Description, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return storedMsg{}, errors.New("empty answer")
+	}
+	return *resp.Message, nil
+}
+
+// WrittenOn reads the stored message of host's key at rev from the lease
+// stream's leader (the stream API's message get, as ReadLeader) and
+// returns what its headers say about its write (fencing.Written; the
+// controller's tracker judges it: fencing.Written.Fresh). A message that
+// is gone (superseded: the bucket keeps one per key) is an error wrapping
+// jetstream.ErrMsgNotFound; a message of another key at rev is an error.
+// It waits at most timeout.
+func (s *Store) WrittenOn(ctx context.Context, host string, rev uint64, timeout time.Duration) (fencing.Written, error) {
+	if s.NC == nil {
+		return fencing.Written{}, fmt.Errorf("lease %s: revision %d: no connection to read its stored message on", host, rev)
+	}
+	m, err := streamMsg(ctx, s.NC, map[string]any{"seq": rev}, timeout)
+	if err != nil {
+		return fencing.Written{}, fmt.Errorf("lease %s: revision %d: stored message: %w", host, rev, err)
+	}
+	if want := subject(host); m.Subject != want {
+		return fencing.Written{}, fmt.Errorf("lease %s: revision %d: stored message is on %q, not %q", host, rev, m.Subject, want)
+	}
+	var h nats.Header
+	if len(m.Hdrs) > 0 {
+		if h, err = nats.DecodeHeadersMsg(m.Hdrs); err != nil {
+			return fencing.Written{}, fmt.Errorf("lease %s: revision %d: stored message's headers: %w", host, rev, err)
+		}
+	}
+	w, err := writtenOf(h)
+	if err != nil {
+		return fencing.Written{}, fmt.Errorf("lease %s: revision %d: %w", host, rev, err)
+	}
+	return w, nil
+}
+
+// writtenOf reads fencing.Written from a stored message's headers; a
+// malformed Nats-Expected-Last-Subject-Sequence is an error.
+func writtenOf(h nats.Header) (fencing.Written, error) {
+	w := fencing.Written{Known: true}
+	if vs := h.Values(fencing.ExpectedLastSubjectSeqSubjHeader); len(vs) > 0 {
+		w.OtherSubject = true
+	}
+	switch vs := h.Values(fencing.ExpectedLastSubjectSeqHeader); len(vs) {
+	case 0:
+	case 1:
+		n, err := strconv.ParseUint(vs[0], 10, 64)
+		if err != nil {
+			return fencing.Written{}, fmt.Errorf("stored message: header %s %q: %w", fencing.ExpectedLastSubjectSeqHeader, vs[0], err)
+		}
+		w.HasExpected, w.Expected = true, n
+	default:
+		return fencing.Written{}, fmt.Errorf("stored message: header %s appears %d times (%q)", fencing.ExpectedLastSubjectSeqHeader, len(vs), vs)
+	}
+	return w, nil
 }
 
 // BeaconMsg returns the beacon (fencing.Beacon) of rec, the owner's own
