@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
@@ -233,20 +234,27 @@ func startController(ctx context.Context, t *testing.T, st *natslease.Store) *co
 // nc (nil: none).
 func startControllerOn(ctx context.Context, t *testing.T, st *natslease.Store, nc *nats.Conn) *controllerRun {
 	t.Helper()
-	cfg := controller.DefaultConfig()
-	cfg.GuardShare = 0.5 // 4 hosts: threshold 2 (one dead host is not a mass failure)
-	return startControllerCfg(ctx, t, st, nc, cfg)
+	return startControllerMem(ctx, t, st, nc, nil)
 }
 
-// startControllerCfg is startControllerOn with the tracker's cfg.
-func startControllerCfg(ctx context.Context, t *testing.T, st *natslease.Store, nc *nats.Conn, cfg controller.Config) *controllerRun {
+// startControllerMem is startControllerOn with the controllers' memory
+// bucket mem (nil: none).
+func startControllerMem(ctx context.Context, t *testing.T, st *natslease.Store, nc *nats.Conn, mem jetstream.KeyValue) *controllerRun {
+	t.Helper()
+	cfg := controller.DefaultConfig()
+	cfg.GuardShare = 0.5 // 4 hosts: threshold 2 (one dead host is not a mass failure)
+	return startControllerCfg(ctx, t, st, nc, cfg, mem)
+}
+
+// startControllerCfg is startControllerMem with the tracker's cfg.
+func startControllerCfg(ctx context.Context, t *testing.T, st *natslease.Store, nc *nats.Conn, cfg controller.Config, mem jetstream.KeyValue) *controllerRun {
 	t.Helper()
 	tr, err := controller.NewTracker(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &controllerRun{declared: map[string]time.Time{}, invalid: map[string]int{}, beacons: map[string]int{}}
-	r := &controller.Runner{Store: st, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: nc,
+	r := &controller.Runner{Store: st, Tracker: tr, Memory: mem, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: nc,
 		OnBeacon: func(host string, _ fencing.Beacon, err error) {
 			c.mu.Lock()
 			defer c.mu.Unlock()

@@ -10,7 +10,12 @@ import (
 )
 
 // Reviewer X10: attacks on per-host guard thresholds, deleted members and
-// the guard's host list (fencing.Guard.Hosts, Tracker.restoreListed).
+// the guard's host list (fencing.Guard.Hosts, Tracker.restoreListed, in
+// 0245747: a marker or untrusted value of a host counted only if a
+// restored guard listed it). The list was withdrawn: every (S) test below
+// failed with it and passes with the rule before (an enrolled host's
+// marker or untrusted value counts); the names in the comments are those
+// of 0245747.
 
 // x10Entry is what one key of the bucket holds: a trusted record, a
 // delete marker (rec nil, !garbage) or an undecodable value (garbage).
@@ -358,7 +363,7 @@ func TestX10HostJoinedWhileNoControllerRanIgnored(t *testing.T) {
 // counted: 10 silent, the Held h1..h10 are declared (S). Control: the
 // same without the made-up markers.
 func TestX10MarkerMemoryOverflowDropsListedHost(t *testing.T) {
-	for _, fakes := range []int{0, maxMarkers} {
+	for _, fakes := range []int{0, 1 << 16} {
 		t.Run(fmt.Sprintf("fakes=%d", fakes), func(t *testing.T) {
 			b := newX10Bucket(t)
 			all, rack := x10Names(0, 60), x10Names(1, 13)
@@ -378,8 +383,8 @@ func TestX10MarkerMemoryOverflowDropsListedHost(t *testing.T) {
 				b.put(t0, h, b.guard.Ref())
 			}
 			b.run(t0, 30, live, cut, "C1")
-			if !b.tr.Holding() || !x10Set(b.guard.Hosts)["h11"] {
-				t.Fatalf("C1 holding %t, guard lists %v: the test shows nothing", b.tr.Holding(), b.guard.Hosts)
+			if !b.tr.Holding() {
+				t.Fatalf("C1 not holding: the test shows nothing")
 			}
 			b.stop()
 			for i := 0; i < fakes; i++ {

@@ -69,7 +69,7 @@ func TestX6ReplayedWithdrawalAcrossRestartNATS(t *testing.T) {
 			startCtl := func() (*controllerRun, context.CancelFunc) {
 				st, nc := permStore(t, url, "controller:ctl-1", f, "ctl")
 				cctx, stop := context.WithCancel(ctx)
-				return startControllerCfg(cctx, t, st, nc, cfg), stop
+				return startControllerCfg(cctx, t, st, nc, cfg, nil), stop
 			}
 			attacker, _ := permStore(t, url, "agent:"+hosts[0], f, hosts[0])
 			c1, stopC1 := startCtl()

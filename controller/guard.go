@@ -168,9 +168,36 @@ func (g *guardVersions) keep(v fencing.GuardVersion, hosts map[string]*hostState
 		g.kept = g.kept[1:]
 	}
 	for len(g.kept) > maxGuardHistory {
-		g.kept[1].Threshold = min(g.kept[1].Threshold, g.kept[0].Threshold)
-		g.kept = g.kept[1:]
+		i := mergeable(g.kept)
+		g.kept[i+1].Threshold = min(g.kept[i+1].Threshold, g.kept[i].Threshold)
+		g.kept = slices.Delete(g.kept, i, i+1)
 	}
+}
+
+// mergeMutation (reviewer X10): merge the oldest kept version into the
+// next, whatever their thresholds, as before. Tests only.
+var mergeMutation bool
+
+// mergeable returns the kept version to merge into the next one: the
+// oldest whose threshold is not below the next one's, which loses
+// nothing — a host naming a version up to it still sees the lower
+// threshold after it, one naming a version after it never needed it. Only
+// if thresholds rise at every step (more versions than distinct
+// thresholds up to count: not with the default count 10) the oldest,
+// whose threshold the next one then takes (never less conservative).
+// Merging the oldest always carried a low threshold forward past newer
+// versions: a compromised node naming a threshold-0 version (pinning it
+// as the oldest) and churning versions by deletes held every host for good
+// (reviewer X10, TestX10GarbageAtRestartMintsZeroThreshold/pin-and-churn).
+func mergeable(kept []fencing.GuardVersion) int {
+	if !mergeMutation {
+		for i := 0; i+1 < len(kept); i++ {
+			if kept[i].Threshold >= kept[i+1].Threshold {
+				return i
+			}
+		}
+	}
+	return 0
 }
 
 func cmpU(a, b uint64) int {
@@ -190,10 +217,9 @@ func cmpU(a, b uint64) int {
 func (t *Tracker) Guard() fencing.Guard {
 	g := fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare, Window: t.cfg.GuardWindow, Members: t.Members()}
 	g.Deleted = t.deletedHosts()
-	g.Hosts = t.listedHosts()
 	l := t.guards.last
 	if l.Version > 0 && l.Version == t.guards.maxSeen && l.Count == g.Count && l.Share == g.Share && l.Window == g.Window && l.Members == g.Members &&
-		slices.EqualFunc(l.Deleted, g.Deleted, sameDeleted) && slices.Equal(l.Hosts, g.Hosts) {
+		slices.EqualFunc(l.Deleted, g.Deleted, sameDeleted) {
 		g.Version = l.Version
 	} else {
 		g.Version = t.guards.maxSeen + 1
@@ -234,7 +260,6 @@ func (t *Tracker) RestoreGuard(g fencing.Guard) {
 		t.guards.adopted, t.guards.last = g, g
 	}
 	t.restoreDeleted(g.Deleted)
-	t.restoreListed(g.Hosts)
 }
 
 // GuardVersions returns the versions kept (for tests and status).

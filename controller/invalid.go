@@ -68,7 +68,7 @@ const BeaconTrustWindow = 5 * time.Minute
 // beaconsBind reports whether an unverifiable value of h observed at now
 // counts only when a beacon names it (see above).
 func (t *Tracker) beaconsBind(h *hostState, now time.Time) bool {
-	return t.pinned(h) && !h.beacons.at.IsZero() && now.Sub(t.lastBeacon) <= BeaconTrustWindow
+	return t.pinned(h) && (!h.beacons.at.IsZero() || h.beacons.remembered) && now.Sub(t.lastBeacon) <= BeaconTrustWindow
 }
 
 // ObserveBeacon reports a beacon of host naming revision rev, received at
@@ -90,6 +90,9 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	}
 	t.lastBeacon = now
 	b := &h.beacons
+	if b.at.IsZero() && !b.remembered {
+		t.rememberHost(host) // its beacons bind it from now on (memory.go)
+	}
 	b.at = now
 	seen := b.revs.has(rev)
 	b.revs.add(rev)
@@ -348,12 +351,7 @@ func (h *hostState) declClock() time.Time {
 
 // silentUntrusted reports whether host, tracked from an untrusted value
 // with no trusted record yet, counts silent for the guard (see
-// observeInvalid): signatures required, and a restored guard lists it
-// (fencing.Guard.Hosts: it held a trusted record under an earlier
-// controller) and it is enrolled. Garbage written into the keys of hosts
-// enrolled ahead of their agent (or decommissioned with their key line
-// left in) held the guard for good like their delete markers (reviewer
-// X7; keydelete.go).
+// observeInvalid): signatures required and the host enrolled.
 func (t *Tracker) silentUntrusted(host string) bool {
-	return t.required && t.listed[host] && !t.unenrolled(host) && !untrustedSilentMutation
+	return t.required && t.enrolled != nil && !t.unenrolled(host) && !untrustedSilentMutation
 }

@@ -66,8 +66,7 @@ func (t *Tracker) unenrolled(host string) bool {
 // observeDeleted records that host's key was deleted or purged at rev.
 func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 	h := t.hosts[host]
-	if h == nil && (t.unenrolled(host) || t.unlisted(host)) {
-		t.remember(host, rev)
+	if h == nil && t.unenrolled(host) {
 		// With signatures required, a marker of a host this controller
 		// never saw and that has no key in host_keys_file counts for
 		// nothing: a delete is a publish any agent may make to any
@@ -77,13 +76,7 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 		// An enrolled host's marker still counts (deleted while no
 		// controller ran: its agent may be Held and confirming —
 		// reviewer X6, TestX6DeletesWhileNoControllerEndHold).
-		// Nor of a host no restored guard listed (fencing.Guard.Hosts):
-		// hosts enrolled ahead of their agent, or decommissioned with
-		// their key line left in, counted silent for ever and held the
-		// guard (reviewer X7, TestX7MarkersOfEnrolledIdleHostsHoldForever);
-		// a host that held a trusted record under an earlier controller
-		// is listed in its guard.
-		t.out = append(t.out, Decision{Op: OpLeaseDeleted, Host: host, Revision: rev, Reason: "lease-deleted: a marker of a host this controller never saw, that no restored guard lists or that has no key in host_keys_file: ignored (signatures required: any agent may write such a marker)"})
+		t.out = append(t.out, Decision{Op: OpLeaseDeleted, Host: host, Revision: rev, Reason: "lease-deleted: a marker of a host this controller never saw and that has no key in host_keys_file: ignored (signatures required: any agent may write such a marker)"})
 		return
 	}
 	if h == nil {
@@ -164,7 +157,6 @@ func (t *Tracker) purgeForgotten(now time.Time) {
 	for name, h := range t.hosts {
 		if !h.forgotten.IsZero() && now.Sub(h.forgotten) > t.cfg.GuardWindow {
 			delete(t.hosts, name)
-			delete(t.listed, name)
 		}
 	}
 }
@@ -191,70 +183,6 @@ func countsDeleted(h *hostState) bool {
 	return h.rec.State != "" && h.rec.State != fencing.LeaseExpired && h.rec.State != fencing.LeaseWithdrawn
 }
 
-// listedHosts returns the hosts the published guard lists
-// (fencing.Guard.Hosts), sorted: those whose last trusted record counts
-// toward the guard and whose key exists (deleted ones travel in Deleted),
-// and those a restored guard listed that hold no trusted record yet (a
-// forgery in the key of a Held host at a restart must count at the next
-// restart too). Not forgotten hosts.
-func (t *Tracker) listedHosts() []string {
-	var out []string
-	for _, name := range t.Hosts() {
-		h := t.hosts[name]
-		if h.deleted || !h.forgotten.IsZero() {
-			continue
-		}
-		if h.rec.State == fencing.LeaseActive || h.rec.State == fencing.LeaseReleased || h.rec.State == "" && t.listed[name] {
-			out = append(out, name)
-		}
-	}
-	return out
-}
-
-// maxMarkers bounds the markers of unlisted hosts kept for a guard
-// restored after them (Tracker.markers): any agent may write markers
-// under made-up names, so they must not grow the controller's memory
-// without bound. A controller restores the guard right after its watch's
-// first listing, which holds at most one marker per key.
-const maxMarkers = 1 << 16
-
-// unlisted reports whether, with signatures required, host is neither
-// tracked nor named by a restored guard (Tracker.listed): its marker
-// counts for nothing until a guard listing it is restored.
-func (t *Tracker) unlisted(host string) bool {
-	return t.required && !t.listed[host] && !fakeMarkerMutation
-}
-
-// remember keeps the marker of an unlisted host for restoreListed.
-func (t *Tracker) remember(host string, rev uint64) {
-	if _, ok := t.markers[host]; ok || len(t.markers) < maxMarkers {
-		t.markers[host] = max(t.markers[host], rev)
-	}
-}
-
-// restoreListed takes over the hosts a restored guard lists
-// (fencing.Guard.Hosts): a marker of one seen before counts now, like any
-// deleted host (restoreDeleted), and one whose key holds only untrusted
-// values counts silent (invalid.go, silentUntrusted).
-func (t *Tracker) restoreListed(names []string) {
-	for _, name := range names {
-		if name == "" {
-			continue
-		}
-		t.listed[name] = true
-		if rev, ok := t.markers[name]; ok && t.hosts[name] == nil && !t.unenrolled(name) {
-			t.restoreDeleted([]fencing.DeletedHost{{Host: name}})
-			if h := t.hosts[name]; h != nil {
-				h.rev = rev
-			}
-		}
-		delete(t.markers, name)
-		if h := t.hosts[name]; h != nil && h.rec.State == "" && !h.deleted {
-			h.silentUntrusted = t.silentUntrusted(name)
-		}
-	}
-}
-
 func sameDeleted(a, b fencing.DeletedHost) bool {
 	return a.Host == b.Host && (a.Guard == nil) == (b.Guard == nil) && (a.Guard == nil || *a.Guard == *b.Guard)
 }
@@ -267,9 +195,6 @@ func (t *Tracker) restoreDeleted(ds []fencing.DeletedHost) {
 	for _, d := range ds {
 		if t.unenrolled(d.Host) {
 			continue // see observeDeleted
-		}
-		if d.Host != "" {
-			t.listed[d.Host] = true // published by a controller: it held a trusted record
 		}
 		if h, ok := t.hosts[d.Host]; ok || d.Host == "" {
 			if ok && h.deleted && h.rec.Guard == nil {

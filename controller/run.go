@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
@@ -52,7 +53,12 @@ const (
 type Runner struct {
 	Store   *natslease.Store
 	Tracker *Tracker
-	Log     *slog.Logger
+	// Memory, if set, is the controllers' memory bucket (MemoryBucket,
+	// memory.go): the leader writes each host's memory there when it
+	// changes, and a (re)started controller or a new leader restores it
+	// after the published guard.
+	Memory jetstream.KeyValue
+	Log    *slog.Logger
 	// Now is the controller's clock (time.Now if nil).
 	Now func() time.Time
 	// OnDecision, if set, is called with every decision after it was
@@ -200,6 +206,13 @@ func (r *Runner) Run(ctx context.Context) error {
 				for _, d := range ds {
 					r.perform(ctx, log, d)
 				}
+				if restored && r.mayAct() {
+					// At once, not at the next tick: a withdrawal
+					// remembered late, then overwritten by a
+					// compromised node while no controller runs, is
+					// remembered as active (memory.go).
+					r.writeMemories(ctx, log)
+				}
 			case <-tick.C:
 				if r.Heartbeat != nil {
 					r.Heartbeat()
@@ -222,6 +235,7 @@ func (r *Runner) Run(ctx context.Context) error {
 						continue
 					}
 					r.Tracker.RestoreGuard(g)
+					r.restoreMemory(ctx, log)
 					restored = true
 				}
 				if g := r.Tracker.Guard(); acting && (g.Version != published || now.Sub(lastPublish) > GuardPublishInterval) && !now.Before(retryPublish) {
@@ -235,6 +249,9 @@ func (r *Runner) Run(ctx context.Context) error {
 					} else {
 						published, lastPublish = g.Version, now
 					}
+				}
+				if acting && restored {
+					r.writeMemories(ctx, log) // those whose write failed, or beyond MemoryWritesPerTick
 				}
 				for _, d := range r.Tracker.Tick(now) {
 					r.perform(ctx, log, d)

@@ -196,6 +196,9 @@ type beaconState struct {
 	revs            revRing
 	pending         []pendingValue
 	corroboratedRev uint64
+	// remembered: an earlier controller's memory says its beacons bound
+	// it (memory.go): bound before this controller received one.
+	remembered bool
 }
 
 // pendingValue is an unverifiable value of a host's key observed at at,
@@ -284,14 +287,8 @@ type Tracker struct {
 	required bool
 	// enrolled: SetEnrolled.
 	enrolled func(host string) bool
-	// listed: the hosts a restored guard named (fencing.Guard.Hosts and
-	// Deleted): with signatures required, only such a host's delete
-	// marker or untrusted value counts toward the guard before this
-	// controller saw a trusted record of it (keydelete.go); markers holds
-	// the markers of hosts not listed (yet), by revision, for a guard
-	// restored after them.
-	listed  map[string]bool
-	markers map[string]uint64
+	// dirtyMemory: the hosts whose Memory changed (memory.go).
+	dirtyMemory map[string]bool
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -337,7 +334,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Tracker{cfg: cfg, hosts: map[string]*hostState{}, listed: map[string]bool{}, markers: map[string]uint64{}}, nil
+	return &Tracker{cfg: cfg, hosts: map[string]*hostState{}, dirtyMemory: map[string]bool{}}, nil
 }
 
 // Grace computes the grace the controller grants beyond a host's LeaseTTL,
@@ -423,6 +420,9 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		t.hosts[host] = h
 	}
 	prev := h.rec
+	if remembers(prev, *rec) {
+		t.rememberHost(host)
+	}
 	h.rev, h.rec, h.trustedRev = rev, *rec, rev
 	t.guards.named(rec, t.required)
 	switch rec.State {
@@ -433,24 +433,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		h.lastSeen = now
 		h.declaredAt, h.declaring = time.Time{}, time.Time{}
 		h.saidDue, h.heldBack = false, false
-		g, err := t.cfg.Grace(*rec)
-		refused := ""
-		if err != nil {
-			refused = err.Error()
-		}
-		if refused != h.refused || prev.Host == "" && refused != "" {
-			if refused != "" {
-				t.out = append(t.out, Decision{Op: OpRefuse, Host: host, Reason: refused})
-			}
-			h.refused = refused
-		}
-		h.grace = g
-		// Count a host silent a little before its agent suspects itself.
-		sa := rec.Timing.SuspectAfter()
-		h.silentAft = time.Duration(float64(sa) * (1 - 2*t.cfg.Drift))
-		if t.minSilentAft == 0 || h.silentAft < t.minSilentAft {
-			t.minSilentAft = h.silentAft
-		}
+		t.judge(host, h, prev)
 	case fencing.LeaseExpired:
 		if h.declaredAt.IsZero() {
 			h.declaredAt = now
@@ -482,6 +465,30 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	return t.out
 }
 
+// judge takes the constants of h's active record (h.rec; prev: the one
+// before): the grace it gets or why it is refused (said once), and when it
+// counts silent.
+func (t *Tracker) judge(host string, h *hostState, prev fencing.LeaseRecord) {
+	g, err := t.cfg.Grace(h.rec)
+	refused := ""
+	if err != nil {
+		refused = err.Error()
+	}
+	if refused != h.refused || prev.Host == "" && refused != "" {
+		if refused != "" {
+			t.out = append(t.out, Decision{Op: OpRefuse, Host: host, Reason: refused})
+		}
+		h.refused = refused
+	}
+	h.grace = g
+	// Count a host silent a little before its agent suspects itself.
+	sa := h.rec.Timing.SuspectAfter()
+	h.silentAft = time.Duration(float64(sa) * (1 - 2*t.cfg.Drift))
+	if t.minSilentAft == 0 || h.silentAft < t.minSilentAft {
+		t.minSilentAft = h.silentAft
+	}
+}
+
 // Members returns the number of hosts tracked: keys deleted, and keys
 // that never held a trusted record, are not counted. Any agent may write
 // any host's key (relays): a node writing garbage under made-up host
@@ -503,11 +510,27 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 func (t *Tracker) Members() int {
 	n := 0
 	for _, h := range t.hosts {
-		if h.rec.State != "" && (!h.deleted || t.deletedMember(h)) {
+		if h.rec.State != "" && (!h.deleted || t.deletedMember(h)) || t.untrustedMember(h) {
 			n++
 		}
 	}
 	return n
+}
+
+// untrustedMemberMutation (reviewer X10): an enrolled host with only
+// untrusted values is no member, as before. Tests only.
+var untrustedMemberMutation bool
+
+// untrustedMember reports whether h, whose key holds only untrusted values
+// (no trusted record yet), is a member: with signatures required, an
+// enrolled host (it counts silent for the guard, invalid.go). Garbage in
+// the keys of 56 of 60 hosts when a controller started made its first
+// guard one for 4 members (threshold 0), which it kept, and a host that
+// died before the restart (naming an older version) was held by its own
+// silence for good (reviewer X10, TestX10GarbageAtRestartMintsZeroThreshold).
+// Made-up names are not enrolled (reviewer X4).
+func (t *Tracker) untrustedMember(h *hostState) bool {
+	return h.silentUntrusted && h.rec.State == "" && !h.deleted && h.forgotten.IsZero() && !untrustedMemberMutation
 }
 
 // memberDeleteMutation (reviewer X7): with signatures required, a delete
@@ -616,7 +639,7 @@ func (t *Tracker) counted(h *hostState, now time.Time) bool {
 		return false
 	default:
 		sa := h.silentAft
-		if h.silentUntrusted && h.rec.State == "" {
+		if h.silentUntrusted && (h.rec.State == "" || h.trustedRev == 0) {
 			sa = t.minSilentAft // invalid.go: a host with no trusted record yet
 		}
 		if sa > 0 && now.Sub(h.lastSeen) > sa {

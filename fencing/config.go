@@ -225,14 +225,6 @@ type Guard struct {
 	// keeps counting them as silent, and a controller that restarts (or
 	// takes over) restores them from here. Agents ignore it.
 	Deleted []DeletedHost `json:"deleted,omitempty"`
-	// Hosts names, sorted, the hosts whose last trusted record counts
-	// toward the guard (active or released; not deleted, withdrawn or
-	// declared), and those a restored guard listed that hold no trusted
-	// record yet: a controller that restarts (or takes over) counts a
-	// delete marker or an untrusted value of such a host as a host that
-	// may be Held, and of no other host (with signatures required;
-	// controller/keydelete.go). Agents ignore it.
-	Hosts []string `json:"hosts,omitempty"`
 	// Signer and Sig: the controller key that signed the guard and its
 	// signature (sign.go); absent when signing is off.
 	Signer string `json:"signer,omitempty"`

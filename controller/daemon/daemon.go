@@ -174,7 +174,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	defer stopReady()
 	go d.degradedAfter(readyCtx, cfg.NATS.ReadyTimeout.D())
 
-	kv, rkv, err := d.openBucket(ctx, js)
+	kv, rkv, mkv, err := d.openBucket(ctx, js)
 	if err != nil {
 		return nil // ctx ended while waiting: a clean stop
 	}
@@ -214,7 +214,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 		log.Warn("lease records are NOT signed (signing.mode: off): any holder of NATS credentials can forge a host's record (docs/security.md)")
 	}
 	st := &natslease.Store{KV: kv, NC: d.nc, Signer: signer, Keys: keys}
-	d.run = &controller.Runner{Store: st, Tracker: tracker, Log: log.With("component", "tracker"),
+	d.run = &controller.Runner{Store: st, Tracker: tracker, Memory: mkv, Log: log.With("component", "tracker"),
 		Now: d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
 		OnSynced: func(int) { d.trackerSynced.Store(true); d.maybeReady() },
 		Beacons:  d.nc, OnBeacon: d.beacon,
@@ -273,31 +273,34 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	return nil
 }
 
-// openBucket opens (or, with nats.create_bucket, creates) the lease bucket
-// and the host recovery bucket, retrying until ctx ends. An existing
-// bucket's configuration is never changed.
-func (d *Daemon) openBucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, jetstream.KeyValue, error) {
+// openBucket opens (or, with nats.create_bucket, creates) the lease bucket,
+// the host recovery bucket and the controllers' memory bucket, retrying
+// until ctx ends. An existing bucket's configuration is never changed.
+func (d *Daemon) openBucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, jetstream.KeyValue, jetstream.KeyValue, error) {
 	backoff := 500 * time.Millisecond
 	for {
 		d.notify.WatchdogPing()
 		actx, cancel := context.WithTimeout(ctx, BucketAttemptTimeout)
 		kv, err := natslease.EnsureBucket(actx, js, d.cfg.NATS.CreateBucket)
-		var rkv jetstream.KeyValue
+		var rkv, mkv jetstream.KeyValue
 		if err == nil {
 			rkv, err = controller.EnsureRecoveryBucket(actx, js, d.cfg.NATS.CreateBucket)
 		}
+		if err == nil {
+			mkv, err = controller.EnsureMemoryBucket(actx, js, d.cfg.NATS.CreateBucket)
+		}
 		cancel()
 		if err == nil {
-			return kv, rkv, nil
+			return kv, rkv, mkv, nil
 		}
 		if ctx.Err() != nil {
-			return nil, nil, ctx.Err()
+			return nil, nil, nil, ctx.Err()
 		}
 		d.log.Warn("lease bucket not available yet; retrying", "err", err, "retry_in", backoff)
 		d.notify.Status(fmt.Sprintf("waiting for NATS and the lease bucket: %v", err))
 		select {
 		case <-ctx.Done():
-			return nil, nil, ctx.Err()
+			return nil, nil, nil, ctx.Err()
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, BucketRetryMax)

@@ -107,8 +107,9 @@ func Agent(host string) (Permissions, error) {
 }
 
 // ControllerBuckets are the KV buckets controllers read and write: the
-// lease bucket, host recovery's progress, instance recovery's records.
-var ControllerBuckets = []string{fencing.Bucket, recovery.Bucket, instancerecovery.Bucket}
+// lease bucket, host recovery's progress, instance recovery's records,
+// the controllers' memory (controller.MemoryBucket).
+var ControllerBuckets = []string{fencing.Bucket, recovery.Bucket, instancerecovery.Bucket, controller.MemoryBucket}
 
 // kvRead is the JetStream API a KV reader of bucket uses: stream info,
 // direct and message gets, ordered consumers (watch, keys) and their

@@ -96,6 +96,9 @@ func StartServer(t testing.TB) string {
 	if _, err := controller.EnsureInstanceBucket(ctx, j, true); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := controller.EnsureMemoryBucket(ctx, j, true); err != nil {
+		t.Fatal(err)
+	}
 	nc.Close()
 	admin.Shutdown()
 	admin.WaitForShutdown()

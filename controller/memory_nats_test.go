@@ -1,0 +1,95 @@
+package controller_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/controller"
+	"hvguard/controller/natsperm/natspermtest"
+)
+
+// TestRestartMemoryNATS: TestRestartMemoryDeclaresDeadHostUnderGarbage
+// with real agents, real controller runners and nats-server with the
+// shipped permissions. compute-3 dies; compute-1's NATS user writes
+// garbage into compute-3's key every 300 ms; the controller restarts
+// (C1 stops, C2 starts on the same user). C2's watch lists garbage for
+// compute-3: without the controllers' memory bucket it never declares it;
+// with it (C1 remembered compute-3's last trusted record and that its
+// beacons bound it) C2 declares it by CAS over the garbage, and
+// declares none of the live hosts.
+func TestRestartMemoryNATS(t *testing.T) {
+	const dead = "compute-3.example.org"
+	for _, memory := range []bool{true, false} {
+		t.Run(fmt.Sprintf("memory=%t", memory), func(t *testing.T) {
+			url := natspermtest.StartServer(t)
+			hosts := []string{"compute-1.example.org", "compute-2.example.org", dead}
+			f := newFleetOf(t, hosts)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			dctx, die := context.WithCancel(ctx)
+			for _, h := range hosts {
+				st, nc := permStore(t, url, "agent:"+h, f, h)
+				actx := ctx
+				if h == dead {
+					actx = dctx
+				}
+				startAgentOn(actx, t, st, nc, h, hosts, nil)
+			}
+			open := func() (*controllerRun, context.CancelFunc) {
+				cst, cnc := permStore(t, url, "controller:ctl-1", f, "ctl")
+				var mem jetstream.KeyValue
+				if memory {
+					js, err := jetstream.New(cnc)
+					if err == nil {
+						mem, err = controller.EnsureMemoryBucket(ctx, js, true)
+					}
+					if err != nil {
+						t.Fatalf("the controller's user opening its memory bucket: %v", err)
+					}
+				}
+				cctx, stop := context.WithCancel(ctx)
+				return startControllerMem(cctx, t, cst, cnc, mem), stop
+			}
+			c1, stopC1 := open()
+			attacker, _ := permStore(t, url, "agent:"+hosts[0], f, hosts[0])
+			time.Sleep(1500 * time.Millisecond) // renewing, beaconing, the guard published, remembered
+			if c1.beaconCounts()[dead] == 0 {
+				t.Fatalf("no beacon of %s reached C1", dead)
+			}
+			die()
+			go func() {
+				for ctx.Err() == nil {
+					attacker.KV.Put(ctx, "compute-3_example_org", []byte("garbage")) //nolint:errcheck // the attack; refused writes are fine
+					time.Sleep(300 * time.Millisecond)
+				}
+			}()
+			time.Sleep(600 * time.Millisecond)
+			stopC1()
+			time.Sleep(200 * time.Millisecond)
+			c2, _ := open()
+			started := time.Now()
+			for time.Since(started) < 10*time.Second {
+				for _, h := range hosts[:2] {
+					if _, ok := c2.declaredAt(h); ok {
+						t.Fatalf("C2 declared the live %s", h)
+					}
+				}
+				if at, ok := c2.declaredAt(dead); ok {
+					if !memory {
+						t.Fatalf("declared %s without the memory bucket: the test shows nothing", dead)
+					}
+					t.Logf("dead %s declared %s after C2 started (lease_ttl + grace 3.05 s)", dead, at.Sub(started).Round(100*time.Millisecond))
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if memory {
+				t.Errorf("dead %s not declared within 10 s of C2's start with garbage in its key every 300 ms (%d invalid values seen)", dead, c2.invalidCount(dead))
+			}
+		})
+	}
+}

@@ -1,0 +1,104 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/fencing/natslease"
+	"hvguard/proto"
+)
+
+// MemoryWritesPerTick bounds the memory writes one tick makes (the rest
+// wait for the next ticks): a controller's first tick has every host's
+// memory to write, and the runner's loop must go on reading the watch.
+// 256 writes take well under a tick on a local NATS.
+const MemoryWritesPerTick = 256
+
+// EnsureMemoryBucket opens (or, with create, creates: file storage, one
+// value per key) the controllers' memory bucket (MemoryBucket).
+func EnsureMemoryBucket(ctx context.Context, js jetstream.JetStream, create bool) (jetstream.KeyValue, error) {
+	kv, err := js.KeyValue(ctx, MemoryBucket)
+	if err == nil {
+		return kv, nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
+		return nil, fmt.Errorf("controller memory bucket %s: %w (provision it with: nats kv add %s --history 1 --storage file --replicas 3)", MemoryBucket, err, MemoryBucket)
+	}
+	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: MemoryBucket, History: 1, Storage: jetstream.FileStorage,
+		Description: "hvguard-controller memory: per host token, its last trusted lease record and whether its beacons bound it"})
+	if err != nil {
+		return nil, fmt.Errorf("controller memory bucket %s: create: %w", MemoryBucket, err)
+	}
+	return kv, nil
+}
+
+// restoreMemory reads what an earlier controller remembered of every host
+// the tracker knows and hands it over (Tracker.RestoreMemory): records
+// verified against host_keys_file, anything else logged and skipped (the
+// host is then handled as without a memory: the lenient side).
+func (r *Runner) restoreMemory(ctx context.Context, log *slog.Logger) {
+	if r.Memory == nil {
+		return
+	}
+	now, n := r.now(), 0
+	for _, host := range r.Tracker.Hosts() {
+		tok, err := proto.HostToken(host)
+		if err != nil {
+			continue // not a host name: no memory was written for it
+		}
+		cctx, cancel := context.WithTimeout(ctx, natslease.ReadTimeout)
+		e, err := r.Memory.Get(cctx, tok)
+		cancel()
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		var m Memory
+		if err == nil {
+			err = json.Unmarshal(e.Value(), &m)
+		}
+		if err == nil {
+			err = r.Store.Keys.VerifyRecord(m.Record)
+		}
+		if err != nil {
+			log.Error("controller memory: a host's memory is unreadable or untrusted; ignored", "host", host, "err", err)
+			continue
+		}
+		r.Tracker.RestoreMemory(now, host, m)
+		n++
+	}
+	log.Info("controller memory restored", "hosts", n)
+}
+
+// writeMemories writes the memories the tracker says changed (at most
+// MemoryWritesPerTick; a failed write is handed back and retried).
+func (r *Runner) writeMemories(ctx context.Context, log *slog.Logger) {
+	if r.Memory == nil {
+		return
+	}
+	hosts, ms := r.Tracker.Memories()
+	for i, host := range hosts {
+		if i >= MemoryWritesPerTick {
+			r.Tracker.MemoryFailed(host)
+			continue
+		}
+		tok, err := proto.HostToken(host)
+		if err != nil {
+			continue // not a host name: nothing to remember it under
+		}
+		b, err := json.Marshal(ms[i])
+		if err == nil {
+			cctx, cancel := context.WithTimeout(ctx, natslease.ReadTimeout)
+			_, err = r.Memory.Put(cctx, tok, b)
+			cancel()
+		}
+		if err != nil {
+			log.Warn("controller memory: write failed; retried", "host", host, "err", err)
+			r.Tracker.MemoryFailed(host)
+		}
+	}
+}
