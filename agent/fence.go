@@ -1091,6 +1091,7 @@ func (f *fencer) checkStop() {
 	switch o {
 	case fencing.StopWithdrawn:
 		f.log.Warn("lease withdrawn: the controller will not declare this host; it is UNPROTECTED until the agent runs again", "host", f.host)
+		f.flushBeacon()
 	case fencing.StopFenced:
 		if f.wd != nil && !o.MagicClose() {
 			f.log.Error(fmt.Sprintf("withdrawal not confirmed: domains fenced, the hardware watchdog stays armed: this host resets in %s unless hvguard-agent starts again",
@@ -1107,6 +1108,36 @@ func (f *fencer) checkStop() {
 		f.disarm()
 	}
 	close(f.stopped)
+}
+
+// withdrawalBeaconFlush bounds the wait for the withdrawal's beacon to
+// leave at an orderly stop (flushBeacon): long enough for a healthy
+// connection, short enough not to hold the stop up on a dead one (the
+// beacon is best effort; the withdrawn record is the evidence).
+const withdrawalBeaconFlush = time.Second
+
+// flushBeacon publishes the beacon still waiting (the withdrawal's: its
+// state says withdrawn, fencing.Beacon.State) and flushes the connection,
+// on the loop at an orderly stop: the event publisher may have stopped
+// with the agent's context, and a controller that never saw the withdrawn
+// record (a compromised node overwrote it before its watch delivered it)
+// learns of the withdrawal only from this beacon (reviewer X11).
+func (f *fencer) flushBeacon() {
+	if f.nc == nil {
+		return
+	}
+	select {
+	case m := <-f.beacons:
+		if err := f.nc.PublishMsg(m); err != nil {
+			f.log.Warn("withdrawal beacon not published", "host", f.host, "err", err)
+			return
+		}
+		f.stats.Beacons.Add(1)
+	default:
+	}
+	if err := f.nc.FlushTimeout(withdrawalBeaconFlush); err != nil {
+		f.log.Warn("withdrawal beacon not flushed", "host", f.host, "err", err)
+	}
 }
 
 func (f *fencer) disarm() {

@@ -205,7 +205,8 @@ func TestX4BeaconQueueCrowdedOutByOneHost(t *testing.T) {
 	if refused != nil {
 		t.Errorf("compute-3's beacon dropped because compute-1 flooded its own beacon subject: %v", refused)
 	}
-	if got := out.take()["compute-3.example.org"]; len(got) != 1 || got[0] != 99999 {
+	revs, _ := out.take()
+	if got := revs["compute-3.example.org"]; len(got) != 1 || got[0] != 99999 {
 		t.Errorf("compute-3's beacon not delivered to the tracker after compute-1's flood: %v", got)
 	}
 }

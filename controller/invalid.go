@@ -90,6 +90,10 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	}
 	t.lastBeacon = now
 	b := &h.beacons
+	if rev > b.withdrawnRev {
+		b.withdrawnRev = 0 // a later write of its own: back from the withdrawal
+	}
+	b.maxRev = max(b.maxRev, rev)
 	if b.at.IsZero() && !b.remembered {
 		t.rememberHost(host) // its beacons bind it from now on (memory.go)
 	}
@@ -354,4 +358,41 @@ func (h *hostState) declClock() time.Time {
 // observeInvalid): signatures required and the host enrolled.
 func (t *Tracker) silentUntrusted(host string) bool {
 	return t.required && t.enrolled != nil && !t.unenrolled(host) && !untrustedSilentMutation
+}
+
+// withdrawalMutation (reviewer X11): a host's beacon naming its
+// withdrawal is ignored, as before. Tests only.
+var withdrawalMutation bool
+
+// ObserveWithdrawal reports that host's own beacon named its withdrawal
+// (an orderly stop: its guests run on, unprotected) written at rev
+// (fencing.Beacon.State). Unless a trusted record of the host at or after
+// rev was seen, the host is taken as withdrawn from now on — never
+// declared, not counted silent — until a trusted record or a beacon names
+// a later write of its own. A compromised node that superseded the
+// withdrawal with garbage before the watch delivered it (a burst makes
+// the watch skip at will) kept the host's last active record in force and
+// got it declared while its guests ran (reviewer X11,
+// TestX11HiddenWithdrawalDeclared). A beacon is authenticated by NATS: with
+// the shipped permissions only the host itself may publish it
+// (docs/security.md, "Beacons").
+func (t *Tracker) ObserveWithdrawal(now time.Time, host string, rev uint64) []Decision {
+	t.out = t.out[:0]
+	h := t.hosts[host]
+	if h == nil || rev <= h.trustedRev || rev < h.beacons.maxRev || withdrawalMutation {
+		return t.out
+	}
+	if h.beacons.withdrawnRev < rev {
+		h.beacons.withdrawnRev = rev
+		h.declaring, h.saidDue, h.heldBack = time.Time{}, false, false
+		t.out = append(t.out, Decision{Op: OpWithdrawn, Host: host, Revision: rev, Record: h.rec,
+			Reason: fmt.Sprintf("withdrawn: its own beacon names its withdrawal at revision %d, after its last trusted record (revision %d) — the withdrawn record was not seen (overwritten?): host unprotected, not declared, not recovered", rev, h.trustedRev)})
+	}
+	return t.out
+}
+
+// beaconWithdrawn reports whether h's own beacon named a withdrawal after
+// its last trusted record (ObserveWithdrawal).
+func (h *hostState) beaconWithdrawn() bool {
+	return h.beacons.withdrawnRev > h.trustedRev
 }

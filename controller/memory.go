@@ -2,39 +2,36 @@ package controller
 
 import (
 	"slices"
-	"time"
 
 	"hvguard/fencing"
 )
 
 // The controller's memory across restarts (issue 11, docs/security.md
-// "Restart memory"). The lease bucket keeps one value per key, and any
-// agent may write any host's key (relays): when a controller starts (or
-// a standby that never watched takes over) while a compromised node
-// keeps garbage in a dead host's key, the new tracker has no trusted
-// record of it — nothing to declare it with (its constants, epoch) — and
-// no beacon of it, so it was never declared (invariant c). So the leader
-// keeps, in a bucket only controllers may write (MemoryBucket), each
-// host's last trusted record and whether its beacons bound it, written
-// when they change (not at every renewal: the constants, state, epoch,
+// "Restart memory"). A host's beacons bind it (invalid.go) only once this
+// controller received one: a controller that starts (or a standby that
+// takes over without having watched) after a host died is lenient for it,
+// and a compromised node writing garbage into its key every lease_ttl +
+// grace kept it undeclared (invariant c). So the leader keeps, in a
+// bucket only controllers may write (MemoryBucket), each host's last
+// trusted record and whether its beacons bound it, written at once when
+// they change (not at every renewal: the constants, state, epoch,
 // incarnation or named guard), and a controller restores them once its
-// watch listed the lease bucket (RestoreMemory):
+// watch listed the lease bucket and it restored the guard
+// (RestoreMemory): a host whose beacons bound it is bound again at once —
+// if this controller holds a trusted record of it — so a value of its key
+// no beacon names restarts nothing (its beacons must still arrive: the
+// fleet-wide BeaconTrustWindow applies).
 //
-//   - a host whose beacons bound it is bound again at once (its beacons
-//     must still arrive: the fleet-wide BeaconTrustWindow applies), so a
-//     value of its key no beacon names restarts nothing;
-//   - an enrolled host whose key holds only untrusted values takes its
-//     remembered active record as its last trusted one: it is declared by
-//     CAS over the untrusted value once silent for lease_ttl + grace from
-//     the watch start, unless it renews (a trusted record, or — bound — a
-//     value its beacon names). Until a trusted record arrives it keeps
-//     counting silent for the guard as a host with no trusted record does
-//     (X8, invalid.go). A remembered withdrawal is taken too: the host is
-//     then neither declared nor counted silent.
-//
-// The memory is the leader's own write and its records are verified
-// against host_keys_file when read (a record signed by its host's key);
-// a host with no memory is handled as before.
+// The memory is never taken as the host's record: a host whose key holds
+// only untrusted values at a restart stays undeclared. Taking the
+// remembered active record declared a host that withdrew while no
+// controller ran (its withdrawal overwritten, or created over a marker:
+// not verifiable), and a remembered withdrawal ended a hold over a rack
+// that took its leases back meanwhile (reviewer X11,
+// TestX11UnobservedWithdrawal*, TestX11StaleWithdrawnMemoryEndsHold): a
+// memory says what was, not what is, and (S) comes first. The record is
+// kept in it for the operator (status) and verified against
+// host_keys_file when read.
 
 // MemoryBucket is the controllers' bucket of Memory values, one per host
 // token. Only controllers may read or write it (controller/natsperm).
@@ -95,10 +92,9 @@ func (t *Tracker) MemoryFailed(host string) {
 }
 
 // RestoreMemory takes over what an earlier controller remembered of host
-// (see above), at now; rec must be verified by the caller (signed by a
-// key allowed to write it). Call it after the watch's first listing and
-// RestoreGuard.
-func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) {
+// (see above); rec must be verified by the caller (signed by a key allowed
+// to write it). Call it after the watch's first listing and RestoreGuard.
+func (t *Tracker) RestoreMemory(host string, m Memory) {
 	h := t.hosts[host]
 	if h == nil || !t.required || m.Record.Host != host || m.Record.Signer == "" || memoryMutation {
 		return
@@ -106,12 +102,4 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) {
 	if m.Beacons {
 		h.beacons.remembered = true
 	}
-	if h.rec.State != "" || h.deleted || !t.silentUntrusted(host) || m.Record.State != fencing.LeaseActive && m.Record.State != fencing.LeaseWithdrawn {
-		return // it has a trusted record; a deleted key; not an enrolled host; neither active nor withdrawn
-	}
-	h.rec = m.Record
-	h.declaredAt, h.declaring = time.Time{}, time.Time{}
-	h.silentUntrusted = t.silentUntrusted(host)
-	t.judge(host, h, fencing.LeaseRecord{})
-	t.guards.named(&h.rec, t.required)
 }

@@ -12,15 +12,15 @@ import (
 	"hvguard/controller/natsperm/natspermtest"
 )
 
-// TestRestartMemoryNATS: TestRestartMemoryDeclaresDeadHostUnderGarbage
-// with real agents, real controller runners and nats-server with the
-// shipped permissions. compute-3 dies; compute-1's NATS user writes
-// garbage into compute-3's key every 300 ms; the controller restarts
-// (C1 stops, C2 starts on the same user). C2's watch lists garbage for
-// compute-3: without the controllers' memory bucket it never declares it;
-// with it (C1 remembered compute-3's last trusted record and that its
-// beacons bound it) C2 declares it by CAS over the garbage, and
-// declares none of the live hosts.
+// TestRestartMemoryNATS: TestRestartMemoryBindsDeadHost with real agents,
+// real controller runners and nats-server with the shipped permissions.
+// compute-3 dies; the controller restarts (C1 stops, C2 starts on the
+// same user) and lists compute-3's last genuine record; then compute-1's
+// NATS user writes garbage into compute-3's key every 300 ms. Without the
+// controllers' memory bucket C2 (no beacon of compute-3 ever received) is
+// lenient and never declares it; with it (C1 remembered that compute-3's
+// beacons bound it) C2 declares it by CAS over the garbage, and declares
+// none of the live hosts.
 func TestRestartMemoryNATS(t *testing.T) {
 	const dead = "compute-3.example.org"
 	for _, memory := range []bool{true, false} {
@@ -61,17 +61,18 @@ func TestRestartMemoryNATS(t *testing.T) {
 				t.Fatalf("no beacon of %s reached C1", dead)
 			}
 			die()
+			time.Sleep(600 * time.Millisecond)
+			stopC1()
+			time.Sleep(200 * time.Millisecond)
+			c2, _ := open()
+			started := time.Now()
+			time.Sleep(500 * time.Millisecond) // C2 listed compute-3's last genuine record
 			go func() {
 				for ctx.Err() == nil {
 					attacker.KV.Put(ctx, "compute-3_example_org", []byte("garbage")) //nolint:errcheck // the attack; refused writes are fine
 					time.Sleep(300 * time.Millisecond)
 				}
 			}()
-			time.Sleep(600 * time.Millisecond)
-			stopC1()
-			time.Sleep(200 * time.Millisecond)
-			c2, _ := open()
-			started := time.Now()
 			for time.Since(started) < 10*time.Second {
 				for _, h := range hosts[:2] {
 					if _, ok := c2.declaredAt(h); ok {

@@ -45,7 +45,7 @@ func (r *Runner) restoreMemory(ctx context.Context, log *slog.Logger) {
 	if r.Memory == nil {
 		return
 	}
-	now, n := r.now(), 0
+	n := 0
 	for _, host := range r.Tracker.Hosts() {
 		tok, err := proto.HostToken(host)
 		if err != nil {
@@ -68,7 +68,7 @@ func (r *Runner) restoreMemory(ctx context.Context, log *slog.Logger) {
 			log.Error("controller memory: a host's memory is unreadable or untrusted; ignored", "host", host, "err", err)
 			continue
 		}
-		r.Tracker.RestoreMemory(now, host, m)
+		r.Tracker.RestoreMemory(host, m)
 		n++
 	}
 	log.Info("controller memory restored", "hosts", n)

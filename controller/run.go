@@ -179,9 +179,15 @@ func (r *Runner) Run(ctx context.Context) error {
 				reply <- r.Tracker.View(r.now())
 			case <-beacons.ready:
 				now := r.now()
-				for host, revs := range beacons.take() {
+				revs, withdrawn := beacons.take()
+				for host, revs := range revs {
 					for _, rev := range revs {
 						r.Tracker.ObserveBeacon(now, host, rev)
+					}
+				}
+				for host, rev := range withdrawn {
+					for _, d := range r.Tracker.ObserveWithdrawal(now, host, rev) {
+						r.perform(ctx, log, d)
 					}
 				}
 			case u := <-updates:
@@ -288,20 +294,26 @@ func (r *Runner) Run(ctx context.Context) error {
 type beaconBox struct {
 	mu    sync.Mutex
 	hosts map[string][]uint64
-	ready chan struct{}
+	// withdrawn: per host, the highest revision a beacon named as its
+	// withdrawal (fencing.Beacon.State).
+	withdrawn map[string]uint64
+	ready     chan struct{}
 }
 
 func newBeaconBox() *beaconBox {
-	return &beaconBox{hosts: map[string][]uint64{}, ready: make(chan struct{}, 1)}
+	return &beaconBox{hosts: map[string][]uint64{}, withdrawn: map[string]uint64{}, ready: make(chan struct{}, 1)}
 }
 
-// put adds host's beacon naming rev.
-func (b *beaconBox) put(host string, rev uint64) error {
+// put adds host's beacon naming rev (withdrawn: its withdrawal).
+func (b *beaconBox) put(host string, rev uint64, withdrawn bool) error {
 	b.mu.Lock()
 	q, ok := b.hosts[host]
 	if !ok && len(b.hosts) >= MaxBeaconHosts {
 		b.mu.Unlock()
 		return fmt.Errorf("beacons of %d hosts already waiting: revision %d dropped", MaxBeaconHosts, rev)
+	}
+	if withdrawn {
+		b.withdrawn[host] = max(b.withdrawn[host], rev)
 	}
 	if len(q) == beaconMemory {
 		q = q[1:]
@@ -315,13 +327,13 @@ func (b *beaconBox) put(host string, rev uint64) error {
 	return nil
 }
 
-// take returns the waiting beacons and empties the box.
-func (b *beaconBox) take() map[string][]uint64 {
+// take returns the waiting beacons and withdrawals and empties the box.
+func (b *beaconBox) take() (map[string][]uint64, map[string]uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	m := b.hosts
-	b.hosts = map[string][]uint64{}
-	return m
+	m, w := b.hosts, b.withdrawn
+	b.hosts, b.withdrawn = map[string][]uint64{}, map[string]uint64{}
+	return m, w
 }
 
 // beacon decodes one beacon message (NATS's goroutine) and puts it in
@@ -330,7 +342,7 @@ func (b *beaconBox) take() map[string][]uint64 {
 func (r *Runner) beacon(m *nats.Msg, box *beaconBox) {
 	host, b, err := decodeBeaconMsg(m)
 	if err == nil {
-		err = box.put(host, b.Revision)
+		err = box.put(host, b.Revision, b.State == fencing.LeaseWithdrawn)
 	}
 	if r.OnBeacon != nil {
 		r.OnBeacon(host, b, err)

@@ -199,6 +199,12 @@ type beaconState struct {
 	// remembered: an earlier controller's memory says its beacons bound
 	// it (memory.go): bound before this controller received one.
 	remembered bool
+	// withdrawnRev: the revision of the host's withdrawal its own beacon
+	// named (ObserveWithdrawal); it stands while no trusted record or
+	// beacon names a later write.
+	withdrawnRev uint64
+	// maxRev: the highest revision its beacons named.
+	maxRev uint64
 }
 
 // pendingValue is an unverifiable value of a host's key observed at at,
@@ -638,8 +644,11 @@ func (t *Tracker) counted(h *hostState, now time.Time) bool {
 		// it would let a stopped host hold the controller for good.
 		return false
 	default:
+		if h.beaconWithdrawn() {
+			return false // withdrawn, by its own beacon: as above
+		}
 		sa := h.silentAft
-		if h.silentUntrusted && (h.rec.State == "" || h.trustedRev == 0) {
+		if h.silentUntrusted && h.rec.State == "" {
 			sa = t.minSilentAft // invalid.go: a host with no trusted record yet
 		}
 		if sa > 0 && now.Sub(h.lastSeen) > sa {
@@ -679,6 +688,9 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 	}
 	for _, name := range t.Hosts() {
 		h := t.hosts[name]
+		if h.beaconWithdrawn() {
+			continue // withdrawn, by its own beacon (ObserveWithdrawal): never declared
+		}
 		if h.deleted && !t.pinned(h) || h.rec.State != fencing.LeaseActive && h.rec.State != fencing.LeaseReleased && !(withdrawnDeclarable && h.rec.State == fencing.LeaseWithdrawn) {
 			continue // expired, withdrawn (never declared), or deleted (keydelete.go)
 		}

@@ -30,6 +30,11 @@ type Beacon struct {
 	Incarnation uint64    `json:"incarnation,omitempty"`
 	Revision    uint64    `json:"revision"`
 	At          time.Time `json:"at"`
+	// State is the state of the record written at Revision when it is not
+	// active: "withdrawn" for an orderly stop's withdrawal (the controller
+	// then knows of the withdrawal even if a compromised node overwrote
+	// the record before its watch delivered it: reviewer X11).
+	State LeaseState `json:"state,omitempty"`
 }
 
 // Encode returns the JSON encoding of b.
@@ -56,6 +61,9 @@ func DecodeBeacon(b []byte) (Beacon, error) {
 	}
 	if e.Schema != BeaconSchema || e.Host == "" || e.Revision == 0 {
 		return e, fmt.Errorf("decode beacon: schema %d host %q revision %d", e.Schema, e.Host, e.Revision)
+	}
+	if e.State != "" && e.State != LeaseWithdrawn {
+		return e, fmt.Errorf("decode beacon: state %q (only withdrawn, or none)", e.State)
 	}
 	return e, nil
 }

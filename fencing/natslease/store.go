@@ -561,11 +561,9 @@ func (s *Store) WrittenOn(ctx context.Context, host string, rev uint64, timeout 
 	if want := subject(host); m.Subject != want {
 		return fencing.Written{}, fmt.Errorf("lease %s: revision %d: stored message is on %q, not %q", host, rev, m.Subject, want)
 	}
-	var h nats.Header
-	if len(m.Hdrs) > 0 {
-		if h, err = nats.DecodeHeadersMsg(m.Hdrs); err != nil {
-			return fencing.Written{}, fmt.Errorf("lease %s: revision %d: stored message's headers: %w", host, rev, err)
-		}
+	h, err := strictHeaders(m.Hdrs)
+	if err != nil {
+		return fencing.Written{}, fmt.Errorf("lease %s: revision %d: stored message's headers: %w", host, rev, err)
 	}
 	w, err := writtenOf(h)
 	if err != nil {
@@ -574,14 +572,60 @@ func (s *Store) WrittenOn(ctx context.Context, host string, rev uint64, timeout 
 	return w, nil
 }
 
-// writtenOf reads fencing.Written from a stored message's headers; a
-// malformed Nats-Expected-Last-Subject-Sequence is an error.
-func writtenOf(h nats.Header) (fencing.Written, error) {
+// strictHeaders parses a stored message's header block, refusing any block
+// the server and a lenient reader could read differently: it must be
+// "NATS/1.0\r\n", then "Key: value\r\n" lines with no bare CR or LF,
+// then one empty line and nothing after. nats.go's DecodeHeadersMsg also
+// splits lines on a bare LF and stops at the first empty line, while the
+// server enforces the first CRLF-anchored Nats-Expected-Last-Subject-Sequence
+// anywhere in the block: a publisher that hid the header the server
+// checked behind one it did not made a replay look written fresh
+// (reviewer X11, TestX11SmuggledHeaderReplayAcrossRestartNATS). A key
+// that matches one of the headers Written reads only without regard to
+// case is refused too (the server enforces the exact name only). No
+// headers at all is an empty map.
+func strictHeaders(raw []byte) (map[string][]string, error) {
+	h := map[string][]string{}
+	if len(raw) == 0 {
+		return h, nil
+	}
+	const prefix, eol = "NATS/1.0\r\n", "\r\n"
+	b := string(raw)
+	if !strings.HasPrefix(b, prefix) || !strings.HasSuffix(b, eol+eol) && b != prefix+eol {
+		return nil, fmt.Errorf("header block %q is not NATS/1.0 lines ending in an empty line", b)
+	}
+	body := strings.TrimSuffix(strings.TrimPrefix(b, prefix), eol)
+	for _, line := range strings.SplitAfter(body, eol) {
+		if line == "" {
+			continue
+		}
+		line = strings.TrimSuffix(line, eol)
+		k, v, ok := strings.Cut(line, ":")
+		switch {
+		case line == "" || strings.ContainsAny(line, "\r\n"):
+			return nil, fmt.Errorf("header block %q: an empty line inside it, or a bare CR or LF", b)
+		case !ok || k == "" || strings.ContainsAny(k, " \t"):
+			return nil, fmt.Errorf("header block %q: line %q is not \"Key: value\"", b, line)
+		}
+		for _, want := range []string{fencing.ExpectedLastSubjectSeqHeader, fencing.ExpectedLastSubjectSeqSubjHeader} {
+			if k != want && strings.EqualFold(k, want) {
+				return nil, fmt.Errorf("header block %q: %q is %s in another case (the server does not enforce it)", b, k, want)
+			}
+		}
+		h[k] = append(h[k], strings.Trim(v, " \t"))
+	}
+	return h, nil
+}
+
+// writtenOf reads fencing.Written from a stored message's headers
+// (strictHeaders); a malformed Nats-Expected-Last-Subject-Sequence is an
+// error.
+func writtenOf(h map[string][]string) (fencing.Written, error) {
 	w := fencing.Written{Known: true}
-	if vs := h.Values(fencing.ExpectedLastSubjectSeqSubjHeader); len(vs) > 0 {
+	if vs := h[fencing.ExpectedLastSubjectSeqSubjHeader]; len(vs) > 0 {
 		w.OtherSubject = true
 	}
-	switch vs := h.Values(fencing.ExpectedLastSubjectSeqHeader); len(vs) {
+	switch vs := h[fencing.ExpectedLastSubjectSeqHeader]; len(vs) {
 	case 0:
 	case 1:
 		n, err := strconv.ParseUint(vs[0], 10, 64)
@@ -603,7 +647,11 @@ func BeaconMsg(rec fencing.LeaseRecord, rev uint64, at time.Time) (*nats.Msg, er
 	if err != nil {
 		return nil, err
 	}
-	b, err := fencing.Beacon{Schema: fencing.BeaconSchema, Host: rec.Host, BootID: rec.BootID, Incarnation: rec.Incarnation, Revision: rev, At: at.UTC()}.Encode()
+	bc := fencing.Beacon{Schema: fencing.BeaconSchema, Host: rec.Host, BootID: rec.BootID, Incarnation: rec.Incarnation, Revision: rev, At: at.UTC()}
+	if rec.State == fencing.LeaseWithdrawn {
+		bc.State = fencing.LeaseWithdrawn
+	}
+	b, err := bc.Encode()
 	if err != nil {
 		return nil, err
 	}

@@ -97,7 +97,9 @@ func TestWrittenOn(t *testing.T) {
 		return a.Sequence
 	}
 	lower := raw("lower-case header", nats.Header{"nats-expected-last-subject-sequence": {"1"}})
-	check("lower-case header (not enforced by the server)", lower, fencing.Written{Known: true}, 1, false)
+	if w, err := st.WrittenOn(ctx, host, lower, time.Second); err == nil {
+		t.Errorf("lower-case header (not enforced by the server): %+v, want an error", w)
+	}
 	twice := raw("header twice", nats.Header{fencing.ExpectedLastSubjectSeqHeader: {strconv.FormatUint(lower, 10), "1"}})
 	if w, err := st.WrittenOn(ctx, host, twice, time.Second); err == nil {
 		t.Errorf("header twice (the server checks the first): %+v, want an error", w)
@@ -117,5 +119,38 @@ func TestWrittenOn(t *testing.T) {
 	}
 	if _, err := (&natslease.Store{KV: kv}).WrittenOn(ctx, host, declared, time.Second); err == nil {
 		t.Error("a Store without JS read a stored message")
+	}
+}
+
+// TestStrictHeaders: header blocks a lenient reader and the server read
+// differently are refused (reviewer X11: a bare LF and a second block
+// after an empty line hid the header the server enforced).
+func TestStrictHeaders(t *testing.T) {
+	const h = "Nats-Expected-Last-Subject-Sequence"
+	for _, c := range []struct {
+		raw  string
+		ok   bool
+		want string
+	}{
+		{"", true, ""},
+		{"NATS/1.0\r\n\r\n", true, ""},
+		{"NATS/1.0\r\n" + h + ": 7\r\n\r\n", true, "7"},
+		{"NATS/1.0\r\nX-A: a\r\n" + h + ":  7 \r\n\r\n", true, "7"},
+		{"NATS/1.0\r\nX-A: a\n" + h + ": 5\r\n\r\n" + h + ": 7\r\n\r\n", false, ""}, // X11's smuggled block
+		{"NATS/1.0\r\n" + h + ": 5\r\n\r\n" + h + ": 7\r\n\r\n", false, ""},         // a second block
+		{"NATS/1.0\r\nX-A: a\r" + h + ": 5\r\n\r\n", false, ""},                     // a bare CR
+		{"NATS/1.0\r\n" + h + ": 5\r\n", false, ""},                                 // no empty line
+		{"NATS/1.0\r\nnats-expected-last-subject-sequence: 5\r\n\r\n", false, ""},   // another case
+		{"NATS/1.0 503\r\n\r\n", false, ""},
+		{"NATS/1.0\r\nno colon\r\n\r\n", false, ""},
+	} {
+		got, err := natslease.StrictHeaders([]byte(c.raw))
+		if (err == nil) != c.ok {
+			t.Errorf("%q: err %v, want ok %t", c.raw, err, c.ok)
+			continue
+		}
+		if c.ok && c.want != "" && (len(got[h]) != 1 || got[h][0] != c.want) {
+			t.Errorf("%q: %s = %q, want %q", c.raw, h, got[h], c.want)
+		}
 	}
 }

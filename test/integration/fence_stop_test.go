@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"golang.org/x/sys/unix"
 
 	"hvguard/agent"
@@ -20,6 +21,7 @@ import (
 	"hvguard/fencing"
 	"hvguard/fencing/watchdog"
 	"hvguard/lifecycle"
+	"hvguard/proto"
 )
 
 // Issue 10 item 1: the orderly stop and the start path of the whole
@@ -95,11 +97,40 @@ func TestFenceOrderlyStopWithdraws(t *testing.T) {
 	r.startAgent()
 	r.waitState(fencing.StateHealthy, 10*time.Second)
 	time.Sleep(time.Second) // the controller sees renewals
+	// The withdrawal's beacon says withdrawn (fencing.Beacon.State): a
+	// controller that never saw the withdrawn record (overwritten before
+	// its watch delivered it) learns of it from there (reviewer X11).
+	bnc, err := nats.Connect(r.natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bnc.Close()
+	bsubj, _ := proto.BeaconSubject(r.host)
+	withdrawnBeacons := make(chan fencing.Beacon, 16)
+	if _, err := bnc.Subscribe(bsubj, func(m *nats.Msg) {
+		if b, err := fencing.DecodeBeacon(m.Data); err == nil && b.State == fencing.LeaseWithdrawn {
+			withdrawnBeacons <- b
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := bnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	stop := time.Now()
 	if err := r.stopAgnt(); err != nil {
 		t.Fatalf("stop: %v", err)
 	}
 	took := time.Since(stop)
+	select {
+	case b := <-withdrawnBeacons:
+		e, err := r.ctrl.KV.Get(context.Background(), strings.ReplaceAll(r.host, ".", "_"))
+		if err != nil || b.Revision != e.Revision() {
+			t.Errorf("withdrawal beacon names revision %d, the key is at %v (%v)", b.Revision, e, err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Errorf("no beacon naming the withdrawal (state withdrawn) within 2 s of the orderly stop")
+	}
 	time.Sleep(quietFor)
 	if at, running := r.declared(); !at.IsZero() {
 		t.Fatalf("declared %s after an orderly stop, domains running: %v\n%s", at.Sub(stop), running, r.history())

@@ -1,0 +1,4 @@
+package natslease
+
+// StrictHeaders exports strictHeaders to the external tests.
+var StrictHeaders = strictHeaders
