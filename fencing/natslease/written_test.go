@@ -3,6 +3,7 @@ package natslease_test
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,4 +154,35 @@ func TestStrictHeaders(t *testing.T) {
 			t.Errorf("%q: %s = %q, want %q", c.raw, h, got[h], c.want)
 		}
 	}
+}
+
+// FuzzStrictHeaders: a header block strictHeaders accepts is read the
+// same by nats.go's decoder (the lenient reader X11 fooled) for the
+// headers the first-value check reads, and never holds a bare CR or LF
+// or a second block. go test -run '^$' -fuzz FuzzStrictHeaders ./fencing/natslease/
+func FuzzStrictHeaders(f *testing.F) {
+	const h = "Nats-Expected-Last-Subject-Sequence"
+	for _, s := range []string{"", "NATS/1.0\r\n\r\n", "NATS/1.0\r\n" + h + ": 7\r\n\r\n",
+		"NATS/1.0\r\nX-A: a\n" + h + ": 5\r\n\r\n" + h + ": 7\r\n\r\n", "NATS/1.0\r\n" + h + ":7\r\nX: y\r\n\r\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		got, err := natslease.StrictHeaders(raw)
+		if err != nil || len(raw) == 0 {
+			return
+		}
+		body := strings.TrimSuffix(strings.TrimPrefix(string(raw), "NATS/1.0\r\n"), "\r\n\r\n")
+		if strings.Contains(strings.ReplaceAll(body, "\r\n", ""), "\n") || strings.Contains(strings.ReplaceAll(body, "\r\n", ""), "\r") {
+			t.Fatalf("accepted a bare CR or LF: %q", raw)
+		}
+		lenient, err := nats.DecodeHeadersMsg(raw)
+		if err != nil {
+			return // nats.go refuses what we accept: no disagreement to exploit
+		}
+		for _, k := range []string{h, h + "-Subject"} {
+			if a, b := got[k], lenient.Values(k); len(a) != len(b) || len(a) > 0 && a[0] != b[0] {
+				t.Fatalf("%q: %s strict %q, nats.go %q", raw, k, a, b)
+			}
+		}
+	})
 }
