@@ -1,0 +1,429 @@
+package controller_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"hvguard/controller"
+
+	"hvguard/controller/natsperm/natspermtest"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+	"hvguard/proto"
+)
+
+// Reviewer X12: beacons are authenticated only by NATS permissions ("only
+// the host's own user may publish its beacon subject"). But NATS checks a
+// publisher's permission on the SUBJECT it publishes to, never on the
+// REPLY subject it names: a responder then publishes its answer to that
+// reply subject with its own rights. The JetStream direct get every agent
+// may call ($JS.API.DIRECT.GET.KV_hvguard-leases.>, kvRead) answers with a
+// stored message's data verbatim, and every agent may write a lease key
+// ($KV.hvguard-leases.*). So compute-1's NATS user writes a beacon of
+// compute-2 as the value of a key of its choice and asks for that key by
+// direct get with reply subject hvguard.v1.<compute-2>.beacon: the
+// stream's leader publishes the forged beacon on compute-2's beacon
+// subject, and the controller takes it for compute-2's own.
+
+// reflectKey is the lease key the attacker parks its forged beacon in
+// (any key agents may write; one token).
+const reflectKey = "x12-reflect"
+
+// reflectBeacon makes the lease stream publish b (a beacon of b.Host,
+// forged by the holder of st/nc, an agent's NATS user) on b.Host's beacon
+// subject (direct: publish it there itself — what the permissions refuse).
+func reflectBeacon(t *testing.T, ctx context.Context, st *natslease.Store, nc *nats.Conn, b fencing.Beacon, direct bool) {
+	t.Helper()
+	data, err := b.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	subj, err := proto.BeaconSubject(b.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if direct {
+		if err := nc.Publish(subj, data); err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.Flush()
+		return
+	}
+	if _, err := st.KV.Put(ctx, reflectKey, data); err != nil {
+		t.Fatalf("the attacker's put refused: %v", err)
+	}
+	get := "$JS.API.DIRECT.GET." + natslease.StreamName + ".$KV." + fencing.Bucket + "." + reflectKey
+	if err := nc.PublishRequest(get, subj, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestX12ReflectedWithdrawalBeaconEndsHoldNATS (S, critical): compute-1..3,
+// signing required, shipped permissions, real agents (beaconing) and a
+// real runner, threshold 1. compute-2 and compute-3 are cut off (Held,
+// guests running); the controller holds (2 silent > 1). compute-1's NATS
+// user reflects ONE beacon {host compute-2, revision: its key's revision
+// + 1, state withdrawn} onto compute-2's beacon subject by direct get:
+// the controller takes compute-2 as withdrawn (ObserveWithdrawal: not
+// counted silent), silent 1 = threshold 1, the hold ends and the Held
+// compute-3 is declared. Control "direct": the same beacon published by
+// compute-1 on compute-2's subject itself is refused by the permissions:
+// the controller holds and declares nobody.
+func TestX12ReflectedWithdrawalBeaconEndsHoldNATS(t *testing.T) {
+	const (
+		victim = "compute-2.example.org"
+		held   = "compute-3.example.org"
+	)
+	for _, attack := range []string{"direct", "reflected"} {
+		t.Run(attack, func(t *testing.T) {
+			natsURL := natspermtest.StartServer(t)
+			hosts := []string{"compute-1.example.org", victim, held}
+			f := newFleetOf(t, hosts)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			cut := map[string]context.CancelFunc{}
+			for _, h := range hosts {
+				st, nc := permStore(t, natsURL, "agent:"+h, f, h)
+				actx, stop := context.WithCancel(ctx)
+				cut[h] = stop
+				startAgentOn(actx, t, st, nc, h, hosts, nil)
+			}
+			cfg := controllerCfgThreshold1()
+			cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
+			c := startControllerCfg(ctx, t, cst, cnc, cfg, nil)
+			attacker, anc := permStore(t, natsURL, "agent:"+hosts[0], f, hosts[0])
+			time.Sleep(time.Second) // everybody renewing and beaconing, the guard published
+
+			cut[victim]()
+			cut[held]() // the rack is cut off: Held, guests running
+			deadline := time.Now().Add(5 * time.Second)
+			for !c.holding() && time.Now().Before(deadline) {
+				time.Sleep(100 * time.Millisecond)
+			}
+			if !c.holding() {
+				t.Fatal("the controller is not holding over the cut-off rack: the test shows nothing")
+			}
+			e, err := attacker.KV.Get(ctx, "compute-2_example_org")
+			if err != nil {
+				t.Fatal(err)
+			}
+			reflectBeacon(t, ctx, attacker, anc, fencing.Beacon{Schema: fencing.BeaconSchema, Host: victim,
+				Revision: e.Revision() + 1, At: time.Now().UTC(), State: fencing.LeaseWithdrawn}, attack == "direct")
+			started := time.Now()
+			for time.Since(started) < 7*time.Second {
+				for _, h := range hosts[1:] {
+					if at, ok := c.declaredAt(h); ok {
+						t.Fatalf("declared %s %s after compute-1 %s a withdrawn beacon of compute-2, while compute-2 and compute-3 were cut off (Held, guests running); decisions: %v",
+							h, at.Sub(started).Round(100*time.Millisecond), map[bool]string{true: "published", false: "reflected"}[attack == "direct"], lastDecisions(c, 8))
+					}
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if !c.holding() {
+				t.Fatalf("not holding: the test shows nothing; decisions: %v", lastDecisions(c, 8))
+			}
+		})
+	}
+}
+
+// TestX12ReflectedBeaconKeepsDeadHostNATS (c, critical): compute-3 dies
+// (its agent stops: no withdrawal, no beacon); compute-1's NATS user keeps
+// it undeclared by reflected beacons (see above) — "withdrawn": one
+// beacon naming a withdrawal at its key's revision + 1 (never declared
+// again, for good); "renewal": a beacon naming a new revision every
+// 500 ms (each one counts as its renewal, ObserveBeacon). Control
+// "none": compute-3 is declared ~3 s (lease_ttl + grace at ×0.1) after
+// it died.
+func TestX12ReflectedBeaconKeepsDeadHostNATS(t *testing.T) {
+	const dead = "compute-3.example.org"
+	for _, attack := range []string{"none", "withdrawn", "renewal"} {
+		t.Run(attack, func(t *testing.T) {
+			natsURL := natspermtest.StartServer(t)
+			hosts := []string{"compute-1.example.org", "compute-2.example.org", dead}
+			f := newFleetOf(t, hosts)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			dctx, die := context.WithCancel(ctx)
+			for _, h := range hosts {
+				st, nc := permStore(t, natsURL, "agent:"+h, f, h)
+				actx := ctx
+				if h == dead {
+					actx = dctx
+				}
+				startAgentOn(actx, t, st, nc, h, hosts, nil)
+			}
+			cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
+			c := startControllerCfg(ctx, t, cst, cnc, controllerCfgThreshold1(), nil)
+			attacker, anc := permStore(t, natsURL, "agent:"+hosts[0], f, hosts[0])
+			time.Sleep(time.Second)
+			die()
+			time.Sleep(200 * time.Millisecond)
+			e, err := attacker.KV.Get(ctx, "compute-3_example_org")
+			if err != nil {
+				t.Fatal(err)
+			}
+			rev := e.Revision()
+			died := time.Now()
+			for time.Since(died) < 8*time.Second {
+				switch {
+				case attack == "withdrawn" && rev == e.Revision():
+					rev++
+					reflectBeacon(t, ctx, attacker, anc, fencing.Beacon{Schema: fencing.BeaconSchema, Host: dead,
+						Revision: rev, At: time.Now().UTC(), State: fencing.LeaseWithdrawn}, false)
+				case attack == "renewal":
+					rev++
+					reflectBeacon(t, ctx, attacker, anc, fencing.Beacon{Schema: fencing.BeaconSchema, Host: dead,
+						Revision: rev, At: time.Now().UTC()}, false)
+				}
+				if at, ok := c.declaredAt(dead); ok {
+					if attack == "none" {
+						t.Logf("control: %s declared %s after it died", dead, at.Sub(died).Round(100*time.Millisecond))
+						return
+					}
+					t.Logf("%s declared %s after it died despite the reflected beacons (accepted %v); %s", dead, at.Sub(died).Round(100*time.Millisecond), c.beaconCounts(), lastDecisions(c, 6))
+					return
+				}
+				time.Sleep(500 * time.Millisecond)
+			}
+			if attack == "none" {
+				t.Fatalf("control: %s not declared 8 s after it died: the test shows nothing; decisions: %v", dead, lastDecisions(c, 8))
+			}
+			t.Fatalf("%s (dead) not declared 8 s after it died: compute-1 kept it undeclared with %s beacons reflected onto its beacon subject by direct get (beacons accepted: %v); decisions: %v",
+				dead, attack, c.beaconCounts(), lastDecisions(c, 6))
+		})
+	}
+}
+
+// controllerCfgThreshold1 is the default tracker config over 3 hosts with
+// the guard's threshold 1 (two silent hosts hold).
+func controllerCfgThreshold1() controller.Config {
+	cfg := controller.DefaultConfig()
+	cfg.GuardCount, cfg.GuardShare = 1, 0.5
+	return cfg
+}
+
+// lastDecisions returns c's last n decisions.
+func lastDecisions(c *controllerRun, n int) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d := c.decisions
+	if len(d) > n {
+		d = d[len(d)-n:]
+	}
+	return strings.Join(d, "\n")
+}
+
+// reflectWrite makes the lease stream publish data to subj (a subject the
+// agent holding st/nc may not publish to) as the answer of a direct get
+// — a JetStream stream capturing subj stores it.
+func reflectWrite(t *testing.T, ctx context.Context, st *natslease.Store, nc *nats.Conn, subj string, data []byte) {
+	t.Helper()
+	if _, err := st.KV.Put(ctx, reflectKey, data); err != nil {
+		t.Fatalf("the attacker's put refused: %v", err)
+	}
+	get := "$JS.API.DIRECT.GET." + natslease.StreamName + ".$KV." + fencing.Bucket + "." + reflectKey
+	if err := nc.PublishRequest(get, subj, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestX12ReflectedWriteToDeniedKeysNATS (c, critical; the same reflection
+// as above, on other subjects): an agent's NATS user is denied the
+// controllers' keys ($KV.hvguard-leases._guard, _leader; the control
+// checks the direct put is refused), but a direct get's answer published
+// to $KV.hvguard-leases._guard is stored by the lease stream. compute-3
+// dies while controller C1 runs; C1 stops; compute-1 reflects garbage
+// into _guard; C2 starts: its ReadGuard fails on the garbage ("declaring
+// and publishing nothing until it is read") and the dead compute-3 is
+// never declared. Control "none": C2 declares it.
+func TestX12ReflectedWriteToDeniedKeysNATS(t *testing.T) {
+	const dead = "compute-3.example.org"
+	for _, attack := range []string{"none", "guard-garbage"} {
+		t.Run(attack, func(t *testing.T) {
+			natsURL := natspermtest.StartServer(t)
+			hosts := []string{"compute-1.example.org", "compute-2.example.org", dead}
+			f := newFleetOf(t, hosts)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			dctx, die := context.WithCancel(ctx)
+			for _, h := range hosts {
+				st, nc := permStore(t, natsURL, "agent:"+h, f, h)
+				actx := ctx
+				if h == dead {
+					actx = dctx
+				}
+				startAgentOn(actx, t, st, nc, h, hosts, nil)
+			}
+			startCtl := func() (*controllerRun, context.CancelFunc) {
+				cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
+				cctx, stop := context.WithCancel(ctx)
+				return startControllerCfg(cctx, t, cst, cnc, controllerCfgThreshold1(), nil), stop
+			}
+			attacker, anc := permStore(t, natsURL, "agent:"+hosts[0], f, hosts[0])
+			if _, err := attacker.KV.Put(ctx, fencing.GuardKey, []byte("direct")); err == nil {
+				t.Fatal("control: the agent wrote _guard directly")
+			}
+			_, stopC1 := startCtl()
+			time.Sleep(time.Second) // renewing, the guard published
+			die()
+			stopC1()
+			time.Sleep(200 * time.Millisecond)
+			if attack == "guard-garbage" {
+				reflectWrite(t, ctx, attacker, anc, "$KV."+fencing.Bucket+"."+fencing.GuardKey, []byte("x12-garbage"))
+				time.Sleep(200 * time.Millisecond)
+				if e, err := attacker.KV.Get(ctx, fencing.GuardKey); err != nil || string(e.Value()) != "x12-garbage" {
+					t.Fatalf("the reflection did not reach _guard: %v %v", e, err)
+				}
+			}
+			c2, _ := startCtl()
+			started := time.Now()
+			for time.Since(started) < 8*time.Second {
+				if at, ok := c2.declaredAt(dead); ok {
+					if attack != "none" {
+						t.Logf("declared %s after C2's start despite the garbage guard", at.Sub(started).Round(100*time.Millisecond))
+					} else {
+						t.Logf("control: %s declared %s after C2's start", dead, at.Sub(started).Round(100*time.Millisecond))
+					}
+					return
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			if attack == "none" {
+				t.Fatalf("control: %s not declared 8 s after C2's start: the test shows nothing; %s", dead, lastDecisions(c2, 6))
+			}
+			t.Fatalf("%s (dead) not declared 8 s after C2's start: compute-1 wrote garbage into the controllers' _guard key (denied to agents) through a direct get's reply subject; %s", dead, lastDecisions(c2, 6))
+		})
+	}
+}
+
+// TestX12ReflectedLeaderLockStompNATS (c, critical; the reflection
+// again): the controllers' leader lock (_leader, denied to agents) is
+// rewritten by compute-1's NATS user through a direct get's reply subject
+// every 300 ms (garbage: the holder is deposed, "lock deleted"; a
+// standby takes the lock only once the key stood still for
+// TakeoverAfter(TTL)). A LeaderRunner as ctl-1 (shipped permissions, TTL
+// 1 s) then never may act: no controller declares anybody, a dead host
+// other than compute-1 stays undeclared for as long as the attacker
+// keeps writing. Control "none": ctl-1 may act within 2.5 s.
+func TestX12ReflectedLeaderLockStompNATS(t *testing.T) {
+	for _, attack := range []string{"none", "stomp"} {
+		t.Run(attack, func(t *testing.T) {
+			natsURL := natspermtest.StartServer(t)
+			hosts := []string{"compute-1.example.org"}
+			f := newFleetOf(t, hosts)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			attacker, anc := permStore(t, natsURL, "agent:"+hosts[0], f, hosts[0])
+			cst, _ := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
+			core, err := controller.NewLeader(fastLeader("ctl-1"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lr := &controller.LeaderRunner{KV: cst.KV, Core: core, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+			go func() { _ = lr.Run(ctx) }()
+			start, acted := time.Now(), time.Duration(-1)
+			for time.Since(start) < 4*time.Second {
+				if attack == "stomp" {
+					reflectWrite(t, ctx, attacker, anc, "$KV."+fencing.Bucket+"."+controller.LeaderKey, []byte("x12-garbage"))
+				}
+				for range 30 {
+					if acted < 0 && lr.MayAct(time.Now()) {
+						acted = time.Since(start)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			switch {
+			case attack == "none" && acted < 0:
+				t.Fatal("control: ctl-1 never may act: the test shows nothing")
+			case attack == "none":
+				t.Logf("control: ctl-1 may act %s after its start", acted.Round(10*time.Millisecond))
+			case acted < 0:
+				t.Fatalf("ctl-1 (the only controller) never may act in 4 s: compute-1 keeps rewriting the leader lock _leader (denied to agents) through a direct get's reply subject — no declaration of any dead host")
+			default:
+				t.Logf("ctl-1 may act %s after its start despite the stomping", acted.Round(10*time.Millisecond))
+			}
+		})
+	}
+}
+
+// TestX12OwnFutureWithdrawalBeaconEndsHoldNATS (S, high; no reflection:
+// a compromised node's OWN beacon, on the subject its permissions allow).
+// compute-1 healthy, compute-2 compromised, compute-3 its rack peer;
+// threshold 1. compute-2 publishes ONE beacon of its own naming a
+// withdrawal at a revision far ahead ({state withdrawn, revision: its
+// key's + 1e9}) and keeps renewing with genuine active records: the
+// controller takes it as withdrawn for good (ObserveWithdrawal: no trusted
+// record will ever reach that revision; only a beacon beyond it ends it),
+// while every agent sees its active record and counts it. The rack
+// (compute-2, compute-3) is cut off: compute-3's agent counts 2 silent
+// peers' worth (compute-2's record is active) and is Held, guests running;
+// the controller counts 1 (compute-2 "withdrawn") = threshold 1: no hold,
+// and compute-3 is declared. A genuine withdrawal is not the same lever:
+// agents see the withdrawn record and do not count it either. Control
+// "none": the controller holds, declares nobody.
+func TestX12OwnFutureWithdrawalBeaconEndsHoldNATS(t *testing.T) {
+	const (
+		attackerHost = "compute-2.example.org"
+		held         = "compute-3.example.org"
+	)
+	for _, attack := range []string{"none", "own-beacon"} {
+		t.Run(attack, func(t *testing.T) {
+			natsURL := natspermtest.StartServer(t)
+			hosts := []string{"compute-1.example.org", attackerHost, held}
+			f := newFleetOf(t, hosts)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			cut := map[string]context.CancelFunc{}
+			for _, h := range hosts {
+				st, nc := permStore(t, natsURL, "agent:"+h, f, h)
+				actx, stop := context.WithCancel(ctx)
+				cut[h] = stop
+				startAgentOn(actx, t, st, nc, h, hosts, nil)
+			}
+			cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
+			c := startControllerCfg(ctx, t, cst, cnc, controllerCfgThreshold1(), nil)
+			attacker, anc := permStore(t, natsURL, "agent:"+attackerHost, f, attackerHost)
+			time.Sleep(time.Second)
+			if attack == "own-beacon" {
+				e, err := attacker.KV.Get(ctx, "compute-2_example_org")
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := fencing.Beacon{Schema: fencing.BeaconSchema, Host: attackerHost, Revision: e.Revision() + 1e9,
+					At: time.Now().UTC(), State: fencing.LeaseWithdrawn}.Encode()
+				subj, _ := proto.BeaconSubject(attackerHost)
+				if err := anc.Publish(subj, b); err != nil {
+					t.Fatal(err)
+				}
+				_ = anc.Flush()
+			}
+			time.Sleep(2 * time.Second) // compute-2 renews on, active to every agent
+			cut[attackerHost]()
+			cut[held]() // the rack is cut off: compute-3 Held, guests running
+			started := time.Now()
+			for time.Since(started) < 7*time.Second {
+				if at, ok := c.declaredAt(held); ok {
+					t.Fatalf("declared %s (Held, guests running) %s after its rack was cut off: compute-2's own beacon named a withdrawal far ahead while it renewed active records; %s",
+						held, at.Sub(started).Round(100*time.Millisecond), lastDecisions(c, 6))
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if !c.holding() {
+				t.Fatalf("control: not holding: the test shows nothing; %s", lastDecisions(c, 6))
+			}
+		})
+	}
+}
