@@ -929,7 +929,7 @@ func (f *fencer) beacon(rec fencing.LeaseRecord, rev uint64) {
 	if f.nc == nil {
 		return
 	}
-	m, err := natslease.BeaconMsg(rec, rev, time.Now())
+	m, err := natslease.BeaconMsg(f.signer, rec, rev, time.Now())
 	if err != nil {
 		return
 	}

@@ -190,7 +190,7 @@ func TestX4BeaconQueueCrowdedOutByOneHost(t *testing.T) {
 	r := &Runner{}
 	out := newBeaconBox()
 	msg := func(host string, rev uint64) *nats.Msg {
-		m, err := natslease.BeaconMsg(fencing.LeaseRecord{Host: host}, rev, t0)
+		m, err := natslease.BeaconMsg(fencing.Signer{}, fencing.LeaseRecord{Host: host}, rev, t0)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -341,6 +341,9 @@ func (b *beaconBox) take() (map[string][]uint64, map[string]uint64) {
 // permissions, the only host that may publish there) is passed on.
 func (r *Runner) beacon(m *nats.Msg, box *beaconBox) {
 	host, b, err := decodeBeaconMsg(m)
+	if err == nil && r.Store != nil {
+		err = r.Store.Keys.VerifyBeacon(b) // signed by its host's key (NATS permissions alone do not authenticate it)
+	}
 	if err == nil {
 		err = box.put(host, b.Revision, b.State == fencing.LeaseWithdrawn)
 	}

@@ -203,8 +203,10 @@ type beaconState struct {
 	// named (ObserveWithdrawal); it stands while no trusted record or
 	// beacon names a later write.
 	withdrawnRev uint64
-	// maxRev: the highest revision its beacons named.
-	maxRev uint64
+	// maxRev: the highest revision its beacons named; pendingWithdrawn: a
+	// withdrawal its beacon named at a revision the watch had not reached
+	// (ObserveWithdrawal; taken in Tick once it has).
+	maxRev, pendingWithdrawn uint64
 }
 
 // pendingValue is an unverifiable value of a host's key observed at at,
@@ -295,6 +297,8 @@ type Tracker struct {
 	enrolled func(host string) bool
 	// dirtyMemory: the hosts whose Memory changed (memory.go).
 	dirtyMemory map[string]bool
+	// watchRev: the highest revision the watch delivered or skipped to.
+	watchRev uint64
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -407,6 +411,7 @@ func (t *Tracker) WatchStarted(now time.Time) {
 // revision rev, as seen by the watch at now.
 func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord) []Decision {
 	t.out = t.out[:0]
+	t.sawRev(rev)
 	if rec == nil {
 		t.observeDeleted(now, host, rev)
 		return t.out
@@ -688,6 +693,10 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 	}
 	for _, name := range t.Hosts() {
 		h := t.hosts[name]
+		if p := h.beacons.pendingWithdrawn; p != 0 && p <= t.watchRev {
+			h.beacons.pendingWithdrawn = 0
+			t.withdraw(name, h, p)
+		}
 		if h.beaconWithdrawn() {
 			continue // withdrawn, by its own beacon (ObserveWithdrawal): never declared
 		}

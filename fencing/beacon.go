@@ -13,10 +13,12 @@ const BeaconSchema = 1
 // published (core NATS, best effort) on proto.BeaconSubject(host) after
 // every renewal the agent wrote itself.
 //
-// It is not signed: it is authenticated by NATS. With the shipped
-// permissions (controller/natsperm) only host's own NATS user may publish
-// on host's beacon subject, so a beacon is evidence no other node can
-// make. The controller uses it for one thing (controller/invalid.go): with
+// It is signed by the host's key (Signer.SealBeacon, Keyring.VerifyBeacon),
+// so a beacon is evidence no other node can make: the NATS permissions
+// (only host's own user may publish on host's beacon subject) are not
+// enough alone — a JetStream API request naming that subject as its reply
+// makes the server publish a stored forgery there (reviewer X12). The
+// controller uses it (controller/invalid.go): with
 // signatures required, a value of a host's key it cannot verify (garbage,
 // unsigned, an unknown signer) counts as that host's renewal only when the
 // host's beacon names its revision — a live host whose key or release this
@@ -35,6 +37,14 @@ type Beacon struct {
 	// then knows of the withdrawal even if a compromised node overwrote
 	// the record before its watch delivered it: reviewer X11).
 	State LeaseState `json:"state,omitempty"`
+	// Signer and Sig: the host key that signed the beacon and its
+	// signature (sign.go SealBeacon; absent when signing is off). NATS
+	// permissions alone do not authenticate a beacon: any user allowed a
+	// JetStream API request can have the server publish the answer on a
+	// reply subject of its choice — another host's beacon subject
+	// (reviewer X12, the "reflection").
+	Signer string `json:"signer,omitempty"`
+	Sig    string `json:"sig,omitempty"`
 }
 
 // Encode returns the JSON encoding of b.

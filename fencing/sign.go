@@ -107,7 +107,57 @@ func (k *Keyring) Required() bool { return k != nil && k.Mode == SigningRequired
 const (
 	recordDomain = "hvguard lease record v1\n"
 	guardDomain  = "hvguard guard v1\n"
+	beaconDomain = "hvguard beacon v1\n"
 )
+
+func beaconPayload(b Beacon) ([]byte, error) {
+	b.Sig = ""
+	out, err := json.Marshal(b)
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte(beaconDomain), out...), nil
+}
+
+// SealBeacon returns b signed by s, the host's key (the zero Signer
+// returns it unchanged).
+func (s Signer) SealBeacon(b Beacon) Beacon {
+	if s.Key == nil {
+		return b
+	}
+	b.Signer = s.ID
+	p, err := beaconPayload(b)
+	if err != nil {
+		return b
+	}
+	b.Sig = base64.RawStdEncoding.EncodeToString(ed25519.Sign(s.Key, p))
+	return b
+}
+
+// VerifyBeacon checks that b is signed by one of its host's keys. With
+// signing required an unsigned beacon is refused; with optional it is
+// taken (as unsigned records are); off: nothing is checked. Every error
+// wraps ErrInvalidRecord and names the host and signer.
+func (k *Keyring) VerifyBeacon(b Beacon) error {
+	if !k.Enabled() {
+		return nil
+	}
+	if b.Sig == "" {
+		if k.Required() {
+			return fmt.Errorf("%w: beacon of %s is unsigned (signing: required)", ErrInvalidRecord, b.Host)
+		}
+		return nil
+	}
+	key := find(k.Hosts[b.Host], b.Signer)
+	if key == nil {
+		return fmt.Errorf("%w: beacon of %s signed by %q, not one of its keys", ErrInvalidRecord, b.Host, b.Signer)
+	}
+	p, err := beaconPayload(b)
+	if err != nil || !verifySig(key, p, b.Sig) {
+		return fmt.Errorf("%w: beacon of %s: bad signature by %q", ErrInvalidRecord, b.Host, b.Signer)
+	}
+	return nil
+}
 
 func recordPayload(r LeaseRecord) ([]byte, error) {
 	r.Sig = ""

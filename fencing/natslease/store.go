@@ -641,8 +641,8 @@ func writtenOf(h map[string][]string) (fencing.Written, error) {
 
 // BeaconMsg returns the beacon (fencing.Beacon) of rec, the owner's own
 // record, written at rev: the message its agent publishes after the
-// renewal, on proto.BeaconSubject(rec.Host).
-func BeaconMsg(rec fencing.LeaseRecord, rev uint64, at time.Time) (*nats.Msg, error) {
+// renewal, on proto.BeaconSubject(rec.Host), signed by s (the host key).
+func BeaconMsg(s fencing.Signer, rec fencing.LeaseRecord, rev uint64, at time.Time) (*nats.Msg, error) {
 	subj, err := proto.BeaconSubject(rec.Host)
 	if err != nil {
 		return nil, err
@@ -651,7 +651,7 @@ func BeaconMsg(rec fencing.LeaseRecord, rev uint64, at time.Time) (*nats.Msg, er
 	if rec.State == fencing.LeaseWithdrawn {
 		bc.State = fencing.LeaseWithdrawn
 	}
-	b, err := bc.Encode()
+	b, err := s.SealBeacon(bc).Encode()
 	if err != nil {
 		return nil, err
 	}
