@@ -276,8 +276,8 @@ func TestX11StaleWithdrawnMemoryEndsHold(t *testing.T) {
 				b.write(at, h, fencing.LeaseWithdrawn, b.guard.Ref())
 			}
 			b.run(at, 5, x11Without(hosts, x10Pair...), nil)
-			if m := b.mem["h11"]; m.Record.State != fencing.LeaseWithdrawn {
-				t.Fatalf("C1 remembered %+v of h11, want its withdrawal", m)
+			if r := b.tr.hosts["h11"].rec; r.State != fencing.LeaseWithdrawn { // the memory held records then
+				t.Fatalf("C1 holds %+v of h11, want its withdrawal", r)
 			}
 			b.stop()
 			at = at.Add(10 * time.Second)
@@ -434,8 +434,8 @@ func TestX11RestorePrunesVersionHeldRackActsOn(t *testing.T) {
 				t.Fatalf("latest guard %+v, want a later version with threshold 5", g)
 			}
 			for _, h := range rack {
-				if v := b.mem[h].Record.Guard; v == nil || v.Version != v1.Version {
-					t.Fatalf("%s remembered naming %+v, want v1 %+v", h, v, v1)
+				if v := b.tr.hosts[h].rec.Guard; v == nil || v.Version != v1.Version { // the memory held records then
+					t.Fatalf("%s's record names %+v, want v1 %+v", h, v, v1)
 				}
 			}
 			if c.restart {

@@ -14,8 +14,9 @@ import (
 )
 
 // MemoryWritesPerTick bounds the memory writes one tick makes (the rest
-// wait for the next ticks): a controller's first tick has every host's
-// memory to write, and the runner's loop must go on reading the watch.
+// wait for the next ticks): a controller's first ticks have every
+// beaconing host's memory to write, and the runner's loop must go on
+// reading the watch.
 // 256 writes take well under a tick on a local NATS.
 const MemoryWritesPerTick = 256
 
@@ -30,7 +31,7 @@ func EnsureMemoryBucket(ctx context.Context, js jetstream.JetStream, create bool
 		return nil, fmt.Errorf("controller memory bucket %s: %w (provision it with: nats kv add %s --history 1 --storage file --replicas 3)", MemoryBucket, err, MemoryBucket)
 	}
 	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: MemoryBucket, History: 1, Storage: jetstream.FileStorage,
-		Description: "hvguard-controller memory: per host token, its last trusted lease record and whether its beacons bound it"})
+		Description: "hvguard-controller memory: per host token, whether its beacons bound it"})
 	if err != nil {
 		return nil, fmt.Errorf("controller memory bucket %s: create: %w", MemoryBucket, err)
 	}
@@ -38,9 +39,9 @@ func EnsureMemoryBucket(ctx context.Context, js jetstream.JetStream, create bool
 }
 
 // restoreMemory reads what an earlier controller remembered of every host
-// the tracker knows and hands it over (Tracker.RestoreMemory): records
-// verified against host_keys_file, anything else logged and skipped (the
-// host is then handled as without a memory: the lenient side).
+// the tracker knows and hands it over (Tracker.RestoreMemory); a memory it
+// cannot read is logged and skipped (the host is then handled as without
+// one: the lenient side).
 func (r *Runner) restoreMemory(ctx context.Context, log *slog.Logger) {
 	if r.Memory == nil {
 		return
@@ -61,11 +62,8 @@ func (r *Runner) restoreMemory(ctx context.Context, log *slog.Logger) {
 		if err == nil {
 			err = json.Unmarshal(e.Value(), &m)
 		}
-		if err == nil {
-			err = r.Store.Keys.VerifyRecord(m.Record)
-		}
 		if err != nil {
-			log.Error("controller memory: a host's memory is unreadable or untrusted; ignored", "host", host, "err", err)
+			log.Error("controller memory: a host's memory is unreadable; ignored", "host", host, "err", err)
 			continue
 		}
 		r.Tracker.RestoreMemory(host, m)
@@ -75,7 +73,7 @@ func (r *Runner) restoreMemory(ctx context.Context, log *slog.Logger) {
 }
 
 // writeMemories writes the memories the tracker says changed (at most
-// MemoryWritesPerTick; a failed write is handed back and retried).
+// MemoryWritesPerTick a tick; a failed write is handed back and retried).
 func (r *Runner) writeMemories(ctx context.Context, log *slog.Logger) {
 	if r.Memory == nil {
 		return

@@ -212,13 +212,6 @@ func (r *Runner) Run(ctx context.Context) error {
 				for _, d := range ds {
 					r.perform(ctx, log, d)
 				}
-				if restored && r.mayAct() {
-					// At once, not at the next tick: a withdrawal
-					// remembered late, then overwritten by a
-					// compromised node while no controller runs, is
-					// remembered as active (memory.go).
-					r.writeMemories(ctx, log)
-				}
 			case <-tick.C:
 				if r.Heartbeat != nil {
 					r.Heartbeat()
@@ -257,7 +250,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					}
 				}
 				if acting && restored {
-					r.writeMemories(ctx, log) // those whose write failed, or beyond MemoryWritesPerTick
+					r.writeMemories(ctx, log) // hosts whose beacons bound them since (memory.go)
 				}
 				for _, d := range r.Tracker.Tick(now) {
 					r.perform(ctx, log, d)

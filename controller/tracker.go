@@ -431,9 +431,6 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		t.hosts[host] = h
 	}
 	prev := h.rec
-	if remembers(prev, *rec) {
-		t.rememberHost(host)
-	}
 	h.rev, h.rec, h.trustedRev = rev, *rec, rev
 	t.guards.named(rec, t.required)
 	switch rec.State {
