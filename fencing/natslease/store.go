@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -484,7 +485,12 @@ func (s *Store) ReadLeader(ctx context.Context, nc *nats.Conn, host string) (Lea
 		return LeaderRead{}, fmt.Errorf("lease %s: leader read: %w", host, err)
 	}
 	out := LeaderRead{Revision: m.Seq}
-	if h := string(m.Hdrs); strings.Contains(h, "KV-Operation: DEL") || strings.Contains(h, "KV-Operation: PURGE") {
+	h, err := strictHeaders(m.Hdrs)
+	if err != nil {
+		out.Err = fmt.Errorf("%w: lease %s: revision %d: %w", fencing.ErrInvalidRecord, host, m.Seq, err)
+		return out, nil // not a value anyone may trust (as an undecodable one)
+	}
+	if op := h["KV-Operation"]; slices.Contains(op, "DEL") || slices.Contains(op, "PURGE") {
 		out.Deleted = true
 		return out, nil
 	}
