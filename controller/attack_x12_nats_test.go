@@ -31,8 +31,9 @@ import (
 //
 // Fixed: beacons are signed by their host's key and verified
 // (fencing.Keyring.VerifyBeacon): a reflected beacon is only ever one the
-// attacker could sign, i.e. its own. A withdrawal beacon naming a revision
-// the watch has not reached waits for it (Tracker.ObserveWithdrawal).
+// attacker could sign, i.e. its own; and a host withdrawn by its own
+// beacon only still counts for the guard (Tracker.ObserveWithdrawal,
+// counted: reviewer X13).
 // Open (branch x12, docs/security.md "What is left"): the same reflection
 // writes garbage into _guard and _leader (TestX12ReflectedWriteToDeniedKeysNATS,
 // TestX12ReflectedLeaderLockStompNATS).

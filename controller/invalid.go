@@ -182,7 +182,6 @@ func (t *Tracker) silentFor(h *hostState, now time.Time) time.Duration {
 // or the watch's first listing).
 func (t *Tracker) Skipped(rev uint64) {
 	t.skippedRev = max(t.skippedRev, rev)
-	t.sawRev(rev)
 }
 
 // ObserveInvalid reports an untrusted value of host's key at rev (why:
@@ -194,7 +193,6 @@ func (t *Tracker) ObserveInvalid(now time.Time, host string, rev uint64, why str
 }
 
 func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why string, forged bool) {
-	t.sawRev(rev)
 	h := t.hosts[host]
 	switch {
 	case h != nil && rev <= h.rev:
@@ -369,46 +367,29 @@ var withdrawalMutation bool
 // ObserveWithdrawal reports that host's own beacon named its withdrawal
 // (an orderly stop: its guests run on, unprotected) written at rev
 // (fencing.Beacon.State, signed by the host's key). Unless a trusted
-// record of the host at or after rev was seen, the host is taken as
-// withdrawn — never declared, not counted silent — until a trusted record
-// or a beacon names a later write of its own. A compromised node that
-// superseded the withdrawal with garbage before the watch delivered it (a
-// burst makes the watch skip at will) kept the host's last active record
-// in force and got it declared while its guests ran (reviewer X11,
-// TestX11HiddenWithdrawalDeclared). A beacon naming a revision the watch
-// has not reached yet waits until it has: a compromised node's own
-// beacon naming a far revision no write will reach made it count as
-// withdrawn for good while it renewed — not silent for the controller,
-// though its peers counted it, and a Held rack was declared (reviewer
-// X12, TestX12OwnFutureWithdrawalBeaconEndsHoldNATS).
+// record of the host at or after rev was seen, the host is never declared
+// until a trusted record or a beacon names a later write of its own. A
+// compromised node that superseded the withdrawal with garbage before the
+// watch delivered it (a burst makes the watch skip at will) kept the
+// host's last active record in force and got it declared while its
+// guests ran (reviewer X11, TestX11HiddenWithdrawalDeclared). It keeps
+// counting for the mass-failure guard as any host (counted): only the
+// host itself signs its beacon, so the beacon may only spare the host
+// itself — a compromised node's own withdrawal beacon naming another
+// host's write, taken as "not silent", ended a hold its peers relied on
+// (reviewers X12, X13).
 func (t *Tracker) ObserveWithdrawal(now time.Time, host string, rev uint64) []Decision {
 	t.out = t.out[:0]
 	h := t.hosts[host]
-	if h == nil || withdrawalMutation {
+	if h == nil || withdrawalMutation || rev <= h.trustedRev || rev < h.beacons.maxRev || h.beacons.withdrawnRev >= rev {
 		return t.out
-	}
-	if rev > t.watchRev {
-		h.beacons.pendingWithdrawn = max(h.beacons.pendingWithdrawn, rev)
-		return t.out
-	}
-	t.withdraw(host, h, rev)
-	return t.out
-}
-
-// withdraw takes h as withdrawn at rev (ObserveWithdrawal) if nothing of
-// its own after rev was seen.
-func (t *Tracker) withdraw(host string, h *hostState, rev uint64) {
-	if rev <= h.trustedRev || rev < h.beacons.maxRev || h.beacons.withdrawnRev >= rev {
-		return
 	}
 	h.beacons.withdrawnRev = rev
 	h.declaring, h.saidDue, h.heldBack = time.Time{}, false, false
 	t.out = append(t.out, Decision{Op: OpWithdrawn, Host: host, Revision: rev, Record: h.rec,
 		Reason: fmt.Sprintf("withdrawn: its own beacon names its withdrawal at revision %d, after its last trusted record (revision %d) — the withdrawn record was not seen (overwritten?): host unprotected, not declared, not recovered", rev, h.trustedRev)})
+	return t.out
 }
-
-// sawRev notes a revision the watch delivered (or skipped to).
-func (t *Tracker) sawRev(rev uint64) { t.watchRev = max(t.watchRev, rev) }
 
 // beaconWithdrawn reports whether h's own beacon named a withdrawal after
 // its last trusted record (ObserveWithdrawal).

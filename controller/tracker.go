@@ -203,10 +203,8 @@ type beaconState struct {
 	// named (ObserveWithdrawal); it stands while no trusted record or
 	// beacon names a later write.
 	withdrawnRev uint64
-	// maxRev: the highest revision its beacons named; pendingWithdrawn: a
-	// withdrawal its beacon named at a revision the watch had not reached
-	// (ObserveWithdrawal; taken in Tick once it has).
-	maxRev, pendingWithdrawn uint64
+	// maxRev: the highest revision its beacons named.
+	maxRev uint64
 }
 
 // pendingValue is an unverifiable value of a host's key observed at at,
@@ -297,8 +295,6 @@ type Tracker struct {
 	enrolled func(host string) bool
 	// dirtyMemory: the hosts whose Memory changed (memory.go).
 	dirtyMemory map[string]bool
-	// watchRev: the highest revision the watch delivered or skipped to.
-	watchRev uint64
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -411,7 +407,6 @@ func (t *Tracker) WatchStarted(now time.Time) {
 // revision rev, as seen by the watch at now.
 func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord) []Decision {
 	t.out = t.out[:0]
-	t.sawRev(rev)
 	if rec == nil {
 		t.observeDeleted(now, host, rev)
 		return t.out
@@ -593,6 +588,14 @@ func (t *Tracker) membershipThreshold() int {
 	return fencing.Guard{Count: t.cfg.GuardCount, Share: t.cfg.GuardShare}.Threshold(t.Members())
 }
 
+// beaconUncountedMutation (reviewers X12, X13): a host withdrawn by its
+// beacon only is not counted silent, as before. Tests only.
+var beaconUncountedMutation bool
+
+// withdrawnBackMutation (reviewer X13): a withdrawn host whose beacon
+// named a later write never counts silent, as before. Tests only.
+var withdrawnBackMutation bool
+
 // hostThresholdMutation (reviewers X5, X7): hold every host on the lowest
 // threshold any member may act on (Threshold), as before. Tests only.
 var hostThresholdMutation bool
@@ -644,10 +647,27 @@ func (t *Tracker) counted(h *hostState, now time.Time) bool {
 		// A withdrawn agent confirms nothing to its peers (it answers
 		// lease-lapsed), so it cannot be part of anyone's hold; counting
 		// it would let a stopped host hold the controller for good.
-		return false
+		// Unless its own beacon named a later write of its (a new agent
+		// took the lease back, its records hidden by garbage or not
+		// verifiable here): it counts silent again once those writes
+		// stop — left uncounted, its rack's Held hosts were declared
+		// (reviewer X13, TestX13HiddenTakeoverAfterWithdrawal). It is
+		// still not declared: its new agent's constants are unknown.
+		if h.beacons.corroboratedRev <= h.trustedRev || withdrawnBackMutation {
+			return false
+		}
+		sa := h.silentAft
+		if sa == 0 {
+			sa = t.minSilentAft
+		}
+		return sa > 0 && now.Sub(h.unverifiedAt) > sa
 	default:
-		if h.beaconWithdrawn() {
-			return false // withdrawn, by its own beacon: as above
+		// A host withdrawn by its own beacon only (ObserveWithdrawal)
+		// counts as any host: a compromised node's withdrawal beacon
+		// naming another host's write made it uncounted while its peers
+		// counted it (reviewer X13).
+		if beaconUncountedMutation && h.beaconWithdrawn() {
+			return false
 		}
 		sa := h.silentAft
 		if h.silentUntrusted && h.rec.State == "" {
@@ -690,10 +710,6 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 	}
 	for _, name := range t.Hosts() {
 		h := t.hosts[name]
-		if p := h.beacons.pendingWithdrawn; p != 0 && p <= t.watchRev {
-			h.beacons.pendingWithdrawn = 0
-			t.withdraw(name, h, p)
-		}
 		if h.beaconWithdrawn() {
 			continue // withdrawn, by its own beacon (ObserveWithdrawal): never declared
 		}
