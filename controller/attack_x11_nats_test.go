@@ -20,7 +20,6 @@ import (
 	"hvguard/controller"
 	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
-	"hvguard/fencing/natslease"
 	"hvguard/proto"
 )
 
@@ -151,13 +150,7 @@ func TestX11SmuggledHeaderReplayAcrossRestartNATS(t *testing.T) {
 			f := newFleetOf(t, hosts)
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
-			cut := map[string]context.CancelFunc{}
-			for _, h := range hosts {
-				st, nc := permStore(t, natsURL, "agent:"+h, f, h)
-				actx, stop := context.WithCancel(ctx)
-				cut[h] = stop
-				startAgentOn(actx, t, st, nc, h, hosts, nil)
-			}
+			cut, _ := startPermAgents(ctx, t, natsURL, f, hosts)
 			cfg := controller.DefaultConfig()
 			cfg.GuardCount, cfg.GuardShare = 1, 0.5 // 3 hosts: threshold 1
 			startCtl := func() (*controllerRun, context.CancelFunc) {
@@ -257,16 +250,8 @@ func TestX11UnobservedWithdrawalNATS(t *testing.T) {
 			f := newFleetOf(t, hosts)
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
-			wctx, stopAgent := context.WithCancel(ctx)
-			var wst *natslease.Store
-			for _, h := range hosts {
-				st, nc := permStore(t, natsURL, "agent:"+h, f, h)
-				actx := ctx
-				if h == withdrawn {
-					actx, wst = wctx, st
-				}
-				startAgentOn(actx, t, st, nc, h, hosts, nil)
-			}
+			cut, stores := startPermAgents(ctx, t, natsURL, f, hosts)
+			stopAgent, wst := cut[withdrawn], stores[withdrawn]
 			open := func() (*controllerRun, context.CancelFunc) {
 				cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
 				var mem jetstream.KeyValue

@@ -97,13 +97,7 @@ func TestX12ReflectedWithdrawalBeaconEndsHoldNATS(t *testing.T) {
 			f := newFleetOf(t, hosts)
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
-			cut := map[string]context.CancelFunc{}
-			for _, h := range hosts {
-				st, nc := permStore(t, natsURL, "agent:"+h, f, h)
-				actx, stop := context.WithCancel(ctx)
-				cut[h] = stop
-				startAgentOn(actx, t, st, nc, h, hosts, nil)
-			}
+			cut, _ := startPermAgents(ctx, t, natsURL, f, hosts)
 			cfg := controllerCfgThreshold1()
 			cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
 			c := startControllerCfg(ctx, t, cst, cnc, cfg, nil)
@@ -159,15 +153,8 @@ func TestX12ReflectedBeaconKeepsDeadHostNATS(t *testing.T) {
 			f := newFleetOf(t, hosts)
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
-			dctx, die := context.WithCancel(ctx)
-			for _, h := range hosts {
-				st, nc := permStore(t, natsURL, "agent:"+h, f, h)
-				actx := ctx
-				if h == dead {
-					actx = dctx
-				}
-				startAgentOn(actx, t, st, nc, h, hosts, nil)
-			}
+			cut, _ := startPermAgents(ctx, t, natsURL, f, hosts)
+			die := cut[dead]
 			cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
 			c := startControllerCfg(ctx, t, cst, cnc, controllerCfgThreshold1(), nil)
 			attacker, anc := permStore(t, natsURL, "agent:"+hosts[0], f, hosts[0])
@@ -256,13 +243,7 @@ func TestX12OwnFutureWithdrawalBeaconEndsHoldNATS(t *testing.T) {
 			f := newFleetOf(t, hosts)
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
-			cut := map[string]context.CancelFunc{}
-			for _, h := range hosts {
-				st, nc := permStore(t, natsURL, "agent:"+h, f, h)
-				actx, stop := context.WithCancel(ctx)
-				cut[h] = stop
-				startAgentOn(actx, t, st, nc, h, hosts, nil)
-			}
+			cut, _ := startPermAgents(ctx, t, natsURL, f, hosts)
 			cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
 			c := startControllerCfg(ctx, t, cst, cnc, controllerCfgThreshold1(), nil)
 			attacker, anc := permStore(t, natsURL, "agent:"+attackerHost, f, attackerHost)

@@ -92,6 +92,22 @@ func TestAgentCannotPurgeLeaseBucket(t *testing.T) {
 	}
 }
 
+// startPermAgents starts a real agent core for each host on the
+// nats-server at url, each with its own NATS user and host key; an
+// agent runs until ctx ends or its cut func is called. stores are the
+// agents' lease stores.
+func startPermAgents(ctx context.Context, t *testing.T, url string, f fleet, hosts []string) (cut map[string]context.CancelFunc, stores map[string]*natslease.Store) {
+	t.Helper()
+	cut, stores = map[string]context.CancelFunc{}, map[string]*natslease.Store{}
+	for _, h := range hosts {
+		st, nc := permStore(t, url, "agent:"+h, f, h)
+		actx, stop := context.WithCancel(ctx)
+		cut[h], stores[h] = stop, st
+		startAgentOn(actx, t, st, nc, h, hosts, nil)
+	}
+	return cut, stores
+}
+
 // permRig starts nats-server with the shipped permissions, real agent
 // cores for hosts (each with its own NKey and host key, signing required,
 // publishing beacons) and a controller Runner receiving them; the agent of

@@ -57,13 +57,7 @@ func TestX6ReplayedWithdrawalAcrossRestartNATS(t *testing.T) {
 			f := newFleetOf(t, hosts)
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
-			cut := map[string]context.CancelFunc{}
-			for _, h := range hosts {
-				st, nc := permStore(t, url, "agent:"+h, f, h)
-				actx, stop := context.WithCancel(ctx)
-				cut[h] = stop
-				startAgentOn(actx, t, st, nc, h, hosts, nil)
-			}
+			cut, _ := startPermAgents(ctx, t, url, f, hosts)
 			cfg := controller.DefaultConfig()
 			cfg.GuardCount, cfg.GuardShare = 1, 0.5 // 3 hosts: threshold 1
 			startCtl := func() (*controllerRun, context.CancelFunc) {

@@ -30,15 +30,8 @@ func TestRestartMemoryNATS(t *testing.T) {
 			f := newFleetOf(t, hosts)
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
-			dctx, die := context.WithCancel(ctx)
-			for _, h := range hosts {
-				st, nc := permStore(t, url, "agent:"+h, f, h)
-				actx := ctx
-				if h == dead {
-					actx = dctx
-				}
-				startAgentOn(actx, t, st, nc, h, hosts, nil)
-			}
+			cut, _ := startPermAgents(ctx, t, url, f, hosts)
+			die := cut[dead]
 			open := func() (*controllerRun, context.CancelFunc) {
 				cst, cnc := permStore(t, url, "controller:ctl-1", f, "ctl")
 				var mem jetstream.KeyValue
