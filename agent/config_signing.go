@@ -64,12 +64,13 @@ func (s SigningConfig) validate(host string, enabled bool, bad func(field string
 	if n < 0 {
 		bad("fence.signing.lying_peers", n, "must not be negative")
 	}
-	if mode == fencing.SigningOff || !enabled {
+	if mode == fencing.SigningOff {
 		if n > 0 && enabled {
 			bad("fence.signing.lying_peers", n, "needs signing (optional or required): without host-signed answers one member can answer in every peer's name")
 		}
 		return
 	}
+	// With fencing off too: the key signs the agent's events.
 	if _, _, err := s.load(host); err != nil {
 		bad(err.field, err.val, err.why)
 	}

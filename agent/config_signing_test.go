@@ -65,6 +65,22 @@ func TestSigningConfigValidation(t *testing.T) {
 	}
 }
 
+// TestSigningConfigWithoutFencing: with fencing off, fence.signing's key
+// still signs the agent's events, so a mode other than off is validated
+// too (a missing key is named at start, not found missing later).
+func TestSigningConfigWithoutFencing(t *testing.T) {
+	c := DefaultConfig()
+	c.Host = "node1.example.org"
+	c.Fence.Signing.Mode, c.Fence.Signing.KeyFile = "optional", filepath.Join(t.TempDir(), "none")
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "fence.signing.key_file") {
+		t.Fatalf("fencing off, signing optional without a key: %v", err)
+	}
+	c.Fence.Signing.Mode = "off"
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func ptr(n int) *int { return &n }
 
 // TestLyingPeersDefault: fence.signing.lying_peers defaults to 1 with

@@ -95,6 +95,30 @@ type Daemon struct {
 	started time.Time
 }
 
+// eventSigner returns the host key that signs the agent's lifecycle and
+// reconcile events (docs/events.md, "Signatures"; a controller with
+// signing required refuses unsigned ones): the fencer's key or, with
+// fencing off, fence.signing's key when its mode is optional or required;
+// the zero Signer (unsigned events) with signing off.
+func (d *Daemon) eventSigner() (fencing.Signer, error) {
+	signer := fencing.Signer{}
+	if d.fence != nil {
+		signer = d.fence.signer
+	} else {
+		_, s, serr := d.cfg.Fence.Signing.load(d.cfg.Host)
+		if serr != nil {
+			return signer, fmt.Errorf("%s %v: %s", serr.field, serr.val, serr.why)
+		}
+		signer = s
+	}
+	if signer.Key != nil {
+		d.log.Info("events signed with the host key", "key", signer.ID)
+	} else {
+		d.log.Warn("events are NOT signed (fence.signing.mode: off): a controller with signing required refuses them (docs/security.md)")
+	}
+	return signer, nil
+}
+
 // Run starts the agent and blocks until ctx is cancelled (SIGTERM), then
 // shuts down gracefully: with fencing on, the lease is withdrawn first (or
 // the host fenced: docs/fencing.md, orderly stop), then the loop stops, the
@@ -244,13 +268,18 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (err e
 		}
 	}
 
+	signer, err := d.eventSigner()
+	if err != nil {
+		return err
+	}
 	if d.pub, err = delivery.NewPublisher(d.nc, d.outbox, delivery.PublisherConfig{
-		CreateStream: d.cfg.NATS.CreateStream,
+		CreateStream: d.cfg.NATS.CreateStream, Signer: signer,
 	}, d.log); err != nil {
 		return err
 	}
 
 	if d.rec != nil {
+		d.rec.signer = signer
 		// Periodic runs and event publication; stopped before NATS and
 		// libvirt are closed.
 		recCtx, stopRec := context.WithCancel(context.Background())

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"hvguard/agent/delivery"
 	"hvguard/daemonkit"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
@@ -978,7 +979,7 @@ func (f *fencer) publishEvents(ctx context.Context) {
 			}
 			b, err := ev.Encode()
 			if err == nil {
-				err = f.nc.Publish(f.subject, b)
+				err = f.nc.PublishMsg(delivery.EventMsg(f.subject, b, f.signer)) // signed: docs/events.md, "Signatures"
 			}
 			if err != nil {
 				f.log.Warn("fence event not published (logged above)", "host", f.host, "state", string(ev.To), "err", err)

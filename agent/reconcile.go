@@ -17,7 +17,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"hvguard/agent/delivery"
 	"hvguard/daemonkit/atomicfile"
+	"hvguard/fencing"
 	"hvguard/libvirtx"
 	"hvguard/openstack"
 	"hvguard/proto"
@@ -99,6 +101,10 @@ type reconciler struct {
 	// this keeps their recording (status file, timer) in the same order,
 	// so an older report never overwrites a newer one.
 	runMu sync.Mutex
+
+	// signer: the host's key; the events are published signed
+	// (delivery.EventMsg). Set before loop starts.
+	signer fencing.Signer
 
 	pubFailing bool // publish's failure streak (loop goroutine only): log once
 
@@ -259,7 +265,7 @@ func (r *reconciler) publish(ctx context.Context, js jetstream.JetStream, subjec
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, reconcilePublishTimeout)
-		_, err = js.Publish(pctx, subject, b, jetstream.WithMsgID(evs[i].MsgID()), jetstream.WithExpectStream(proto.StreamName))
+		_, err = js.PublishMsg(pctx, delivery.EventMsg(subject, b, r.signer), jetstream.WithMsgID(evs[i].MsgID()), jetstream.WithExpectStream(proto.StreamName))
 		cancel()
 		if err != nil {
 			perr = err

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"hvguard/fencing"
 	"hvguard/proto"
 )
 
@@ -32,7 +33,15 @@ const (
 	// ConsumerLagEvery is how often the consumer's lag (messages in the
 	// stream not yet delivered to it) is read for metrics and status.
 	ConsumerLagEvery = 5 * time.Second
+	// ConsumerRefusedLogEvery spaces the log lines of refused events
+	// (each is counted: ConsumerStats.Refused): a compromised node can
+	// store forgeries in bulk, and the log must stay readable.
+	ConsumerRefusedLogEvery = 10 * time.Second
 )
+
+// RefusedReasons are the reasons an event is refused
+// (fencing.EventError.Reason), in the order of ConsumerStats.Refused.
+var RefusedReasons = []string{fencing.EventUnsigned, fencing.EventForeignKey, fencing.EventUnknownSigner, fencing.EventBadSignature}
 
 // ConsumerStats are the consumer's counters.
 type ConsumerStats struct {
@@ -40,6 +49,9 @@ type ConsumerStats struct {
 	// Poison: messages that failed to decode, terminated (never
 	// redelivered) and counted.
 	Poison atomic.Uint64
+	// Refused: events whose signature did not verify (Consumer.Keys), by
+	// reason (RefusedReasons): terminated, never applied.
+	Refused [4]atomic.Uint64
 	// Lag: messages in the stream not yet delivered (last read);
 	// AckPending: delivered, not yet acknowledged.
 	Lag, AckPending atomic.Int64
@@ -53,6 +65,10 @@ type ConsumerStats struct {
 // terminated, never redelivered, never blocking the stream.
 type Consumer struct {
 	JS jetstream.JetStream
+	// Keys verifies each event's signature (fencing.Keyring.VerifyEvent,
+	// against the key of the host its subject names) before the fleet
+	// view and OnApplied see it; nil or signing off: nothing is checked.
+	Keys *fencing.Keyring
 	// ID names the durable consumer: hvguard-controller-<ID> (characters a
 	// consumer name cannot hold become '_').
 	ID  string
@@ -72,6 +88,7 @@ type Consumer struct {
 	mu    sync.Mutex
 	fleet *Fleet
 	alive atomic.Int64 // UnixNano of the loop's last progress
+	said  atomic.Int64 // UnixNano of the last refused event's log line
 }
 
 // DurableName returns the durable consumer's name for a controller id.
@@ -248,6 +265,10 @@ func (c *Consumer) handle(log *slog.Logger, m jetstream.Msg) {
 		c.poison(log, m, 0, fmt.Errorf("no JetStream metadata: %w", err))
 		return
 	}
+	if err := c.verify(m); err != nil {
+		c.refuse(log, m, meta.Sequence.Stream, err)
+		return
+	}
 	ev, err := proto.DecodeLifecycle(m.Data())
 	if err != nil {
 		c.poison(log, m, meta.Sequence.Stream, err)
@@ -300,5 +321,43 @@ func (c *Consumer) poison(log *slog.Logger, m jetstream.Msg, streamSeq uint64, e
 		"stream_seq", streamSeq, "err", err, "data", string(data))
 	if terr := m.TermWithReason("hvguard-controller: " + err.Error()); terr != nil {
 		log.Warn("terminating a poison message failed (it will be redelivered and terminated again)", "err", terr)
+	}
+}
+
+// verify checks m's signature against the key of the host its subject
+// names (nil: accepted).
+func (c *Consumer) verify(m jetstream.Msg) error {
+	if !c.Keys.Enabled() {
+		return nil
+	}
+	host, _, err := proto.SubjectHost(m.Subject())
+	if err != nil {
+		return err // poison: the stream captures only host subjects
+	}
+	h := m.Headers()
+	return c.Keys.VerifyEvent(host, m.Subject(), m.Data(), h.Get(proto.EventSignerHeader), h.Get(proto.EventSigHeader))
+}
+
+// refuse counts, logs (at most once every ConsumerRefusedLogEvery) and
+// terminates an event that is not trusted: it is never applied, never
+// redelivered, and never blocks the messages behind it.
+func (c *Consumer) refuse(log *slog.Logger, m jetstream.Msg, streamSeq uint64, err error) {
+	var ee *fencing.EventError
+	if !errors.As(err, &ee) {
+		c.poison(log, m, streamSeq, err)
+		return
+	}
+	for i, r := range RefusedReasons {
+		if r == ee.Reason {
+			c.Stats.Refused[i].Add(1)
+		}
+	}
+	now := c.now().UnixNano()
+	if last := c.said.Load(); now-last >= int64(ConsumerRefusedLogEvery) && c.said.CompareAndSwap(last, now) {
+		log.Warn("event refused: its signature does not verify (never applied; further refusals are counted, logged at most every "+
+			ConsumerRefusedLogEvery.String()+")", "subject", m.Subject(), "stream_seq", streamSeq, "reason", ee.Reason, "err", err)
+	}
+	if terr := m.TermWithReason("hvguard-controller: " + err.Error()); terr != nil {
+		log.Debug("terminating a refused event failed (it will be redelivered and refused again)", "err", terr)
 	}
 }

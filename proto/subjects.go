@@ -177,6 +177,34 @@ func MsgID(host string, inc Incarnation, seq uint64) string {
 	return host + ":" + inc.String() + ":" + strconv.FormatUint(seq, 10)
 }
 
+// Event signature headers (docs/events.md, "Signatures"): an agent whose
+// host key is configured (fence.signing.mode optional or required) puts
+// its key's ID (nkey "U…") in EventSignerHeader and the ed25519
+// signature of the subject and payload (fencing.Signer.SignEvent, base64
+// without padding) in EventSigHeader on every event it publishes on its
+// lifecycle, reconcile and fence subjects. The controller verifies them against
+// the host's enrolled key before its fleet view or instance recovery sees
+// the event (fencing.Keyring.VerifyEvent). The payload is unchanged: an
+// event without them is what an agent without a key publishes.
+const (
+	EventSignerHeader = "Hvguard-Signer"
+	EventSigHeader    = "Hvguard-Sig"
+)
+
+// SubjectHost returns the host and kind of a per-host subject
+// hvguard.v1.<host-token>.<kind>, or an error naming the subject.
+func SubjectHost(subject string) (host, kind string, err error) {
+	rest, ok := strings.CutPrefix(subject, SubjectPrefix+".")
+	tok, kind, ok2 := strings.Cut(rest, ".")
+	if !ok || !ok2 || kind == "" || strings.Contains(kind, ".") {
+		return "", "", fmt.Errorf("subject %s: not %s.<host-token>.<kind>", quote(subject), SubjectPrefix)
+	}
+	if host, err = TokenToHost(tok); err != nil {
+		return "", "", fmt.Errorf("subject %s: %w", quote(subject), err)
+	}
+	return host, kind, nil
+}
+
 // The JetStream stream holding lifecycle events, and its recommended
 // configuration. The agent creates it when missing (if allowed) and never
 // changes an existing one (it reports settings that differ); see

@@ -86,7 +86,11 @@
 //
 // Publisher.Run sends records with Nats-Msg-Id =
 // proto.MsgID(host, incarnation, seq),
-// up to Window in flight (PublishMsgAsync), and applies acks in order. On a
+// up to Window in flight (PublishMsgAsync), and applies acks in order.
+// With PublisherConfig.Signer (the host key) each message carries the
+// headers Hvguard-Signer and Hvguard-Sig (EventMsg: the signature of the
+// subject and the record's bytes, made at each send; deterministic, so a
+// re-send is identical and deduplicated as before; docs/events.md). On a
 // publish error, an ack error (the client fails pending acks on disconnect)
 // or an ack timeout it abandons everything in flight and re-sends from the
 // first unacked record after a backoff. The connection must not buffer

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"hvguard/fencing"
 	"hvguard/proto"
 )
 
@@ -58,6 +59,9 @@ type PublisherConfig struct {
 	// differs from StreamConfig (EnsureStream). Either way the agent's NATS
 	// user needs $JS.API.STREAM.INFO.HVGUARD_EVENTS.
 	CreateStream bool
+	// Signer is the host's key (fence.signing): every event is published
+	// signed (EventMsg). The zero Signer publishes unsigned events.
+	Signer fencing.Signer
 }
 
 // Publisher publishes an Outbox's records, in order, to the host's
@@ -175,7 +179,7 @@ func (p *Publisher) Run(ctx context.Context) error {
 			}
 			sendErr := error(nil)
 			for _, r := range recs {
-				msg := &nats.Msg{Subject: p.subject, Data: r.Data, Header: nats.Header{}}
+				msg := EventMsg(p.subject, r.Data, p.cfg.Signer)
 				msg.Header.Set(jetstream.MsgIDHeader, proto.MsgID(p.host, p.ob.inc, r.Seq))
 				// No client-side retry on "no responders": a retried
 				// message could land after later ones; the rewind below
@@ -240,6 +244,21 @@ func (p *Publisher) Run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// EventMsg returns the message publishing an event's data on subject,
+// signed by s, the host's key: proto.EventSignerHeader and
+// proto.EventSigHeader (fencing.Signer.SignEvent over the subject and
+// data), none for the zero Signer. The outbox keeps the data only; the
+// signature is made at each send and is the same for a re-send (ed25519
+// is deterministic), which JetStream drops by its Nats-Msg-Id as before.
+func EventMsg(subject string, data []byte, s fencing.Signer) *nats.Msg {
+	msg := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
+	if id, sig := s.SignEvent(subject, data); sig != "" {
+		msg.Header.Set(proto.EventSignerHeader, id)
+		msg.Header.Set(proto.EventSigHeader, sig)
+	}
+	return msg
 }
 
 // StreamReady is closed once Run has found (or created) the stream and it

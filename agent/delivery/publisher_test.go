@@ -2,6 +2,7 @@ package delivery
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/agent/delivery/deliverytest"
+	"hvguard/fencing"
 	"hvguard/proto"
 )
 
@@ -198,13 +200,17 @@ func TestPublishAfterOutboxReopen(t *testing.T) {
 
 func TestPublishResendIsDeduplicated(t *testing.T) {
 	// A restart after publishing but before the ack cursor was persisted
-	// re-sends; the stream must not hold the events twice.
+	// re-sends; the stream must not hold the events twice. The events are
+	// signed with the host key (PublisherConfig.Signer): the re-sent ones
+	// carry the same signature, and every stored event verifies against
+	// the host's key on its subject.
+	signer, ring := testSigner()
 	s := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	nc := connectTest(t, s)
 	ensureStream(t, nc)
 	dir := t.TempDir()
 	o := openTest(t, dir, OutboxConfig{})
-	p, err := NewPublisher(nc, o, PublisherConfig{}, testLogger(t))
+	p, err := NewPublisher(nc, o, PublisherConfig{Signer: signer}, testLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +228,7 @@ func TestPublishResendIsDeduplicated(t *testing.T) {
 
 	o = openTest(t, dir, OutboxConfig{})
 	t.Cleanup(func() { o.Close() })
-	p = runPublisher(t, nc, o, PublisherConfig{})
+	p = runPublisher(t, nc, o, PublisherConfig{Signer: signer})
 	flush(t, p)
 	c := deliverytest.Collect(t, nc, testHost, 20, testTimeout)
 	checkInOrder(t, c, 1, 20)
@@ -232,6 +238,29 @@ func TestPublishResendIsDeduplicated(t *testing.T) {
 	if st := p.Stats(); st.DupAcks == 0 {
 		t.Errorf("no duplicate acks after re-send: %+v", st)
 	}
+	js, _ := jetstream.New(nc)
+	ctx, cancel = context.WithTimeout(context.Background(), testTimeout)
+	defer cancel()
+	str, err := js.Stream(ctx, proto.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); seq <= 20; seq++ {
+		m, err := str.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := ring.VerifyEvent(testHost, m.Subject, m.Data, m.Header.Get(proto.EventSignerHeader), m.Header.Get(proto.EventSigHeader)); err != nil {
+			t.Errorf("stream seq %d: %v (headers %v)", seq, err, m.Header)
+		}
+	}
+}
+
+// testSigner returns a host key for testHost and a keyring requiring it.
+func testSigner() (fencing.Signer, *fencing.Keyring) {
+	priv := ed25519.NewKeyFromSeed(make([]byte, ed25519.SeedSize))
+	pub := fencing.PublicKey{ID: "Ktest", Key: priv.Public().(ed25519.PublicKey)}
+	return fencing.Signer{ID: pub.ID, Key: priv}, &fencing.Keyring{Mode: fencing.SigningRequired, Hosts: map[string][]fencing.PublicKey{testHost: {pub}}}
 }
 
 func TestFlushTimeoutReportsRemaining(t *testing.T) {

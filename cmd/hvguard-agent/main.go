@@ -30,7 +30,7 @@ Usage:
   hvguard-agent status [--json] [flags] one screen: is this host healthy?
   hvguard-agent unfence [flags]         release this host after a declaration
   hvguard-agent keygen [--show] [PATH]  write this host's signing key for
-                                        signed lease records (an nkey seed,
+                                        signed lease records and events (an nkey seed,
                                         mode 0600, never overwritten; default
                                         /etc/hvguard/keys/agent.seed) and
                                         print "<host> <public key>" for the

@@ -233,7 +233,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 
 	// The fleet view: every controller (leader or standby) consumes the
 	// event stream with its own durable consumer.
-	d.cons = &controller.Consumer{JS: js, ID: cfg.ID, Log: log.With("component", "events")}
+	d.cons = &controller.Consumer{JS: js, ID: cfg.ID, Keys: keys, Log: log.With("component", "events")}
 	// Instance recovery (issue 14) hooks into the consumer.
 	irDone := make(chan struct{})
 	irCtx, stopIR := context.WithCancel(context.Background())

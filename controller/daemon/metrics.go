@@ -89,6 +89,7 @@ var (
 	descRefused          = prometheus.NewDesc("hvguard_controller_hosts_refused", "Hosts currently refused.", nil, nil)
 	descSilent           = prometheus.NewDesc("hvguard_controller_hosts_silent", "Hosts the guard counts silent now.", nil, nil)
 	descEvents           = prometheus.NewDesc("hvguard_controller_lifecycle_messages_total", "Lifecycle messages consumed from the event stream, by what the fleet view did with them: applied, duplicate, old-incarnation (dropped), missing (applied after a hole: the host's view went stale), new-incarnation (applied: the host's view went stale), poison (undecodable: terminated, never redelivered).", []string{"verdict"}, nil)
+	descEventsRefused    = prometheus.NewDesc("hvguard_controller_events_refused_total", "Events refused by their signature (signing optional or required; docs/security.md, \"Signed events\"): terminated, never applied to the fleet view nor seen by instance recovery, logged at most every 10 s. By reason: unsigned (signing: required), foreign-key (another host's key), unknown-signer, bad-signature.", []string{"reason"}, nil)
 	descStreamLag        = prometheus.NewDesc("hvguard_controller_stream_lag_messages", "Messages in the event stream not yet delivered to this controller's consumer (read every 5 s).", nil, nil)
 	descAckPending       = prometheus.NewDesc("hvguard_controller_stream_ack_pending_messages", "Messages delivered to this controller's consumer and not yet acknowledged.", nil, nil)
 	descStaleHosts       = prometheus.NewDesc("hvguard_controller_hosts_stale", "Hosts whose fleet view is stale (events missing, a new incarnation, a gap, or no full report yet) until their agent's next full report.", nil, nil)
@@ -168,6 +169,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ctr(descEvents, int64(cs.Missing.Load()), "missing")
 	ctr(descEvents, int64(cs.NewIncarnation.Load()), "new-incarnation")
 	ctr(descEvents, int64(cs.Poison.Load()), "poison")
+	for i, r := range controller.RefusedReasons {
+		ctr(descEventsRefused, int64(cs.Refused[i].Load()), r)
+	}
 	g(descStreamLag, float64(cs.Lag.Load()))
 	g(descAckPending, float64(cs.AckPending.Load()))
 	stale := 0

@@ -93,17 +93,19 @@ func (d *Daemon) recoveryStatus() *RecoveryStatus {
 
 // EventsStatus summarises the event-stream consumer and the fleet view.
 type EventsStatus struct {
-	Consumer       string       `json:"consumer"`
-	Lag            int64        `json:"lag"`
-	AckPending     int64        `json:"ack_pending"`
-	Applied        uint64       `json:"applied"`
-	Duplicates     uint64       `json:"duplicates"`
-	OldIncarnation uint64       `json:"old_incarnation"`
-	Missing        uint64       `json:"missing"`
-	NewIncarnation uint64       `json:"new_incarnation"`
-	Poison         uint64       `json:"poison"`
-	StaleHosts     int          `json:"stale_hosts"`
-	Hosts          []HostEvents `json:"hosts"`
+	Consumer       string `json:"consumer"`
+	Lag            int64  `json:"lag"`
+	AckPending     int64  `json:"ack_pending"`
+	Applied        uint64 `json:"applied"`
+	Duplicates     uint64 `json:"duplicates"`
+	OldIncarnation uint64 `json:"old_incarnation"`
+	Missing        uint64 `json:"missing"`
+	NewIncarnation uint64 `json:"new_incarnation"`
+	Poison         uint64 `json:"poison"`
+	// Refused: events refused by their signature, by reason.
+	Refused    map[string]uint64 `json:"refused,omitempty"`
+	StaleHosts int               `json:"stale_hosts"`
+	Hosts      []HostEvents      `json:"hosts"`
 }
 
 // HostEvents is one host's line of the fleet view.
@@ -131,6 +133,14 @@ func (d *Daemon) events(host string) (*EventsStatus, *HostDetail) {
 	es := &EventsStatus{Consumer: controller.DurableName(d.cfg.ID), Lag: c.Stats.Lag.Load(), AckPending: c.Stats.AckPending.Load(),
 		Applied: c.Stats.Applied.Load(), Duplicates: c.Stats.Duplicates.Load(), OldIncarnation: c.Stats.OldIncarnation.Load(),
 		Missing: c.Stats.Missing.Load(), NewIncarnation: c.Stats.NewIncarnation.Load(), Poison: c.Stats.Poison.Load(), Hosts: []HostEvents{}}
+	for i, r := range controller.RefusedReasons {
+		if n := c.Stats.Refused[i].Load(); n > 0 {
+			if es.Refused == nil {
+				es.Refused = map[string]uint64{}
+			}
+			es.Refused[r] = n
+		}
+	}
 	var detail *HostDetail
 	now := time.Now()
 	c.View(func(f *controller.Fleet) {
@@ -381,6 +391,9 @@ func printEvents(w io.Writer, es *EventsStatus) {
 	}
 	fmt.Fprintf(w, "events:     consumer %s, lag %d, in flight %d; applied %d, duplicates %d, old incarnation %d, missing %d, new incarnation %d, POISON %d\n",
 		es.Consumer, es.Lag, es.AckPending, es.Applied, es.Duplicates, es.OldIncarnation, es.Missing, es.NewIncarnation, es.Poison)
+	if len(es.Refused) > 0 {
+		fmt.Fprintf(w, "events REFUSED (signature; never applied): %v\n", es.Refused)
+	}
 	fmt.Fprintf(w, "fleet view: %d hosts, %d stale\n", len(es.Hosts), es.StaleHosts)
 	if len(es.Hosts) == 0 {
 		return
