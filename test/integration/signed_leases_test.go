@@ -19,6 +19,7 @@ import (
 	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/fencing/keyfile"
+	"hvguard/proto"
 )
 
 // TestSignedLeasesCompromisedAgent (issue 11): two real agents and a real
@@ -141,6 +142,24 @@ func TestSignedLeasesCompromisedAgent(t *testing.T) {
 		}
 		g, err := fencing.DecodeGuard(e.Value())
 		return err == nil && g.Signer == pub["ctl-1"]
+	})
+
+	// 0. A lifecycle event of compute-2 forged by reflection (reviewer
+	// X13; docs/security.md, "Signed events"): stored in a lease key,
+	// direct-got with compute-2's lifecycle subject as the reply. The
+	// controller refuses it; the agents' own signed events never were.
+	if strings.Contains(fl.logsC.String(), "event refused") {
+		t.Fatalf("the controller refused the agents' signed events\n%s", dump())
+	}
+	lsubj, _ := proto.LifecycleSubject(h2)
+	if _, err := kv.Put(actx, "x13-reflect", []byte(`{"schema":1,"host":"`+h2+`","incarnation":"00000000000000ff","seq":1,"transition":"undefined","domain_uuid":"0f0f0f0f-1111-4222-8333-444444444444","occurred_at":"2026-12-01T00:00:00Z","observed_at":"2026-12-01T00:00:00Z"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := att.nc.PublishRequest("$JS.API.DIRECT.GET.KV_"+fencing.Bucket+".$KV."+fencing.Bucket+".x13-reflect", lsubj, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil("the reflected lifecycle event refused", 10*time.Second, func() bool {
+		return strings.Contains(fl.logsC.String(), "event refused") && strings.Contains(fl.logsC.String(), "reason=unsigned")
 	})
 
 	// 1. Forged declarations of the healthy compute-2.
