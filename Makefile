@@ -55,6 +55,8 @@ fuzz: ## run each fuzzer for 30 s
 	$(GO) test -run '^$$' -fuzz FuzzDecodeLifecycle -fuzztime 30s ./proto/
 	$(GO) test -run '^$$' -fuzz FuzzHostToken -fuzztime 30s ./proto/
 	$(GO) test -run '^$$' -fuzz FuzzSchemaAgreesWithDecoder -fuzztime 30s ./proto/schema/
+	$(GO) test -run '^$$' -fuzz FuzzSubjectHost -fuzztime 30s ./proto/
+	$(GO) test -run '^$$' -fuzz FuzzVerifyEvent -fuzztime 30s ./fencing/
 
 clean: ## remove build outputs
 	rm -rf $(BIN) dist

@@ -14,3 +14,21 @@ func TestSubjectHost(t *testing.T) {
 		}
 	}
 }
+
+// FuzzSubjectHost: whatever SubjectHost accepts is exactly the subject of
+// the host and kind it returns (the controller verifies an event's
+// signature against the key of that host).
+func FuzzSubjectHost(f *testing.F) {
+	f.Add("hvguard.v1.compute-2_example_org.lifecycle")
+	f.Add("hvguard.v1._controller.decision")
+	f.Add("hvguard.v1.a..lifecycle")
+	f.Fuzz(func(t *testing.T, subject string) {
+		host, kind, err := SubjectHost(subject)
+		if err != nil {
+			return
+		}
+		if s, err := hostSubject(host, kind); err != nil || s != subject {
+			t.Fatalf("SubjectHost(%q) = %q %q, whose subject is %q (%v)", subject, host, kind, s, err)
+		}
+	})
+}
