@@ -256,13 +256,7 @@ func TestX11UnobservedWithdrawalNATS(t *testing.T) {
 				cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
 				var mem jetstream.KeyValue
 				if memory {
-					js, err := jetstream.New(cnc)
-					if err == nil {
-						mem, err = controller.EnsureMemoryBucket(ctx, js, true)
-					}
-					if err != nil {
-						t.Fatal(err)
-					}
+					mem = controlBuckets(t, natsURL, "controller:ctl-1").Memory
 				}
 				cctx, stop := context.WithCancel(ctx)
 				return startControllerMem(cctx, t, cst, cnc, mem), stop

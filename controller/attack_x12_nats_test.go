@@ -62,16 +62,7 @@ func reflectBeacon(t *testing.T, ctx context.Context, st *natslease.Store, nc *n
 		_ = nc.Flush()
 		return
 	}
-	if _, err := st.KV.Put(ctx, reflectKey, data); err != nil {
-		t.Fatalf("the attacker's put refused: %v", err)
-	}
-	get := "$JS.API.DIRECT.GET." + natslease.StreamName + ".$KV." + fencing.Bucket + "." + reflectKey
-	if err := nc.PublishRequest(get, subj, nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	reflectWrites(t, ctx, st, nc, data, subj)
 }
 
 // TestX12ReflectedWithdrawalBeaconEndsHoldNATS (S, critical): compute-1..3,

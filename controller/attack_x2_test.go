@@ -2,12 +2,14 @@ package controller_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"hvguard/controller"
 	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
@@ -30,7 +32,26 @@ func permStore(t *testing.T, url, user string, f fleet, who string) (*natslease.
 	if err != nil {
 		t.Fatalf("%s: %v", user, err)
 	}
-	return &natslease.Store{KV: kv, NC: nc, Signer: f.signers[who], Keys: f.ring}, nc
+	st := &natslease.Store{KV: kv, NC: nc, Signer: f.signers[who], Keys: f.ring}
+	if strings.HasPrefix(user, "controller:") {
+		// A controller keeps the guard in its own account too.
+		st.Control = controlBuckets(t, url, user).Control
+	}
+	return st, nc
+}
+
+// controlBuckets connects as user's ("controller:ID") user in the
+// controllers' account and opens its buckets there.
+func controlBuckets(t *testing.T, url, user string) controller.ControlBuckets {
+	t.Helper()
+	js, _ := jetstream.New(natspermtest.Connect(t, url, user+":control"))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cb, err := controller.EnsureControlBuckets(ctx, js, false)
+	if err != nil {
+		t.Fatalf("%s in the controllers' account: %v", user, err)
+	}
+	return cb
 }
 
 // TestAgentCannotPurgeLeaseBucket: a compromised compute-1 publishes ONE

@@ -409,22 +409,3 @@ type InstanceRecoveryEvent struct {
 	Term       uint64 `json:"term"`
 	instancerecovery.Report
 }
-
-// EnsureInstanceBucket opens (or, with create, creates: one replica, file
-// storage, history 5 for forensics) the instance recovery bucket.
-func EnsureInstanceBucket(ctx context.Context, js jetstream.JetStream, create bool) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, instancerecovery.Bucket)
-	if err == nil {
-		return kv, nil
-	}
-	if !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
-		return nil, fmt.Errorf("instance recovery bucket %s: %w (provision it with: nats kv add %s --history 5 --storage file --replicas 3)",
-			instancerecovery.Bucket, err, instancerecovery.Bucket)
-	}
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: instancerecovery.Bucket, History: 5, Storage: jetstream.FileStorage,
-		Description: "hvguard-controller instance recovery: per instance, the stops decided and the actions taken"})
-	if err != nil {
-		return nil, fmt.Errorf("instance recovery bucket %s: create: %w", instancerecovery.Bucket, err)
-	}
-	return kv, nil
-}

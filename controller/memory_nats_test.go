@@ -8,7 +8,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"hvguard/controller"
 	"hvguard/controller/natsperm/natspermtest"
 )
 
@@ -36,13 +35,7 @@ func TestRestartMemoryNATS(t *testing.T) {
 				cst, cnc := permStore(t, url, "controller:ctl-1", f, "ctl")
 				var mem jetstream.KeyValue
 				if memory {
-					js, err := jetstream.New(cnc)
-					if err == nil {
-						mem, err = controller.EnsureMemoryBucket(ctx, js, true)
-					}
-					if err != nil {
-						t.Fatalf("the controller's user opening its memory bucket: %v", err)
-					}
+					mem = controlBuckets(t, url, "controller:ctl-1").Memory
 				}
 				cctx, stop := context.WithCancel(ctx)
 				return startControllerMem(cctx, t, cst, cnc, mem), stop

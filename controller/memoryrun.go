@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -19,24 +18,6 @@ import (
 // reading the watch.
 // 256 writes take well under a tick on a local NATS.
 const MemoryWritesPerTick = 256
-
-// EnsureMemoryBucket opens (or, with create, creates: file storage, one
-// value per key) the controllers' memory bucket (MemoryBucket).
-func EnsureMemoryBucket(ctx context.Context, js jetstream.JetStream, create bool) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, MemoryBucket)
-	if err == nil {
-		return kv, nil
-	}
-	if !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
-		return nil, fmt.Errorf("controller memory bucket %s: %w (provision it with: nats kv add %s --history 1 --storage file --replicas 3)", MemoryBucket, err, MemoryBucket)
-	}
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: MemoryBucket, History: 1, Storage: jetstream.FileStorage,
-		Description: "hvguard-controller memory: per host token, whether its beacons bound it"})
-	if err != nil {
-		return nil, fmt.Errorf("controller memory bucket %s: create: %w", MemoryBucket, err)
-	}
-	return kv, nil
-}
 
 // restoreMemory reads what an earlier controller remembered of every host
 // the tracker knows and hands it over (Tracker.RestoreMemory); a memory it

@@ -70,24 +70,6 @@ const (
 	RecoveryIdleWait = time.Second
 )
 
-// EnsureRecoveryBucket opens (or, with create, creates with one replica
-// and a short history) the bucket of the recoveries' progress.
-func EnsureRecoveryBucket(ctx context.Context, js jetstream.JetStream, create bool) (jetstream.KeyValue, error) {
-	kv, err := js.KeyValue(ctx, recovery.Bucket)
-	if err == nil {
-		return kv, nil
-	}
-	if !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
-		return nil, fmt.Errorf("recovery bucket %s: %w (provision it with: nats kv add %s --history 5 --storage file --replicas 3)", recovery.Bucket, err, recovery.Bucket)
-	}
-	kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: recovery.Bucket, History: 5, Storage: jetstream.FileStorage,
-		Description: "hvguard host recovery progress (controller/recovery.Record per host token)"})
-	if err != nil {
-		return nil, fmt.Errorf("recovery bucket %s: create: %w", recovery.Bucket, err)
-	}
-	return kv, nil
-}
-
 // RecoveryRunner is host recovery's shell: as the leader, it starts a
 // recovery for each declaration the tracker shows (recovery.Core.Start),
 // runs one worker per host performing the core's steps — every write to

@@ -70,26 +70,39 @@ func (n NATSConfig) Validate(bad Bad) {
 			bad(f.field, fmt.Sprintf("%q", f.path), "cannot be read: "+RootCause(err).Error())
 		}
 	}
+	n.ValidateCredentials("nats", bad)
+	if n.KeyFile != "" {
+		CheckSecretFile(bad, "nats.key_file", n.KeyFile)
+	}
+	if (n.CertFile == "") != (n.KeyFile == "") {
+		bad("nats.cert_file", fmt.Sprintf("%q", n.CertFile), "cert_file and key_file go together")
+	}
+	if n.ReadyTimeout < 0 {
+		bad("nats.ready_timeout", n.ReadyTimeout.D(), "must not be negative")
+	}
+}
+
+// ValidateCredentials reports bad credential fields (named p.*: "nats",
+// or "nats.control" for the controller's second user): one method at
+// most, each secret file accessible to its owner only and readable now.
+func (n NATSConfig) ValidateCredentials(p string, bad Bad) {
 	var methods []string
 	for _, f := range []struct{ field, path string }{
-		{"nats.creds_file", n.CredsFile}, {"nats.nkey_seed_file", n.NKeySeedFile},
-		{"nats.token_file", n.TokenFile}, {"nats.password_file", n.PasswordFile}, {"nats.key_file", n.KeyFile},
-	} {
+		{p + ".creds_file", n.CredsFile}, {p + ".nkey_seed_file", n.NKeySeedFile},
+		{p + ".token_file", n.TokenFile}, {p + ".password_file", n.PasswordFile}} {
 		if f.path == "" {
 			continue
 		}
 		CheckSecretFile(bad, f.field, f.path)
-		if f.field != "nats.key_file" {
-			methods = append(methods, f.field)
-		}
+		methods = append(methods, f.field)
 	}
 	if len(methods) > 1 {
-		bad(methods[1], fmt.Sprintf("%q", "set"), "only one of nats.creds_file, nkey_seed_file, token_file, password_file may be set (also set: "+methods[0]+")")
+		bad(methods[1], fmt.Sprintf("%q", "set"), "only one of "+p+".creds_file, nkey_seed_file, token_file, password_file may be set (also set: "+methods[0]+")")
 	}
 	if (n.User == "") != (n.PasswordFile == "") {
-		bad("nats.user", fmt.Sprintf("%q", n.User), "user and password_file go together")
+		bad(p+".user", fmt.Sprintf("%q", n.User), "user and password_file go together")
 	}
-	for _, f := range []struct{ field, path string }{{"nats.token_file", n.TokenFile}, {"nats.password_file", n.PasswordFile}} {
+	for _, f := range []struct{ field, path string }{{p + ".token_file", n.TokenFile}, {p + ".password_file", n.PasswordFile}} {
 		if f.path != "" && SecretFileError(f.path) == nil {
 			if _, err := secretReader(f.field, f.path); err != nil {
 				bad(f.field, fmt.Sprintf("%q", f.path), "is empty")
@@ -98,14 +111,8 @@ func (n NATSConfig) Validate(bad Bad) {
 	}
 	if n.NKeySeedFile != "" && SecretFileError(n.NKeySeedFile) == nil {
 		if _, err := nats.NkeyOptionFromSeed(n.NKeySeedFile); err != nil {
-			bad("nats.nkey_seed_file", fmt.Sprintf("%q", n.NKeySeedFile), "not a user NKey seed: "+err.Error())
+			bad(p+".nkey_seed_file", fmt.Sprintf("%q", n.NKeySeedFile), "not a user NKey seed: "+err.Error())
 		}
-	}
-	if (n.CertFile == "") != (n.KeyFile == "") {
-		bad("nats.cert_file", fmt.Sprintf("%q", n.CertFile), "cert_file and key_file go together")
-	}
-	if n.ReadyTimeout < 0 {
-		bad("nats.ready_timeout", n.ReadyTimeout.D(), "must not be negative")
 	}
 }
 
@@ -172,7 +179,11 @@ func (n NATSConfig) URL() string { return strings.Join(n.URLs, ",") }
 // A token or password file is read again at every (re)connect, so it can
 // be replaced without a restart; if it cannot be read then, the last
 // value read is used.
-func (n NATSConfig) Options() ([]nats.Option, error) {
+func (n NATSConfig) Options() ([]nats.Option, error) { return n.OptionsFor("nats") }
+
+// OptionsFor is Options naming the section p in its errors ("nats", or
+// "nats.control" for the controller's second user).
+func (n NATSConfig) OptionsFor(p string) ([]nats.Option, error) {
 	var opts []nats.Option
 	switch {
 	case n.CredsFile != "":
@@ -180,17 +191,17 @@ func (n NATSConfig) Options() ([]nats.Option, error) {
 	case n.NKeySeedFile != "":
 		o, err := nats.NkeyOptionFromSeed(n.NKeySeedFile)
 		if err != nil {
-			return nil, fmt.Errorf("nats.nkey_seed_file %q: %w", n.NKeySeedFile, err)
+			return nil, fmt.Errorf("%s.nkey_seed_file %q: %w", p, n.NKeySeedFile, err)
 		}
 		opts = append(opts, o)
 	case n.TokenFile != "":
-		read, err := secretReader("nats.token_file", n.TokenFile)
+		read, err := secretReader(p+".token_file", n.TokenFile)
 		if err != nil {
 			return nil, err
 		}
 		opts = append(opts, nats.TokenHandler(read))
 	case n.PasswordFile != "":
-		read, err := secretReader("nats.password_file", n.PasswordFile)
+		read, err := secretReader(p+".password_file", n.PasswordFile)
 		if err != nil {
 			return nil, err
 		}

@@ -24,7 +24,7 @@ import (
 // record of the old leader after the new one's first, and /status never
 // showed two leaders (sampled every 10 ms throughout).
 func TestPartitionedLeader(t *testing.T) {
-	url, kv := haBucket(t)
+	url, kv, ckv := haBucket(t)
 	st := &natslease.Store{KV: kv}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -84,7 +84,7 @@ func TestPartitionedLeader(t *testing.T) {
 	if len(decl) != 1 || !strings.Contains(decl[0], "ctl-b") {
 		t.Fatalf("hs declarations: %q, want exactly one, by ctl-b", decl)
 	}
-	locks := controllertest.CheckTakeover(t, kv, "ctl-a", "ctl-b")
+	locks := controllertest.CheckTakeover(t, ckv, "ctl-a", "ctl-b")
 	if a.Role() != "standby" || b.Role() != "leader" {
 		t.Fatalf("after the heal: ctl-a %s, ctl-b %s; want standby, leader", a.Role(), b.Role())
 	}

@@ -59,10 +59,12 @@ metrics: {listen: "127.0.0.1:0"}
 	return controllertest.StartProc(t, exe, []string{mainEnv + "=1"}, id, cfg)
 }
 
-// haBucket starts an embedded JetStream and creates the lease bucket with a
-// history of 64 values per key (the controllers open it and leave its
-// configuration alone), so the tests can read every write.
-func haBucket(t *testing.T) (string, jetstream.KeyValue) {
+// haBucket starts an embedded JetStream and creates the lease bucket and
+// the control bucket (controller.ControlBucket: the leader lock) with a
+// history of 64 values per key (the controllers open them and leave their
+// configuration alone), so the tests can read every write. It returns the
+// URL, the lease bucket and the control bucket.
+func haBucket(t *testing.T) (string, jetstream.KeyValue, jetstream.KeyValue) {
 	t.Helper()
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	nc, err := nats.Connect(srv.ClientURL())
@@ -77,14 +79,18 @@ func haBucket(t *testing.T) (string, jetstream.KeyValue) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return srv.ClientURL(), kv
+	ckv, err := js.CreateKeyValue(context.Background(), jetstream.KeyValueConfig{Bucket: controller.ControlBucket, History: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return srv.ClientURL(), kv, ckv
 }
 
 // TestKill9Leader: the leader process is killed with SIGKILL (no
 // resignation): the standby leads after the lock stood still for
 // TakeoverAfter(ttl), not before.
 func TestKill9Leader(t *testing.T) {
-	url, kv := haBucket(t)
+	url, kv, ckv := haBucket(t)
 	a := startProc(t, url, "ctl-a", "")
 	controllertest.WaitRole(t, a, "leader", 10*TakeoverWait())
 	b := startProc(t, url, "ctl-b", "")
@@ -100,8 +106,10 @@ func TestKill9Leader(t *testing.T) {
 	}
 	// The controllers opened the existing bucket and left its
 	// configuration alone.
-	if st, err := kv.Status(context.Background()); err != nil || st.History() != 64 {
-		t.Fatalf("the lease bucket's history is %v (err %v), want the 64 it was created with", st.History(), err)
+	for _, b := range []jetstream.KeyValue{kv, ckv} {
+		if st, err := b.Status(context.Background()); err != nil || st.History() != 64 {
+			t.Fatalf("the %s bucket's history is %v (err %v), want the 64 it was created with", b.Bucket(), st.History(), err)
+		}
 	}
 }
 
@@ -123,7 +131,7 @@ func TakeoverWait() time.Duration {
 // host's key history has no expired record and the lock's history has no
 // record of the old leader after the new one's first.
 func TestSIGSTOPLeaderPastTTL(t *testing.T) {
-	url, kv := haBucket(t)
+	url, kv, ckv := haBucket(t)
 	st := &natslease.Store{KV: kv}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -162,7 +170,7 @@ func TestSIGSTOPLeaderPastTTL(t *testing.T) {
 			t.Fatalf("hn's history has a %s record: %s", r.State, r.Reason)
 		}
 	}
-	locks := controllertest.CheckTakeover(t, kv, "ctl-a", "ctl-b")
+	locks := controllertest.CheckTakeover(t, ckv, "ctl-a", "ctl-b")
 	if n := a.Logged(notActingHN...); n == 0 {
 		t.Fatalf("the resumed leader never decided to declare hn (the test proves nothing)")
 	}
@@ -178,7 +186,7 @@ func TestSIGSTOPLeaderPastTTL(t *testing.T) {
 // exit 0; the standby leads within TakeoverAfter(act_margin) plus a
 // renewal, not a whole TTL.
 func TestSIGTERMLeaderHandsOver(t *testing.T) {
-	url, kv := haBucket(t)
+	url, _, ckv := haBucket(t)
 	a := startProc(t, url, "ctl-a", "")
 	controllertest.WaitRole(t, a, "leader", 10*TakeoverWait())
 	b := startProc(t, url, "ctl-b", "")
@@ -195,7 +203,7 @@ func TestSIGTERMLeaderHandsOver(t *testing.T) {
 	if bound := controller.TakeoverAfter(margin, controller.DefaultDrift) + renew + 500*time.Millisecond; time.Since(termed) > bound+time.Second || d > bound {
 		t.Fatalf("hand-over after SIGTERM took %s > %s", d, bound)
 	}
-	locks := controllertest.LockHistory(t, kv)
+	locks := controllertest.LockHistory(t, ckv)
 	released := false
 	for _, r := range locks {
 		released = released || (r.Holder == "ctl-a" && r.Released)

@@ -13,7 +13,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 	"time"
 
@@ -95,15 +94,20 @@ each from its own view of the stream. Exit status:
 78 invalid --config.
 
 nats-accounts: prints, for nats-server.conf (include it), the HVGUARD
-account with one NKey user per USER and its least-privilege permissions
-(docs/security.md, "NATS permissions"). USER is agent:HOST (one per compute
-node, its host: setting), controller:ID (every controller) or reader:NAME
-(read-only consumers). Each user's NKey seed is DIR/ROLE-NAME.nk: read if it
-exists, else created (mode 0600, said on stderr); copy it to that machine
-(e.g. /etc/hvguard/nats.nk, mode 0600) and set nats.nkey_seed_file. Run it
-again with the whole fleet whenever a host or controller is added. Exit
-status: 0 printed, 2 bad command line or user, 1 a key could not be read or
-written.
+account (agents, the event stream, the lease bucket) and the
+HVGUARD_CONTROL account (the controllers' own buckets: leader lock, guard,
+memory, recovery; no agent has a user there) with one NKey user per USER
+and its least-privilege permissions (docs/security.md, "NATS permissions").
+USER is agent:HOST (one per compute node, its host: setting),
+controller:ID (every controller) or reader:NAME (read-only consumers).
+Each user's NKey seed is DIR/ROLE-NAME.nk, and a controller's or reader's
+HVGUARD_CONTROL user's DIR/ROLE-NAME.control.nk: read if it exists, else
+created (mode 0600, said on stderr); copy them to that machine (e.g.
+/etc/hvguard/nats.nk and nats-control.nk, mode 0600) and set
+nats.nkey_seed_file (and, on controllers, nats.control.nkey_seed_file).
+Run it again with the whole fleet whenever a host or controller is added.
+Exit status: 0 printed, 2 bad command line or user, 1 a key could not be
+read or written.
 
 Exit status: 0 stopped cleanly, 1 failed at run time, 2 bad command line,
 78 unreadable or invalid configuration (systemd does not restart it).
@@ -270,9 +274,8 @@ func runNATSAccounts(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "hvguard-controller nats-accounts: %v\n", err)
 			return 1
 		}
-		if created {
-			fmt.Fprintf(stderr, "created %s (copy it to %s %s, mode 0600)\n",
-				filepath.Join(*keys, natsperm.SeedFile(users[i])), users[i].Role, users[i].Name)
+		for _, path := range created {
+			fmt.Fprintf(stderr, "created %s (copy it to %s %s, mode 0600)\n", path, users[i].Role, users[i].Name)
 		}
 	}
 	out, err := natsperm.Render(users, natsperm.Header)

@@ -166,7 +166,7 @@ func TestStatusCommand(t *testing.T) {
 func TestNATSAccounts(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "keys")
 	code, out, errOut := runCLI("nats-accounts", "--keys", dir, "agent:compute-1.example.org", "controller:ctl-1", "reader:dash")
-	if code != 0 || !strings.Contains(out, "hvguard.v1.compute-1_example_org.lifecycle") || strings.Count(errOut, "created ") != 3 {
+	if code != 0 || !strings.Contains(out, "hvguard.v1.compute-1_example_org.lifecycle") || strings.Count(errOut, "created ") != 5 {
 		t.Fatalf("exit %d, out %q, err %q", code, out, errOut)
 	}
 	st, err := os.Stat(filepath.Join(dir, "agent-compute-1.example.org.nk"))
@@ -175,7 +175,9 @@ func TestNATSAccounts(t *testing.T) {
 	}
 	conf := filepath.Join(t.TempDir(), "nats.conf")
 	os.WriteFile(conf, []byte(out), 0o600)
-	if o, err := server.ProcessConfigFile(conf); err != nil || len(o.Nkeys) != 3 {
+	// Three users in HVGUARD, the controller's and the reader's second
+	// users in HVGUARD_CONTROL.
+	if o, err := server.ProcessConfigFile(conf); err != nil || len(o.Nkeys) != 5 {
 		t.Fatalf("nats-server: %v", err)
 	}
 	// Again: the same keys, nothing created.

@@ -55,6 +55,63 @@ type NATSConfig struct {
 	// replica; provision a replicated one for production). An existing
 	// bucket is never changed.
 	CreateBucket bool `yaml:"create_bucket"`
+	// Control is the controller's user in the controllers' own NATS
+	// account (natsperm.ControlAccount, HVGUARD_CONTROL): the same servers
+	// and TLS, its own credentials. The leader lock, the guard's
+	// authoritative copy, the memory and the recovery buckets live there,
+	// out of the agents' reach (docs/security.md, "The controllers'
+	// account"). Unset: they share the agents' account on the one
+	// connection (a security warning when nats has credentials).
+	Control ControlNATSConfig `yaml:"control"`
+}
+
+// ControlNATSConfig is nats.control: one way to authenticate, like the
+// nats section's fields of the same names.
+type ControlNATSConfig struct {
+	CredsFile    string `yaml:"creds_file"`
+	NKeySeedFile string `yaml:"nkey_seed_file"`
+	TokenFile    string `yaml:"token_file"`
+	User         string `yaml:"user"`
+	PasswordFile string `yaml:"password_file"`
+}
+
+// Set reports whether nats.control names credentials (a second
+// connection, to the controllers' account).
+func (c ControlNATSConfig) Set() bool {
+	return c.CredsFile != "" || c.NKeySeedFile != "" || c.TokenFile != "" || c.User != "" || c.PasswordFile != ""
+}
+
+// ControlSection is the connection to the controllers' account: the nats
+// section's servers and TLS with nats.control's credentials.
+func (n NATSConfig) ControlSection() daemonkit.NATSConfig {
+	c := n.NATSConfig
+	c.CredsFile, c.NKeySeedFile, c.TokenFile, c.User, c.PasswordFile =
+		n.Control.CredsFile, n.Control.NKeySeedFile, n.Control.TokenFile, n.Control.User, n.Control.PasswordFile
+	return c
+}
+
+// credentialed reports whether the nats section authenticates.
+func credentialed(n daemonkit.NATSConfig) bool {
+	return n.CredsFile != "" || n.NKeySeedFile != "" || n.TokenFile != "" || n.PasswordFile != ""
+}
+
+// validateControl reports bad nats.control fields: its credentials as the
+// nats section's, and never the same file as the main user's (the control
+// user is another user, in another account).
+func (n NATSConfig) validateControl(bad daemonkit.Bad) {
+	if !n.Control.Set() {
+		return
+	}
+	c := n.ControlSection()
+	c.ValidateCredentials("nats.control", bad)
+	for _, f := range []struct{ name, main, control string }{
+		{"creds_file", n.CredsFile, c.CredsFile}, {"nkey_seed_file", n.NKeySeedFile, c.NKeySeedFile},
+		{"token_file", n.TokenFile, c.TokenFile}, {"password_file", n.PasswordFile, c.PasswordFile},
+	} {
+		if f.control != "" && f.control == f.main {
+			bad("nats.control."+f.name, fmt.Sprintf("%q", f.control), "is nats."+f.name+" too: the control user is another user, in the controllers' account (hvguard-controller nats-accounts writes its seed as controller-ID.control.nk)")
+		}
+	}
 }
 
 // LeaderConfig is the leader lock (controller.LeaderConfig).
@@ -219,6 +276,7 @@ func (c *Config) Validate() error {
 	}
 	c.Log.Validate(bad)
 	c.NATS.NATSConfig.Validate(bad)
+	c.NATS.validateControl(bad)
 
 	l := c.Leader
 	for _, f := range []struct {
@@ -279,11 +337,23 @@ func (c *Config) openStackUsers() string {
 
 // SecurityWarnings are the insecure settings of the configuration
 // (logged at ERROR at start, shown in the status): plaintext NATS allowed
-// to a remote server, a password in a NATS URL, TLS verification disabled
-// in clouds.yaml.
+// to a remote server, a password in a NATS URL, credentials without
+// nats.control (SharedAccountWarning), TLS verification disabled in
+// clouds.yaml.
 func (c *Config) SecurityWarnings() []string {
-	return append(c.NATS.Warnings(), c.OpenStack.Warnings(c.openStackUsers())...)
+	w := c.NATS.Warnings()
+	if credentialed(c.NATS.NATSConfig) && !c.NATS.Control.Set() {
+		w = append(w, SharedAccountWarning)
+	}
+	return append(w, c.OpenStack.Warnings(c.openStackUsers())...)
 }
+
+// SharedAccountWarning is said when the controller authenticates to NATS
+// but nats.control is unset: its own state then shares the agents'
+// account, where an agent can have the server overwrite it.
+const SharedAccountWarning = "nats.control is not set: the leader lock, the guard and the recovery buckets share the agents' NATS account, " +
+	"where any agent can overwrite them through JetStream API replies (no controller may act; a restarted one declares nothing): " +
+	"give the controllers their own account (docs/security.md, \"The controllers' account\")"
 
 // LeaderCore is the leader lock's configuration.
 func (c *Config) LeaderCore() controller.LeaderConfig {

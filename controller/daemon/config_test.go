@@ -3,6 +3,7 @@ package daemon
 import (
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -62,6 +63,9 @@ func TestConfigErrorsNameFieldAndValue(t *testing.T) {
 		{"no nats urls", "nats:\n  urls: []\n", []string{"nats.urls"}},
 		{"missing creds", "nats:\n  creds_file: /nonexistent/x.creds\n", []string{"nats.creds_file", "/nonexistent/x.creds"}},
 		{"cert without key", "nats:\n  cert_file: /etc/hostname\n", []string{"nats.cert_file", "key_file"}},
+		{"missing control seed", "nats:\n  control:\n    nkey_seed_file: /nonexistent/c.nk\n", []string{"nats.control.nkey_seed_file", "/nonexistent/c.nk"}},
+		{"control user without password", "nats:\n  control:\n    user: ctl\n", []string{"nats.control.user", `"ctl"`, "password_file"}},
+		{"unknown control field", "nats:\n  control:\n    urls: [nats://x:1]\n", []string{"urls", "not found"}},
 		{"negative ready timeout", "nats:\n  ready_timeout: -1s\n", []string{"nats.ready_timeout", "-1s"}},
 		{"log level", "log:\n  level: loud\n", []string{"log.level", `"loud"`}},
 		{"log format", "log:\n  format: xml\n", []string{"log.format", `"xml"`}},
@@ -108,6 +112,41 @@ func TestConfigErrorsNameFieldAndValue(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// nats.control: never the main user's own file; with credentials but no
+// nats.control the shared account is an insecure setting, with it not.
+func TestConfigControlUser(t *testing.T) {
+	dir := t.TempDir()
+	seed := dir + "/nats.nk"
+	cseed := dir + "/nats-control.nk"
+	for _, p := range []string{seed, cseed} {
+		// An NKey user seed (the example controller's).
+		if err := os.WriteFile(p, []byte("SUAENDZN6M46DR7BR54C2KX4YWHRQIR4DDVVBCPSNMDPZKWAOHER2V4C3A\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := ParseConfig([]byte("nats:\n  nkey_seed_file: " + seed + "\n  control:\n    nkey_seed_file: " + seed + "\n"))
+	if err == nil || !strings.Contains(err.Error(), "nats.control.nkey_seed_file") || !strings.Contains(err.Error(), "another user") {
+		t.Fatalf("the main user's seed as the control user's: %v", err)
+	}
+	shared, err := ParseConfig([]byte("nats:\n  nkey_seed_file: " + seed + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := shared.SecurityWarnings(); !slices.Contains(w, SharedAccountWarning) {
+		t.Errorf("credentials without nats.control: warnings %q", w)
+	}
+	own, err := ParseConfig([]byte("nats:\n  nkey_seed_file: " + seed + "\n  control:\n    nkey_seed_file: " + cseed + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w := own.SecurityWarnings(); slices.Contains(w, SharedAccountWarning) {
+		t.Errorf("with nats.control: warnings %q", w)
+	}
+	if c := own.NATS.ControlSection(); c.NKeySeedFile != cseed || c.URL() != own.NATS.URL() {
+		t.Errorf("control section %+v", c)
 	}
 }
 

@@ -76,11 +76,14 @@ type Daemon struct {
 	now    func() time.Time
 	notify *daemonkit.Notifier
 	nc     *nats.Conn
-	lr     *controller.LeaderRunner
-	run    *controller.Runner
-	rec    *controller.RecoveryRunner
-	cons   *controller.Consumer
-	ir     *controller.InstanceRecoveryRunner // nil: instance_recovery.mode off
+	// cnc is the connection to the controllers' account (nats.control);
+	// nc itself when nats.control is unset.
+	cnc  *nats.Conn
+	lr   *controller.LeaderRunner
+	run  *controller.Runner
+	rec  *controller.RecoveryRunner
+	cons *controller.Consumer
+	ir   *controller.InstanceRecoveryRunner // nil: instance_recovery.mode off
 	// irReports: instance recovery events waiting to be published.
 	irReports chan controller.InstanceRecoveryEvent
 	start     time.Time
@@ -152,11 +155,29 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	if err != nil {
 		return err
 	}
-	d.nc = nc
+	d.nc, d.cnc = nc, nc
 	defer nc.Close()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("jetstream: %w", err)
+	}
+	cjs := js
+	if cfg.NATS.Control.Set() {
+		// The controllers' own account (docs/security.md, "The
+		// controllers' account").
+		copts, err := cfg.NATS.ControlSection().OptionsFor("nats.control")
+		if err != nil {
+			return err
+		}
+		cnc, err := delivery.Connect(cfg.NATS.URL(), "hvguard-controller "+cfg.ID+" (control)", log, &d.natsStats, copts...)
+		if err != nil {
+			return fmt.Errorf("nats.control: %w", err)
+		}
+		d.cnc = cnc
+		defer cnc.Close()
+		if cjs, err = jetstream.New(cnc); err != nil {
+			return fmt.Errorf("jetstream (nats.control): %w", err)
+		}
 	}
 
 	if cfg.Metrics.Listen != "" {
@@ -174,7 +195,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	defer stopReady()
 	go d.degradedAfter(readyCtx, cfg.NATS.ReadyTimeout.D())
 
-	kv, rkv, mkv, err := d.openBucket(ctx, js)
+	kv, cb, err := d.openBucket(ctx, js, cjs)
 	if err != nil {
 		return nil // ctx ended while waiting: a clean stop
 	}
@@ -202,7 +223,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	if err != nil {
 		return err
 	}
-	d.lr = &controller.LeaderRunner{KV: kv, Core: core, Log: log.With("component", "leader"), Now: d.now,
+	d.lr = &controller.LeaderRunner{KV: cb.Control, Core: core, Log: log.With("component", "leader"), Now: d.now,
 		OnChange: d.leaderChanged, OnSynced: func() { d.leaderSynced.Store(true); d.maybeReady() }}
 	keys, signer, serr := cfg.Signing.Load()
 	if serr != nil {
@@ -213,14 +234,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	} else {
 		log.Warn("lease records are NOT signed (signing.mode: off): any holder of NATS credentials can forge a host's record (docs/security.md)")
 	}
-	st := &natslease.Store{KV: kv, NC: d.nc, Signer: signer, Keys: keys}
-	d.run = &controller.Runner{Store: st, Tracker: tracker, Memory: mkv, Log: log.With("component", "tracker"),
+	st := &natslease.Store{KV: kv, Control: cb.Control, NC: d.nc, Signer: signer, Keys: keys}
+	d.run = &controller.Runner{Store: st, Tracker: tracker, Memory: cb.Memory, Log: log.With("component", "tracker"),
 		Now: d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
 		OnSynced: func(int) { d.trackerSynced.Store(true); d.maybeReady() },
 		Beacons:  d.nc, OnBeacon: d.beacon,
 		Signature: func() string { return fmt.Sprintf("declared by controller %s, term %d", cfg.ID, d.lr.Term()) }}
 
-	d.rec = &controller.RecoveryRunner{KV: rkv, Leases: st, NC: d.nc, Core: recCore, Cloud: cloud, View: d.run.View,
+	d.rec = &controller.RecoveryRunner{KV: cb.Recovery, Leases: st, NC: d.nc, Core: recCore, Cloud: cloud, View: d.run.View,
 		MayAct: d.lr.MayAct, Now: d.now, Log: log.With("component", "recovery"),
 		By:      func() string { return fmt.Sprintf("controller %s, term %d", cfg.ID, d.lr.Term()) },
 		OnEvent: d.recoveryEvent}
@@ -237,7 +258,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	// Instance recovery (issue 14) hooks into the consumer.
 	irDone := make(chan struct{})
 	irCtx, stopIR := context.WithCancel(context.Background())
-	if err := d.startInstanceRecovery(ctx, irCtx, js, irDone); err != nil {
+	if err := d.startInstanceRecovery(ctx, irCtx, cjs, irDone); err != nil {
 		stopIR()
 		return err
 	}
@@ -273,34 +294,33 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	return nil
 }
 
-// openBucket opens (or, with nats.create_bucket, creates) the lease bucket,
-// the host recovery bucket and the controllers' memory bucket, retrying
-// until ctx ends. An existing bucket's configuration is never changed.
-func (d *Daemon) openBucket(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, jetstream.KeyValue, jetstream.KeyValue, error) {
+// openBucket opens (or, with nats.create_bucket, creates) the lease
+// bucket on js and the controllers' buckets (controller.ControlBuckets:
+// the leader lock and guard, the memory, host recovery) on cjs (the
+// controllers' account), retrying until ctx ends. An existing bucket's
+// configuration is never changed.
+func (d *Daemon) openBucket(ctx context.Context, js, cjs jetstream.JetStream) (jetstream.KeyValue, controller.ControlBuckets, error) {
 	backoff := 500 * time.Millisecond
 	for {
 		d.notify.WatchdogPing()
 		actx, cancel := context.WithTimeout(ctx, BucketAttemptTimeout)
 		kv, err := natslease.EnsureBucket(actx, js, d.cfg.NATS.CreateBucket)
-		var rkv, mkv jetstream.KeyValue
+		var cb controller.ControlBuckets
 		if err == nil {
-			rkv, err = controller.EnsureRecoveryBucket(actx, js, d.cfg.NATS.CreateBucket)
-		}
-		if err == nil {
-			mkv, err = controller.EnsureMemoryBucket(actx, js, d.cfg.NATS.CreateBucket)
+			cb, err = controller.EnsureControlBuckets(actx, cjs, d.cfg.NATS.CreateBucket)
 		}
 		cancel()
 		if err == nil {
-			return kv, rkv, mkv, nil
+			return kv, cb, nil
 		}
 		if ctx.Err() != nil {
-			return nil, nil, nil, ctx.Err()
+			return nil, cb, ctx.Err()
 		}
 		d.log.Warn("lease bucket not available yet; retrying", "err", err, "retry_in", backoff)
 		d.notify.Status(fmt.Sprintf("waiting for NATS and the lease bucket: %v", err))
 		select {
 		case <-ctx.Done():
-			return nil, nil, nil, ctx.Err()
+			return nil, cb, ctx.Err()
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, BucketRetryMax)
@@ -381,6 +401,8 @@ func (d *Daemon) summary(now time.Time) string {
 	nats := ""
 	if !d.nc.IsConnected() {
 		nats = ", nats DOWN"
+	} else if !d.cnc.IsConnected() {
+		nats = ", nats.control DOWN"
 	}
 	return fmt.Sprintf("%s, %d hosts%s%s", role, tr.Members(), hold, nats)
 }
@@ -476,6 +498,8 @@ func (d *Daemon) healthy() error {
 		return errors.New("waiting for NATS and the lease bucket")
 	case !d.nc.IsConnected():
 		return errors.New("NATS disconnected")
+	case !d.cnc.IsConnected():
+		return errors.New("NATS disconnected (nats.control: the controllers' account)")
 	case now.Sub(d.lr.Alive()) > LoopStale:
 		return fmt.Errorf("leader lock loop stuck for %s", now.Sub(d.lr.Alive()).Round(time.Second))
 	case now.Sub(time.Unix(0, d.lastTick.Load())) > LoopStale:

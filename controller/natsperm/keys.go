@@ -17,10 +17,15 @@ const Header = `# hvguard's NATS users and their least-privilege permissions
 #   hvguard-controller nats-accounts --keys DIR agent:HOST... controller:ID... reader:NAME...
 # Include it in nats-server.conf (JetStream must be enabled on the server):
 #   include ./hvguard-accounts.conf
-# Provision the event stream and the buckets with an admin user
-# (agents and controllers under these permissions cannot create them) and
-# set nats.create_stream: false (agents) and create_bucket: false (agents'
-# fence section, controllers' nats section).
+# Two accounts: HVGUARD (agents, the event stream, the lease bucket) and
+# HVGUARD_CONTROL (the controllers' own buckets: hvguard-control with the
+# leader lock and the guard, the memory, host and instance recovery); no
+# agent has a user in HVGUARD_CONTROL. Controllers set nats.nkey_seed_file
+# (HVGUARD) and nats.control.nkey_seed_file (HVGUARD_CONTROL).
+# Provision the event stream and the buckets with an admin user in each
+# account (agents and controllers under these permissions cannot create
+# them) and set nats.create_stream: false (agents) and create_bucket: false
+# (agents' fence section, controllers' nats section): docs/operations.md.
 `
 
 // SampleHeader starts the shipped sample (packaging/nats).
@@ -30,11 +35,37 @@ const SampleHeader = `# SAMPLE ONLY. The NKeys below are examples whose seeds ar
 #
 ` + Header
 
-// KeyPair loads u's NKey seed from dir (SeedFile), or creates one there
-// (mode 0600) when missing, and sets u.NKey to its public key. created
-// reports a new seed.
-func KeyPair(dir string, u *User) (created bool, err error) {
-	path := filepath.Join(dir, SeedFile(*u))
+// KeyPair loads u's NKey seeds from dir (SeedFile and, for roles with a
+// ControlAccount user, ControlSeedFile), or creates them there (mode
+// 0600) when missing, and sets u.NKey (and u.ControlNKey). created lists
+// the seed files it created.
+func KeyPair(dir string, u *User) (created []string, err error) {
+	files := []struct {
+		name string
+		pub  *string
+	}{{SeedFile(*u), &u.NKey}}
+	if u.HasControl() {
+		files = append(files, struct {
+			name string
+			pub  *string
+		}{ControlSeedFile(*u), &u.ControlNKey})
+	}
+	for _, f := range files {
+		path := filepath.Join(dir, f.name)
+		made, err := seedPublic(path, f.pub)
+		if err != nil {
+			return created, err
+		}
+		if made {
+			created = append(created, path)
+		}
+	}
+	return created, nil
+}
+
+// seedPublic reads the NKey user seed at path (creating it, mode 0600,
+// when missing) and sets *pub to its public key.
+func seedPublic(path string, pub *string) (created bool, err error) {
 	seed, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		kp, err := nkeys.CreateUser()
@@ -55,16 +86,17 @@ func KeyPair(dir string, u *User) (created bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("%s: %w", path, err)
 	}
-	if u.NKey, err = kp.PublicKey(); err != nil {
+	if *pub, err = kp.PublicKey(); err != nil {
 		return false, fmt.Errorf("%s: %w", path, err)
 	}
 	return created, nil
 }
 
-// ReadSeeds reads lines "role name seed" (controller/natsperm/testdata/
-// example-users.txt: the users of the shipped sample and the tests) and
-// returns the users with their public keys and their seeds by
-// "role:name".
+// ReadSeeds reads lines "role name seed [control-seed]" (controller/
+// natsperm/testdata/example-users.txt: the users of the shipped sample and
+// the tests; control-seed: the ControlAccount user's, for controllers and
+// readers) and returns the users with their public keys and their seeds by
+// "role:name" (and "role:name:control").
 func ReadSeeds(path string) ([]User, map[string]string, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -74,16 +106,22 @@ func ReadSeeds(path string) ([]User, map[string]string, error) {
 	seeds := map[string]string{}
 	for i, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
 		f := strings.Fields(line)
-		if len(f) != 3 {
-			return nil, nil, fmt.Errorf("%s:%d: want role name seed", path, i+1)
+		u := User{Role: Role(f[0]), Name: f[1]}
+		if len(f) != 3 && !(len(f) == 4 && u.HasControl()) {
+			return nil, nil, fmt.Errorf("%s:%d: want role name seed (and the control account's seed for controllers and readers)", path, i+1)
 		}
-		kp, err := nkeys.FromSeed([]byte(f[2]))
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s:%d: %w", path, i+1, err)
+		for j, pub := range []*string{&u.NKey, &u.ControlNKey}[:len(f)-2] {
+			kp, err := nkeys.FromSeed([]byte(f[2+j]))
+			if err != nil {
+				return nil, nil, fmt.Errorf("%s:%d: %w", path, i+1, err)
+			}
+			*pub, _ = kp.PublicKey()
 		}
-		pub, _ := kp.PublicKey()
-		users = append(users, User{Role: Role(f[0]), Name: f[1], NKey: pub})
+		users = append(users, u)
 		seeds[f[0]+":"+f[1]] = f[2]
+		if len(f) == 4 {
+			seeds[f[0]+":"+f[1]+":control"] = f[3]
+		}
 	}
 	return users, seeds, nil
 }

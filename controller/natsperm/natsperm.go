@@ -39,8 +39,19 @@ const (
 	RoleReader Role = "reader"
 )
 
-// Account is the NATS account hvguard's users live in (JetStream enabled).
+// Account is the NATS account of the agents, the event stream and the
+// lease bucket (JetStream enabled): every role has a user there.
 const Account = "HVGUARD"
+
+// ControlAccount is the controllers' own NATS account (JetStream enabled):
+// the leader lock, the guard's authoritative copy, the controllers'
+// memory and the recovery buckets (ControlBuckets). No agent has a user
+// there. A JetStream API answer is published in the account of the
+// request (on the reply subject the requester names, with the server's
+// rights), so an agent can have the server publish anything it stored on
+// any subject of HVGUARD ("reflection", reviewer X12), but on none of
+// this account's: docs/security.md, "The controllers' account".
+const ControlAccount = "HVGUARD_CONTROL"
 
 // Names of what the permissions cover.
 const (
@@ -62,12 +73,19 @@ type Permissions struct {
 }
 
 // User is one NATS user: its role, its name (an agent's host name, a
-// controller's id, a reader's name) and its NKey public key.
+// controller's id, a reader's name) and its NKey public key; controllers
+// and readers have a second user in ControlAccount (ControlNKey).
 type User struct {
 	Role Role
 	Name string
 	NKey string
+	// ControlNKey is the public key of the user's ControlAccount user
+	// (controllers and readers; agents have none).
+	ControlNKey string
 }
+
+// HasControl reports whether u's role has a user in ControlAccount.
+func (u User) HasControl() bool { return u.Role == RoleController || u.Role == RoleReader }
 
 // Agent returns host's permissions.
 //
@@ -106,10 +124,11 @@ func Agent(host string) (Permissions, error) {
 	return p, nil
 }
 
-// ControllerBuckets are the KV buckets controllers read and write: the
-// lease bucket, host recovery's progress, instance recovery's records,
-// the controllers' memory (controller.MemoryBucket).
-var ControllerBuckets = []string{fencing.Bucket, recovery.Bucket, instancerecovery.Bucket, controller.MemoryBucket}
+// ControlBuckets are the KV buckets of ControlAccount, which only
+// controllers write: the leader lock and the guard's authoritative copy
+// (controller.ControlBucket), host recovery's progress, instance
+// recovery's records, the controllers' memory (controller.MemoryBucket).
+var ControlBuckets = []string{controller.ControlBucket, recovery.Bucket, instancerecovery.Bucket, controller.MemoryBucket}
 
 // kvRead is the JetStream API a KV reader of bucket uses: stream info,
 // direct and message gets, ordered consumers (watch, keys) and their
@@ -125,13 +144,14 @@ func kvRead(bucket string) []string {
 	}
 }
 
-// Controller returns a controller's permissions: everything on its KV
-// buckets (ControllerBuckets: it declares, releases, publishes the guard,
-// holds the leader lock, records recoveries), its durable consumer on the
-// event stream (create, info, fetch, ack, delete: it starts a fresh one at
-// start), its event subjects hvguard.v1._controller.> (decisions, host
-// and instance recovery), replies on the default inbox prefix, the agents'
-// beacons (hvguard.v1.*.beacon).
+// Controller returns a controller's permissions in Account: everything on
+// the lease bucket (it declares, releases, publishes the guard's copy the
+// agents read), its durable consumer on the event stream (create, info,
+// fetch, ack, delete: it starts a fresh one at start), its event subjects
+// hvguard.v1._controller.> (decisions, host and instance recovery),
+// replies on the default inbox prefix, the agents' beacons
+// (hvguard.v1.*.beacon). Its own state is in ControlAccount
+// (ControllerControl).
 func Controller() Permissions {
 	p := Permissions{
 		PubAllow: []string{
@@ -149,18 +169,47 @@ func Controller() Permissions {
 		// The agents' beacons (fencing.Beacon, controller/invalid.go).
 		SubAllow: []string{"_INBOX.>", proto.BeaconWildcard},
 	}
-	for _, b := range ControllerBuckets {
+	p.PubAllow = append(p.PubAllow, kvPrefix+">")
+	p.PubAllow = append(p.PubAllow, kvRead(fencing.Bucket)...)
+	return p
+}
+
+// ControllerControl returns a controller's permissions in ControlAccount:
+// everything on ControlBuckets (the leader lock, the guard, the memory,
+// host and instance recovery's records) and replies on the default inbox
+// prefix.
+func ControllerControl() Permissions {
+	p := Permissions{
+		PubAllow: []string{jsAPI + "INFO", "$JS.FC.>"},
+		SubAllow: []string{"_INBOX.>"},
+	}
+	for _, b := range ControlBuckets {
 		p.PubAllow = append(p.PubAllow, "$KV."+b+".>")
 		p.PubAllow = append(p.PubAllow, kvRead(b)...)
 	}
 	return p
 }
 
-// Reader returns a read-only consumer's permissions: live subscriptions
-// to hvguard's subjects (events, fence, decision and recovery events) and
-// to the controller buckets' updates, stream info, direct gets, and its
-// own ephemeral consumers on the event stream and the buckets; replies on
-// the default inbox prefix. The controllers' durable consumers (named
+// ReaderControl returns a read-only consumer's permissions in
+// ControlAccount: reads and live updates of ControlBuckets.
+func ReaderControl() Permissions {
+	p := Permissions{
+		PubAllow: []string{jsAPI + "INFO", "$JS.FC.>"},
+		SubAllow: []string{"_INBOX.>"},
+	}
+	for _, b := range ControlBuckets {
+		p.PubAllow = append(p.PubAllow, kvRead(b)...)
+		p.SubAllow = append(p.SubAllow, "$KV."+b+".>")
+	}
+	return p
+}
+
+// Reader returns a read-only consumer's permissions in Account: live
+// subscriptions to hvguard's subjects (events, fence, decision and
+// recovery events) and to the lease bucket's updates, stream info, direct
+// gets, and its own ephemeral consumers on the event stream and the
+// bucket; replies on the default inbox prefix (the controllers' buckets:
+// ReaderControl). The controllers' durable consumers (named
 // after the controllers' ids) are denied so a reader can neither change
 // nor delete them.
 func Reader(controllers []string) Permissions {
@@ -175,10 +224,8 @@ func Reader(controllers []string) Permissions {
 		},
 		SubAllow: []string{"_INBOX.>", proto.SubjectPrefix + ".>"},
 	}
-	for _, b := range ControllerBuckets {
-		p.PubAllow = append(p.PubAllow, kvRead(b)...)
-		p.SubAllow = append(p.SubAllow, "$KV."+b+".>")
-	}
+	p.PubAllow = append(p.PubAllow, kvRead(fencing.Bucket)...)
+	p.SubAllow = append(p.SubAllow, kvPrefix+">")
 	p.PubDeny = durableDenies(controllers)
 	return p
 }
@@ -211,6 +258,18 @@ func PermissionsOf(u User, controllers []string) (Permissions, error) {
 	return Permissions{}, fmt.Errorf("role %q: must be agent, controller or reader", u.Role)
 }
 
+// ControlPermissionsOf returns the permissions of u's ControlAccount user
+// (ok false: its role has none).
+func ControlPermissionsOf(u User) (p Permissions, ok bool) {
+	switch u.Role {
+	case RoleController:
+		return ControllerControl(), true
+	case RoleReader:
+		return ReaderControl(), true
+	}
+	return Permissions{}, false
+}
+
 // Render returns the accounts block for users (sorted by role, then
 // name), ready to include in a nats-server configuration.
 func Render(users []User, header string) (string, error) {
@@ -236,16 +295,34 @@ func Render(users []User, header string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("user %q: %w", u.Name, err)
 		}
-		if !strings.HasPrefix(u.NKey, "U") {
-			return "", fmt.Errorf("user %s %q: nkey %q is not a user public key", u.Role, u.Name, u.NKey)
+		if err := user(&b, u, u.NKey, "", p); err != nil {
+			return "", err
 		}
-		fmt.Fprintf(&b, "      # %s %s\n      {\n        nkey: %s\n        permissions: {\n", u.Role, u.Name, u.NKey)
-		list(&b, "publish", p.PubAllow, p.PubDeny)
-		list(&b, "subscribe", p.SubAllow, p.SubDeny)
-		b.WriteString("        }\n      }\n")
+	}
+	fmt.Fprintf(&b, "    ]\n  }\n  %s {\n    jetstream: enabled\n    users: [\n", ControlAccount)
+	for _, u := range us {
+		p, ok := ControlPermissionsOf(u)
+		if !ok {
+			continue
+		}
+		if err := user(&b, u, u.ControlNKey, " (controllers' account)", p); err != nil {
+			return "", err
+		}
 	}
 	b.WriteString("    ]\n  }\n}\n")
 	return b.String(), nil
+}
+
+// user writes one user entry.
+func user(b *strings.Builder, u User, nkey, what string, p Permissions) error {
+	if !strings.HasPrefix(nkey, "U") {
+		return fmt.Errorf("user %s %q%s: nkey %q is not a user public key", u.Role, u.Name, what, nkey)
+	}
+	fmt.Fprintf(b, "      # %s %s%s\n      {\n        nkey: %s\n        permissions: {\n", u.Role, u.Name, what, nkey)
+	list(b, "publish", p.PubAllow, p.PubDeny)
+	list(b, "subscribe", p.SubAllow, p.SubDeny)
+	b.WriteString("        }\n      }\n")
+	return nil
 }
 
 func list(b *strings.Builder, what string, allow, deny []string) {
@@ -293,3 +370,7 @@ func ParseUser(spec string) (User, error) {
 
 // SeedFile is the name of u's NKey seed file in a keys directory.
 func SeedFile(u User) string { return string(u.Role) + "-" + u.Name + ".nk" }
+
+// ControlSeedFile is the name of the NKey seed file of u's ControlAccount
+// user (User.HasControl) in a keys directory.
+func ControlSeedFile(u User) string { return string(u.Role) + "-" + u.Name + ".control.nk" }

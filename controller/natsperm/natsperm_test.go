@@ -7,6 +7,8 @@ import (
 	"testing"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"hvguard/controller"
 )
 
 // SamplePath is the shipped sample, relative to this package.
@@ -49,8 +51,23 @@ func TestShippedSampleUpToDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(o.Nkeys) != len(users) {
-		t.Fatalf("%d nkey users parsed, want %d", len(o.Nkeys), len(users))
+	want2 := len(users)
+	for _, u := range users {
+		if u.HasControl() {
+			want2++ // and its user in the controllers' account
+		}
+	}
+	if len(o.Nkeys) != want2 {
+		t.Fatalf("%d nkey users parsed, want %d", len(o.Nkeys), want2)
+	}
+	for _, n := range o.Nkeys {
+		if n.Account == nil {
+			t.Fatalf("user %s has no account", n.Nkey)
+		}
+		ctl := strings.Contains(strings.Join(n.Permissions.Publish.Allow, " "), "KV_"+controller.ControlBucket)
+		if ctl != (n.Account.Name == ControlAccount) {
+			t.Errorf("user %s in account %s: control buckets in its permissions: %t", n.Nkey, n.Account.Name, ctl)
+		}
 	}
 }
 
@@ -91,7 +108,7 @@ func TestKeyPair(t *testing.T) {
 		t.Fatal(err)
 	}
 	created, err := KeyPair(dir, &u)
-	if err != nil || !created || !strings.HasPrefix(u.NKey, "U") {
+	if err != nil || len(created) != 1 || !strings.HasPrefix(u.NKey, "U") || u.ControlNKey != "" {
 		t.Fatalf("%v %v %+v", created, err, u)
 	}
 	st, err := os.Stat(filepath.Join(dir, SeedFile(u)))
@@ -100,7 +117,14 @@ func TestKeyPair(t *testing.T) {
 	}
 	pub := u.NKey
 	created, err = KeyPair(dir, &u)
-	if err != nil || created || u.NKey != pub {
+	if err != nil || len(created) != 0 || u.NKey != pub {
 		t.Fatalf("second call: %v %v %s != %s", created, err, u.NKey, pub)
+	}
+	// A controller has a second user, in the controllers' account.
+	c, _ := ParseUser("controller:ctl-9")
+	created, err = KeyPair(dir, &c)
+	if err != nil || len(created) != 2 || !strings.HasPrefix(c.ControlNKey, "U") || c.ControlNKey == c.NKey ||
+		created[1] != filepath.Join(dir, "controller-ctl-9.control.nk") {
+		t.Fatalf("controller: %v %v %+v", created, err, c)
 	}
 }

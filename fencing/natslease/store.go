@@ -128,6 +128,14 @@ type Store struct {
 	// stored messages on (the controller, signatures required: without
 	// it no first value of a host is verified fresh).
 	NC *nats.Conn
+	// Control, if set, is the controllers' own bucket (controller.
+	// ControlBucket, in the controllers' NATS account): it holds the
+	// guard's authoritative copy, which ReadGuard reads and PublishGuard
+	// writes before the copy in KV the agents read. An agent can make the
+	// server write into any key of KV ("reflection", docs/security.md),
+	// none of Control's. Nil: the guard is read from and written to KV
+	// only.
+	Control jetstream.KeyValue
 }
 
 func (s *Store) invalid(host string, rev uint64, err error) {
@@ -323,34 +331,50 @@ func (s *Store) Members(ctx context.Context) ([]string, fencing.Guard, error) {
 	return hosts, g, nil
 }
 
-// ReadGuard returns the published guard (zero when none is published yet).
+// ReadGuard returns the published guard (zero when none is published
+// yet): Control's copy, or, when Control is nil or holds none yet (the
+// first start after an upgrade from one account), KV's.
 func (s *Store) ReadGuard(ctx context.Context) (fencing.Guard, error) {
 	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	defer cancel()
-	return s.readGuard(ctx)
+	if s.Control != nil {
+		g, found, err := readGuard(ctx, s, s.Control, "control bucket")
+		if found || err != nil {
+			return g, err
+		}
+	}
+	g, _, err := readGuard(ctx, s, s.KV, "lease bucket")
+	return g, err
 }
 
 func (s *Store) readGuard(ctx context.Context) (fencing.Guard, error) {
-	e, err := s.KV.Get(ctx, fencing.GuardKey)
+	g, _, err := readGuard(ctx, s, s.KV, "lease bucket")
+	return g, err
+}
+
+// readGuard reads and verifies the guard in kv (found false: none).
+func readGuard(ctx context.Context, s *Store, kv jetstream.KeyValue, where string) (fencing.Guard, bool, error) {
+	e, err := kv.Get(ctx, fencing.GuardKey)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return fencing.Guard{}, nil
+		return fencing.Guard{}, false, nil
 	}
 	if err != nil {
-		return fencing.Guard{}, fmt.Errorf("lease bucket: read guard: %w", err)
+		return fencing.Guard{}, false, fmt.Errorf("%s: read guard: %w", where, err)
 	}
 	g, err := fencing.DecodeGuard(e.Value())
 	if err == nil {
 		err = s.Keys.VerifyGuard(g)
 	}
 	if err != nil {
-		err = fmt.Errorf("lease bucket: guard at revision %d: %w", e.Revision(), err)
+		err = fmt.Errorf("%s: guard at revision %d: %w", where, e.Revision(), err)
 		s.invalid("", e.Revision(), err)
-		return fencing.Guard{}, err
+		return fencing.Guard{}, true, err
 	}
-	return g, nil
+	return g, true, nil
 }
 
-// PublishGuard writes the controller's guard (sealed by Signer).
+// PublishGuard writes the controller's guard (sealed by Signer): to
+// Control first (when set), then to KV for the agents.
 func (s *Store) PublishGuard(ctx context.Context, g fencing.Guard) error {
 	b, err := fencing.EncodeGuard(s.Signer.SealGuard(g))
 	if err != nil {
@@ -358,6 +382,11 @@ func (s *Store) PublishGuard(ctx context.Context, g fencing.Guard) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	defer cancel()
+	if s.Control != nil {
+		if _, err := s.Control.Put(ctx, fencing.GuardKey, b); err != nil {
+			return fmt.Errorf("control bucket: publish guard: %w", err)
+		}
+	}
 	if _, err := s.KV.Put(ctx, fencing.GuardKey, b); err != nil {
 		return fmt.Errorf("lease bucket: publish guard: %w", err)
 	}

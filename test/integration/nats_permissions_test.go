@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -145,6 +146,30 @@ func TestNATSPermissions(t *testing.T) {
 		return r1.State == fencing.LeaseActive && r2.State == fencing.LeaseActive
 	})
 	waitUntil("guard published", 10*time.Second, func() bool { _, err := kv.Get(rctx, fencing.GuardKey); return err == nil })
+	// The controller's own state is in the controllers' account
+	// (nats.control): the reader's user there sees the leader lock held
+	// by ctl-1 and the guard's authoritative copy; the agents' account has
+	// no such bucket (docs/security.md, "The controllers' account").
+	creader := connectAs(t, url, "reader:dashboard:control")
+	crjs, _ := jetstream.New(creader.nc)
+	ckv, err := crjs.KeyValue(rctx, controller.ControlBucket)
+	if err != nil {
+		t.Fatalf("reader (controllers' account): control bucket: %v", err)
+	}
+	waitUntil("lock held by ctl-1 and the guard kept in the controllers' account", 10*time.Second, func() bool {
+		l, err := ckv.Get(rctx, controller.LeaderKey)
+		if err != nil {
+			return false
+		}
+		var lock controller.LockRecord
+		_, gerr := ckv.Get(rctx, fencing.GuardKey)
+		return json.Unmarshal(l.Value(), &lock) == nil && lock.Holder == "ctl-1" && gerr == nil
+	})
+	nctx, ncancel := context.WithTimeout(context.Background(), time.Second)
+	if _, err := rjs.KeyValue(nctx, controller.ControlBucket); err == nil {
+		t.Error("the reader's user in the agents' account opened the control bucket")
+	}
+	ncancel()
 	subj, _ := proto.LifecycleSubject(h1)
 	waitUntil("h1's events stored", 10*time.Second, func() bool {
 		s, err := rjs.Stream(rctx, proto.StreamName)

@@ -82,6 +82,7 @@ func startPermFleet(t *testing.T, url string, signing func(agentHost string, a *
 	ccfg.ID = "ctl-1"
 	ccfg.NATS.URLs = []string{url}
 	ccfg.NATS.NKeySeedFile = natspermtest.SeedFile(t, "controller:ctl-1")
+	ccfg.NATS.Control.NKeySeedFile = natspermtest.SeedFile(t, "controller:ctl-1:control")
 	ccfg.NATS.CreateBucket = false
 	ccfg.NATS.ReadyTimeout = daemon.Duration(5 * time.Second)
 	ccfg.Leader = daemon.LeaderConfig{TTL: daemon.Duration(time.Second), RenewInterval: daemon.Duration(250 * time.Millisecond),

@@ -194,6 +194,13 @@ func TestControllerHANetns(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+	// The controllers' bucket (the leader lock), R3 too, with a history.
+	cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ckv, err := js.CreateKeyValue(cctx, jetstream.KeyValueConfig{Bucket: controller.ControlBucket, History: 64, Replicas: 3})
+	ccancel()
+	if err != nil {
+		t.Fatalf("R3 control bucket: %v", err)
+	}
 	st := &natslease.Store{KV: kv}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -204,7 +211,7 @@ func TestControllerHANetns(t *testing.T) {
 	linkA := vethNS(t, "hvgca", 10)
 	vethNS(t, "hvgcb", 11)
 	a := startCtl(t, bin, "hvgca", 10, "ctl-a", nodes)
-	waitFor(t, "ctl-a leading", 20*time.Second, func() string { return a.log.String() }, func() bool { return currentHolder(t, kv) == "ctl-a" })
+	waitFor(t, "ctl-a leading", 20*time.Second, func() string { return a.log.String() }, func() bool { return currentHolder(t, ckv) == "ctl-a" })
 	b := startCtl(t, bin, "hvgcb", 11, "ctl-b", nodes)
 	waitFor(t, "ctl-b synced", 20*time.Second, func() string { return b.log.String() }, func() bool { return b.logged(`"msg":"ready"`) > 0 })
 	time.Sleep(500 * time.Millisecond)
@@ -213,7 +220,7 @@ func TestControllerHANetns(t *testing.T) {
 	sh(t, "ip", "link", "set", linkA, "down")
 	cut := time.Now()
 	stopHS()
-	took := waitFor(t, "ctl-b leading", 20*time.Second, func() string { return b.log.String() }, func() bool { return currentHolder(t, kv) == "ctl-b" })
+	took := waitFor(t, "ctl-b leading", 20*time.Second, func() string { return b.log.String() }, func() bool { return currentHolder(t, ckv) == "ctl-b" })
 	t.Logf("ctl-a's link down → ctl-b holds the lock after %s (TakeoverAfter(1 s) = %s)", took.Sub(cut).Round(time.Millisecond), controller.TakeoverAfter(time.Second, controller.DefaultDrift))
 	grace, err := controller.Config{Drift: 0.01, MaxHostDrift: 0.05, MaxGrace: time.Minute, GuardWindow: time.Minute}.Grace(hs)
 	if err != nil {
@@ -232,9 +239,9 @@ func TestControllerHANetns(t *testing.T) {
 	if len(decl) != 1 || !strings.Contains(decl[0], "ctl-b") {
 		t.Fatalf("hs declarations %q: want exactly one, by ctl-b", decl)
 	}
-	holders := controllertest.CheckTakeover(t, kv, "ctl-a", "ctl-b")
-	if currentHolder(t, kv) != "ctl-b" {
-		t.Fatalf("after the heal the lock is %q's", currentHolder(t, kv))
+	holders := controllertest.CheckTakeover(t, ckv, "ctl-a", "ctl-b")
+	if currentHolder(t, ckv) != "ctl-b" {
+		t.Fatalf("after the heal the lock is %q's", currentHolder(t, ckv))
 	}
 
 	// 2. One of the three NATS servers goes away: the quorum holds, the
@@ -242,7 +249,7 @@ func TestControllerHANetns(t *testing.T) {
 	deposedBefore := b.logged("this controller is no longer the leader")
 	nodes[0].srv.Shutdown()
 	time.Sleep(5 * time.Second)
-	if got := currentHolder(t, kv); got != "ctl-b" || b.logged("this controller is no longer the leader") != deposedBefore {
+	if got := currentHolder(t, ckv); got != "ctl-b" || b.logged("this controller is no longer the leader") != deposedBefore {
 		t.Fatalf("after one NATS server stopped: holder %q, ctl-b deposed %d times (was %d)", got, b.logged("this controller is no longer the leader"), deposedBefore)
 	}
 	t.Logf("hs declared once, by ctl-b: %s; %d lock records; one NATS server down 5 s: ctl-b still leads", decl[0], len(holders))

@@ -76,30 +76,33 @@ func StartServer(t testing.TB) string {
 		return s
 	}
 	js := fmt.Sprintf("jetstream: {store_dir: %q}\n", store)
-	admin := start(js + fmt.Sprintf("accounts { %s { jetstream: enabled, users: [{user: admin, password: %s}] } }\n", natsperm.Account, adminPassword))
-	nc, err := nats.Connect(admin.ClientURL(), nats.UserInfo("admin", adminPassword))
-	if err != nil {
-		t.Fatal(err)
-	}
+	admin := start(js + fmt.Sprintf("accounts { %s { jetstream: enabled, users: [{user: admin, password: %s}] }, %s { jetstream: enabled, users: [{user: cadmin, password: %s}] } }\n",
+		natsperm.Account, adminPassword, natsperm.ControlAccount, adminPassword))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	j, _ := jetstream.New(nc)
+	as := func(user string) jetstream.JetStream {
+		nc, err := nats.Connect(admin.ClientURL(), nats.UserInfo(user, adminPassword))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		j, _ := jetstream.New(nc)
+		return j
+	}
+	j := as("admin") // HVGUARD: the event stream, the lease bucket
 	if _, err := j.CreateStream(ctx, delivery.StreamConfig(1)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := natslease.CreateBucket(ctx, j, 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := controller.EnsureRecoveryBucket(ctx, j, true); err != nil {
+	cj := as("cadmin") // HVGUARD_CONTROL: the controllers' buckets
+	if _, err := controller.EnsureControlBuckets(ctx, cj, true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := controller.EnsureInstanceBucket(ctx, j, true); err != nil {
+	if _, err := controller.EnsureInstanceBucket(ctx, cj, true); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := controller.EnsureMemoryBucket(ctx, j, true); err != nil {
-		t.Fatal(err)
-	}
-	nc.Close()
 	admin.Shutdown()
 	admin.WaitForShutdown()
 
@@ -115,7 +118,9 @@ func StartServer(t testing.TB) string {
 	return s.ClientURL()
 }
 
-// Seeds returns the example users' seeds by "role:name".
+// Seeds returns the example users' seeds by "role:name" (and
+// "role:name:control": a controller's or reader's user in the controllers'
+// account).
 func Seeds(t testing.TB) map[string]string {
 	t.Helper()
 	_, seeds, err := natsperm.ReadSeeds(SeedsFile())
@@ -125,7 +130,7 @@ func Seeds(t testing.TB) map[string]string {
 	return seeds
 }
 
-// SeedFile writes user's ("role:name") example seed to a new file (mode
+// SeedFile writes user's ("role:name", or "role:name:control") example seed to a new file (mode
 // 0600) for nats.nkey_seed_file and returns its path.
 func SeedFile(t testing.TB, user string) string {
 	t.Helper()
@@ -140,7 +145,8 @@ func SeedFile(t testing.TB, user string) string {
 	return p
 }
 
-// Connect connects to url as user ("role:name") with its NKey (an agent
+// Connect connects to url as user ("role:name", or "role:name:control")
+// with its NKey (an agent
 // with its inbox prefix, as the agent connects) and opts; closed when the
 // test ends.
 func Connect(t testing.TB, url, user string, opts ...nats.Option) *nats.Conn {
