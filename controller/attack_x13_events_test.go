@@ -66,9 +66,11 @@ func TestX13ReflectedLifecycleEventRefused(t *testing.T) {
 
 	// The controller: consumer and instance recovery, as the daemon wires
 	// them (controller/daemon/instance.go), on the controller's user.
+	// (the instance recovery bucket in the controllers' account).
 	cnc := natspermtest.Connect(t, url, "controller:ctl-1")
 	cjs, _ := jetstream.New(cnc)
-	ikv, err := controller.EnsureInstanceBucket(ctx, cjs, false)
+	ijs, _ := jetstream.New(natspermtest.Connect(t, url, "controller:ctl-1:control"))
+	ikv, err := controller.EnsureInstanceBucket(ctx, ijs, false)
 	if err != nil {
 		t.Fatal(err)
 	}
