@@ -30,6 +30,14 @@ type LeaderRunner struct {
 	// OnSynced, if set, is called (from Run's goroutine) each time the
 	// watch of LeaderKey has delivered the key's current value.
 	OnSynced func()
+	// Eligible, if set, is asked before every claim or renewal of the
+	// lock (not before a resignation): while it says no, nothing is
+	// written, so a leader's lock lapses after its TTL and a standby takes
+	// over. The daemon says no while its connection to the agents' account
+	// is down: the lock lives in the controllers' own account (ControlBucket,
+	// a second connection), and a leader that can no longer watch the
+	// leases must not keep the lock from a standby that can.
+	Eligible func() bool
 
 	mu         sync.Mutex
 	leading    bool
@@ -248,6 +256,10 @@ func (r *LeaderRunner) changed(log *slog.Logger, op LeaderOp) {
 // write performs one lock write by CAS and classifies the answer.
 func (r *LeaderRunner) write(ctx context.Context, op LeaderOp) writeDone {
 	d := writeDone{rec: op.Record}
+	if !op.Record.Released && r.Eligible != nil && !r.Eligible() {
+		d.outcome = WriteUnknown // not written: never counted as landed
+		return d
+	}
 	b, err := op.Record.Encode()
 	if err != nil {
 		d.outcome = WriteConflict // cannot happen; never counted as landed

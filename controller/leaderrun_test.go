@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,6 +34,12 @@ type leaderProc struct {
 
 func startLeader(t *testing.T, url, id string) *leaderProc {
 	t.Helper()
+	return startLeaderEligible(t, url, id, nil)
+}
+
+// startLeaderEligible is startLeader with the runner's Eligible.
+func startLeaderEligible(t *testing.T, url, id string, eligible func() bool) *leaderProc {
+	t.Helper()
 	nc, err := nats.Connect(url, nats.ReconnectBufSize(-1))
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +59,7 @@ func startLeader(t *testing.T, url, id string) *leaderProc {
 		log = slog.New(slog.NewTextHandler(os.Stderr, nil)).With("ctrl", id)
 	}
 	p := &leaderProc{id: id, nc: nc, cancel: cancel, done: make(chan struct{}),
-		run: &controller.LeaderRunner{KV: kv, Core: core, Log: log}}
+		run: &controller.LeaderRunner{KV: kv, Core: core, Log: log, Eligible: eligible}}
 	go func() { defer close(p.done); _ = p.run.Run(ctx) }()
 	t.Cleanup(func() { p.stop(); nc.Close() })
 	return p
@@ -147,4 +154,34 @@ func without(ps []*leaderProc, x *leaderProc) []*leaderProc {
 		}
 	}
 	return out
+}
+
+// A leader that is no longer Eligible (the daemon: its connection to the
+// agents' account is down, while the lock's own connection is up) stops
+// renewing: it may act no more once its lock lapses, and a standby takes
+// over after TakeoverAfter(TTL); never two at once. Without the check the
+// leader keeps the lock for as long as the lock's connection lives.
+func TestLeaderRunnerIneligibleHandsOver(t *testing.T) {
+	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	var eligible atomic.Bool
+	eligible.Store(true)
+	c1 := startLeaderEligible(t, srv.ClientURL(), "c1", eligible.Load)
+	leader, _ := actors(t, []*leaderProc{c1}, 2500*time.Millisecond)
+	if leader != c1 {
+		t.Fatal("c1 does not lead 2.5 s after its start")
+	}
+	c2 := startLeader(t, srv.ClientURL(), "c2")
+	if l, _ := actors(t, []*leaderProc{c1, c2}, time.Second); l != c1 {
+		t.Fatal("c1 lost the lock while eligible")
+	}
+	cut := time.Now()
+	eligible.Store(false)
+	next, first := actors(t, []*leaderProc{c1, c2}, 3*time.Second)
+	if next != c2 {
+		t.Fatalf("c2 not leading 3 s after c1 became ineligible (last acting: %v)", next)
+	}
+	t.Logf("ineligible c1 → c2 acting after %s", first["c2"].Sub(cut).Round(10*time.Millisecond))
+	if c1.run.MayAct(time.Now()) {
+		t.Fatal("the ineligible c1 still may act")
+	}
 }

@@ -224,6 +224,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 		return err
 	}
 	d.lr = &controller.LeaderRunner{KV: cb.Control, Core: core, Log: log.With("component", "leader"), Now: d.now,
+		Eligible: d.nc.IsConnected, // the lock is on cnc; the leases on nc
 		OnChange: d.leaderChanged, OnSynced: func() { d.leaderSynced.Store(true); d.maybeReady() }}
 	keys, signer, serr := cfg.Signing.Load()
 	if serr != nil {
