@@ -2,12 +2,21 @@ package controller_test
 
 import (
 	"context"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"hvguard/agent/delivery"
+	"hvguard/controller"
+	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing/natslease"
+	"hvguard/proto"
 )
 
 // Reviewer X14: the reflection of X12 reaches the JetStream API itself.
@@ -78,6 +87,113 @@ func TestX14ReflectedLeaseStreamAPINATS(t *testing.T) {
 			if !bad {
 				t.Logf("%s: %s did not fence", tc.name, live)
 			}
+		})
+	}
+}
+
+// TestX14ReflectedEventStreamAPINATS: the same reflection against the
+// event stream and the controllers' durable consumer on it — outside
+// (a)/(S)/(c), but compute-2's genuine, signed event never reaches the
+// fleet view and instance recovery ("never loses an event"). compute-1
+// reflects (each request body a value it stored in a lease key):
+//   - "none" (control): nothing; compute-2's stop is applied;
+//   - "consumer-hijack": $JS.API.CONSUMER.DELETE of the controller's
+//     durable (its name is public: controller.DurableName), then
+//     $JS.API.CONSUMER.CREATE of a durable of that name with a deliver
+//     policy and ack policy the controller's CreateOrUpdateConsumer cannot
+//     update: the controller never consumes again;
+//   - "stream-delete": $JS.API.STREAM.DELETE.HVGUARD_EVENTS: the agents
+//     publish with create_stream false, nothing re-creates it;
+//   - "control-account" (holds, the account split of e05abf6):
+//     $JS.API.STREAM.DELETE.KV_hvguard-control, reflected in HVGUARD,
+//     reaches no stream of HVGUARD_CONTROL (checked with ctl-1's
+//     control user), compute-2's stop is applied.
+func TestX14ReflectedEventStreamAPINATS(t *testing.T) {
+	durable := controller.DurableName("ctl-1")
+	hijack := `{"stream_name":"` + proto.StreamName + `","config":{"durable_name":"` + durable +
+		`","deliver_policy":"new","ack_policy":"none","filter_subject":"hvguard.v1.nobody.lifecycle"}}`
+	type req struct{ api, body string }
+	for _, tc := range []struct {
+		name string
+		reqs []req
+	}{
+		{"none", nil},
+		{"consumer-hijack", []req{{"$JS.API.CONSUMER.DELETE." + proto.StreamName + "." + durable, `{}`},
+			{"$JS.API.CONSUMER.CREATE." + proto.StreamName + "." + durable, hijack}}},
+		{"stream-delete", []req{{"$JS.API.STREAM.DELETE." + proto.StreamName, `{}`}}},
+		{"control-account", []req{{"$JS.API.STREAM.DELETE.KV_" + controller.ControlBucket, `{}`}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := natspermtest.StartServer(t)
+			hosts := []string{"compute-1.example.org", "compute-2.example.org"}
+			victim := hosts[1]
+			f := newFleetOf(t, hosts)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			cnc := natspermtest.Connect(t, url, "controller:ctl-1")
+			cjs, _ := jetstream.New(cnc)
+			var mu sync.Mutex
+			var applied []string
+			cons := &controller.Consumer{JS: cjs, ID: "ctl-1", Keys: f.ring, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				OnApplied: func(fe controller.FleetEvent, _ controller.Verdict) {
+					mu.Lock()
+					applied = append(applied, fe.DomainUUID)
+					mu.Unlock()
+				}}
+			go func() { _ = cons.Run(ctx) }()
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+				if _, err := cjs.Consumer(ctx, proto.StreamName, durable); err == nil {
+					break
+				} else if time.Now().After(deadline) {
+					t.Fatalf("the controller's durable never created: %v", err)
+				}
+			}
+			attacker, anc := permStore(t, url, "agent:"+hosts[0], f, hosts[0])
+			for _, r := range tc.reqs {
+				reflectAPI(t, ctx, attacker, anc, r.api, r.body)
+				time.Sleep(100 * time.Millisecond)
+			}
+			if tc.name == "control-account" {
+				if _, err := controlBuckets(t, url, "controller:ctl-1").Control.Status(ctx); err != nil {
+					t.Errorf("the control bucket after compute-1's reflection: %v", err)
+				}
+			}
+			// compute-2's genuine stop, through its real outbox and
+			// publisher, signed with its host key.
+			vnc := natspermtest.Connect(t, url, "agent:"+victim)
+			ob, err := delivery.OpenOutbox(t.TempDir(), delivery.OutboxConfig{Host: victim}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ob.Close()
+			pub, err := delivery.NewPublisher(vnc, ob, delivery.PublisherConfig{Signer: f.signers[victim]}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { _ = pub.Run(ctx) }()
+			now := time.Now().UTC()
+			if err := ob.Append(&proto.LifecycleEvent{DomainUUID: testUUID, DomainName: "instance-00000001", Transition: proto.TransitionStopped,
+				State: "shutoff", LibvirtEvent: "STOPPED", LibvirtDetail: "FAILED", OccurredAt: now, ObservedAt: now,
+				Classification: proto.ClassificationStoppedUnexpectedly, ClassificationReason: "no-operation"}); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+				mu.Lock()
+				ok := slices.Contains(applied, testUUID)
+				mu.Unlock()
+				if ok {
+					t.Logf("%s: compute-2's stop applied", tc.name)
+					return
+				}
+			}
+			_, serr := cjs.Stream(ctx, proto.StreamName)
+			var cfg any
+			if ci, err := cjs.Consumer(ctx, proto.StreamName, durable); err == nil {
+				cfg = ci.CachedInfo().Config
+			} else {
+				cfg = err
+			}
+			t.Errorf("%s: compute-2's genuine signed stop not applied within 8 s (event stream: %v; the controller's durable: %+v)", tc.name, serr, cfg)
 		})
 	}
 }
