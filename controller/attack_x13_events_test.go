@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"hvguard/agent/delivery"
 	"hvguard/controller"
 	ir "hvguard/controller/instancerecovery"
 	"hvguard/controller/natsperm/natspermtest"
@@ -156,22 +155,7 @@ func TestX13ReflectedLifecycleEventRefused(t *testing.T) {
 
 	// compute-2's genuine stop, through its real outbox and publisher,
 	// signed with its host key, stored after the forgeries.
-	vnc := natspermtest.Connect(t, url, "agent:"+victim)
-	ob, err := delivery.OpenOutbox(t.TempDir(), delivery.OutboxConfig{Host: victim}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ob.Close()
-	pub, err := delivery.NewPublisher(vnc, ob, delivery.PublisherConfig{Signer: f.signers[victim]}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = pub.Run(ctx) }()
-	if err := ob.Append(&proto.LifecycleEvent{DomainUUID: testUUID, DomainName: "instance-00000001", Transition: proto.TransitionStopped,
-		State: "shutoff", LibvirtEvent: "STOPPED", LibvirtDetail: "FAILED", OccurredAt: now, ObservedAt: now,
-		Classification: proto.ClassificationStoppedUnexpectedly, ClassificationReason: "no-operation"}); err != nil {
-		t.Fatal(err)
-	}
+	publishGenuineStop(ctx, t, url, f, victim, now)
 
 	// Wait for the genuine stop to be recovered (the forgeries, stored
 	// before it, were handled before it).

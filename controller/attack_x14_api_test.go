@@ -160,23 +160,7 @@ func TestX14ReflectedEventStreamAPINATS(t *testing.T) {
 			}
 			// compute-2's genuine stop, through its real outbox and
 			// publisher, signed with its host key.
-			vnc := natspermtest.Connect(t, url, "agent:"+victim)
-			ob, err := delivery.OpenOutbox(t.TempDir(), delivery.OutboxConfig{Host: victim}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ob.Close()
-			pub, err := delivery.NewPublisher(vnc, ob, delivery.PublisherConfig{Signer: f.signers[victim]}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			go func() { _ = pub.Run(ctx) }()
-			now := time.Now().UTC()
-			if err := ob.Append(&proto.LifecycleEvent{DomainUUID: testUUID, DomainName: "instance-00000001", Transition: proto.TransitionStopped,
-				State: "shutoff", LibvirtEvent: "STOPPED", LibvirtDetail: "FAILED", OccurredAt: now, ObservedAt: now,
-				Classification: proto.ClassificationStoppedUnexpectedly, ClassificationReason: "no-operation"}); err != nil {
-				t.Fatal(err)
-			}
+			publishGenuineStop(ctx, t, url, f, victim, time.Now().UTC())
 			for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 				mu.Lock()
 				ok := slices.Contains(applied, testUUID)
@@ -195,5 +179,28 @@ func TestX14ReflectedEventStreamAPINATS(t *testing.T) {
 			}
 			t.Errorf("%s: compute-2's genuine signed stop not applied within 8 s (event stream: %v; the controller's durable: %+v)", tc.name, serr, cfg)
 		})
+	}
+}
+
+// publishGenuineStop has host's real outbox and publisher (its NATS user,
+// signed with its host key) send a stop of instance testUUID that
+// instance recovery would act on; the publisher runs until ctx ends.
+func publishGenuineStop(ctx context.Context, t *testing.T, url string, f fleet, host string, now time.Time) {
+	t.Helper()
+	nc := natspermtest.Connect(t, url, "agent:"+host)
+	ob, err := delivery.OpenOutbox(t.TempDir(), delivery.OutboxConfig{Host: host}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ob.Close() })
+	pub, err := delivery.NewPublisher(nc, ob, delivery.PublisherConfig{Signer: f.signers[host]}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = pub.Run(ctx) }()
+	if err := ob.Append(&proto.LifecycleEvent{DomainUUID: testUUID, DomainName: "instance-00000001", Transition: proto.TransitionStopped,
+		State: "shutoff", LibvirtEvent: "STOPPED", LibvirtDetail: "FAILED", OccurredAt: now, ObservedAt: now,
+		Classification: proto.ClassificationStoppedUnexpectedly, ClassificationReason: "no-operation"}); err != nil {
+		t.Fatal(err)
 	}
 }
