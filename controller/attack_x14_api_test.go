@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"hvguard/agent/delivery"
 	"hvguard/controller"
 	"hvguard/controller/natsperm/natspermtest"
+	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 	"hvguard/proto"
 )
@@ -124,23 +127,10 @@ func TestX14ReflectedEventStreamAPINATS(t *testing.T) {
 		{"control-account", []req{{"$JS.API.STREAM.DELETE.KV_" + controller.ControlBucket, `{}`}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			url := natspermtest.StartServer(t)
-			hosts := []string{"compute-1.example.org", "compute-2.example.org"}
-			victim := hosts[1]
-			f := newFleetOf(t, hosts)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			cnc := natspermtest.Connect(t, url, "controller:ctl-1")
-			cjs, _ := jetstream.New(cnc)
-			var mu sync.Mutex
-			var applied []string
-			cons := &controller.Consumer{JS: cjs, ID: "ctl-1", Keys: f.ring, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-				OnApplied: func(fe controller.FleetEvent, _ controller.Verdict) {
-					mu.Lock()
-					applied = append(applied, fe.DomainUUID)
-					mu.Unlock()
-				}}
-			go func() { _ = cons.Run(ctx) }()
+			r := startEventRig(ctx, t)
+			url, hosts, victim, f, cjs := r.url, r.hosts, r.hosts[1], r.f, r.cjs
 			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 				if _, err := cjs.Consumer(ctx, proto.StreamName, durable); err == nil {
 					break
@@ -161,14 +151,9 @@ func TestX14ReflectedEventStreamAPINATS(t *testing.T) {
 			// compute-2's genuine stop, through its real outbox and
 			// publisher, signed with its host key.
 			publishGenuineStop(ctx, t, url, f, victim, time.Now().UTC())
-			for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-				mu.Lock()
-				ok := slices.Contains(applied, testUUID)
-				mu.Unlock()
-				if ok {
-					t.Logf("%s: compute-2's stop applied", tc.name)
-					return
-				}
+			if r.applied(testUUID, 8*time.Second) {
+				t.Logf("%s: compute-2's stop applied", tc.name)
+				return
 			}
 			_, serr := cjs.Stream(ctx, proto.StreamName)
 			var cfg any
@@ -187,6 +172,13 @@ func TestX14ReflectedEventStreamAPINATS(t *testing.T) {
 // instance recovery would act on; the publisher runs until ctx ends.
 func publishGenuineStop(ctx context.Context, t *testing.T, url string, f fleet, host string, now time.Time) {
 	t.Helper()
+	appendStop(t, startOutbox(ctx, t, url, f, host), testUUID, now)
+}
+
+// startOutbox starts host's real outbox and publisher (its NATS user,
+// signed with its host key); the publisher runs until ctx ends.
+func startOutbox(ctx context.Context, t *testing.T, url string, f fleet, host string) *delivery.Outbox {
+	t.Helper()
 	nc := natspermtest.Connect(t, url, "agent:"+host)
 	ob, err := delivery.OpenOutbox(t.TempDir(), delivery.OutboxConfig{Host: host}, nil)
 	if err != nil {
@@ -198,9 +190,136 @@ func publishGenuineStop(ctx context.Context, t *testing.T, url string, f fleet, 
 		t.Fatal(err)
 	}
 	go func() { _ = pub.Run(ctx) }()
-	if err := ob.Append(&proto.LifecycleEvent{DomainUUID: testUUID, DomainName: "instance-00000001", Transition: proto.TransitionStopped,
+	return ob
+}
+
+// appendStop appends an unexpected stop of instance uuid (one instance
+// recovery acts on) to ob.
+func appendStop(t *testing.T, ob *delivery.Outbox, uuid string, now time.Time) {
+	t.Helper()
+	if err := ob.Append(&proto.LifecycleEvent{DomainUUID: uuid, DomainName: "instance-00000001", Transition: proto.TransitionStopped,
 		State: "shutoff", LibvirtEvent: "STOPPED", LibvirtDetail: "FAILED", OccurredAt: now, ObservedAt: now,
 		Classification: proto.ClassificationStoppedUnexpectedly, ClassificationReason: "no-operation"}); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestX14ReflectedMsgIDSuppressesEventNATS: JetStream drops a message
+// whose Nats-Msg-Id it stored within the stream's duplicate window (5
+// min), and the agents' IDs are predictable (proto.MsgID: host,
+// incarnation, seq). compute-1 learns compute-2's incarnation and seq by
+// reading the event stream — through the same reflection: a
+// $JS.API.CONSUMER.CREATE.HVGUARD_EVENTS request delivering compute-2's
+// events to compute-1's own inbox. It then stores compute-2's last
+// genuine event (its payload and signature headers, verbatim) with the
+// Nats-Msg-Id of compute-2's NEXT event in a lease key and reflects it onto
+// compute-2's lifecycle subject: stored, and applied by the controller as a
+// duplicate (signed, same seq) — nothing refused, nothing logged. compute-2's
+// next genuine event — an unexpected stop instance recovery would act on —
+// is then acknowledged as a duplicate and never stored: its publisher
+// considers it delivered. Outside (a)/(S)/(c) ("never loses an event").
+// Control "none": the stop is applied.
+func TestX14ReflectedMsgIDSuppressesEventNATS(t *testing.T) {
+	for _, attack := range []bool{false, true} {
+		t.Run(map[bool]string{false: "none", true: "preempt"}[attack], func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			r := startEventRig(ctx, t)
+			url, hosts, victim, f, cons := r.url, r.hosts, r.hosts[1], r.f, r.cons
+			wait := r.applied
+			ob := startOutbox(ctx, t, url, f, victim)
+			const first = "11111111-2222-4333-8444-555555555555"
+			appendStop(t, ob, first, time.Now().UTC())
+			if !wait(first, 8*time.Second) {
+				t.Fatal("compute-2's first event not applied")
+			}
+			if attack {
+				attacker, anc := permStore(t, url, "agent:"+hosts[0], f, hosts[0])
+				subj, _ := proto.LifecycleSubject(victim)
+				spy := proto.AgentInboxPrefix(hosts[0]) + ".x14spy"
+				sub, err := anc.SubscribeSync(spy)
+				if err != nil {
+					t.Fatal(err)
+				}
+				reflectAPI(t, ctx, attacker, anc, "$JS.API.CONSUMER.CREATE."+proto.StreamName+".x14spy",
+					`{"stream_name":"`+proto.StreamName+`","config":{"name":"x14spy","deliver_subject":"`+spy+
+						`","deliver_policy":"last","ack_policy":"none","filter_subject":"`+subj+`"}}`)
+				m, err := sub.NextMsg(5 * time.Second)
+				if err != nil {
+					t.Fatalf("compute-1 read none of compute-2's events: %v", err)
+				}
+				id := m.Header.Get(jetstream.MsgIDHeader)
+				i := strings.LastIndex(id, ":")
+				seq, err := strconv.ParseUint(id[i+1:], 10, 64)
+				if err != nil {
+					t.Fatalf("Nats-Msg-Id %q: %v", id, err)
+				}
+				next := id[:i+1] + strconv.FormatUint(seq+1, 10)
+				t.Logf("compute-1 read compute-2's event %s; pre-empting %s", id, next)
+				fake := nats.NewMsg("$KV." + fencing.Bucket + ".x14-preempt")
+				fake.Data = m.Data
+				for _, h := range []string{proto.EventSignerHeader, proto.EventSigHeader} {
+					fake.Header.Set(h, m.Header.Get(h))
+				}
+				fake.Header.Set(jetstream.MsgIDHeader, next)
+				ajs, _ := jetstream.New(anc)
+				if _, err := ajs.PublishMsg(ctx, fake); err != nil {
+					t.Fatal(err)
+				}
+				if err := anc.PublishRequest("$JS.API.DIRECT.GET."+natslease.StreamName+".$KV."+fencing.Bucket+".x14-preempt", subj, nil); err != nil {
+					t.Fatal(err)
+				}
+				anc.Flush()
+				time.Sleep(300 * time.Millisecond)
+			}
+			appendStop(t, ob, testUUID, time.Now().UTC())
+			if !wait(testUUID, 8*time.Second) {
+				t.Errorf("compute-2's genuine signed stop (its next event) not applied within 8 s; refused: %v", refusedCounts(cons))
+			} else {
+				t.Log("compute-2's stop applied")
+			}
+		})
+	}
+}
+
+// eventRig: nats-server with the shipped permissions and ctl-1's event
+// consumer (signing required: the fleet's keys of compute-1 and
+// compute-2), recording the instances its fleet view applied.
+type eventRig struct {
+	url   string
+	hosts []string
+	f     fleet
+	cjs   jetstream.JetStream
+	cons  *controller.Consumer
+	mu    sync.Mutex
+	seen  []string
+}
+
+func startEventRig(ctx context.Context, t *testing.T) *eventRig {
+	t.Helper()
+	r := &eventRig{url: natspermtest.StartServer(t), hosts: []string{"compute-1.example.org", "compute-2.example.org"}}
+	r.f = newFleetOf(t, r.hosts)
+	r.cjs, _ = jetstream.New(natspermtest.Connect(t, r.url, "controller:ctl-1"))
+	r.cons = &controller.Consumer{JS: r.cjs, ID: "ctl-1", Keys: r.f.ring, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		OnApplied: func(fe controller.FleetEvent, _ controller.Verdict) {
+			r.mu.Lock()
+			r.seen = append(r.seen, fe.DomainUUID)
+			r.mu.Unlock()
+		}}
+	go func() { _ = r.cons.Run(ctx) }()
+	return r
+}
+
+// applied reports whether the fleet view applied an event of instance
+// uuid within d.
+func (r *eventRig) applied(uuid string, d time.Duration) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		r.mu.Lock()
+		ok := slices.Contains(r.seen, uuid)
+		r.mu.Unlock()
+		if ok {
+			return true
+		}
+	}
+	return false
 }
