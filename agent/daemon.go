@@ -577,10 +577,10 @@ func lockStateDir(dir string) (unlock func(), err error) {
 }
 
 // securityWarnings are the insecure settings: the configuration's and,
-// once the lease bucket is open, natslease.RollupWarning if it applies.
+// once the lease bucket is open, natslease.StreamWarning if it applies.
 func (d *Daemon) securityWarnings() []string {
 	if d.fence == nil || !d.fence.store.rollup.Load() {
 		return d.warnings
 	}
-	return append(append([]string(nil), d.warnings...), natslease.RollupWarning)
+	return append(append([]string(nil), d.warnings...), natslease.StreamWarning)
 }

@@ -172,8 +172,8 @@ type leaseStore struct {
 	keys      *fencing.Keyring
 	onInvalid func(host string, rev uint64, err error)
 	// log, rollup: once the bucket is open, whether its stream allows
-	// rollups (natslease.WarnRollup: logged at ERROR, listed among the
-	// insecure settings).
+	// rollups or direct gets (natslease.WarnStream: logged at ERROR,
+	// listed among the insecure settings).
 	log    *slog.Logger
 	rollup atomic.Bool
 	mu     sync.Mutex
@@ -203,9 +203,11 @@ func (l *leaseStore) get(ctx context.Context, timeout time.Duration) (*natslease
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.st == nil {
-		l.st = &natslease.Store{KV: kv, Signer: l.signer, Keys: l.keys, OnInvalid: l.onInvalid}
+		// NC: reads use the stream API's message get, never a direct get
+		// (natslease.Store.get: agents may not make direct gets).
+		l.st = &natslease.Store{KV: kv, NC: l.nc, Signer: l.signer, Keys: l.keys, OnInvalid: l.onInvalid}
 		if l.log != nil { // off the renewal's path (bounded by natslease.ReadTimeout)
-			go func() { l.rollup.Store(natslease.WarnRollup(context.Background(), js, l.log)) }()
+			go func() { l.rollup.Store(natslease.WarnStream(context.Background(), js, l.log)) }()
 		}
 	}
 	return l.st, nil

@@ -246,30 +246,39 @@ func TestX14ReflectedMsgIDSuppressesEventNATS(t *testing.T) {
 						`","deliver_policy":"last","ack_policy":"none","filter_subject":"`+subj+`"}}`)
 				m, err := sub.NextMsg(5 * time.Second)
 				if err != nil {
-					t.Fatalf("compute-1 read none of compute-2's events: %v", err)
+					// Agents may make no direct gets (natsperm.kvRead),
+					// the lease stream allows none (natslease.
+					// HardenStream): nothing to reflect.
+					t.Logf("compute-1 read none of compute-2's events (%v): the reflection is closed", err)
+					m = nil
 				}
-				id := m.Header.Get(jetstream.MsgIDHeader)
-				i := strings.LastIndex(id, ":")
-				seq, err := strconv.ParseUint(id[i+1:], 10, 64)
-				if err != nil {
-					t.Fatalf("Nats-Msg-Id %q: %v", id, err)
+				preempt := func() {
+					id := m.Header.Get(jetstream.MsgIDHeader)
+					i := strings.LastIndex(id, ":")
+					seq, err := strconv.ParseUint(id[i+1:], 10, 64)
+					if err != nil {
+						t.Fatalf("Nats-Msg-Id %q: %v", id, err)
+					}
+					next := id[:i+1] + strconv.FormatUint(seq+1, 10)
+					t.Logf("compute-1 read compute-2's event %s; pre-empting %s", id, next)
+					fake := nats.NewMsg("$KV." + fencing.Bucket + ".x14-preempt")
+					fake.Data = m.Data
+					for _, h := range []string{proto.EventSignerHeader, proto.EventSigHeader} {
+						fake.Header.Set(h, m.Header.Get(h))
+					}
+					fake.Header.Set(jetstream.MsgIDHeader, next)
+					ajs, _ := jetstream.New(anc)
+					if _, err := ajs.PublishMsg(ctx, fake); err != nil {
+						t.Fatal(err)
+					}
+					if err := anc.PublishRequest("$JS.API.DIRECT.GET."+natslease.StreamName+".$KV."+fencing.Bucket+".x14-preempt", subj, nil); err != nil {
+						t.Fatal(err)
+					}
+					anc.Flush()
 				}
-				next := id[:i+1] + strconv.FormatUint(seq+1, 10)
-				t.Logf("compute-1 read compute-2's event %s; pre-empting %s", id, next)
-				fake := nats.NewMsg("$KV." + fencing.Bucket + ".x14-preempt")
-				fake.Data = m.Data
-				for _, h := range []string{proto.EventSignerHeader, proto.EventSigHeader} {
-					fake.Header.Set(h, m.Header.Get(h))
+				if m != nil {
+					preempt()
 				}
-				fake.Header.Set(jetstream.MsgIDHeader, next)
-				ajs, _ := jetstream.New(anc)
-				if _, err := ajs.PublishMsg(ctx, fake); err != nil {
-					t.Fatal(err)
-				}
-				if err := anc.PublishRequest("$JS.API.DIRECT.GET."+natslease.StreamName+".$KV."+fencing.Bucket+".x14-preempt", subj, nil); err != nil {
-					t.Fatal(err)
-				}
-				anc.Flush()
 				time.Sleep(300 * time.Millisecond)
 			}
 			appendStop(t, ob, testUUID, time.Now().UTC())

@@ -9,6 +9,7 @@ import (
 
 	"hvguard/controller/instancerecovery"
 	"hvguard/controller/recovery"
+	"hvguard/fencing/natslease"
 )
 
 // ControlBucket is the controllers' own bucket: the leader lock
@@ -36,16 +37,20 @@ func (b kvBucket) ensure(ctx context.Context, js jetstream.JetStream, create boo
 		return kv, nil
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
-		return nil, fmt.Errorf("%s %s: %w (provision it with: nats kv add %s --history %d --storage file --replicas 3)",
-			b.what, b.cfg.Bucket, err, b.cfg.Bucket, b.cfg.History)
+		return nil, fmt.Errorf("%s %s: %w (provision it with: nats kv add %s --history %d --storage file --replicas 3 && nats stream edit KV_%s --no-allow-rollup --no-allow-direct -f)",
+			b.what, b.cfg.Bucket, err, b.cfg.Bucket, b.cfg.History, b.cfg.Bucket)
 	}
 	cfg := b.cfg
 	cfg.Storage = jetstream.FileStorage
-	kv, err = js.CreateKeyValue(ctx, cfg)
-	if err != nil {
+	if _, err = js.CreateKeyValue(ctx, cfg); err != nil {
 		return nil, fmt.Errorf("%s %s: create: %w", b.what, b.cfg.Bucket, err)
 	}
-	return kv, nil
+	// No rollups, no direct gets (readers have users in this account:
+	// natsperm.kvRead); bound again so reads use the message get.
+	if err := natslease.HardenStream(ctx, js, "KV_"+b.cfg.Bucket); err != nil {
+		return nil, fmt.Errorf("%s: %w", b.what, err)
+	}
+	return js.KeyValue(ctx, b.cfg.Bucket)
 }
 
 var (

@@ -131,13 +131,18 @@ func Agent(host string) (Permissions, error) {
 var ControlBuckets = []string{controller.ControlBucket, recovery.Bucket, instancerecovery.Bucket, controller.MemoryBucket}
 
 // kvRead is the JetStream API a KV reader of bucket uses: stream info,
-// direct and message gets, ordered consumers (watch, keys) and their
-// deletion.
+// message gets, ordered consumers (watch, keys) and their deletion. No
+// direct gets: the server publishes a direct get's answer (a stored
+// message, headers included) on whatever reply subject the requester
+// names, and on a JetStream API subject that answer is executed as an API
+// request with the server's rights (reviewer X14: an agent deleted the
+// lease bucket and the event stream so). hvguard's buckets forbid direct
+// gets (natslease.HardenStream) and nats.go's KV reads then use the
+// message get, whose answer is JSON.
 func kvRead(bucket string) []string {
 	st := "KV_" + bucket
 	return []string{
 		jsAPI + "STREAM.INFO." + st,
-		jsAPI + "DIRECT.GET." + st + ".>",
 		jsAPI + "STREAM.MSG.GET." + st,
 		jsAPI + "CONSUMER.CREATE." + st + ".>",
 		jsAPI + "CONSUMER.DELETE." + st + ".>",
@@ -171,8 +176,14 @@ func Controller() Permissions {
 	}
 	p.PubAllow = append(p.PubAllow, kvPrefix+">")
 	p.PubAllow = append(p.PubAllow, kvRead(fencing.Bucket)...)
+	p.PubAllow = append(p.PubAllow, kvDirect(fencing.Bucket))
 	return p
 }
+
+// kvDirect is the direct get of bucket: controllers only (kvRead says why
+// nobody else), so that a controller still reads a bucket provisioned
+// without --no-allow-direct (natslease.StreamWarning reports it).
+func kvDirect(bucket string) string { return jsAPI + "DIRECT.GET.KV_" + bucket + ".>" }
 
 // ControllerControl returns a controller's permissions in ControlAccount:
 // everything on ControlBuckets (the leader lock, the guard, the memory,
@@ -186,6 +197,7 @@ func ControllerControl() Permissions {
 	for _, b := range ControlBuckets {
 		p.PubAllow = append(p.PubAllow, "$KV."+b+".>")
 		p.PubAllow = append(p.PubAllow, kvRead(b)...)
+		p.PubAllow = append(p.PubAllow, kvDirect(b))
 	}
 	return p
 }
@@ -206,8 +218,8 @@ func ReaderControl() Permissions {
 
 // Reader returns a read-only consumer's permissions in Account: live
 // subscriptions to hvguard's subjects (events, fence, decision and
-// recovery events) and to the lease bucket's updates, stream info, direct
-// gets, and its own ephemeral consumers on the event stream and the
+// recovery events) and to the lease bucket's updates, stream info, message
+// gets (no direct gets: kvRead), and its own ephemeral consumers on the event stream and the
 // bucket; replies on the default inbox prefix (the controllers' buckets:
 // ReaderControl). The controllers' durable consumers (named
 // after the controllers' ids) are denied so a reader can neither change
@@ -217,7 +229,6 @@ func Reader(controllers []string) Permissions {
 		PubAllow: []string{
 			jsAPI + "INFO",
 			jsAPI + "STREAM.INFO." + eventsStream,
-			jsAPI + "DIRECT.GET." + eventsStream + ".>",
 			jsAPI + "STREAM.MSG.GET." + eventsStream,
 			jsAPI + "CONSUMER.CREATE." + eventsStream + ".>",
 			"$JS.FC.>",

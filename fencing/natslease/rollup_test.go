@@ -15,11 +15,12 @@ import (
 )
 
 // TestLeaseBucketForbidsRollups: a bucket created by CreateBucket (what
-// EnsureBucket creates) forbids rollups; one provisioned the old way
-// (`nats kv add` alone: KV streams allow rollups) is reported by
-// WarnRollup at ERROR with RollupWarning, and DisallowRollup (what
-// `nats stream edit --no-allow-rollup` does) closes it while KV writes
-// and deletes keep working.
+// EnsureBucket creates) forbids rollups and direct gets; one provisioned
+// the old way (`nats kv add` alone: KV streams allow both) is reported by
+// WarnStream at ERROR with StreamWarning, and HardenStream (what `nats
+// stream edit --no-allow-rollup --no-allow-direct` does) closes it while
+// KV reads (the stream API's message get), writes and deletes keep
+// working.
 func TestLeaseBucketForbidsRollups(t *testing.T) {
 	ctx := context.Background()
 	nc, err := nats.Connect(deliverytest.StartJetStream(t, t.TempDir(), -1).ClientURL())
@@ -35,24 +36,31 @@ func TestLeaseBucketForbidsRollups(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !natslease.WarnRollup(ctx, js, log) || !strings.Contains(buf.String(), "level=ERROR") || !strings.Contains(buf.String(), "--no-allow-rollup") {
+	if !natslease.WarnStream(ctx, js, log) || !strings.Contains(buf.String(), "level=ERROR") || !strings.Contains(buf.String(), "--no-allow-rollup --no-allow-direct") {
 		t.Fatalf("a bucket allowing rollups not reported: %q", buf.String())
 	}
-	if err := natslease.DisallowRollup(ctx, js); err != nil {
+	if err := natslease.HardenStream(ctx, js, natslease.StreamName); err != nil {
+		t.Fatal(err)
+	}
+	// A handle bound now reads without direct gets.
+	if kv, err = js.KeyValue(ctx, "hvguard-leases"); err != nil {
 		t.Fatal(err)
 	}
 	buf.Reset()
-	if natslease.WarnRollup(ctx, js, log) || buf.Len() != 0 {
-		t.Fatalf("after DisallowRollup still reported: %q", buf.String())
+	if natslease.WarnStream(ctx, js, log) || buf.Len() != 0 {
+		t.Fatalf("after HardenStream still reported: %q", buf.String())
 	}
 	if _, err := kv.Put(ctx, "h0", []byte("x")); err != nil {
 		t.Fatal(err)
+	}
+	if e, err := kv.Get(ctx, "h0"); err != nil || string(e.Value()) != "x" {
+		t.Fatalf("get without direct gets: %v %v", e, err)
 	}
 	if err := kv.Delete(ctx, "h0"); err != nil {
 		t.Fatal(err)
 	}
 	if err := kv.Purge(ctx, "h0"); err == nil || !strings.Contains(err.Error(), "10111") {
-		t.Fatalf("purge (a rollup) after DisallowRollup: %v, want refused (10111)", err)
+		t.Fatalf("purge (a rollup) after HardenStream: %v, want refused (10111)", err)
 	}
 
 	if err := js.DeleteKeyValue(ctx, "hvguard-leases"); err != nil {
@@ -61,7 +69,7 @@ func TestLeaseBucketForbidsRollups(t *testing.T) {
 	if _, err := natslease.EnsureBucket(ctx, js, true); err != nil {
 		t.Fatal(err)
 	}
-	if allowed, err := natslease.RollupAllowed(ctx, js); err != nil || allowed {
-		t.Fatalf("bucket created by EnsureBucket: rollups allowed %v (%v)", allowed, err)
+	if insecure, err := natslease.StreamInsecure(ctx, js); err != nil || insecure {
+		t.Fatalf("bucket created by EnsureBucket: rollups or direct gets allowed %v (%v)", insecure, err)
 	}
 }

@@ -60,54 +60,66 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, create bool) (jet
 // StreamName is the lease bucket's stream.
 const StreamName = "KV_" + fencing.Bucket
 
-// RollupWarning is said (log at ERROR, status, the insecure-settings
-// metric) by a daemon that finds rollups allowed on the lease bucket's
-// stream: any writer of a lease key (every agent) can then purge every
-// record, the guard and the leader lock with one "Nats-Rollup: all"
-// publish, and a dead host's declaration (a CAS on its last revision)
-// fails for ever.
-const RollupWarning = "lease bucket " + fencing.Bucket + " allows rollups: one 'Nats-Rollup: all' publish by any agent purges every lease (fix: nats stream edit " + StreamName + " --no-allow-rollup)"
+// StreamWarning is said (log at ERROR, status, the insecure-settings
+// metric) by a daemon that finds the lease bucket's stream allowing
+// rollups or direct gets:
+//   - rollups: any writer of a lease key (every agent) can purge every
+//     record and the guard with one "Nats-Rollup: all" publish, and a dead
+//     host's declaration (a CAS on its last revision) fails for ever;
+//   - direct gets: the server publishes a direct get's answer (a stored
+//     message, headers included) on the reply subject the requester names,
+//     and such an answer published on a JetStream API subject is executed
+//     as an API request with the server's rights — any agent could delete
+//     the lease bucket or the event stream, or delete and re-create the
+//     controllers' consumer (reviewer X14, "reflection").
+const StreamWarning = "lease bucket " + fencing.Bucket + " allows rollups or direct gets: any agent can purge every lease with one 'Nats-Rollup: all' publish, " +
+	"or delete the bucket and the event stream through a direct get's reply (fix: nats stream edit " + StreamName + " --no-allow-rollup --no-allow-direct)"
 
 // CreateBucket creates the lease bucket (BucketConfig(replicas)) and then
-// forbids rollups on its stream (a KV stream allows them: KV purge uses
-// them; the lease bucket never purges). KV create, update and delete still
-// work; a rollup or a KV purge is refused by the server (10111).
+// hardens its stream (HardenStream): no rollups (a KV stream allows them:
+// KV purge uses them; the lease bucket never purges), no direct gets (KV
+// reads then use the stream API's message get, whose answer is JSON). KV
+// create, get, update, delete and watch still work; a rollup or a KV purge
+// is refused by the server (10111).
 func CreateBucket(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
-	kv, err := js.CreateKeyValue(ctx, BucketConfig(replicas))
-	if err != nil {
+	if _, err := js.CreateKeyValue(ctx, BucketConfig(replicas)); err != nil {
 		return nil, fmt.Errorf("lease bucket %s: create: %w", fencing.Bucket, err)
 	}
-	if err := DisallowRollup(ctx, js); err != nil {
+	if err := HardenStream(ctx, js, StreamName); err != nil {
 		return nil, err
 	}
-	return kv, nil
+	// Bound again: a handle bound before the change would use direct gets.
+	return js.KeyValue(ctx, fencing.Bucket)
 }
 
-// DisallowRollup sets AllowRollup false on the lease bucket's stream.
-func DisallowRollup(ctx context.Context, js jetstream.JetStream) error {
-	st, err := js.Stream(ctx, StreamName)
+// HardenStream sets AllowRollup and AllowDirect false on stream (a KV
+// bucket's stream: KV_<bucket>; nats.go's KV then reads with the stream
+// API's message get).
+func HardenStream(ctx context.Context, js jetstream.JetStream, stream string) error {
+	st, err := js.Stream(ctx, stream)
 	if err != nil {
-		return fmt.Errorf("lease bucket %s: stream %s: %w", fencing.Bucket, StreamName, err)
+		return fmt.Errorf("stream %s: %w", stream, err)
 	}
 	cfg := st.CachedInfo().Config
-	if !cfg.AllowRollup {
+	if !cfg.AllowRollup && !cfg.AllowDirect {
 		return nil
 	}
-	cfg.AllowRollup = false
+	cfg.AllowRollup, cfg.AllowDirect = false, false
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("lease bucket %s: forbid rollups (allow_rollup_hdrs false) on %s: %w", fencing.Bucket, StreamName, err)
+		return fmt.Errorf("stream %s: forbid rollups and direct gets (allow_rollup_hdrs, allow_direct false): %w", stream, err)
 	}
 	return nil
 }
 
-// RollupAllowed reports whether the lease bucket's stream allows rollups
-// (RollupWarning).
-func RollupAllowed(ctx context.Context, js jetstream.JetStream) (bool, error) {
+// StreamInsecure reports whether the lease bucket's stream allows rollups
+// or direct gets (StreamWarning).
+func StreamInsecure(ctx context.Context, js jetstream.JetStream) (bool, error) {
 	st, err := js.Stream(ctx, StreamName)
 	if err != nil {
 		return false, fmt.Errorf("lease bucket %s: stream %s: %w", fencing.Bucket, StreamName, err)
 	}
-	return st.CachedInfo().Config.AllowRollup, nil
+	c := st.CachedInfo().Config
+	return c.AllowRollup || c.AllowDirect, nil
 }
 
 // Store reads and writes the lease bucket.
@@ -283,7 +295,7 @@ func definitelyNotSent(err error) bool {
 func (s *Store) Read(ctx context.Context, host string) (*fencing.LeaseRecord, uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	defer cancel()
-	e, err := s.KV.Get(ctx, key(host))
+	e, err := s.get(ctx, key(host))
 	if err != nil {
 		return nil, 0, fmt.Errorf("lease %s: read: %w", host, err)
 	}
@@ -354,7 +366,13 @@ func (s *Store) readGuard(ctx context.Context) (fencing.Guard, error) {
 
 // readGuard reads and verifies the guard in kv (found false: none).
 func readGuard(ctx context.Context, s *Store, kv jetstream.KeyValue, where string) (fencing.Guard, bool, error) {
-	e, err := kv.Get(ctx, fencing.GuardKey)
+	var e kvEntry
+	var err error
+	if kv == s.KV {
+		e, err = s.get(ctx, fencing.GuardKey)
+	} else {
+		e, err = kv.Get(ctx, fencing.GuardKey)
+	}
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fencing.Guard{}, false, nil
 	}
@@ -468,22 +486,23 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 	}
 }
 
-// WarnRollup is what both daemons do once the lease bucket is open: when
-// its stream allows rollups it logs RollupWarning at ERROR and returns
+// WarnStream is what both daemons do once the lease bucket is open: when
+// its stream allows rollups or direct gets it logs StreamWarning at ERROR
+// and returns
 // true (the daemon lists it among its insecure settings: status, metric,
 // alert). It never refuses to run: an agent refusing the bucket would
 // fence, a controller refusing it would declare nobody — both worse than
 // the hole. An error reading the stream is logged and reported as false.
-func WarnRollup(ctx context.Context, js jetstream.JetStream, log *slog.Logger) bool {
+func WarnStream(ctx context.Context, js jetstream.JetStream, log *slog.Logger) bool {
 	cctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	defer cancel()
-	allowed, err := RollupAllowed(cctx, js)
+	allowed, err := StreamInsecure(cctx, js)
 	if err != nil {
-		log.Warn("cannot check the lease bucket's rollup setting", "err", err)
+		log.Warn("cannot check the lease bucket's rollup and direct-get settings", "err", err)
 		return false
 	}
 	if allowed {
-		log.Error("insecure lease bucket", "warning", RollupWarning)
+		log.Error("insecure lease bucket", "warning", StreamWarning)
 	}
 	return allowed
 }
@@ -530,6 +549,47 @@ func (s *Store) ReadLeader(ctx context.Context, nc *nats.Conn, host string) (Lea
 	}
 	out.Record = &r
 	return out, nil
+}
+
+// kvEntry is what Read and readGuard use of a KV entry.
+type kvEntry interface {
+	Value() []byte
+	Revision() uint64
+}
+
+// leaderEntry is a kvEntry read with the stream API's message get.
+type leaderEntry storedMsg
+
+func (e leaderEntry) Value() []byte    { return e.Data }
+func (e leaderEntry) Revision() uint64 { return e.Seq }
+
+// get reads the lease bucket's key k. With NC set it uses the stream API's
+// message get (whose answer is JSON) whatever the stream allows, never a
+// direct get: agents may not make direct gets (natsperm: a direct get's
+// answer published on a JetStream API subject is executed as an API
+// request, reviewer X14), and a handle nats.go bound while the stream
+// still allowed them would keep making them. A missing or deleted key is
+// an error wrapping jetstream.ErrKeyNotFound, as KV.Get's. Without NC
+// (tests): KV.Get.
+func (s *Store) get(ctx context.Context, k string) (kvEntry, error) {
+	if s.NC == nil {
+		return s.KV.Get(ctx, k)
+	}
+	m, err := streamMsg(ctx, s.NC, map[string]any{"last_by_subj": "$KV." + fencing.Bucket + "." + k}, ReadTimeout)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return nil, fmt.Errorf("%w (%w)", jetstream.ErrKeyNotFound, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	h, err := strictHeaders(m.Hdrs)
+	if err != nil {
+		return leaderEntry(m), nil // the value is judged by its reader (undecodable)
+	}
+	if op := h["KV-Operation"]; slices.Contains(op, "DEL") || slices.Contains(op, "PURGE") {
+		return nil, fmt.Errorf("%w (deleted at revision %d)", jetstream.ErrKeyNotFound, m.Seq)
+	}
+	return leaderEntry(m), nil
 }
 
 // subject is the lease stream's subject of host's key.
