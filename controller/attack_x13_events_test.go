@@ -125,16 +125,26 @@ func TestX13ReflectedLifecycleEventRefused(t *testing.T) {
 		if _, err := ajs.PublishMsg(ctx, m); err != nil {
 			t.Fatalf("the attacker's put refused: %v", err)
 		}
+		// The direct get (the stored message verbatim, headers and all)
+		// is denied to agents since X14; the message get's answer (JSON:
+		// the forgery base64'd inside, no event headers) still lands.
 		get := "$JS.API.DIRECT.GET." + natslease.StreamName + ".$KV." + fencing.Bucket + "." + key
 		if err := anc.PublishRequest(get, subj, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := anc.PublishMsg(&nats.Msg{Subject: "$JS.API.STREAM.MSG.GET." + natslease.StreamName, Reply: subj,
+			Data: []byte(`{"last_by_subj":"$KV.` + fencing.Bucket + `.` + key + `"}`)}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := anc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	// The reflection lands: both forgeries are stored as compute-2's
-	// events (otherwise this test would show nothing).
+	// The reflection lands: two answers are stored as compute-2's events
+	// (otherwise this test would show nothing). Before X14's fix they were
+	// the forgeries verbatim (one unsigned, one signed by compute-1's
+	// key: refused as unsigned and foreign-key); now they are the message
+	// gets' JSON answers, unsigned.
 	rd := natspermtest.Connect(t, url, "reader:dashboard")
 	rjs, _ := jetstream.New(rd)
 	stream, err := rjs.Stream(ctx, proto.StreamName)
@@ -180,7 +190,7 @@ func TestX13ReflectedLifecycleEventRefused(t *testing.T) {
 			t.Errorf("fleet view of compute-2 records the forgery: %+v", h)
 		}
 	})
-	if got, want := refusedCounts(cons), map[string]uint64{fencing.EventUnsigned: 1, fencing.EventForeignKey: 1}; !maps.Equal(got, want) {
+	if got, want := refusedCounts(cons), map[string]uint64{fencing.EventUnsigned: 2}; !maps.Equal(got, want) {
 		t.Errorf("refused %v, want %v", got, want)
 	}
 }
