@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/agent"
@@ -156,6 +157,13 @@ func TestSignedLeasesCompromisedAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := att.nc.PublishRequest("$JS.API.DIRECT.GET.KV_"+fencing.Bucket+".$KV."+fencing.Bucket+".x13-reflect", lsubj, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The direct get is denied to agents since reviewer X14 (docs/
+	// security.md, "No direct gets"); the stream API's message get is
+	// not, and its JSON answer lands on compute-2's subject too.
+	if err := att.nc.PublishMsg(&nats.Msg{Subject: "$JS.API.STREAM.MSG.GET.KV_" + fencing.Bucket, Reply: lsubj,
+		Data: []byte(`{"last_by_subj":"$KV.` + fencing.Bucket + `.x13-reflect"}`)}); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil("the reflected lifecycle event refused", 10*time.Second, func() bool {
