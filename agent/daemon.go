@@ -579,7 +579,7 @@ func lockStateDir(dir string) (unlock func(), err error) {
 // securityWarnings are the insecure settings: the configuration's and,
 // once the lease bucket is open, natslease.StreamWarning if it applies.
 func (d *Daemon) securityWarnings() []string {
-	if d.fence == nil || !d.fence.store.rollup.Load() {
+	if d.fence == nil || !d.fence.store.insecureStream.Load() {
 		return d.warnings
 	}
 	return append(append([]string(nil), d.warnings...), natslease.StreamWarning)

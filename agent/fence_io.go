@@ -171,13 +171,13 @@ type leaseStore struct {
 	signer    fencing.Signer
 	keys      *fencing.Keyring
 	onInvalid func(host string, rev uint64, err error)
-	// log, rollup: once the bucket is open, whether its stream allows
+	// log, insecureStream: once the bucket is open, whether its stream allows
 	// rollups or direct gets (natslease.WarnStream: logged at ERROR,
 	// listed among the insecure settings).
-	log    *slog.Logger
-	rollup atomic.Bool
-	mu     sync.Mutex
-	st     *natslease.Store
+	log            *slog.Logger
+	insecureStream atomic.Bool
+	mu             sync.Mutex
+	st             *natslease.Store
 }
 
 func (l *leaseStore) get(ctx context.Context, timeout time.Duration) (*natslease.Store, error) {
@@ -207,7 +207,7 @@ func (l *leaseStore) get(ctx context.Context, timeout time.Duration) (*natslease
 		// (natslease.Store.get: agents may not make direct gets).
 		l.st = &natslease.Store{KV: kv, NC: l.nc, Signer: l.signer, Keys: l.keys, OnInvalid: l.onInvalid}
 		if l.log != nil { // off the renewal's path (bounded by natslease.ReadTimeout)
-			go func() { l.rollup.Store(natslease.WarnStream(context.Background(), js, l.log)) }()
+			go func() { l.insecureStream.Store(natslease.WarnStream(context.Background(), js, l.log)) }()
 		}
 	}
 	return l.st, nil

@@ -42,15 +42,12 @@ func (b kvBucket) ensure(ctx context.Context, js jetstream.JetStream, create boo
 	}
 	cfg := b.cfg
 	cfg.Storage = jetstream.FileStorage
-	if _, err = js.CreateKeyValue(ctx, cfg); err != nil {
-		return nil, fmt.Errorf("%s %s: create: %w", b.what, b.cfg.Bucket, err)
-	}
 	// No rollups, no direct gets (readers have users in this account:
-	// natsperm.kvRead); bound again so reads use the message get.
-	if err := natslease.HardenStream(ctx, js, "KV_"+b.cfg.Bucket); err != nil {
-		return nil, fmt.Errorf("%s: %w", b.what, err)
+	// natsperm.kvRead).
+	if kv, err = natslease.CreateHardened(ctx, js, cfg); err != nil {
+		return nil, fmt.Errorf("%s %s: %w", b.what, b.cfg.Bucket, err)
 	}
-	return js.KeyValue(ctx, b.cfg.Bucket)
+	return kv, nil
 }
 
 var (

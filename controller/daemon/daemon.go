@@ -100,9 +100,9 @@ type Daemon struct {
 	m                           counters
 	natsStats                   delivery.ConnStats
 	warnings                    []string // cfg.SecurityWarnings()
-	// rollup: the lease bucket's stream allows rollups or direct gets
+	// insecureStream: the lease bucket's stream allows rollups or direct gets
 	// (natslease.StreamWarning), checked once the bucket is open.
-	rollup atomic.Bool
+	insecureStream atomic.Bool
 	// beaconSaid: when a refused beacon was last logged (UnixNano).
 	beaconSaid atomic.Int64
 }
@@ -128,7 +128,7 @@ func (d *Daemon) beacon(host string, b fencing.Beacon, err error) {
 // securityWarnings are the insecure settings: the configuration's and,
 // once the bucket is open, natslease.StreamWarning if it applies.
 func (d *Daemon) securityWarnings() []string {
-	if !d.rollup.Load() {
+	if !d.insecureStream.Load() {
 		return d.warnings
 	}
 	return append(append([]string(nil), d.warnings...), natslease.StreamWarning)
@@ -199,7 +199,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	if err != nil {
 		return nil // ctx ended while waiting: a clean stop
 	}
-	d.rollup.Store(natslease.WarnStream(ctx, js, log))
+	d.insecureStream.Store(natslease.WarnStream(ctx, js, log))
 	recCore, err := recovery.New(cfg.Recovery.Core())
 	if err != nil {
 		return err

@@ -40,19 +40,13 @@ const SampleHeader = `# SAMPLE ONLY. The NKeys below are examples whose seeds ar
 // 0600) when missing, and sets u.NKey (and u.ControlNKey). created lists
 // the seed files it created.
 func KeyPair(dir string, u *User) (created []string, err error) {
-	files := []struct {
-		name string
-		pub  *string
-	}{{SeedFile(*u), &u.NKey}}
+	names, pubs := []string{SeedFile(*u)}, []*string{&u.NKey}
 	if u.HasControl() {
-		files = append(files, struct {
-			name string
-			pub  *string
-		}{ControlSeedFile(*u), &u.ControlNKey})
+		names, pubs = append(names, ControlSeedFile(*u)), append(pubs, &u.ControlNKey)
 	}
-	for _, f := range files {
-		path := filepath.Join(dir, f.name)
-		made, err := seedPublic(path, f.pub)
+	for i, name := range names {
+		path := filepath.Join(dir, name)
+		made, err := seedPublic(path, pubs[i])
 		if err != nil {
 			return created, err
 		}

@@ -82,14 +82,24 @@ const StreamWarning = "lease bucket " + fencing.Bucket + " allows rollups or dir
 // create, get, update, delete and watch still work; a rollup or a KV purge
 // is refused by the server (10111).
 func CreateBucket(ctx context.Context, js jetstream.JetStream, replicas int) (jetstream.KeyValue, error) {
-	if _, err := js.CreateKeyValue(ctx, BucketConfig(replicas)); err != nil {
-		return nil, fmt.Errorf("lease bucket %s: create: %w", fencing.Bucket, err)
+	kv, err := CreateHardened(ctx, js, BucketConfig(replicas))
+	if err != nil {
+		return nil, fmt.Errorf("lease bucket %s: %w", fencing.Bucket, err)
 	}
-	if err := HardenStream(ctx, js, StreamName); err != nil {
+	return kv, nil
+}
+
+// CreateHardened creates the KV bucket cfg, hardens its stream
+// (HardenStream) and returns a handle bound after that (a handle bound
+// before would keep making direct gets).
+func CreateHardened(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	if _, err := js.CreateKeyValue(ctx, cfg); err != nil {
+		return nil, fmt.Errorf("create: %w", err)
+	}
+	if err := HardenStream(ctx, js, "KV_"+cfg.Bucket); err != nil {
 		return nil, err
 	}
-	// Bound again: a handle bound before the change would use direct gets.
-	return js.KeyValue(ctx, fencing.Bucket)
+	return js.KeyValue(ctx, cfg.Bucket)
 }
 
 // HardenStream sets AllowRollup and AllowDirect false on stream (a KV
@@ -350,29 +360,24 @@ func (s *Store) ReadGuard(ctx context.Context) (fencing.Guard, error) {
 	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	defer cancel()
 	if s.Control != nil {
-		g, found, err := readGuard(ctx, s, s.Control, "control bucket")
-		if found || err != nil {
+		e, err := s.Control.Get(ctx, fencing.GuardKey)
+		if g, found, err := s.guardOf(e, err, "control bucket"); found || err != nil {
 			return g, err
 		}
 	}
-	g, _, err := readGuard(ctx, s, s.KV, "lease bucket")
-	return g, err
+	return s.readGuard(ctx)
 }
 
+// readGuard reads the guard of the lease bucket (the agents' copy).
 func (s *Store) readGuard(ctx context.Context) (fencing.Guard, error) {
-	g, _, err := readGuard(ctx, s, s.KV, "lease bucket")
+	e, err := s.get(ctx, fencing.GuardKey)
+	g, _, err := s.guardOf(e, err, "lease bucket")
 	return g, err
 }
 
-// readGuard reads and verifies the guard in kv (found false: none).
-func readGuard(ctx context.Context, s *Store, kv jetstream.KeyValue, where string) (fencing.Guard, bool, error) {
-	var e kvEntry
-	var err error
-	if kv == s.KV {
-		e, err = s.get(ctx, fencing.GuardKey)
-	} else {
-		e, err = kv.Get(ctx, fencing.GuardKey)
-	}
+// guardOf verifies the guard read from where as e (err: the read's
+// error; found false: there is none).
+func (s *Store) guardOf(e kvEntry, err error, where string) (fencing.Guard, bool, error) {
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fencing.Guard{}, false, nil
 	}
@@ -525,21 +530,19 @@ type LeaderRead struct {
 // must not miss a renewal or a release. A missing key (never written) is
 // Deleted at revision 0. The error is an error of the read itself.
 func (s *Store) ReadLeader(ctx context.Context, nc *nats.Conn, host string) (LeaderRead, error) {
-	m, err := streamMsg(ctx, nc, map[string]any{"last_by_subj": subject(host)}, ReadTimeout)
+	m, deleted, hdrErr, err := lastMsg(ctx, nc, subject(host))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return LeaderRead{Deleted: true}, nil
 	case err != nil:
 		return LeaderRead{}, fmt.Errorf("lease %s: leader read: %w", host, err)
 	}
-	out := LeaderRead{Revision: m.Seq}
-	h, err := strictHeaders(m.Hdrs)
-	if err != nil {
-		out.Err = fmt.Errorf("%w: lease %s: revision %d: %w", fencing.ErrInvalidRecord, host, m.Seq, err)
+	out := LeaderRead{Revision: m.Seq, Deleted: deleted}
+	if hdrErr != nil {
+		out.Err = fmt.Errorf("%w: lease %s: revision %d: %w", fencing.ErrInvalidRecord, host, m.Seq, hdrErr)
 		return out, nil // not a value anyone may trust (as an undecodable one)
 	}
-	if op := h["KV-Operation"]; slices.Contains(op, "DEL") || slices.Contains(op, "PURGE") {
-		out.Deleted = true
+	if deleted {
 		return out, nil
 	}
 	r, err := s.decode(host, out.Revision, m.Data)
@@ -575,21 +578,35 @@ func (s *Store) get(ctx context.Context, k string) (kvEntry, error) {
 	if s.NC == nil {
 		return s.KV.Get(ctx, k)
 	}
-	m, err := streamMsg(ctx, s.NC, map[string]any{"last_by_subj": "$KV." + fencing.Bucket + "." + k}, ReadTimeout)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
+	m, deleted, _, err := lastMsg(ctx, s.NC, "$KV."+fencing.Bucket+"."+k)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return nil, fmt.Errorf("%w (%w)", jetstream.ErrKeyNotFound, err)
-	}
-	if err != nil {
+	case err != nil:
 		return nil, err
-	}
-	h, err := strictHeaders(m.Hdrs)
-	if err != nil {
-		return leaderEntry(m), nil // the value is judged by its reader (undecodable)
-	}
-	if op := h["KV-Operation"]; slices.Contains(op, "DEL") || slices.Contains(op, "PURGE") {
+	case deleted:
 		return nil, fmt.Errorf("%w (deleted at revision %d)", jetstream.ErrKeyNotFound, m.Seq)
 	}
+	// A header block strictHeaders refuses is not a delete here: the
+	// value is judged by its reader (undecodable, untrusted).
 	return leaderEntry(m), nil
+}
+
+// lastMsg reads the last message of subj from the lease stream's leader
+// (the stream API's message get): deleted when its KV-Operation is a
+// delete or a purge; hdrErr when its header block does not parse
+// strictly (then deleted is false). No message: err wraps
+// jetstream.ErrMsgNotFound.
+func lastMsg(ctx context.Context, nc *nats.Conn, subj string) (m storedMsg, deleted bool, hdrErr, err error) {
+	if m, err = streamMsg(ctx, nc, map[string]any{"last_by_subj": subj}, ReadTimeout); err != nil {
+		return m, false, nil, err
+	}
+	h, hdrErr := strictHeaders(m.Hdrs)
+	if hdrErr != nil {
+		return m, false, hdrErr, nil
+	}
+	op := h["KV-Operation"]
+	return m, slices.Contains(op, "DEL") || slices.Contains(op, "PURGE"), nil, nil
 }
 
 // subject is the lease stream's subject of host's key.

@@ -18,6 +18,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/agent/delivery"
+	"hvguard/controller"
+	"hvguard/controller/recovery"
 	"hvguard/fencing/natslease"
 )
 
@@ -143,8 +145,8 @@ func (c *natsCluster) pids() []int {
 	return out
 }
 
-// provision creates the lease bucket and the event stream with three
-// replicas, as an operator provisions them (the agents and the controller
+// provision creates the lease bucket, the controllers' buckets and the
+// event stream with three replicas, as an operator provisions them (the agents and the controller
 // create one-replica ones only when missing, and never change an existing
 // one), then opens them the way they do (natslease.EnsureBucket,
 // delivery.EnsureStream) and checks the replicas and that the stream
@@ -159,6 +161,16 @@ func provision(b *testing.B, js jetstream.JetStream) jetstream.KeyValue {
 	kv, err := natslease.EnsureBucket(ctx, js, false)
 	if err != nil {
 		b.Fatal(err)
+	}
+	// The controllers' buckets (one account here: no nats.control), which
+	// a controller with create_bucket: false only opens.
+	for _, c := range []jetstream.KeyValueConfig{
+		{Bucket: controller.ControlBucket, History: 1}, {Bucket: controller.MemoryBucket, History: 1}, {Bucket: recovery.Bucket, History: 5},
+	} {
+		c.Storage, c.Replicas = jetstream.FileStorage, 3
+		if _, err := natslease.CreateHardened(ctx, js, c); err != nil {
+			b.Fatalf("create the controllers' bucket %s: %v", c.Bucket, err)
+		}
 	}
 	if _, err := js.CreateStream(ctx, delivery.StreamConfig(3)); err != nil {
 		b.Fatalf("create the event stream: %v", err)
