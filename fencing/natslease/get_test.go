@@ -1,0 +1,76 @@
+package natslease_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/agent/delivery/deliverytest"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+)
+
+// With NC set a Store reads keys with the stream API's message get, never
+// a direct get (agents may make none: docs/security.md, "No direct
+// gets"), and reads what KV.Get reads: a record at its revision, a missing
+// or deleted key as jetstream.ErrKeyNotFound, the agents' guard copy.
+// The stream still allows direct gets here (an old provisioning), so a
+// KV.Get would make one; the test counts the direct-get requests the
+// client sent (5 with NC unset).
+func TestStoreReadsWithMessageGet(t *testing.T) {
+	ctx := context.Background()
+	nc, err := nats.Connect(deliverytest.StartJetStream(t, t.TempDir(), -1).ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	kv, err := js.CreateKeyValue(ctx, natslease.BucketConfig(1)) // allows direct gets
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct := 0
+	sub, err := nc.Subscribe("$JS.API.DIRECT.GET.>", func(*nats.Msg) { direct++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	st := &natslease.Store{KV: kv, NC: nc}
+	const host = "h0.example.org"
+	if _, _, err := st.Read(ctx, host); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("missing key: %v, want ErrKeyNotFound", err)
+	}
+	rec := fencing.LeaseRecord{Schema: fencing.RecordSchema, Host: host, State: fencing.LeaseActive, Epoch: 1}
+	rev, err := st.Write(ctx, host, 0, rec, natslease.ReadTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, grev, err := st.Read(ctx, host)
+	if err != nil || got == nil || got.Epoch != 1 || grev != rev {
+		t.Fatalf("read %+v at %d (%v), want epoch 1 at %d", got, grev, err, rev)
+	}
+	if err := kv.Delete(ctx, "h0_example_org"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := st.Read(ctx, host); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("deleted key: %v, want ErrKeyNotFound", err)
+	}
+	if g, err := st.ReadGuard(ctx); err != nil || g.Version != 0 {
+		t.Fatalf("no guard published: %+v %v", g, err)
+	}
+	if err := st.PublishGuard(ctx, fencing.Guard{Count: 3, Share: 0.5, Window: 1, Members: 4, Version: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := st.ReadGuard(ctx); err != nil || g.Version != 7 {
+		t.Fatalf("guard read back: %+v %v", g, err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if direct != 0 {
+		t.Fatalf("%d direct gets sent", direct)
+	}
+}
