@@ -41,7 +41,7 @@ const (
 
 // RefusedReasons are the reasons an event is refused
 // (fencing.EventError.Reason), in the order of ConsumerStats.Refused.
-var RefusedReasons = []string{fencing.EventUnsigned, fencing.EventForeignKey, fencing.EventUnknownSigner, fencing.EventBadSignature}
+var RefusedReasons = [...]string{fencing.EventUnsigned, fencing.EventForeignKey, fencing.EventUnknownSigner, fencing.EventBadSignature}
 
 // ConsumerStats are the consumer's counters.
 type ConsumerStats struct {
@@ -51,7 +51,7 @@ type ConsumerStats struct {
 	Poison atomic.Uint64
 	// Refused: events whose signature did not verify (Consumer.Keys), by
 	// reason (RefusedReasons): terminated, never applied.
-	Refused [4]atomic.Uint64
+	Refused [len(RefusedReasons)]atomic.Uint64
 	// Lag: messages in the stream not yet delivered (last read);
 	// AckPending: delivered, not yet acknowledged.
 	Lag, AckPending atomic.Int64
