@@ -8,7 +8,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"hvguard/agent/delivery/deliverytest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 )
@@ -22,16 +21,7 @@ import (
 // client sent (5 with NC unset).
 func TestStoreReadsWithMessageGet(t *testing.T) {
 	ctx := context.Background()
-	nc, err := nats.Connect(deliverytest.StartJetStream(t, t.TempDir(), -1).ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	kv, err := js.CreateKeyValue(ctx, natslease.BucketConfig(1)) // allows direct gets
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, _, kv := oldBucket(t) // allows direct gets
 	direct := 0
 	sub, err := nc.Subscribe("$JS.API.DIRECT.GET.>", func(*nats.Msg) { direct++ })
 	if err != nil {

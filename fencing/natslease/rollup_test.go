@@ -23,19 +23,10 @@ import (
 // working.
 func TestLeaseBucketForbidsRollups(t *testing.T) {
 	ctx := context.Background()
-	nc, err := nats.Connect(deliverytest.StartJetStream(t, t.TempDir(), -1).ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
+	_, js, kv := oldBucket(t)
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
-
-	kv, err := js.CreateKeyValue(ctx, natslease.BucketConfig(1)) // the old provisioning
-	if err != nil {
-		t.Fatal(err)
-	}
+	var err error
 	if !natslease.WarnStream(ctx, js, log) || !strings.Contains(buf.String(), "level=ERROR") || !strings.Contains(buf.String(), "--no-allow-rollup --no-allow-direct") {
 		t.Fatalf("a bucket allowing rollups not reported: %q", buf.String())
 	}
@@ -72,4 +63,21 @@ func TestLeaseBucketForbidsRollups(t *testing.T) {
 	if insecure, err := natslease.StreamInsecure(ctx, js); err != nil || insecure {
 		t.Fatalf("bucket created by EnsureBucket: rollups or direct gets allowed %v (%v)", insecure, err)
 	}
+}
+
+// oldBucket starts an embedded JetStream and creates the lease bucket the
+// old way (`nats kv add` alone: rollups and direct gets allowed).
+func oldBucket(t *testing.T) (*nats.Conn, jetstream.JetStream, jetstream.KeyValue) {
+	t.Helper()
+	nc, err := nats.Connect(deliverytest.StartJetStream(t, t.TempDir(), -1).ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	kv, err := js.CreateKeyValue(context.Background(), natslease.BucketConfig(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js, kv
 }
