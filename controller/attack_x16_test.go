@@ -1,0 +1,86 @@
+package controller_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"hvguard/controller/natsperm/natspermtest"
+	"hvguard/fencing"
+)
+
+// TestX16GuardFallbackGarbageNATS (c; reviewer X16, OPEN). natslease.
+// Store.ReadGuard falls back to the lease bucket's _guard — the agents'
+// copy, which any agent can still make the server write through a
+// reflected message get (X12/X14: the JSON answer lands on any subject of
+// the agents' account) — whenever the control bucket holds no _guard:
+// the first start after the upgrade to the controllers' account, a fresh
+// deployment before the first publish, a control bucket re-created. A
+// copy that does not decode or verify is an error, and the controller
+// then "declares and publishes nothing until it is read" (run.go): it
+// never publishes, so the control bucket stays empty and the lease copy
+// stays garbage — no dead host is ever declared again. This is the stall
+// X12's account move closed, reopened through the fallback.
+//
+// "upgrade": C1 is a controller of the release before (Store.Control
+// unset: lock and guard in the lease bucket only); compute-3 dies, C1
+// stops for the upgrade, compute-1 (compromised agent, shipped
+// permissions) reflects a message get's answer onto $KV.hvguard-leases.
+// _guard; C2 (new: Control set, the control bucket provisioned empty)
+// starts and must declare the dead compute-3. "fresh": the same with no
+// C1 at all (a new deployment; the lease copy never written). Control
+// "none": the upgrade without the reflection — declared.
+func TestX16GuardFallbackGarbageNATS(t *testing.T) {
+	const dead = "compute-3.example.org"
+	for _, attack := range []string{"none", "upgrade", "fresh"} {
+		t.Run(attack, func(t *testing.T) {
+			natsURL := natspermtest.StartServer(t)
+			hosts := []string{"compute-1.example.org", "compute-2.example.org", dead}
+			f := newFleetOf(t, hosts)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			cut, _ := startPermAgents(ctx, t, natsURL, f, hosts)
+			attacker, anc := permStore(t, natsURL, "agent:"+hosts[0], f, hosts[0])
+			if attack != "fresh" {
+				// The release before: no control bucket in use.
+				old, onc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
+				old.Control = nil
+				cctx, stopC1 := context.WithCancel(ctx)
+				startControllerCfg(cctx, t, old, onc, controllerCfgThreshold1(), nil)
+				time.Sleep(time.Second) // renewing, the guard published (lease copy only)
+				if e, err := attacker.KV.Get(ctx, fencing.GuardKey); err != nil || reflected(e.Value()) {
+					t.Fatalf("C1 did not publish the lease copy of the guard: %v %v", e, err)
+				}
+				cut[dead]()
+				stopC1()
+			} else {
+				time.Sleep(time.Second)
+				cut[dead]()
+			}
+			time.Sleep(200 * time.Millisecond)
+			if attack != "none" {
+				reflectWrites(t, ctx, attacker, anc, []byte("x16-garbage"), "$KV."+fencing.Bucket+"."+fencing.GuardKey)
+				time.Sleep(200 * time.Millisecond)
+				if e, err := attacker.KV.Get(ctx, fencing.GuardKey); err != nil || !reflected(e.Value()) {
+					t.Fatalf("the reflection did not reach the agents' copy of _guard: %v %v", e, err)
+				}
+			}
+			cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
+			if g, err := cst.ReadGuard(ctx); err != nil {
+				t.Logf("%s: C2's ReadGuard before its start: %v", attack, err)
+			} else {
+				t.Logf("%s: C2's ReadGuard before its start: version %d", attack, g.Version)
+			}
+			c2 := startControllerCfg(ctx, t, cst, cnc, controllerCfgThreshold1(), nil)
+			started := time.Now()
+			for time.Since(started) < 8*time.Second {
+				if at, ok := c2.declaredAt(dead); ok {
+					t.Logf("%s: %s declared %s after C2's start", attack, dead, at.Sub(started).Round(100*time.Millisecond))
+					return
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+			t.Fatalf("%s (dead) not declared 8 s after C2's start (%s); %s", dead, attack, lastDecisions(c2, 6))
+		})
+	}
+}
