@@ -2,6 +2,7 @@ package controller_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,11 +29,11 @@ import (
 // permissions) reflects a message get's answer onto $KV.hvguard-leases.
 // _guard; C2 (new: Control set, the control bucket provisioned empty)
 // starts and must declare the dead compute-3. "fresh": the same with no
-// C1 at all (a new deployment; the lease copy never written). Control
-// "none": the upgrade without the reflection — declared.
+// C1 at all (a new deployment; the lease copy never written). Controls
+// "none" and "fresh-none": the same without the reflection — declared.
 func TestX16GuardFallbackGarbageNATS(t *testing.T) {
 	const dead = "compute-3.example.org"
-	for _, attack := range []string{"none", "upgrade", "fresh"} {
+	for _, attack := range []string{"none", "fresh-none", "upgrade", "fresh"} {
 		t.Run(attack, func(t *testing.T) {
 			natsURL := natspermtest.StartServer(t)
 			hosts := []string{"compute-1.example.org", "compute-2.example.org", dead}
@@ -41,7 +42,7 @@ func TestX16GuardFallbackGarbageNATS(t *testing.T) {
 			t.Cleanup(cancel)
 			cut, _ := startPermAgents(ctx, t, natsURL, f, hosts)
 			attacker, anc := permStore(t, natsURL, "agent:"+hosts[0], f, hosts[0])
-			if attack != "fresh" {
+			if !strings.HasPrefix(attack, "fresh") {
 				// The release before: no control bucket in use.
 				old, onc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
 				old.Control = nil
@@ -58,7 +59,7 @@ func TestX16GuardFallbackGarbageNATS(t *testing.T) {
 				cut[dead]()
 			}
 			time.Sleep(200 * time.Millisecond)
-			if attack != "none" {
+			if !strings.HasSuffix(attack, "none") {
 				reflectWrites(t, ctx, attacker, anc, []byte("x16-garbage"), "$KV."+fencing.Bucket+"."+fencing.GuardKey)
 				time.Sleep(200 * time.Millisecond)
 				if e, err := attacker.KV.Get(ctx, fencing.GuardKey); err != nil || !reflected(e.Value()) {
