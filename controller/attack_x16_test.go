@@ -2,6 +2,7 @@ package controller_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,51 @@ func TestX16GuardFallbackGarbageNATS(t *testing.T) {
 				time.Sleep(200 * time.Millisecond)
 			}
 			t.Fatalf("%s (dead) not declared 8 s after C2's start (%s); %s", dead, attack, lastDecisions(c2, 6))
+		})
+	}
+}
+
+// TestX16ReflectedGuardFreezesAgentMembershipNATS (S, low; reviewer X16,
+// OPEN). docs/security.md says reflected garbage in the agents' copy of
+// _guard is ignored (agents verify the signature). The guard is, but
+// Store.Members — what every agent's membership refresh calls (agent/
+// fence.go readMembers) — fails as a whole on it, and readMembers then
+// keeps its cached membership: while compute-1 (compromised, shipped
+// permissions) keeps a message get's answer in $KV.hvguard-leases._guard
+// (reflected after each of the controller's publishes, every 30 s or on a
+// membership change), no agent learns of a host that joined, and an agent
+// started without a cache never gets a valid guard (it cannot be Held). A
+// host missing from an agent's peers is not asked in its peer rounds: the
+// lever "fewer real peers, fences sooner" that security.md lists for
+// made-up keys. Here compute-3 joins (its agent renewing) while the
+// controller runs; compute-2's store must list it. Control "none": it
+// does.
+func TestX16ReflectedGuardFreezesAgentMembershipNATS(t *testing.T) {
+	const joiner = "compute-3.example.org"
+	for _, attack := range []string{"none", "reflect"} {
+		t.Run(attack, func(t *testing.T) {
+			natsURL := natspermtest.StartServer(t)
+			hosts := []string{"compute-1.example.org", "compute-2.example.org", joiner}
+			f := newFleetOf(t, hosts)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			_, stores := startPermAgents(ctx, t, natsURL, f, hosts[:2])
+			cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
+			startControllerCfg(ctx, t, cst, cnc, controllerCfgThreshold1(), nil)
+			attacker, anc := permStore(t, natsURL, "agent:"+hosts[0], f, hosts[0])
+			time.Sleep(time.Second) // renewing, the guard published
+			startPermAgents(ctx, t, natsURL, f, []string{joiner})
+			time.Sleep(time.Second) // compute-3 renewing; the controller publishes a new guard
+			if attack == "reflect" {
+				reflectWrites(t, ctx, attacker, anc, []byte("x16-garbage"), "$KV."+fencing.Bucket+"."+fencing.GuardKey)
+				time.Sleep(200 * time.Millisecond)
+			}
+			m, g, err := stores[hosts[1]].Members(ctx)
+			if err != nil || !slices.Contains(m, joiner) || !g.Valid() {
+				t.Fatalf("%s: compute-2's membership refresh (Store.Members) failed or misses the joined %s: members %v, guard valid %v, err %v — readMembers keeps its cached membership",
+					attack, joiner, m, g.Valid(), err)
+			}
+			t.Logf("%s: members %v, guard version %d", attack, m, g.Version)
 		})
 	}
 }
