@@ -262,5 +262,10 @@ func (t *Tracker) RestoreGuard(g fencing.Guard) {
 	t.restoreDeleted(g.Deleted)
 }
 
+// GuardNamed reports whether a version of a guard was restored, proposed
+// or named by a trusted record: then some agent may act on a guard, and a
+// controller must not start without the published one (Runner).
+func (t *Tracker) GuardNamed() bool { return t.guards.maxSeen > 0 }
+
 // GuardVersions returns the versions kept (for tests and status).
 func (t *Tracker) GuardVersions() []fencing.GuardVersion { return slices.Clone(t.guards.kept) }

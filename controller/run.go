@@ -229,6 +229,17 @@ func (r *Runner) Run(ctx context.Context) error {
 					// the published guard's versions: agents may still
 					// act on them.
 					g, err := r.Store.ReadGuard(ctx)
+					if errors.Is(err, natslease.ErrInvalidGuard) && len(updates) == 0 && !r.Tracker.GuardNamed() {
+						// No trusted record names a guard version (every
+						// value the watch listed is observed: none is
+						// waiting): no agent acts on a guard, none is lost.
+						// Garbage written into the key (an agent's
+						// reflection: reviewer X16) before any controller
+						// published stalled the controller for good
+						// otherwise.
+						log.Warn("the published guard is invalid, and no agent names a guard version: starting without one", "err", err)
+						g, err = fencing.Guard{}, nil
+					}
 					if err != nil {
 						log.Error("reading the published guard failed; declaring and publishing nothing until it is read", "err", err)
 						continue

@@ -347,15 +347,29 @@ func (s *Store) Members(ctx context.Context) ([]string, fencing.Guard, error) {
 	}
 	sort.Strings(hosts)
 	g, err := s.readGuard(ctx)
+	if errors.Is(err, ErrInvalidGuard) {
+		// Said through OnInvalid; the hosts stand: reflected garbage in
+		// the guard's key froze every agent's membership (reviewer X16,
+		// TestX16ReflectedGuardFreezesAgentMembershipNATS). A zero guard
+		// replaces no guard an agent holds (fencing.Agent.SetMembers).
+		return hosts, fencing.Guard{}, nil
+	}
 	if err != nil {
 		return hosts, fencing.Guard{}, err
 	}
 	return hosts, g, nil
 }
 
+// ErrInvalidGuard wraps a guard read that does not decode or verify
+// (Store.ReadGuard, Members).
+var ErrInvalidGuard = errors.New("invalid guard")
+
 // ReadGuard returns the published guard (zero when none is published
 // yet): Control's copy, or, when Control is nil or holds none yet (the
-// first start after an upgrade from one account), KV's.
+// first start after an upgrade from one account, or before any
+// controller published), KV's. An invalid guard is an error wrapping
+// ErrInvalidGuard (the caller decides whether anything was lost:
+// controller.Runner).
 func (s *Store) ReadGuard(ctx context.Context) (fencing.Guard, error) {
 	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	defer cancel()
@@ -389,7 +403,7 @@ func (s *Store) guardOf(e kvEntry, err error, where string) (fencing.Guard, bool
 		err = s.Keys.VerifyGuard(g)
 	}
 	if err != nil {
-		err = fmt.Errorf("%s: guard at revision %d: %w", where, e.Revision(), err)
+		err = fmt.Errorf("%w: %s: guard at revision %d: %w", ErrInvalidGuard, where, e.Revision(), err)
 		s.invalid("", e.Revision(), err)
 		return fencing.Guard{}, true, err
 	}
