@@ -129,16 +129,8 @@ func TestX14ReflectedEventStreamAPINATS(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			r := startEventRig(ctx, t)
-			url, hosts, victim, f, cjs := r.url, r.hosts, r.hosts[1], r.f, r.cjs
-			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-				if _, err := cjs.Consumer(ctx, proto.StreamName, durable); err == nil {
-					break
-				} else if time.Now().After(deadline) {
-					t.Fatalf("the controller's durable never created: %v", err)
-				}
-			}
-			attacker, anc := permStore(t, url, "agent:"+hosts[0], f, hosts[0])
+			r, attacker, anc := startAttackRig(ctx, t, durable)
+			url, victim, f, cjs := r.url, r.hosts[1], r.f, r.cjs
 			for _, r := range tc.reqs {
 				reflectAPI(t, ctx, attacker, anc, r.api, r.body)
 				time.Sleep(100 * time.Millisecond)
@@ -317,6 +309,16 @@ func startEventRig(ctx context.Context, t *testing.T) *eventRig {
 		}}
 	go func() { _ = r.cons.Run(ctx) }()
 	return r
+}
+
+// startAttackRig is startEventRig once the controller's durable exists,
+// with compute-1's store and connection (its agent user: the attacker).
+func startAttackRig(ctx context.Context, t *testing.T, durable string) (*eventRig, *natslease.Store, *nats.Conn) {
+	t.Helper()
+	r := startEventRig(ctx, t)
+	waitForDurable(ctx, t, r.cjs, durable)
+	attacker, anc := permStore(t, r.url, "agent:"+r.hosts[0], r.f, r.hosts[0])
+	return r, attacker, anc
 }
 
 // applied reports whether the fleet view applied an event of instance

@@ -55,7 +55,6 @@ const ControlAccount = "HVGUARD_CONTROL"
 
 // Names of what the permissions cover.
 const (
-	kvStream     = "KV_" + fencing.Bucket
 	kvPrefix     = "$KV." + fencing.Bucket + "."
 	eventsStream = proto.StreamName
 	jsAPI        = "$JS.API."
@@ -94,8 +93,8 @@ func (u User) HasControl() bool { return u.Role == RoleController || u.Role == R
 // bucket's keys (its own record and relays of its peers' records — with
 // signed records a relay can only carry what the owner signed) except the
 // controller's keys; the JetStream API calls it makes: stream info of the
-// event stream and of the lease bucket, direct gets of lease keys, the
-// ordered consumers listing the bucket's keys, their flow control.
+// event stream and of the lease bucket (the membership: natslease.
+// Subjects), message gets of lease keys. No consumer (kvGet says why).
 // Subscribe: only its own inbox prefix (proto.AgentInboxPrefix), so it
 // sees no other client's replies. Nothing else: no stream or consumer
 // management, no other host's events, no purge or delete of a stream.
@@ -113,11 +112,10 @@ func Agent(host string) (Permissions, error) {
 			kvPrefix + "*",
 			jsAPI + "INFO",
 			jsAPI + "STREAM.INFO." + eventsStream,
-			"$JS.FC." + kvStream + ".>",
 		},
 		SubAllow: []string{proto.AgentInboxPrefix(host) + ".>"},
 	}
-	p.PubAllow = append(p.PubAllow, kvRead(fencing.Bucket)...)
+	p.PubAllow = append(p.PubAllow, kvGet(fencing.Bucket)...)
 	for _, k := range ControllerKeys {
 		p.PubDeny = append(p.PubDeny, kvPrefix+k)
 	}
@@ -141,11 +139,24 @@ var ControlBuckets = []string{controller.ControlBucket, recovery.Bucket, instanc
 // message get, whose answer is JSON.
 func kvRead(bucket string) []string {
 	st := "KV_" + bucket
+	return append(kvGet(bucket),
+		jsAPI+"CONSUMER.CREATE."+st+".>",
+		jsAPI+"CONSUMER.DELETE."+st+".>")
+}
+
+// kvGet is kvRead without consumers: what an agent may do on the lease
+// bucket. A push consumer's config names its deliver subject, and it
+// delivers the stored messages (an agent's own value, headers included)
+// to any subject with a literal subscription in the account, the
+// server's own internal ones among them: on
+// $JS.API.CONSUMER.RESET.<stream>.<consumer> a delivered {"seq":N} reset
+// the controllers' event consumer past every event (reviewer X15). The
+// agents list the membership from the stream info (natslease.Subjects).
+func kvGet(bucket string) []string {
+	st := "KV_" + bucket
 	return []string{
 		jsAPI + "STREAM.INFO." + st,
 		jsAPI + "STREAM.MSG.GET." + st,
-		jsAPI + "CONSUMER.CREATE." + st + ".>",
-		jsAPI + "CONSUMER.DELETE." + st + ".>",
 	}
 }
 

@@ -3,6 +3,7 @@ package natslease_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -22,12 +23,17 @@ import (
 func TestStoreReadsWithMessageGet(t *testing.T) {
 	ctx := context.Background()
 	nc, _, kv := oldBucket(t) // allows direct gets
-	direct := 0
+	direct, consumers := 0, 0
 	sub, err := nc.Subscribe("$JS.API.DIRECT.GET.>", func(*nats.Msg) { direct++ })
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
+	csub, err := nc.Subscribe("$JS.API.CONSUMER.>", func(*nats.Msg) { consumers++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer csub.Unsubscribe()
 	st := &natslease.Store{KV: kv, NC: nc}
 	const host = "h0.example.org"
 	if _, _, err := st.Read(ctx, host); !errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -57,10 +63,20 @@ func TestStoreReadsWithMessageGet(t *testing.T) {
 	if g, err := st.ReadGuard(ctx); err != nil || g.Version != 7 {
 		t.Fatalf("guard read back: %+v %v", g, err)
 	}
+	// The membership from the stream info (natslease.Subjects): the
+	// deleted h0 stays a member (its marker is a message), the guard's
+	// key is none.
+	const h1 = "h1.example.org"
+	if _, err := st.Write(ctx, h1, 0, fencing.LeaseRecord{Schema: fencing.RecordSchema, Host: h1, State: fencing.LeaseActive, Epoch: 1}, natslease.ReadTimeout); err != nil {
+		t.Fatal(err)
+	}
+	if m, g, err := st.Members(ctx); err != nil || !slices.Equal(m, []string{host, h1}) || g.Version != 7 {
+		t.Fatalf("members %v, guard %+v (%v); want [%s %s], version 7", m, g, err, host, h1)
+	}
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	if direct != 0 {
-		t.Fatalf("%d direct gets sent", direct)
+	if direct != 0 || consumers != 0 {
+		t.Fatalf("%d direct gets and %d consumer requests sent", direct, consumers)
 	}
 }

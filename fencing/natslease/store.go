@@ -331,12 +331,20 @@ func (s *Store) decode(host string, rev uint64, b []byte) (fencing.LeaseRecord, 
 }
 
 // Members returns the hosts in the bucket (sorted) and the published
-// guard (zero when none is published yet).
+// guard (zero when none is published yet). With NC (the agents) the hosts
+// are the keys of the lease stream's stream-info answer (Subjects), so
+// that an agent creates no consumer; without NC (tests), KV.Keys.
 func (s *Store) Members(ctx context.Context) ([]string, fencing.Guard, error) {
 	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	defer cancel()
-	keys, err := s.KV.Keys(ctx)
-	if err != nil && !errors.Is(err, jetstream.ErrNoKeysFound) {
+	var keys []string
+	var err error
+	if s.NC != nil {
+		keys, err = Subjects(ctx, s.NC)
+	} else if keys, err = s.KV.Keys(ctx); errors.Is(err, jetstream.ErrNoKeysFound) {
+		err = nil
+	}
+	if err != nil {
 		return nil, fencing.Guard{}, fmt.Errorf("lease bucket: list keys: %w", err)
 	}
 	var hosts []string
@@ -623,6 +631,58 @@ func lastMsg(ctx context.Context, nc *nats.Conn, subj string) (m storedMsg, dele
 	return m, slices.Contains(op, "DEL") || slices.Contains(op, "PURGE"), nil, nil
 }
 
+// Subjects returns the keys of the lease bucket that hold a message
+// (deleted or purged keys included: their marker is a message) from the
+// stream API's stream info with a subject filter, page by page. Agents
+// list the membership so because they may create no consumer: a push
+// consumer delivers the stored messages (an agent's own value, headers
+// included) to any subject that has a literal subscription — the
+// server's own on $JS.API.CONSUMER.RESET.<stream>.<consumer> among them —
+// in the agents' account (reviewer X15: a delivered {"seq":N} reset the
+// controllers' event consumer past every event). A deleted host's key
+// stays a member: peers asked in its name answer nothing (the safe side:
+// docs/fencing.md, "Members").
+func Subjects(ctx context.Context, nc *nats.Conn) ([]string, error) {
+	prefix := "$KV." + fencing.Bucket + "."
+	var keys []string
+	for offset := 0; ; {
+		b, _ := json.Marshal(map[string]any{"subjects_filter": prefix + ">", "offset": offset})
+		m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.INFO."+StreamName, b)
+		if err != nil {
+			return nil, err
+		}
+		var resp struct {
+			State struct {
+				Subjects map[string]uint64 `json:"subjects"`
+			} `json:"state"`
+			Total int       `json:"total"`
+			Error *apiError `json:"error"`
+		}
+		if err := json.Unmarshal(m.Data, &resp); err != nil {
+			return nil, fmt.Errorf("stream info: %w", err)
+		}
+		if resp.Error != nil {
+			return nil, fmt.Errorf("stream info: %s (%d)", resp.Error.Description, resp.Error.ErrCode)
+		}
+		for subj := range resp.State.Subjects {
+			if k, ok := strings.CutPrefix(subj, prefix); ok {
+				keys = append(keys, k)
+			}
+		}
+		offset += len(resp.State.Subjects)
+		if len(resp.State.Subjects) == 0 || offset >= resp.Total {
+			return keys, nil
+		}
+	}
+}
+
+// apiError is a JetStream API answer's error.
+type apiError struct {
+	Code        int    `json:"code"`
+	ErrCode     int    `json:"err_code"`
+	Description string `json:"description"`
+}
+
 // subject is the lease stream's subject of host's key.
 func subject(host string) string { return "$KV." + fencing.Bucket + "." + key(host) }
 
@@ -649,11 +709,7 @@ func streamMsg(ctx context.Context, nc *nats.Conn, req map[string]any, timeout t
 	}
 	var resp struct {
 		Message *storedMsg `json:"message"`
-		Error   *struct {
-			Code        int    `json:"code"`
-			ErrCode     int    `json:"err_code"`
-			Description string `json:"description"`
-		} `json:"error"`
+		Error   *apiError  `json:"error"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
 		return storedMsg{}, err

@@ -21,6 +21,7 @@ import (
 	"hvguard/controller/natsperm"
 	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
+	"hvguard/fencing/natslease"
 	"hvguard/proto"
 )
 
@@ -242,6 +243,11 @@ func TestNATSPermissions(t *testing.T) {
 	short := func() (context.Context, context.CancelFunc) {
 		return context.WithTimeout(context.Background(), 500*time.Millisecond)
 	}
+	// The membership an agent reads (natslease.Subjects: stream info, no
+	// consumer) under its permissions.
+	if m, _, err := (&natslease.Store{KV: akv, NC: a.nc}).Members(rctx); err != nil || !slices.Contains(m, h1) || !slices.Contains(m, h2) {
+		t.Fatalf("agent's membership: %v (%v), want %s and %s", m, err, h1, h2)
+	}
 	for _, key := range natsperm.ControllerKeys {
 		c, cc := short()
 		if _, err := akv.Put(c, key, []byte("{}")); err == nil {
@@ -270,6 +276,15 @@ func TestNATSPermissions(t *testing.T) {
 	}
 	cc()
 	a.denied(t, fmt.Sprintf("publish %q", "$JS.API.STREAM.PURGE.KV_"+fencing.Bucket))
+	// No consumer on the lease stream: a push consumer delivers stored
+	// values to any subject with a literal subscription, the server's
+	// consumer resets among them (reviewer X15). The agent's membership
+	// (listed above, natslease.Subjects) needs none.
+	create := "$JS.API.CONSUMER.CREATE.KV_" + fencing.Bucket + ".x15"
+	if err := a.nc.PublishRequest(create, proto.AgentInboxPrefix(h1)+".x15", []byte(`{"stream_name":"KV_`+fencing.Bucket+`","config":{"name":"x15","deliver_subject":"x"}}`)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("agent creating a consumer on the lease stream: %s", a.denied(t, fmt.Sprintf("publish %q", create)))
 	if _, err := a.nc.SubscribeSync("_INBOX.>"); err != nil {
 		t.Fatal(err)
 	}
