@@ -196,6 +196,7 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 	h := t.hosts[host]
 	switch {
 	case h != nil && rev <= h.rev:
+		t.regress(h, host, rev)
 		return // stale delivery
 	case h == nil:
 		// No trusted record yet: tracked (never declared: no constants),
@@ -225,7 +226,7 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 	// not (a forged value after a burst-made skip restarted the clock:
 	// reviewer X4, TestX4WatchSkipKeepsDeadHostUndeclared/...-then-forged).
 	bind := t.beaconsBind(h, now) && !beaconMutation
-	h.rev = rev
+	h.rev, h.regressed = rev, false
 	h.untrusted, h.untrustedWhy = now, why
 	restart := !forged || hidden
 	named := false

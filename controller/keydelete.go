@@ -91,17 +91,18 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 		return
 	}
 	if rev <= h.rev {
+		t.regress(h, host, rev)
 		return // a stale delivery
 	}
 	if h.deleted {
-		h.rev = rev // deleted again: a declaration is a CAS on the newest marker
+		h.rev, h.regressed = rev, false // deleted again: a declaration is a CAS on the newest marker
 		return
 	}
 	if keyDeleteMutation.forget {
 		delete(t.hosts, host)
 		return
 	}
-	h.deleted, h.rev = true, rev
+	h.deleted, h.rev, h.regressed = true, rev, false
 	h.declaring = time.Time{}
 	if t.pinned(h) && h.rec.State == fencing.LeaseActive {
 		t.out = append(t.out, Decision{Op: OpLeaseDeleted, Host: host, Reason: fmt.Sprintf(

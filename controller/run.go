@@ -421,6 +421,8 @@ func (r *Runner) perform(ctx context.Context, log *slog.Logger, d Decision) {
 		log.Warn("host due but held back by the mass-failure guard", "host", d.Host)
 	case OpInvalid:
 		log.Error("INVALID LEASE RECORD ignored: a forged or unverifiable value in the host's key", "host", d.Host, "revision", d.Revision, "reason", d.Reason)
+	case OpRevisionRegressed:
+		log.Error("LEASE REVISIONS WENT DOWN: the lease stream was re-created or rolled back; the host is not declared until its revisions pass the last one seen — restart the controllers", "host", d.Host, "revision", d.Revision, "reason", d.Reason)
 	case OpWithdrawn:
 		log.Error("host WITHDREW its lease: unprotected (no fencing), will not be declared or recovered until its agent renews",
 			"host", d.Host, "reason", d.Record.Reason, "epoch", d.Record.Epoch)

@@ -119,9 +119,14 @@ const (
 	// OpInvalid: Host's key holds a value that is not a trusted record
 	// (invalid.go): ignored. Log loudly (every value).
 	OpInvalid
+	// OpRevisionRegressed: Host's key showed a revision below the last
+	// one seen (the lease stream deleted and re-created, or rolled back):
+	// not declared until its revisions pass that one again
+	// (Tracker.regress). Log loudly (once per regression).
+	OpRevisionRegressed
 )
 
-var opNames = [...]string{"declare", "release", "hold-started", "hold-ended", "refuse", "held-back", "refused-due", "lease-deleted", "withdrawn", "invalid-record"}
+var opNames = [...]string{"declare", "release", "hold-started", "hold-ended", "refuse", "held-back", "refused-due", "lease-deleted", "withdrawn", "invalid-record", "revision-regressed"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -185,6 +190,9 @@ type hostState struct {
 	// silentUntrusted: tracked from an untrusted value, no trusted
 	// record yet; counted silent after Tracker.minSilentAft (invalid.go).
 	silentUntrusted bool
+	// regressed: a revision below rev was observed (Tracker.regress);
+	// not declared until a revision above rev arrives.
+	regressed bool
 }
 
 // beaconState is what a host's beacons said (ObserveBeacon, invalid.go):
@@ -403,6 +411,24 @@ func (t *Tracker) WatchStarted(now time.Time) {
 	}
 }
 
+// regress says once, when rev is below the last revision seen of host
+// (h.rev), that the key's revisions went down, and stops h's
+// declaration until a revision above h.rev arrives. Within one stream
+// the watch delivers each key's revisions in order (a restarted watch
+// starts at the current ones), so a lower one means the lease stream
+// was deleted and re-created or rolled back: sequences restarted, the
+// host's genuine renewals arrive below h.rev. Dropped as stale deliveries
+// (as before), they left a live host silent, declared by a CAS on h.rev —
+// a revision the new stream's key may hold again (TestRevisionRegressedNotDeclared).
+func (t *Tracker) regress(h *hostState, host string, rev uint64) {
+	if rev >= h.rev || h.regressed {
+		return
+	}
+	h.regressed = true
+	t.out = append(t.out, Decision{Op: OpRevisionRegressed, Host: host, Revision: rev, Reason: fmt.Sprintf(
+		"revision-regressed: a value at revision %d after revision %d: the lease stream was re-created or rolled back; %s is not declared until its revisions pass %d — restart the controllers (docs/operations.md)", rev, h.rev, host, h.rev)})
+}
+
 // Observe reports the current value of host's key (rec nil: deleted) at
 // revision rev, as seen by the watch at now.
 func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord) []Decision {
@@ -414,6 +440,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	h := t.hosts[host]
 	switch {
 	case h != nil && rev <= h.rev:
+		t.regress(h, host, rev)
 		return t.out // stale delivery
 	case replay(h, rev, rec) && !invalidMutation:
 		t.observeInvalid(now, host, rev, fmt.Sprintf("replay of a %s record written on revision %d, after revision %d", rec.State, rec.PrevRev, h.rev), true)
@@ -426,7 +453,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		t.hosts[host] = h
 	}
 	prev := h.rec
-	h.rev, h.rec, h.trustedRev = rev, *rec, rev
+	h.rev, h.rec, h.trustedRev, h.regressed = rev, *rec, rev, false
 	t.guards.named(rec, t.required)
 	switch rec.State {
 	case fencing.LeaseActive:
@@ -718,6 +745,9 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 		}
 		if h.rec.State == fencing.LeaseReleased {
 			continue // the agent takes the lease again; nothing to declare
+		}
+		if h.regressed {
+			continue // said (OpRevisionRegressed): its revision is not the key's
 		}
 		ttl := h.rec.Timing.LeaseTTL
 		if now.Sub(h.declClock()) < ttl+h.grace {

@@ -193,7 +193,8 @@ func TestDeletedKeyNeverDeclaredButCounted(t *testing.T) {
 	if tr.Members() != 49 {
 		t.Fatalf("members %d, want 49", tr.Members())
 	}
-	if d := tr.Observe(t0.Add(time.Second), "h7", 50, rec("h7", fencing.BackstopReset)); len(d) != 0 || tr.Members() != 49 {
+	// (A lower revision: said as revision-regressed, TestRevisionRegressedNotDeclared.)
+	if d := tr.Observe(t0.Add(time.Second), "h7", 50, rec("h7", fencing.BackstopReset)); len(d) != 1 || d[0].Op != OpRevisionRegressed || tr.Members() != 49 {
 		t.Fatalf("stale record re-added the host: %s, %d members", ops(d), tr.Members())
 	}
 	// Everyone else renews; h7 is silent: counted, never declared.

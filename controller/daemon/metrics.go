@@ -30,6 +30,7 @@ type counters struct {
 	refusedDue    atomic.Int64
 	keysDeleted   atomic.Int64 // lease keys deleted or purged (lease-deleted)
 	invalid       atomic.Int64 // untrusted values of lease keys (invalid-record)
+	regressed     atomic.Int64 // keys whose revisions went down (revision-regressed)
 	beacons       atomic.Int64 // agents' beacons passed to the tracker
 	beaconsBad    atomic.Int64 // beacons refused (undecodable, wrong host, queue full)
 	// decisionsDropped: decision events not published (queue full, NATS
@@ -71,6 +72,8 @@ func (c *counters) count(d controller.Decision, err error) {
 		c.keysDeleted.Add(1)
 	case d.Op == controller.OpInvalid:
 		c.invalid.Add(1)
+	case d.Op == controller.OpRevisionRegressed:
+		c.regressed.Add(1)
 	}
 }
 
@@ -93,6 +96,7 @@ var (
 	descStreamLag        = prometheus.NewDesc("hvguard_controller_stream_lag_messages", "Messages in the event stream not yet delivered to this controller's consumer (read every 5 s).", nil, nil)
 	descAckPending       = prometheus.NewDesc("hvguard_controller_stream_ack_pending_messages", "Messages delivered to this controller's consumer and not yet acknowledged.", nil, nil)
 	descStaleHosts       = prometheus.NewDesc("hvguard_controller_hosts_stale", "Hosts whose fleet view is stale (events missing, a new incarnation, a gap, or no full report yet) until their agent's next full report.", nil, nil)
+	descRegressed        = prometheus.NewDesc("hvguard_controller_lease_revision_regressions_total", "Lease keys whose revisions went down (the lease stream re-created or rolled back): each such host is not declared until its revisions pass the last one seen; restart the controllers.", nil, nil)
 	descInvalidRecords   = prometheus.NewDesc("hvguard_controller_invalid_lease_records_total", "Values of lease keys ignored as untrusted (signing: forged, replayed, unsigned, unknown signer, bad signature, undecodable).", nil, nil)
 	descBeacons          = prometheus.NewDesc("hvguard_controller_beacons_total", "Agents' beacons received (fencing.Beacon: with signatures required, a lease value the controller cannot verify counts only when its host's beacon names its revision), by result: accepted, refused (undecodable, another host's, queue full).", []string{"result"}, nil)
 	descKeysDeleted      = prometheus.NewDesc("hvguard_controller_lease_keys_deleted_total", "Lease keys deleted or purged (the host is unprotected until its agent re-creates the key).", nil, nil)
@@ -145,6 +149,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	d.m.recMu.Unlock()
 	ctr(descInvalidRecords, d.m.invalid.Load())
+	ctr(descRegressed, d.m.regressed.Load())
 	ctr(descBeacons, d.m.beacons.Load(), "accepted")
 	ctr(descBeacons, d.m.beaconsBad.Load(), "refused")
 	if !d.started.Load() {
