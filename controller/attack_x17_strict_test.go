@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/agent/delivery"
+	"hvguard/controller"
 	"hvguard/controller/natsperm"
 	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
@@ -152,4 +153,44 @@ func TestX17PubAckPurgesStreamsNonStrictNATS(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestX17PubAckOnConsumerResetNATS (held; reviewer X17). security.md says
+// a JSON answer aimed at a consumer's reset subject "has no top-level
+// seq" — a message get's or a stream info's. A PubAck has one:
+// {"stream":"KV_hvguard-leases","seq":N}, and the reset handler decodes
+// leniently (json.Unmarshal, no strict mode). compute-1 (shipped
+// permissions) pushes the lease stream's sequence past the event stream's
+// (60 puts) and puts its key with the reply subject $JS.API.CONSUMER.
+// RESET.HVGUARD_EVENTS.<the controllers' durable>: it holds only because
+// the server's PubAck carries no reply subject of its own and
+// consumer.processResetReq ignores a request without one (nats-server
+// v2.15.2). compute-2's next genuine stop must be applied.
+func TestX17PubAckOnConsumerResetNATS(t *testing.T) {
+	durable := controller.DurableName("ctl-1")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r, _, anc := startAttackRig(ctx, t, durable)
+	for i := 0; i < 60; i++ {
+		if err := anc.Publish("$KV."+fencing.Bucket+".x17", []byte("x17")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := anc.PublishRequest("$KV."+fencing.Bucket+".x17", "$JS.API.CONSUMER.RESET."+proto.StreamName+"."+durable, []byte("x17")); err != nil {
+		t.Fatal(err)
+	}
+	if err := anc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	publishGenuineStop(ctx, t, r.url, r.f, r.hosts[1], time.Now().UTC())
+	if !r.applied(testUUID, 8*time.Second) {
+		ci, err := r.cjs.Consumer(ctx, proto.StreamName, durable)
+		var state any = err
+		if err == nil {
+			state = ci.CachedInfo().Delivered
+		}
+		t.Fatalf("compute-2's genuine signed stop not applied within 8 s (the controllers' durable delivered: %+v)", state)
+	}
+	t.Log("compute-2's stop applied")
 }
