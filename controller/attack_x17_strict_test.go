@@ -24,8 +24,9 @@ import (
 
 // x17StartServer is natspermtest.StartServer (the event stream and the
 // lease bucket provisioned by an admin, then only the shipped accounts
-// file) with jsExtra added to the server's jetstream block.
-func x17StartServer(t *testing.T, jsExtra string) string {
+// file) with jsExtra added to the server's jetstream block; denyPurge
+// provisions both streams with deny_purge (nats stream edit --deny-purge).
+func x17StartServer(t *testing.T, jsExtra string, denyPurge bool) string {
 	t.Helper()
 	dir := t.TempDir()
 	start := func(conf string) *server.Server {
@@ -63,6 +64,17 @@ func x17StartServer(t *testing.T, jsExtra string) string {
 	}
 	if _, err := natslease.CreateBucket(ctx, j, 1); err != nil {
 		t.Fatal(err)
+	}
+	for _, name := range []string{proto.StreamName, natslease.StreamName} {
+		st, err := j.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := st.CachedInfo().Config
+		cfg.DenyPurge = denyPurge
+		if _, err := j.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
 	}
 	nc.Close()
 	admin.Shutdown()
@@ -102,14 +114,18 @@ func x17StartServer(t *testing.T, jsExtra string) string {
 //
 // "strict" (the default server) must hold (control: the same requests do
 // nothing); "non-strict" is the same server with jetstream { strict:
-// false }. Nothing in hvguard checks or documents the server's mode, and
+// false }; "non-strict-deny-purge" (held: a remedy) the same with both
+// streams provisioned --deny-purge. Nothing in hvguard checks or documents the server's mode, and
 // neither stream denies purges (or message deletes: a PubAck on
 // $JS.API.STREAM.MSG.DELETE.HVGUARD_EVENTS would delete event N: the same
 // lenient decoding of {"seq","no_erase"}, not run here).
 func TestX17PubAckPurgesStreamsNonStrictNATS(t *testing.T) {
-	for _, tc := range []struct{ name, js string }{{"strict", ""}, {"non-strict", ", strict: false"}} {
+	for _, tc := range []struct {
+		name, js  string
+		denyPurge bool
+	}{{"strict", "", false}, {"non-strict", ", strict: false", false}, {"non-strict-deny-purge", ", strict: false", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			url := x17StartServer(t, tc.js)
+			url := x17StartServer(t, tc.js, tc.denyPurge)
 			hosts := []string{"compute-1.example.org", "compute-2.example.org"}
 			f := newFleetOf(t, hosts)
 			ctx, cancel := context.WithCancel(context.Background())
