@@ -41,7 +41,10 @@
 //     Msg-Ids differ from the old outbox's and JetStream stores its events
 //     instead of acking them as duplicates; consumers resync the host on
 //     the new incarnation. An outbox created by an agent from before
-//     incarnations keeps the empty one (and its Msg-Ids <host>:<seq>).
+//     incarnations gets one at the first start that finds none of its
+//     events unacked (until then its Msg-Ids are <host>:<seq>, which
+//     another host could pre-empt: JetStream deduplicates Msg-Ids
+//     stream-wide); its seqs continue.
 //   - A seq is never visible outside the host before it is durable: the
 //     publisher sends only fsynced records, so a power loss cannot make the
 //     agent reuse a seq the stream has already seen.

@@ -74,12 +74,45 @@ func TestOutboxIncarnationWithoutState(t *testing.T) {
 }
 
 // TestOutboxCreatedBeforeIncarnations: an outbox whose state.json has no
-// incarnation (written by an agent from before them) keeps none: its seqs
+// incarnation (written by an agent from before them) keeps none while it
+// holds unacked events (they were encoded without one): its seqs
 // continue, its events carry none and keep their Msg-Ids <host>:<seq>.
+// Once a start finds nothing unacked it draws one (seqs continue): those
+// Msg-Ids were predictable, and JetStream deduplicates them stream-wide
+// (reviewer X17: another host pre-empted this host's next event).
 func TestOutboxCreatedBeforeIncarnations(t *testing.T) {
 	dir := t.TempDir()
 	o := openTest(t, dir, OutboxConfig{})
 	appendN(t, o, 0, 2)
+	legacyState(t, dir, o)
+	o = openTest(t, dir, OutboxConfig{})
+	if got := o.Stats().Incarnation; got != 0 {
+		t.Fatalf("legacy outbox incarnation %q", got)
+	}
+	ev := testEvent(9)
+	if err := o.Append(ev); err != nil || ev.Incarnation != 0 || ev.Seq != 3 {
+		t.Fatalf("legacy append: %+v, %v", ev, err)
+	}
+	if id := proto.MsgID(testHost, o.inc, 3); id != testHost+":3" {
+		t.Fatalf("legacy Msg-Id %q", id)
+	}
+	o.ack(3) // everything sent
+	legacyState(t, dir, o)
+	o = openTest(t, dir, OutboxConfig{})
+	defer o.Close()
+	if o.inc == 0 {
+		t.Fatal("a legacy outbox with nothing unacked kept the empty incarnation (predictable Msg-Ids)")
+	}
+	ev = testEvent(10)
+	if err := o.Append(ev); err != nil || ev.Incarnation != o.inc || ev.Seq != 4 {
+		t.Fatalf("append after the new incarnation: %+v, %v (incarnation %s)", ev, err, o.inc)
+	}
+}
+
+// legacyState closes o and removes the incarnation from its state file,
+// as an agent from before incarnations wrote it.
+func legacyState(t *testing.T, dir string, o *Outbox) {
+	t.Helper()
 	if err := o.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -98,18 +131,6 @@ func TestOutboxCreatedBeforeIncarnations(t *testing.T) {
 	}
 	if err := os.WriteFile(path, b, 0o600); err != nil {
 		t.Fatal(err)
-	}
-	o = openTest(t, dir, OutboxConfig{})
-	defer o.Close()
-	if got := o.Stats().Incarnation; got != 0 {
-		t.Fatalf("legacy outbox incarnation %q", got)
-	}
-	ev := testEvent(9)
-	if err := o.Append(ev); err != nil || ev.Incarnation != 0 || ev.Seq != 3 {
-		t.Fatalf("legacy append: %+v, %v", ev, err)
-	}
-	if id := proto.MsgID(testHost, o.inc, 3); id != testHost+":3" {
-		t.Fatalf("legacy Msg-Id %q", id)
 	}
 }
 

@@ -368,11 +368,27 @@ func (o *Outbox) load() error {
 // seqs start again at 1 anyway): a new incarnation.
 func (o *Outbox) loadIncarnation(st outboxState, haveState bool) error {
 	switch n := len(o.pending); {
-	case haveState:
+	case haveState && (st.Incarnation != 0 || len(o.pending) > 0):
 		o.inc = st.Incarnation
 		if o.inc == 0 {
-			o.log.Info("outbox created before incarnations: its events carry none (and keep their Msg-Ids) until the outbox is recreated")
+			o.log.Warn("outbox created before incarnations, with unacked events: they and the events after them keep Msg-Ids <host>:<seq> (predictable: another host could pre-empt them) until a start finds none unacked",
+				"unacked", len(o.pending))
 		}
+		return nil
+	case haveState:
+		// Created before incarnations, nothing unacked: a new incarnation
+		// from now on. Its Msg-Ids <host>:<seq> were predictable, and
+		// JetStream deduplicates Msg-Ids stream-wide: another host
+		// publishing those IDs on its own subject had this host's next
+		// events acked as duplicates and never stored (reviewer X17,
+		// TestX17PreemptedLegacyMsgIDNATS). Seqs continue; consumers see
+		// a new incarnation and resync this host.
+		inc, err := proto.NewIncarnation()
+		if err != nil {
+			return err
+		}
+		o.inc = inc
+		o.log.Warn("outbox created before incarnations: new incarnation from now on (Msg-Ids <host>:<seq> were predictable); consumers resync this host", "incarnation", inc, "next_seq", o.nextSeq)
 		return nil
 	case n > 0:
 		e := o.pending[n-1]
