@@ -73,6 +73,12 @@ func TestStoreReadsWithMessageGet(t *testing.T) {
 	if m, g, err := st.Members(ctx); err != nil || !slices.Equal(m, []string{host, h1}) || g.Version != 7 {
 		t.Fatalf("members %v, guard %+v (%v); want [%s %s], version 7", m, g, err, host, h1)
 	}
+	// With signatures required, only enrolled hosts (made-up keys are
+	// no peers).
+	req := &natslease.Store{KV: kv, NC: nc, Keys: &fencing.Keyring{Mode: fencing.SigningRequired, Hosts: map[string][]fencing.PublicKey{h1: {{ID: "U1"}}}}}
+	if m, _, err := req.Members(ctx); err != nil || !slices.Equal(m, []string{h1}) {
+		t.Fatalf("members with signatures required: %v (%v), want [%s]", m, err, h1)
+	}
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}

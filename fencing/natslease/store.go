@@ -331,7 +331,11 @@ func (s *Store) decode(host string, rev uint64, b []byte) (fencing.LeaseRecord, 
 }
 
 // Members returns the hosts in the bucket (sorted) and the published
-// guard (zero when none is published yet). With NC (the agents) the hosts
+// guard (zero when none is published yet). With signatures required,
+// only hosts with a key in Keys: a peer without one is of no use (its
+// answers and relays are refused) and keys under made-up names, which any
+// agent can write (reviewer X17: 3000 of them), would take the questions
+// of a peer round. With NC (the agents) the hosts
 // are the keys of the lease stream's stream-info answer (Subjects), so
 // that an agent creates no consumer; without NC (tests), KV.Keys.
 func (s *Store) Members(ctx context.Context) ([]string, fencing.Guard, error) {
@@ -349,7 +353,7 @@ func (s *Store) Members(ctx context.Context) ([]string, fencing.Guard, error) {
 	}
 	var hosts []string
 	for _, k := range keys {
-		if h := hostOf(k); h != "" {
+		if h := hostOf(k); h != "" && (!s.Keys.Required() || len(s.Keys.Hosts[h]) > 0) {
 			hosts = append(hosts, h)
 		}
 	}
@@ -645,7 +649,7 @@ func lastMsg(ctx context.Context, nc *nats.Conn, subj string) (m storedMsg, dele
 func Subjects(ctx context.Context, nc *nats.Conn) ([]string, error) {
 	prefix := "$KV." + fencing.Bucket + "."
 	var keys []string
-	for offset := 0; ; {
+	for offset, pages := 0, 0; ; {
 		b, _ := json.Marshal(map[string]any{"subjects_filter": prefix + ">", "offset": offset})
 		m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.INFO."+StreamName, b)
 		if err != nil {
@@ -656,6 +660,7 @@ func Subjects(ctx context.Context, nc *nats.Conn) ([]string, error) {
 				Subjects map[string]uint64 `json:"subjects"`
 			} `json:"state"`
 			Total int       `json:"total"`
+			Limit int       `json:"limit"`
 			Error *apiError `json:"error"`
 		}
 		if err := json.Unmarshal(m.Data, &resp); err != nil {
@@ -669,12 +674,30 @@ func Subjects(ctx context.Context, nc *nats.Conn) ([]string, error) {
 				keys = append(keys, k)
 			}
 		}
-		offset += len(resp.State.Subjects)
-		if len(resp.State.Subjects) == 0 || offset >= resp.Total {
+		// The server pages its raw subjects by Limit; the decoded map may
+		// hold fewer (encoding/json writes invalid UTF-8 as U+FFFD, so
+		// names collide): paging by the map's size re-asked for every
+		// key — 3000 colliding keys took 12.9 s and every agent's
+		// membership read failed (reviewer X17).
+		page := len(resp.State.Subjects)
+		if resp.Limit > 0 {
+			page = max(page, min(resp.Limit, resp.Total-offset))
+		}
+		offset += page
+		if page <= 0 || offset >= resp.Total {
 			return keys, nil
+		}
+		if pages++; pages >= MaxSubjectPages {
+			return nil, fmt.Errorf("stream info: more than %d pages of keys (%d keys)", MaxSubjectPages, resp.Total)
 		}
 	}
 }
+
+// MaxSubjectPages bounds the stream-info pages Subjects reads (the server
+// sends at most 100 000 subjects a page): a bucket with more keys is not
+// a fleet but a flood of made-up keys, and reading it would stall every
+// agent's membership refresh.
+const MaxSubjectPages = 10
 
 // apiError is a JetStream API answer's error.
 type apiError struct {
