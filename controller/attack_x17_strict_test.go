@@ -1,11 +1,14 @@
 package controller_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,7 +29,7 @@ import (
 // lease bucket provisioned by an admin, then only the shipped accounts
 // file) with jsExtra added to the server's jetstream block; denyPurge
 // provisions both streams with deny_purge (nats stream edit --deny-purge).
-func x17StartServer(t *testing.T, jsExtra string, denyPurge bool) string {
+func x17StartServer(t *testing.T, jsExtra string, old bool) string {
 	t.Helper()
 	dir := t.TempDir()
 	start := func(conf string) *server.Server {
@@ -59,19 +62,27 @@ func x17StartServer(t *testing.T, jsExtra string, denyPurge bool) string {
 	j, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := j.CreateStream(ctx, delivery.StreamConfig(1)); err != nil {
+	ev := delivery.StreamConfig(1)
+	if old { // provisioned before X17: purges and message deletes allowed
+		ev.DenyPurge, ev.DenyDelete = false, false
+	}
+	if _, err := j.CreateStream(ctx, ev); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := natslease.CreateBucket(ctx, j, 1); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{proto.StreamName, natslease.StreamName} {
-		st, err := j.Stream(ctx, name)
+	if !old {
+		if _, err := natslease.CreateBucket(ctx, j, 1); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		if _, err := j.CreateKeyValue(ctx, natslease.BucketConfig(1)); err != nil {
+			t.Fatal(err)
+		}
+		st, err := j.Stream(ctx, natslease.StreamName)
 		if err != nil {
 			t.Fatal(err)
 		}
 		cfg := st.CachedInfo().Config
-		cfg.DenyPurge = denyPurge
+		cfg.AllowRollup, cfg.AllowDirect = false, false
 		if _, err := j.UpdateStream(ctx, cfg); err != nil {
 			t.Fatal(err)
 		}
@@ -114,18 +125,32 @@ func x17StartServer(t *testing.T, jsExtra string, denyPurge bool) string {
 //
 // "strict" (the default server) must hold (control: the same requests do
 // nothing); "non-strict" is the same server with jetstream { strict:
-// false }; "non-strict-deny-purge" (held: a remedy) the same with both
-// streams provisioned --deny-purge. Nothing in hvguard checks or documents the server's mode, and
-// neither stream denies purges (or message deletes: a PubAck on
-// $JS.API.STREAM.MSG.DELETE.HVGUARD_EVENTS would delete event N: the same
-// lenient decoding of {"seq","no_erase"}, not run here).
+// false } — it failed until hvguard's streams denied purges and message
+// deletes (natslease.HardenStream, delivery.StreamConfig; a PubAck on
+// $JS.API.STREAM.MSG.DELETE.HVGUARD_EVENTS would have deleted event N:
+// the same lenient decoding of {"seq","no_erase"}); streams provisioned
+// before that on a non-strict server are still open, and reported by
+// both daemons ("non-strict-old-provisioning": natslease.WarnStream).
 func TestX17PubAckPurgesStreamsNonStrictNATS(t *testing.T) {
 	for _, tc := range []struct {
-		name, js  string
-		denyPurge bool
-	}{{"strict", "", false}, {"non-strict", ", strict: false", false}, {"non-strict-deny-purge", ", strict: false", true}} {
+		name, js string
+		old      bool
+	}{{"strict", "", false}, {"non-strict", ", strict: false", false}, {"non-strict-old-provisioning", ", strict: false", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			url := x17StartServer(t, tc.js, tc.denyPurge)
+			url := x17StartServer(t, tc.js, tc.old)
+			if tc.old {
+				// Streams provisioned before (purges allowed) on a
+				// non-strict server: the purge works (X17's finding);
+				// both daemons say so (natslease.WarnStream).
+				cjs, _ := jetstream.New(natspermtest.Connect(t, url, "controller:ctl-1"))
+				var buf bytes.Buffer
+				if !natslease.WarnStream(context.Background(), cjs, slog.New(slog.NewTextHandler(&buf, nil))) ||
+					!strings.Contains(buf.String(), "deny_purge false") || !strings.Contains(buf.String(), "strict: false") {
+					t.Fatalf("the old provisioning on a non-strict server not reported: %q", buf.String())
+				}
+				t.Logf("reported: %s", buf.String())
+				return
+			}
 			hosts := []string{"compute-1.example.org", "compute-2.example.org"}
 			f := newFleetOf(t, hosts)
 			ctx, cancel := context.WithCancel(context.Background())

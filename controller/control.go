@@ -37,7 +37,7 @@ func (b kvBucket) ensure(ctx context.Context, js jetstream.JetStream, create boo
 		return kv, nil
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
-		return nil, fmt.Errorf("%s %s: %w (provision it with: nats kv add %s --history %d --storage file --replicas 3 && nats stream edit KV_%s --no-allow-rollup --no-allow-direct -f)",
+		return nil, fmt.Errorf("%s %s: %w (provision it with: nats kv add %s --history %d --storage file --replicas 3 && nats stream edit KV_%s --no-allow-rollup --no-allow-direct --deny-purge --deny-delete -f)",
 			b.what, b.cfg.Bucket, err, b.cfg.Bucket, b.cfg.History, b.cfg.Bucket)
 	}
 	cfg := b.cfg

@@ -143,6 +143,12 @@ func StreamConfig(replicas int) jetstream.StreamConfig {
 		MaxBytes:    proto.StreamMaxBytes,
 		Duplicates:  proto.StreamDuplicatesWindow,
 		Replicas:    max(replicas, 1),
+		// No stream purge, no message delete: nothing of hvguard's needs
+		// them, and on a server with jetstream { strict: false } an
+		// agent's PubAck aimed at $JS.API.STREAM.PURGE.HVGUARD_EVENTS
+		// purged every event below its sequence (reviewer X17).
+		DenyDelete: true,
+		DenyPurge:  true,
 	}
 }
 
@@ -282,6 +288,11 @@ func streamDrift(have jetstream.StreamConfig) []StreamDrift {
 		add("sealed", "true", "false", "a sealed stream refuses every publish: events stay in the outbox until it is full, then are dropped",
 			"provision a new, unsealed stream")
 	}
+	if !have.DenyPurge || !have.DenyDelete {
+		add("deny_purge,deny_delete", fmt.Sprintf("%t,%t", have.DenyPurge, have.DenyDelete), "true,true",
+			"a purge or message delete removes events no consumer has read; any agent can aim one on a server with jetstream { strict: false } (docs/security.md)",
+			edit+" --deny-purge --deny-delete -f")
+	}
 	if have.MaxMsgSize > 0 && have.MaxMsgSize < proto.MaxMessageSize {
 		add("max_msg_size", num(int64(have.MaxMsgSize)), "-1",
 			fmt.Sprintf("events up to %d bytes are refused", proto.MaxMessageSize), edit+" --max-msg-size -1")
@@ -308,7 +319,7 @@ func editSubjectsCommand(have []string) string {
 
 func provisionCommand() string {
 	c := StreamConfig(3)
-	return fmt.Sprintf("nats stream add %s --subjects '%s' --storage file --retention limits --discard old --max-age %s --max-bytes %d --dupe-window %s --replicas 3 (1 on a single server)",
+	return fmt.Sprintf("nats stream add %s --subjects '%s' --storage file --retention limits --discard old --max-age %s --max-bytes %d --dupe-window %s --deny-delete --deny-purge --replicas 3 (1 on a single server)",
 		c.Name, strings.Join(c.Subjects, ","), c.MaxAge, c.MaxBytes, c.Duplicates)
 }
 

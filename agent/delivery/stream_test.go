@@ -89,6 +89,10 @@ func TestStreamDrift(t *testing.T) {
 		}, "subject_transform", true},
 		{"no ack", func(c *jetstream.StreamConfig) { c.NoAck = true }, "no_ack", true},
 		{"sealed", func(c *jetstream.StreamConfig) { c.Sealed = true }, "sealed", true},
+		// Reviewer X17: purges and message deletes allowed (a PubAck an
+		// agent aims at the purge API on a non-strict server).
+		{"purge allowed", func(c *jetstream.StreamConfig) { c.DenyPurge = false }, "deny_purge,deny_delete", true},
+		{"delete allowed", func(c *jetstream.StreamConfig) { c.DenyDelete = false }, "deny_purge,deny_delete", true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

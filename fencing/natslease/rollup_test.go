@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -27,7 +28,7 @@ func TestLeaseBucketForbidsRollups(t *testing.T) {
 	var buf bytes.Buffer
 	log := slog.New(slog.NewTextHandler(&buf, nil))
 	var err error
-	if !natslease.WarnStream(ctx, js, log) || !strings.Contains(buf.String(), "level=ERROR") || !strings.Contains(buf.String(), "--no-allow-rollup --no-allow-direct") {
+	if !natslease.WarnStream(ctx, js, log) || !strings.Contains(buf.String(), "level=ERROR") || !strings.Contains(buf.String(), "--no-allow-rollup --no-allow-direct --deny-purge --deny-delete") {
 		t.Fatalf("a bucket allowing rollups not reported: %q", buf.String())
 	}
 	if err := natslease.HardenStream(ctx, js, natslease.StreamName); err != nil {
@@ -60,8 +61,23 @@ func TestLeaseBucketForbidsRollups(t *testing.T) {
 	if _, err := natslease.EnsureBucket(ctx, js, true); err != nil {
 		t.Fatal(err)
 	}
-	if insecure, err := natslease.StreamInsecure(ctx, js); err != nil || insecure {
-		t.Fatalf("bucket created by EnsureBucket: rollups or direct gets allowed %v (%v)", insecure, err)
+	if why, err := natslease.StreamInsecure(ctx, js); err != nil || why != "" {
+		t.Fatalf("bucket created by EnsureBucket: %q (%v)", why, err)
+	}
+	// Purges and message deletes are refused (a PubAck aimed at them by
+	// an agent on a non-strict server: reviewer X17).
+	st, err := js.Stream(ctx, natslease.StreamName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Purge(ctx); err == nil {
+		t.Error("the lease stream purged after EnsureBucket")
+	}
+	if _, err := kv.Put(ctx, "h1", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.DeleteMsg(ctx, 1); err == nil {
+		t.Error("a lease stream message deleted after EnsureBucket")
 	}
 }
 
@@ -80,4 +96,32 @@ func oldBucket(t *testing.T) (*nats.Conn, jetstream.JetStream, jetstream.KeyValu
 		t.Fatal(err)
 	}
 	return nc, js, kv
+}
+
+// TestStrictAPIProbe: StrictAPI tells nats-server's default (strict: an
+// unknown field refused) from jetstream { strict: false }, where a PubAck
+// an agent aims at $JS.API.STREAM.PURGE decodes as a purge (reviewer
+// X17); WarnStream reports the latter even on a hardened bucket.
+func TestStrictAPIProbe(t *testing.T) {
+	ctx := context.Background()
+	for _, nonStrict := range []bool{false, true} {
+		s := deliverytest.StartWith(t, &server.Options{Port: -1, JetStream: true, StoreDir: t.TempDir(), NoJetStreamStrict: nonStrict})
+		nc, err := nats.Connect(s.ClientURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, _ := jetstream.New(nc)
+		if _, err := natslease.EnsureBucket(ctx, js, true); err != nil {
+			t.Fatal(err)
+		}
+		strict, err := natslease.StrictAPI(ctx, nc)
+		if err != nil || strict == nonStrict {
+			t.Fatalf("non-strict server %t: StrictAPI %t (%v)", nonStrict, strict, err)
+		}
+		var buf bytes.Buffer
+		if got := natslease.WarnStream(ctx, js, slog.New(slog.NewTextHandler(&buf, nil))); got != nonStrict || nonStrict && !strings.Contains(buf.String(), "strict: false") {
+			t.Fatalf("non-strict server %t: WarnStream %t: %q", nonStrict, got, buf.String())
+		}
+	}
 }

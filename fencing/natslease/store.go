@@ -52,7 +52,7 @@ func EnsureBucket(ctx context.Context, js jetstream.JetStream, create bool) (jet
 		return kv, nil
 	}
 	if !errors.Is(err, jetstream.ErrBucketNotFound) || !create {
-		return nil, fmt.Errorf("lease bucket %s: %w (provision it with: nats kv add %s --history 1 --storage file --replicas 3 && nats stream edit %s --no-allow-rollup)", fencing.Bucket, err, fencing.Bucket, StreamName)
+		return nil, fmt.Errorf("lease bucket %s: %w (provision it with: nats kv add %s --history 1 --storage file --replicas 3 && nats stream edit %s --no-allow-rollup --no-allow-direct --deny-purge --deny-delete -f)", fencing.Bucket, err, fencing.Bucket, StreamName)
 	}
 	return CreateBucket(ctx, js, 1)
 }
@@ -62,7 +62,8 @@ const StreamName = "KV_" + fencing.Bucket
 
 // StreamWarning is said (log at ERROR, status, the insecure-settings
 // metric) by a daemon that finds the lease bucket's stream allowing
-// rollups or direct gets:
+// rollups, direct gets, purges or message deletes, or the server's
+// JetStream API not strict (StreamInsecure says which):
 //   - rollups: any writer of a lease key (every agent) can purge every
 //     record and the guard with one "Nats-Rollup: all" publish, and a dead
 //     host's declaration (a CAS on its last revision) fails for ever;
@@ -71,9 +72,15 @@ const StreamName = "KV_" + fencing.Bucket
 //     and such an answer published on a JetStream API subject is executed
 //     as an API request with the server's rights — any agent could delete
 //     the lease bucket or the event stream, or delete and re-create the
-//     controllers' consumer (reviewer X14, "reflection").
-const StreamWarning = "lease bucket " + fencing.Bucket + " allows rollups or direct gets: any agent can purge every lease with one 'Nats-Rollup: all' publish, " +
-	"or delete the bucket and the event stream through a direct get's reply (fix: nats stream edit " + StreamName + " --no-allow-rollup --no-allow-direct)"
+//     controllers' consumer (reviewer X14, "reflection");
+//   - purges, message deletes, a non-strict API: the answers an agent can
+//     still aim at an API subject (a PubAck {"stream":…,"seq":N}) are
+//     refused only by the strict API's decoding (unknown fields); with
+//     jetstream { strict: false } a PubAck aimed at $JS.API.STREAM.PURGE
+//     purged every record and event below N (reviewer X17). Denying purges
+//     and deletes on the streams closes that whatever the server's mode.
+const StreamWarning = "lease bucket " + fencing.Bucket + " allows rollups, direct gets, purges or message deletes, or the NATS server's JetStream API is not strict: any agent can purge or delete leases and events " +
+	"(fix: nats stream edit " + StreamName + " --no-allow-rollup --no-allow-direct --deny-purge --deny-delete -f; the same --deny-purge --deny-delete on HVGUARD_EVENTS; jetstream { strict: true })"
 
 // CreateBucket creates the lease bucket (BucketConfig(replicas)) and then
 // hardens its stream (HardenStream): no rollups (a KV stream allows them:
@@ -102,34 +109,77 @@ func CreateHardened(ctx context.Context, js jetstream.JetStream, cfg jetstream.K
 	return js.KeyValue(ctx, cfg.Bucket)
 }
 
-// HardenStream sets AllowRollup and AllowDirect false on stream (a KV
-// bucket's stream: KV_<bucket>; nats.go's KV then reads with the stream
-// API's message get).
+// HardenStream sets AllowRollup and AllowDirect false and DenyPurge and
+// DenyDelete true on stream (a KV bucket's stream: KV_<bucket>; nats.go's
+// KV then reads with the stream API's message get; KV deletes are
+// markers, not message deletes, and hvguard never purges a stream).
+// DenyPurge and DenyDelete cannot be undone on the stream.
 func HardenStream(ctx context.Context, js jetstream.JetStream, stream string) error {
 	st, err := js.Stream(ctx, stream)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", stream, err)
 	}
 	cfg := st.CachedInfo().Config
-	if !cfg.AllowRollup && !cfg.AllowDirect {
+	if hardened(cfg) {
 		return nil
 	}
-	cfg.AllowRollup, cfg.AllowDirect = false, false
+	cfg.AllowRollup, cfg.AllowDirect, cfg.DenyPurge, cfg.DenyDelete = false, false, true, true
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		return fmt.Errorf("stream %s: forbid rollups and direct gets (allow_rollup_hdrs, allow_direct false): %w", stream, err)
+		return fmt.Errorf("stream %s: forbid rollups, direct gets, purges and message deletes (allow_rollup_hdrs, allow_direct false; deny_purge, deny_delete true): %w", stream, err)
 	}
 	return nil
 }
 
-// StreamInsecure reports whether the lease bucket's stream allows rollups
-// or direct gets (StreamWarning).
-func StreamInsecure(ctx context.Context, js jetstream.JetStream) (bool, error) {
+// hardened reports whether c is what HardenStream makes of a stream.
+func hardened(c jetstream.StreamConfig) bool {
+	return !c.AllowRollup && !c.AllowDirect && c.DenyPurge && c.DenyDelete
+}
+
+// StreamInsecure reports what makes the lease bucket's stream insecure
+// (StreamWarning): its settings (rollups, direct gets, purges or message
+// deletes allowed) and a JetStream API that is not strict (StrictAPI).
+// Nothing: "".
+func StreamInsecure(ctx context.Context, js jetstream.JetStream) (string, error) {
 	st, err := js.Stream(ctx, StreamName)
 	if err != nil {
-		return false, fmt.Errorf("lease bucket %s: stream %s: %w", fencing.Bucket, StreamName, err)
+		return "", fmt.Errorf("lease bucket %s: stream %s: %w", fencing.Bucket, StreamName, err)
 	}
 	c := st.CachedInfo().Config
-	return c.AllowRollup || c.AllowDirect, nil
+	var why []string
+	if !hardened(c) {
+		why = append(why, fmt.Sprintf("allow_rollup_hdrs %t, allow_direct %t, deny_purge %t, deny_delete %t", c.AllowRollup, c.AllowDirect, c.DenyPurge, c.DenyDelete))
+	}
+	strict, err := StrictAPI(ctx, js.Conn())
+	if err != nil {
+		return "", err
+	}
+	if !strict {
+		why = append(why, "the server's JetStream API accepts unknown fields (jetstream { strict: false })")
+	}
+	return strings.Join(why, "; "), nil
+}
+
+// StrictAPI reports whether the server's JetStream API refuses a request
+// with an unknown field (strict, nats-server's default): it asks for the
+// lease stream's info with one.
+func StrictAPI(ctx context.Context, nc *nats.Conn) (bool, error) {
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.INFO."+StreamName, []byte(`{"hvguard_strict_probe":true}`))
+	if err != nil {
+		return false, fmt.Errorf("strict API probe: %w", err)
+	}
+	var resp struct {
+		Error *apiError `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return false, fmt.Errorf("strict API probe: %w", err)
+	}
+	switch {
+	case resp.Error == nil:
+		return false, nil
+	case resp.Error.ErrCode == 10025: // invalid JSON: the unknown field refused
+		return true, nil
+	}
+	return false, fmt.Errorf("strict API probe: %s (%d)", resp.Error.Description, resp.Error.ErrCode)
 }
 
 // Store reads and writes the lease bucket.
@@ -518,7 +568,7 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 }
 
 // WarnStream is what both daemons do once the lease bucket is open: when
-// its stream allows rollups or direct gets it logs StreamWarning at ERROR
+// StreamInsecure finds something it logs it and StreamWarning at ERROR
 // and returns
 // true (the daemon lists it among its insecure settings: status, metric,
 // alert). It never refuses to run: an agent refusing the bucket would
@@ -527,15 +577,15 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 func WarnStream(ctx context.Context, js jetstream.JetStream, log *slog.Logger) bool {
 	cctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	defer cancel()
-	allowed, err := StreamInsecure(cctx, js)
+	why, err := StreamInsecure(cctx, js)
 	if err != nil {
-		log.Warn("cannot check the lease bucket's rollup and direct-get settings", "err", err)
+		log.Warn("cannot check the lease bucket's settings and the server's strict API", "err", err)
 		return false
 	}
-	if allowed {
-		log.Error("insecure lease bucket", "warning", StreamWarning)
+	if why != "" {
+		log.Error("insecure lease bucket or server", "found", why, "warning", StreamWarning)
 	}
-	return allowed
+	return why != ""
 }
 
 // LeaderRead is a read of a host's key from the lease stream's leader:

@@ -30,17 +30,22 @@ const ReadyTimeout = 10 * time.Second
 // test ends; shutting it down earlier is fine.
 func StartJetStream(t testing.TB, storeDir string, port int) *server.Server {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: storeDir,
-		NoLog: true, NoSigs: true,
-	})
+	return StartWith(t, &server.Options{Port: port, JetStream: true, StoreDir: storeDir})
+}
+
+// StartWith starts an embedded nats-server with o on 127.0.0.1 (no logs,
+// no signal handlers), shut down when the test ends.
+func StartWith(t testing.TB, o *server.Options) *server.Server {
+	t.Helper()
+	o.Host, o.NoLog, o.NoSigs = "127.0.0.1", true, true
+	s, err := server.NewServer(o)
 	if err != nil {
 		t.Fatalf("nats-server: %v", err)
 	}
 	go s.Start()
 	if !s.ReadyForConnections(ReadyTimeout) {
 		s.Shutdown()
-		t.Fatalf("nats-server on port %d not ready within %s", port, ReadyTimeout)
+		t.Fatalf("nats-server on port %d not ready within %s", o.Port, ReadyTimeout)
 	}
 	t.Cleanup(func() {
 		s.Shutdown()
