@@ -111,8 +111,8 @@ func (b *x11Bucket) publish() {
 func (b *x11Bucket) stop() { b.tr = nil }
 
 // start: a controller starts at now: its watch lists the bucket in
-// revision order, its first acting tick restores the guard, then the
-// memories (Runner.restoreMemory), and writes the memories changed.
+// revision order, its first acting tick restores the memories
+// (Runner.restoreMemory), then the guard, and writes the memories changed.
 func (b *x11Bucket) start(now time.Time) *Tracker {
 	tr := x10Tracker(b.t)
 	if b.enrolled != nil {
@@ -127,12 +127,12 @@ func (b *x11Bucket) start(now time.Time) *Tracker {
 		deliver(tr, now, h, b.keys[h])
 	}
 	tr.WatchStarted(now)
-	tr.RestoreGuard(b.guard)
 	for _, h := range tr.Hosts() {
 		if m, ok := b.mem[h]; ok {
-			tr.RestoreMemory(h, m)
+			tr.RestoreMemory(now, h, m)
 		}
 	}
+	tr.RestoreGuard(b.guard)
 	b.tr = tr
 	b.flush()
 	return tr
@@ -450,6 +450,99 @@ func TestX11RestorePrunesVersionHeldRackActsOn(t *testing.T) {
 			if host, after := b.run(at, 120, live, x10Set(rack)); host != "" {
 				t.Fatalf("declared the Held %s %s after the restart (its agent acts on v2, threshold 3; %d silent; kept versions %v)",
 					host, after, b.tr.Silent(at.Add(after)), b.tr.GuardVersions())
+			}
+		})
+	}
+}
+
+// TestX11DeleteAtRestartBypassesMemory (c; reviewer X11): h0..h9,
+// signing required, memory on. h0 (pinned, beaconing) dies; a
+// compromised node deletes its key (or writes garbage into it). C1 would
+// declare h0 over that value, but it restarts before lease_ttl + grace
+// (an upgrade, a leader change to a standby started after the write):
+// C2's watch shows only the marker (the garbage) of an enrolled host —
+// before the memory's pin it tracked h0 with no trusted record, and never
+// declared it: one write plus any controller restart before the
+// declaration left a dead host undeclared for good. Now C1 pinned the
+// key's state (memory.go) and C2, finding the key at that very revision,
+// takes h0's last trusted record and declares it by CAS on the marker.
+// Control: pinMutation (no pin): never declared.
+func TestX11DeleteAtRestartBypassesMemory(t *testing.T) {
+	for _, c := range []struct {
+		attack   string
+		mutation bool
+	}{{"delete", false}, {"garbage", false}, {"delete", true}, {"garbage", true}} {
+		t.Run(fmt.Sprintf("%s/pinMutation=%t", c.attack, c.mutation), func(t *testing.T) {
+			pinMutation = c.mutation
+			defer func() { pinMutation = false }()
+			b := newX11Bucket(t)
+			hosts := x10Names(0, 10)
+			b.tr = x10Tracker(t)
+			for _, h := range hosts {
+				b.write(t0, h, fencing.LeaseActive, nil)
+			}
+			b.publish()
+			b.run(t0, 10, hosts, nil)
+			at := t0.Add(10 * time.Second) // h0 dies
+			if c.attack == "delete" {
+				b.del(at.Add(time.Second), "h0")
+			} else {
+				b.garbage(at.Add(time.Second), "h0")
+			}
+			b.run(at, 10, hosts[1:], nil)
+			b.stop()
+			start := at.Add(12 * time.Second)
+			b.start(start)
+			host, after := b.run(start, 300, hosts[1:], map[string]bool{"h0": true})
+			switch {
+			case host == "" && !c.mutation:
+				t.Fatalf("%s: the dead h0 never declared in 300 s after C2's start (its key: %+v, memory %+v)", c.attack, b.keys["h0"], b.mem["h0"])
+			case host != "" && c.mutation:
+				t.Fatalf("%s: h0 declared %s after C2's start without the pin: the test shows nothing", c.attack, after)
+			case host != "":
+				t.Logf("%s: dead h0 declared %s after C2's start", c.attack, after)
+			}
+		})
+	}
+}
+
+// TestPinNotTakenAfterLaterWrite (S): the pin is taken only while the key
+// is still at its revision. C1 pins h3 (garbage over its active record),
+// then stops; while no controller runs h3's agent stops in order — its
+// withdrawal lands over the garbage (its guests keep running) — and a
+// compromised node writes garbage over the withdrawal. C2 finds h3's key
+// at a later revision than the pin's: it takes nothing and never
+// declares h3. Control "no-withdrawal": the key still at the pin's
+// revision, h3 (dead) is declared.
+func TestPinNotTakenAfterLaterWrite(t *testing.T) {
+	for _, withdraw := range []bool{true, false} {
+		t.Run(map[bool]string{true: "withdrawal", false: "control-no-withdrawal"}[withdraw], func(t *testing.T) {
+			b := newX11Bucket(t)
+			hosts := x10Names(0, 10)
+			b.tr = x10Tracker(t)
+			for _, h := range hosts {
+				b.write(t0, h, fencing.LeaseActive, nil)
+			}
+			b.publish()
+			b.run(t0, 10, hosts, nil)
+			at := t0.Add(10 * time.Second)
+			b.garbage(at, "h3")
+			if b.mem["h3"].Pin == nil {
+				t.Fatalf("C1 pinned nothing: %+v", b.mem["h3"])
+			}
+			b.stop()
+			if withdraw {
+				b.write(at.Add(time.Second), "h3", fencing.LeaseWithdrawn, b.guard.Ref()) // its orderly stop
+				b.garbage(at.Add(2*time.Second), "h3")
+			}
+			start := at.Add(5 * time.Second)
+			b.start(start)
+			host, after := b.run(start, 300, x11Without(hosts, "h3"), map[string]bool{"h3": true})
+			switch {
+			case withdraw && host != "":
+				t.Fatalf("C2 declared the withdrawn h3 %s after its start (guests running): a pin taken although its key moved on", after)
+			case !withdraw && host == "":
+				t.Fatal("control: the dead h3 (key at the pin's revision) never declared")
 			}
 		})
 	}

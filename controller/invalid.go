@@ -243,6 +243,7 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 	if restart {
 		h.unverifiedAt = now
 	}
+	t.pin(host, h, rev, false, !restart)
 	kind := "forged"
 	if !forged {
 		kind = "unverifiable"

@@ -96,6 +96,7 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 	}
 	if h.deleted {
 		h.rev, h.regressed = rev, false // deleted again: a declaration is a CAS on the newest marker
+		t.pin(host, h, rev, true, true)
 		return
 	}
 	if keyDeleteMutation.forget {
@@ -104,6 +105,7 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 	}
 	h.deleted, h.rev, h.regressed = true, rev, false
 	h.declaring = time.Time{}
+	t.pin(host, h, rev, true, true)
 	if t.pinned(h) && h.rec.State == fencing.LeaseActive {
 		t.out = append(t.out, Decision{Op: OpLeaseDeleted, Host: host, Reason: fmt.Sprintf(
 			"lease-deleted: its key was deleted or purged (last record %s, epoch %d, signed by its key); signatures are required, so the delete stops nothing: declared on the marker's revision once silent for lease_ttl + grace since its last trusted renewal, unless its agent re-creates the key; it keeps counting toward the mass-failure guard",

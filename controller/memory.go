@@ -1,6 +1,12 @@
 package controller
 
-import "slices"
+import (
+	"fmt"
+	"slices"
+	"time"
+
+	"hvguard/fencing"
+)
 
 // The controller's memory across restarts (issue 11, docs/security.md
 // "Restart memory"). A host's beacons bind it (invalid.go) only once this
@@ -16,13 +22,27 @@ import "slices"
 // value of its key no beacon names restarts nothing (its beacons must
 // still arrive: the fleet-wide BeaconTrustWindow applies).
 //
-// Nothing else is remembered: a memory says what was, not what is. Taking
-// a remembered record as the host's record declared a host that withdrew
-// while no controller ran and let a remembered withdrawal end a hold over
-// a rack that took its leases back meanwhile (reviewer X11,
-// TestX11UnobservedWithdrawal*, TestX11StaleWithdrawnMemoryEndsHold), so a
-// host whose key holds only untrusted values at a restart stays
-// undeclared (docs/security.md, What is left).
+// A memory says what was, not what is. Taking a remembered record as the
+// host's record declared a host that withdrew while no controller ran and
+// let a remembered withdrawal end a hold over a rack that took its leases
+// back meanwhile (reviewer X11, TestX11UnobservedWithdrawal*,
+// TestX11StaleWithdrawnMemoryEndsHold). One record is taken, on evidence
+// that nothing changed since (a Pin): when the leader sees a value it
+// will declare over — a delete marker, or an untrusted value that does
+// not restart the host's clock — in the key of a host whose last trusted
+// record is active and signed by its key, with no watch skip since that
+// record and no withdrawal beacon, it remembers that record and the
+// key's revision. A controller that restores it while the key is still
+// at that very revision knows every write since the record: the one it
+// will declare over, nothing else (a withdrawal, a renewal, any write
+// moves the revision; the watch delivered every revision in between to
+// the controller that wrote the pin). So it takes the record and declares
+// the host lease_ttl + grace after its own start, by CAS on that
+// revision — a dead host whose key a compromised node deleted or wrote
+// garbage into, followed by a controller restart or takeover, was never
+// declared (reviewer X11, TestX11DeleteAtRestartBypassesMemory). A key
+// written while no controller runs moves the revision: its host stays
+// undeclared, as before (docs/security.md, What is left).
 
 // MemoryBucket is the controllers' bucket of Memory values, one per host
 // token. Only controllers may read or write it (controller/natsperm).
@@ -32,6 +52,40 @@ const MemoryBucket = "hvguard-controller-memory"
 type Memory struct {
 	// Beacons: the host's beacons bound it (invalid.go beaconsBind).
 	Beacons bool `json:"beacons"`
+	// Pin, if set: the state of the host's key the writer would declare
+	// it on (see above).
+	Pin *MemoryPin `json:"pin,omitempty"`
+}
+
+// MemoryPin is a host's last trusted record (active, signed by its key)
+// and the revision of the key's value after it — a delete marker
+// (Deleted) or an untrusted value — that the controller writing it would
+// declare the host over.
+type MemoryPin struct {
+	Record     fencing.LeaseRecord `json:"record"`
+	TrustedRev uint64              `json:"trusted_rev"`
+	KeyRev     uint64              `json:"key_rev"`
+	Deleted    bool                `json:"deleted,omitempty"`
+}
+
+// pinMutation (reviewer X11's TestX11DeleteAtRestartBypassesMemory): no
+// pin is written or taken, as before. Tests only.
+var pinMutation bool
+
+// pin remembers h's key state at rev (deleted: a marker) when h would be
+// declared over it (declarable: the caller's part of that; see above);
+// any other state drops the pin.
+func (t *Tracker) pin(host string, h *hostState, rev uint64, deleted, declarable bool) {
+	var p *MemoryPin
+	if declarable && t.required && t.pinned(h) && h.rec.State == fencing.LeaseActive && h.trustedRev > 0 &&
+		t.skippedRev <= h.trustedRev && !h.beaconWithdrawn() && !h.regressed && !pinMutation {
+		p = &MemoryPin{Record: h.rec, TrustedRev: h.trustedRev, KeyRev: rev, Deleted: deleted}
+	}
+	if p == nil && h.pin == nil {
+		return
+	}
+	h.pin = p
+	t.rememberHost(host)
 }
 
 // memoryMutation (issue 11): RestoreMemory does nothing, as before.
@@ -57,8 +111,9 @@ func (t *Tracker) Memories() (out []string, ms []Memory) {
 	}
 	clear(t.dirtyMemory)
 	slices.Sort(out)
-	for range out {
-		ms = append(ms, Memory{Beacons: true}) // dirty only when its beacons came to bind it (ObserveBeacon)
+	for _, host := range out {
+		h := t.hosts[host]
+		ms = append(ms, Memory{Beacons: !h.beacons.at.IsZero() || h.beacons.remembered, Pin: h.pin})
 	}
 	return out, ms
 }
@@ -72,9 +127,37 @@ func (t *Tracker) MemoryFailed(host string) {
 }
 
 // RestoreMemory takes over what an earlier controller remembered of host
-// (see above). Call it after the watch's first listing and RestoreGuard.
-func (t *Tracker) RestoreMemory(host string, m Memory) {
-	if h := t.hosts[host]; h != nil && t.required && m.Beacons && !memoryMutation {
+// (see above) at now. Call it after the watch's first listing and before
+// RestoreGuard: a record it takes names a guard version, which the guard's
+// restore must not prune (TestX11RestorePrunesVersionHeldRackActsOn). It
+// may be called again (a new leader): a host with a trusted record takes
+// nothing.
+func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision {
+	t.out = t.out[:0]
+	h := t.hosts[host]
+	if h == nil || !t.required || memoryMutation {
+		return t.out
+	}
+	if m.Beacons {
 		h.beacons.remembered = true
 	}
+	p := m.Pin
+	if p == nil || pinMutation || h.trustedRev != 0 || h.rev != p.KeyRev || h.deleted != p.Deleted ||
+		p.Record.Host != host || p.Record.State != fencing.LeaseActive || p.Record.Signer == "" || p.TrustedRev == 0 || p.TrustedRev >= p.KeyRev {
+		return t.out // the key changed since (or nothing to take)
+	}
+	// Nothing was written to the key since the pin's writer saw it: take
+	// its record, silent from now (a live host renews within lease_ttl).
+	h.rec, h.trustedRev, h.pin = p.Record, p.TrustedRev, p
+	h.silentUntrusted, h.lastSeen, h.unverifiedAt = false, now, time.Time{}
+	t.guards.named(&h.rec, t.required)
+	t.judge(host, h, fencing.LeaseRecord{})
+	what := "an untrusted value"
+	if p.Deleted {
+		what = "a delete marker"
+	}
+	t.out = append(t.out, Decision{Op: OpInvalid, Host: host, Revision: p.KeyRev, Record: h.rec, Reason: fmt.Sprintf(
+		"invalid-record: its key still holds %s at revision %d, over which the previous controller would have declared it: its last trusted record (revision %d, epoch %d) restored from the controllers' memory; declared once silent for lease_ttl + grace from now",
+		what, p.KeyRev, p.TrustedRev, p.Record.Epoch)})
+	return t.out
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"hvguard/controller"
 	"hvguard/controller/natsperm/natspermtest"
 )
 
@@ -76,6 +77,75 @@ func TestRestartMemoryNATS(t *testing.T) {
 			}
 			if memory {
 				t.Errorf("dead %s not declared within 10 s of C2's start with garbage in its key every 300 ms (%d invalid values seen)", dead, c2.invalidCount(dead))
+			}
+		})
+	}
+}
+
+// TestRestartPinNATS (c; reviewer X11's TestX11DeleteAtRestartBypassesMemory
+// on nats-server with the shipped permissions and real agents and
+// runners): compute-3 dies and compute-1 deletes its key (or writes
+// garbage into it once) while C1 runs; C1 stops before it declares; C2
+// starts and finds the key still at that revision: it takes compute-3's
+// last trusted record from the memory's pin and declares it. Control
+// pinMutation: not declared within 8 s.
+func TestRestartPinNATS(t *testing.T) {
+	const dead = "compute-3.example.org"
+	for _, c := range []struct {
+		attack   string
+		mutation bool
+	}{{"delete", false}, {"garbage", false}, {"delete", true}} {
+		t.Run(fmt.Sprintf("%s/pinMutation=%t", c.attack, c.mutation), func(t *testing.T) {
+			url := natspermtest.StartServer(t)
+			hosts := []string{"compute-1.example.org", "compute-2.example.org", dead}
+			f := newFleetOf(t, hosts)
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			cut, _ := startPermAgents(ctx, t, url, f, hosts)
+			open := func() (*controllerRun, context.CancelFunc) {
+				cst, cnc := permStore(t, url, "controller:ctl-1", f, "ctl")
+				cctx, stop := context.WithCancel(ctx)
+				return startControllerMem(cctx, t, cst, cnc, controlBuckets(t, url, "controller:ctl-1").Memory), stop
+			}
+			c1, stopC1 := open()
+			attacker, _ := permStore(t, url, "agent:"+hosts[0], f, hosts[0])
+			time.Sleep(1500 * time.Millisecond) // renewing, beaconing, the guard published, remembered
+			if c1.beaconCounts()[dead] == 0 {
+				t.Fatalf("no beacon of %s reached C1", dead)
+			}
+			cut[dead]()
+			var err error
+			if c.attack == "delete" {
+				err = attacker.KV.Delete(ctx, "compute-3_example_org")
+			} else {
+				_, err = attacker.KV.Put(ctx, "compute-3_example_org", []byte("garbage"))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(600 * time.Millisecond) // C1 saw it and wrote its memory
+			stopC1()
+			time.Sleep(200 * time.Millisecond)
+			defer controller.SetPinMutation(c.mutation)()
+			c2, _ := open()
+			started := time.Now()
+			for time.Since(started) < 8*time.Second {
+				for _, h := range hosts[:2] {
+					if _, ok := c2.declaredAt(h); ok {
+						t.Fatalf("C2 declared the live %s", h)
+					}
+				}
+				if at, ok := c2.declaredAt(dead); ok {
+					if c.mutation {
+						t.Fatalf("declared %s with pinMutation: the test shows nothing", dead)
+					}
+					t.Logf("%s: dead %s declared %s after C2 started (lease_ttl + grace 3.05 s)", c.attack, dead, at.Sub(started).Round(100*time.Millisecond))
+					return
+				}
+				time.Sleep(100 * time.Millisecond)
+			}
+			if !c.mutation {
+				t.Errorf("%s: dead %s not declared within 8 s of C2's start", c.attack, dead)
 			}
 		})
 	}

@@ -76,10 +76,10 @@ func TestRestartMemoryBindsDeadHost(t *testing.T) {
 				c2.Observe(start, host, latest[host], r)
 			}
 			c2.WatchStarted(start)
-			c2.RestoreGuard(c1.Guard())
 			for _, host := range c2.Hosts() {
-				c2.RestoreMemory(host, bucket[host])
+				c2.RestoreMemory(start, host, bucket[host])
 			}
+			c2.RestoreGuard(c1.Guard())
 			for ms := 250; ms <= 120_000; ms += 250 {
 				now := start.Add(time.Duration(ms) * time.Millisecond)
 				if ms%1000 == 0 {

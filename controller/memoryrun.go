@@ -47,7 +47,9 @@ func (r *Runner) restoreMemory(ctx context.Context, log *slog.Logger) {
 			log.Error("controller memory: a host's memory is unreadable; ignored", "host", host, "err", err)
 			continue
 		}
-		r.Tracker.RestoreMemory(host, m)
+		for _, d := range r.Tracker.RestoreMemory(r.now(), host, m) {
+			r.perform(ctx, log, d)
+		}
 		n++
 	}
 	log.Info("controller memory restored", "hosts", n)

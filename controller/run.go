@@ -226,8 +226,13 @@ func (r *Runner) Run(ctx context.Context) error {
 				} else if !restored {
 					// Before it declares or publishes anything, a
 					// (re)started controller or a new leader takes over
-					// the published guard's versions: agents may still
+					// the earlier controllers' memory (its pins give
+					// hosts records naming guard versions: before the
+					// guard's versions are pruned to the members' —
+					// reviewer X11's TestX11RestorePrunesVersionHeldRackActsOn)
+					// and the published guard's versions: agents may still
 					// act on them.
+					r.restoreMemory(ctx, log)
 					g, err := r.Store.ReadGuard(ctx)
 					if errors.Is(err, natslease.ErrInvalidGuard) && len(updates) == 0 && !r.Tracker.GuardNamed() {
 						// No trusted record names a guard version (every
@@ -245,7 +250,6 @@ func (r *Runner) Run(ctx context.Context) error {
 						continue
 					}
 					r.Tracker.RestoreGuard(g)
-					r.restoreMemory(ctx, log)
 					restored = true
 				}
 				if g := r.Tracker.Guard(); acting && (g.Version != published || now.Sub(lastPublish) > GuardPublishInterval) && !now.Before(retryPublish) {

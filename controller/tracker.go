@@ -193,6 +193,8 @@ type hostState struct {
 	// regressed: a revision below rev was observed (Tracker.regress);
 	// not declared until a revision above rev arrives.
 	regressed bool
+	// pin: what the memory says of the key's state (memory.go).
+	pin *MemoryPin
 }
 
 // beaconState is what a host's beacons said (ObserveBeacon, invalid.go):
@@ -454,6 +456,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	}
 	prev := h.rec
 	h.rev, h.rec, h.trustedRev, h.regressed = rev, *rec, rev, false
+	h.pin = nil // a trusted value: the key moved on (a stale pin in the memory is refused by its revision)
 	t.guards.named(rec, t.required)
 	switch rec.State {
 	case fencing.LeaseActive:

@@ -1,0 +1,8 @@
+package controller
+
+// SetPinMutation lets the external tests (package controller_test) turn
+// pinMutation on (memory.go); it returns the function that turns it off.
+func SetPinMutation(on bool) func() {
+	pinMutation = on
+	return func() { pinMutation = false }
+}
