@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
 	"hvguard/controller"
@@ -245,22 +244,9 @@ func TestX11UnobservedWithdrawalNATS(t *testing.T) {
 	const withdrawn = "compute-3.example.org"
 	for _, memory := range []bool{true, false} {
 		t.Run(map[bool]string{true: "memory", false: "control-no-memory"}[memory], func(t *testing.T) {
-			natsURL := natspermtest.StartServer(t)
-			hosts := []string{"compute-1.example.org", "compute-2.example.org", withdrawn}
-			f := newFleetOf(t, hosts)
-			ctx, cancel := context.WithCancel(context.Background())
-			t.Cleanup(cancel)
-			cut, stores := startPermAgents(ctx, t, natsURL, f, hosts)
-			stopAgent, wst := cut[withdrawn], stores[withdrawn]
-			open := func() (*controllerRun, context.CancelFunc) {
-				cst, cnc := permStore(t, natsURL, "controller:ctl-1", f, "ctl")
-				var mem jetstream.KeyValue
-				if memory {
-					mem = controlBuckets(t, natsURL, "controller:ctl-1").Memory
-				}
-				cctx, stop := context.WithCancel(ctx)
-				return startControllerMem(cctx, t, cst, cnc, mem), stop
-			}
+			r := memoryRig(t, withdrawn, memory)
+			natsURL, hosts, f, ctx, open := r.url, r.hosts, r.f, r.ctx, r.open
+			stopAgent, wst := r.cut[withdrawn], r.stores[withdrawn]
 			_, stopC1 := open()
 			attacker, _ := permStore(t, natsURL, "agent:"+hosts[0], f, hosts[0])
 			time.Sleep(1500 * time.Millisecond) // renewing, beaconing, the guard published, remembered

@@ -157,6 +157,20 @@ func (b *x11Bucket) run(from time.Time, secs int, live []string, protect map[str
 	return "", 0
 }
 
+// x11Fleet: h0..h<n-1> renew for secs seconds under a running controller
+// (signing required, memory on), the guard published.
+func x11Fleet(t *testing.T, n, secs int) (*x11Bucket, []string) {
+	b := newX11Bucket(t)
+	hosts := x10Names(0, n)
+	b.tr = x10Tracker(t)
+	for _, h := range hosts {
+		b.write(t0, h, fencing.LeaseActive, nil)
+	}
+	b.publish()
+	b.run(t0, secs, hosts, nil)
+	return b, hosts
+}
+
 func x11Without(names []string, drop ...string) []string {
 	var out []string
 	for _, n := range names {
@@ -204,14 +218,7 @@ func TestX11UnobservedWithdrawalDeclaredFromMemory(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			memoryMutation = c.mutation
 			defer func() { memoryMutation = false }()
-			b := newX11Bucket(t)
-			hosts := x10Names(0, 10)
-			b.tr = x10Tracker(t)
-			for _, h := range hosts {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
-			b.run(t0, 10, hosts, nil)
+			b, hosts := x11Fleet(t, 10, 10)
 			at := t0.Add(10 * time.Second)
 			if !c.observed {
 				b.stop()
@@ -262,15 +269,8 @@ func TestX11StaleWithdrawnMemoryEndsHold(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			memoryMutation = c.mutation
 			defer func() { memoryMutation = false }()
-			b := newX11Bucket(t)
-			hosts := x10Names(0, 60)
+			b, hosts := x11Fleet(t, 60, 5)
 			rack := x10Names(1, 13)
-			b.tr = x10Tracker(t)
-			for _, h := range hosts {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
-			b.run(t0, 5, hosts, nil)
 			at := t0.Add(5 * time.Second)
 			for _, h := range x10Pair {
 				b.write(at, h, fencing.LeaseWithdrawn, b.guard.Ref())
@@ -475,14 +475,7 @@ func TestX11DeleteAtRestartBypassesMemory(t *testing.T) {
 		t.Run(fmt.Sprintf("%s/pinMutation=%t", c.attack, c.mutation), func(t *testing.T) {
 			pinMutation = c.mutation
 			defer func() { pinMutation = false }()
-			b := newX11Bucket(t)
-			hosts := x10Names(0, 10)
-			b.tr = x10Tracker(t)
-			for _, h := range hosts {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
-			b.run(t0, 10, hosts, nil)
+			b, hosts := x11Fleet(t, 10, 10)
 			at := t0.Add(10 * time.Second) // h0 dies
 			if c.attack == "delete" {
 				b.del(at.Add(time.Second), "h0")
@@ -517,14 +510,7 @@ func TestX11DeleteAtRestartBypassesMemory(t *testing.T) {
 func TestPinNotTakenAfterLaterWrite(t *testing.T) {
 	for _, withdraw := range []bool{true, false} {
 		t.Run(map[bool]string{true: "withdrawal", false: "control-no-withdrawal"}[withdraw], func(t *testing.T) {
-			b := newX11Bucket(t)
-			hosts := x10Names(0, 10)
-			b.tr = x10Tracker(t)
-			for _, h := range hosts {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
-			b.run(t0, 10, hosts, nil)
+			b, hosts := x11Fleet(t, 10, 10)
 			at := t0.Add(10 * time.Second)
 			b.garbage(at, "h3")
 			if b.mem["h3"].Pin == nil {

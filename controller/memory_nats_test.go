@@ -10,6 +10,7 @@ import (
 
 	"hvguard/controller"
 	"hvguard/controller/natsperm/natspermtest"
+	"hvguard/fencing/natslease"
 )
 
 // TestRestartMemoryNATS: TestRestartMemoryBindsDeadHost with real agents,
@@ -25,22 +26,9 @@ func TestRestartMemoryNATS(t *testing.T) {
 	const dead = "compute-3.example.org"
 	for _, memory := range []bool{true, false} {
 		t.Run(fmt.Sprintf("memory=%t", memory), func(t *testing.T) {
-			url := natspermtest.StartServer(t)
-			hosts := []string{"compute-1.example.org", "compute-2.example.org", dead}
-			f := newFleetOf(t, hosts)
-			ctx, cancel := context.WithCancel(context.Background())
-			t.Cleanup(cancel)
-			cut, _ := startPermAgents(ctx, t, url, f, hosts)
-			die := cut[dead]
-			open := func() (*controllerRun, context.CancelFunc) {
-				cst, cnc := permStore(t, url, "controller:ctl-1", f, "ctl")
-				var mem jetstream.KeyValue
-				if memory {
-					mem = controlBuckets(t, url, "controller:ctl-1").Memory
-				}
-				cctx, stop := context.WithCancel(ctx)
-				return startControllerMem(cctx, t, cst, cnc, mem), stop
-			}
+			r := memoryRig(t, dead, memory)
+			url, hosts, f, ctx, open := r.url, r.hosts, r.f, r.ctx, r.open
+			die := r.cut[dead]
 			c1, stopC1 := open()
 			attacker, _ := permStore(t, url, "agent:"+hosts[0], f, hosts[0])
 			time.Sleep(1500 * time.Millisecond) // renewing, beaconing, the guard published, remembered
@@ -96,17 +84,8 @@ func TestRestartPinNATS(t *testing.T) {
 		mutation bool
 	}{{"delete", false}, {"garbage", false}, {"delete", true}} {
 		t.Run(fmt.Sprintf("%s/pinMutation=%t", c.attack, c.mutation), func(t *testing.T) {
-			url := natspermtest.StartServer(t)
-			hosts := []string{"compute-1.example.org", "compute-2.example.org", dead}
-			f := newFleetOf(t, hosts)
-			ctx, cancel := context.WithCancel(context.Background())
-			t.Cleanup(cancel)
-			cut, _ := startPermAgents(ctx, t, url, f, hosts)
-			open := func() (*controllerRun, context.CancelFunc) {
-				cst, cnc := permStore(t, url, "controller:ctl-1", f, "ctl")
-				cctx, stop := context.WithCancel(ctx)
-				return startControllerMem(cctx, t, cst, cnc, controlBuckets(t, url, "controller:ctl-1").Memory), stop
-			}
+			r := memoryRig(t, dead, true)
+			url, hosts, f, ctx, cut, open := r.url, r.hosts, r.f, r.ctx, r.cut, r.open
 			c1, stopC1 := open()
 			attacker, _ := permStore(t, url, "agent:"+hosts[0], f, hosts[0])
 			time.Sleep(1500 * time.Millisecond) // renewing, beaconing, the guard published, remembered
@@ -149,4 +128,39 @@ func TestRestartPinNATS(t *testing.T) {
 			}
 		})
 	}
+}
+
+// memRig is memoryRig's: nats-server with the shipped permissions, the
+// agents of hosts (cut: each agent's cut-off; stores: its lease store),
+// and open, which starts controller ctl-1 (with the memory bucket if the
+// rig has it) and returns its stop.
+type memRig struct {
+	url    string
+	hosts  []string
+	f      fleet
+	ctx    context.Context
+	cut    map[string]context.CancelFunc
+	stores map[string]*natslease.Store
+	open   func() (*controllerRun, context.CancelFunc)
+}
+
+// memoryRig starts a memRig of compute-1, compute-2 and last.
+func memoryRig(t *testing.T, last string, memory bool) *memRig {
+	t.Helper()
+	r := &memRig{url: natspermtest.StartServer(t), hosts: []string{"compute-1.example.org", "compute-2.example.org", last}}
+	r.f = newFleetOf(t, r.hosts)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	r.ctx = ctx
+	r.cut, r.stores = startPermAgents(ctx, t, r.url, r.f, r.hosts)
+	r.open = func() (*controllerRun, context.CancelFunc) {
+		cst, cnc := permStore(t, r.url, "controller:ctl-1", r.f, "ctl")
+		var mem jetstream.KeyValue
+		if memory {
+			mem = controlBuckets(t, r.url, "controller:ctl-1").Memory
+		}
+		cctx, stop := context.WithCancel(ctx)
+		return startControllerMem(cctx, t, cst, cnc, mem), stop
+	}
+	return r
 }
