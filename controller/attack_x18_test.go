@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"sort"
 	"testing"
 	"time"
 
@@ -116,4 +117,112 @@ func TestX18StalePinTakenAfterStreamRecreated(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestX18TakeoverPinEndsHold (S): a standby that takes over restores the
+// memory (Runner: restoreMemory at every first acting tick), and a pin
+// it takes gives the host lastSeen = now: a Held host that the standby
+// counted silent for minutes (no trusted record: counted from
+// minSilentAft on, invalid.go) stops counting at once, while the rest of
+// its rack has long been due in the standby's tracker.
+//
+// 60 hosts, threshold 10; the rack h1..h12 is cut off and Held (its
+// agents hold by 1 + 11 peers > 10 + lying_peers 1); C1, the leader,
+// holds. A compromised node writes garbage into the Held h11's and h12's
+// keys: C1 pins both (their last trusted records active, no skip, no
+// withdrawal beacon) — a pin of a host that is not dead but Held. The
+// standby S is (re)started after the garbage (an upgrade): h11 and h12
+// hold only untrusted values for it, counted silent; h1..h10 are due 21 s
+// after its start, held back by its guard (12 silent > 10). C1 fails and
+// S takes over: RestoreMemory takes both pins — h11 and h12 are no
+// longer silent (lastSeen = takeover) — 10 silent, not > 10, and S
+// declares the Held h1..h10 at its first acting tick, while their guests
+// run. Before the pin (pinMutation) S held. Controls: pinMutation; no
+// garbage (S has trusted records of h11, h12: it holds).
+func TestX18TakeoverPinEndsHold(t *testing.T) {
+	for _, c := range []struct {
+		name              string
+		garbage, mutation bool
+	}{
+		{name: "garbage", garbage: true},
+		{name: "control-pinMutation", garbage: true, mutation: true},
+		{name: "control-no-garbage"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			pinMutation = c.mutation
+			defer func() { pinMutation = false }()
+			b, hosts := x11Fleet(t, 60, 5)
+			rack := x10Names(1, 13)
+			live := x11Without(hosts, rack...)
+			at := t0.Add(5 * time.Second) // the rack is cut off: Held
+			if host, after := b.run(at, 10, live, x10Set(rack)); host != "" {
+				t.Fatalf("C1 declared the Held %s %s after the cut (the test shows nothing)", host, after)
+			}
+			if !b.tr.Holding() {
+				t.Fatalf("C1 not holding: silent %d, threshold %d", b.tr.Silent(at.Add(10*time.Second)), b.tr.Threshold())
+			}
+			at = at.Add(10 * time.Second)
+			if c.garbage {
+				for _, h := range x10Pair {
+					b.garbage(at, h)
+					if p := b.mem[h].Pin; p == nil && !c.mutation {
+						t.Fatalf("C1 pinned nothing for the Held %s: %+v", h, b.mem[h])
+					}
+				}
+			}
+			b.run(at, 5, live, x10Set(rack))
+			at = at.Add(5 * time.Second)
+			// The standby S starts: its watch lists the bucket.
+			s := x10Tracker(t)
+			names := x11Without(hosts) // copy
+			sortByRev(names, b)
+			for _, h := range names {
+				deliver(s, at, h, b.keys[h])
+			}
+			s.WatchStarted(at)
+			for sec := 1; sec <= 60; sec++ { // C1 leads, S watches
+				now := at.Add(time.Duration(sec) * time.Second)
+				for _, h := range live {
+					b.write(now, h, fencing.LeaseActive, b.guard.Ref())
+					deliver(s, now, h, b.keys[h])
+					s.ObserveBeacon(now, h, b.keys[h].rev)
+				}
+				b.publish()
+				for _, d := range b.tr.Tick(now) {
+					if d.Op == OpDeclare && x10Set(rack)[d.Host] {
+						t.Fatalf("C1 declared the Held %s", d.Host)
+					}
+				}
+				for _, d := range s.Tick(now) { // a standby: nothing written
+					s.NotPerformed(d)
+				}
+			}
+			at = at.Add(60 * time.Second)
+			if !s.Holding() {
+				t.Fatalf("standby S not holding before the takeover: silent %d, threshold %d (rig)", s.Silent(at), s.Threshold())
+			}
+			// C1 fails; S takes over: memory, then guard (Runner.Run).
+			b.stop()
+			for _, h := range s.Hosts() {
+				if m, ok := b.mem[h]; ok {
+					s.RestoreMemory(at, h, m)
+				}
+			}
+			s.RestoreGuard(b.guard)
+			b.tr = s
+			b.flush()
+			if host, after := b.run(at, 120, live, x10Set(rack)); host != "" {
+				if !c.garbage || c.mutation {
+					t.Fatalf("control: %s declared %s after the takeover", host, after)
+				}
+				t.Fatalf("S declared the Held %s %s after its takeover (guests running): the pins of the Held h11, h12 reset their silence (silent %d, threshold %d)",
+					host, after, s.Silent(at.Add(after)), s.Threshold())
+			}
+		})
+	}
+}
+
+// sortByRev sorts names by their keys' revisions in b (a watch's listing).
+func sortByRev(names []string, b *x11Bucket) {
+	sort.Slice(names, func(i, j int) bool { return b.keys[names[i]].rev < b.keys[names[j]].rev })
 }
