@@ -137,15 +137,19 @@ func TestX18StalePinTakenAfterStreamRecreated(t *testing.T) {
 // S takes over: RestoreMemory takes both pins — h11 and h12 are no
 // longer silent (lastSeen = takeover) — 10 silent, not > 10, and S
 // declares the Held h1..h10 at its first acting tick, while their guests
-// run. Before the pin (pinMutation) S held. Controls: pinMutation; no
-// garbage (S has trusted records of h11, h12: it holds).
+// run. Before the pin (pinMutation) S held. "delete": the same with the
+// two keys deleted (S counted the markers silent at once). Controls:
+// pinMutation; no garbage (S has trusted records of h11, h12: it holds).
 func TestX18TakeoverPinEndsHold(t *testing.T) {
 	for _, c := range []struct {
 		name              string
 		garbage, mutation bool
+		del               bool
 	}{
 		{name: "garbage", garbage: true},
+		{name: "delete", garbage: true, del: true},
 		{name: "control-pinMutation", garbage: true, mutation: true},
+		{name: "control-delete-pinMutation", garbage: true, del: true, mutation: true},
 		{name: "control-no-garbage"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -164,7 +168,11 @@ func TestX18TakeoverPinEndsHold(t *testing.T) {
 			at = at.Add(10 * time.Second)
 			if c.garbage {
 				for _, h := range x10Pair {
-					b.garbage(at, h)
+					if c.del {
+						b.del(at, h)
+					} else {
+						b.garbage(at, h)
+					}
 					if p := b.mem[h].Pin; p == nil && !c.mutation {
 						t.Fatalf("C1 pinned nothing for the Held %s: %+v", h, b.mem[h])
 					}
