@@ -234,3 +234,51 @@ func TestX18TakeoverPinEndsHold(t *testing.T) {
 func sortByRev(names []string, b *x11Bucket) {
 	sort.Slice(names, func(i, j int) bool { return b.keys[names[i]].rev < b.keys[names[j]].rev })
 }
+
+// TestX18RestartPinsHeldRackHolds (held; reviewer X18): the fresh-restart
+// counterpart of TestX18TakeoverPinEndsHold. 60 hosts, threshold 10, the
+// rack h1..h12 cut off and Held, C1 holds; a compromised node writes
+// garbage into (or deletes) the keys of h11, h12 — or of the whole rack —
+// and C1 pins them. C1 restarts (C2: a new process, every host's clock
+// restarts at its watch): the pinned hosts count silent after their own
+// suspect time like the rest of the rack, before any is due: C2 holds,
+// nobody of the rack is declared (the rig: C1 holds before the restart).
+func TestX18RestartPinsHeldRackHolds(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		targets []string
+		del     bool
+	}{
+		{name: "pair-garbage", targets: x10Pair},
+		{name: "pair-delete", targets: x10Pair, del: true},
+		{name: "rack-garbage", targets: x10Names(1, 13)},
+		{name: "rack-delete", targets: x10Names(1, 13), del: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, hosts := x11Fleet(t, 60, 5)
+			rack := x10Names(1, 13)
+			live := x11Without(hosts, rack...)
+			at := t0.Add(5 * time.Second)
+			if host, _ := b.run(at, 10, live, x10Set(rack)); host != "" || !b.tr.Holding() {
+				t.Fatalf("C1 declared %q / not holding (rig)", host)
+			}
+			at = at.Add(10 * time.Second)
+			for _, h := range c.targets {
+				if c.del {
+					b.del(at, h)
+				} else {
+					b.garbage(at, h)
+				}
+				if b.mem[h].Pin == nil {
+					t.Fatalf("C1 pinned nothing for %s", h)
+				}
+			}
+			b.stop()
+			start := at.Add(2 * time.Second)
+			b.start(start)
+			if host, after := b.run(start, 120, live, x10Set(rack)); host != "" {
+				t.Fatalf("C2 declared the Held %s %s after its start (silent %d, threshold %d)", host, after, b.tr.Silent(start.Add(after)), b.tr.Threshold())
+			}
+		})
+	}
+}
