@@ -50,6 +50,7 @@ func x10Tracker(t *testing.T) *Tracker {
 	}
 	tr.SetSigningRequired(true)
 	tr.SetEnrolled(enrolledH)
+	tr.SetStream("stream-1") // the lease stream (memory pins are taken only from it)
 	return tr
 }
 

@@ -39,6 +39,9 @@ type x11Bucket struct {
 	// enrolled, if set, is host_keys_file for the next controller
 	// started (default enrolledH).
 	enrolled func(string) bool
+	// stream, if set, is the lease stream's identity for the next
+	// controller started (Tracker.SetStream; default x10Tracker's).
+	stream string
 }
 
 func newX11Bucket(t *testing.T) *x11Bucket {
@@ -117,6 +120,9 @@ func (b *x11Bucket) start(now time.Time) *Tracker {
 	tr := x10Tracker(b.t)
 	if b.enrolled != nil {
 		tr.SetEnrolled(b.enrolled)
+	}
+	if b.stream != "" {
+		tr.SetStream(b.stream)
 	}
 	names := make([]string, 0, len(b.keys))
 	for h := range b.keys {

@@ -84,7 +84,11 @@ func TestX18PartialListingSkipsMemoryNATS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, _ := json.Marshal(controller.Memory{Beacons: true, Pin: &controller.MemoryPin{Record: deadRec, TrustedRev: trusted, KeyRev: garbage}})
+			stream, err := controller.StreamID(ctx, st.KV)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ := json.Marshal(controller.Memory{Beacons: true, Pin: &controller.MemoryPin{Record: deadRec, TrustedRev: trusted, KeyRev: garbage, Stream: stream}})
 			if _, err := cb.Memory.Put(ctx, tok, b); err != nil { // what the leader C1 wrote
 				t.Fatal(err)
 			}

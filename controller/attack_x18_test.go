@@ -21,6 +21,7 @@ func (b *x11Bucket) x18Recreate() {
 	b.stop()
 	b.keys = map[string]x11Entry{}
 	b.rev = 0
+	b.stream = "stream-2" // a new creation time (Runner: streamID)
 }
 
 // TestX18StalePinTakenAfterStreamRecreated (S): a pin outlives the key
@@ -55,14 +56,23 @@ func (b *x11Bucket) x18Recreate() {
 // Controls: pinMutation; the garbage at G+1 (the revision matters, the
 // rig is sound).
 func TestX18StalePinTakenAfterStreamRecreated(t *testing.T) {
+	// Fixed twice: a dropped pin is rewritten out of the memory
+	// (Observe), and a pin is taken only in the lease stream it was
+	// written for (MemoryPin.Stream, Tracker.SetStream). "stale-in-memory"
+	// puts the old pin back into the memory (an earlier release's, or a
+	// rewrite that failed) so that the stream's identity alone must
+	// refuse it.
 	for _, c := range []struct {
 		name      string
 		sawByC2   bool
 		offset    uint64
 		pinMutate bool
+		inject    bool
 	}{
 		{name: "restart-after-recreate"},
 		{name: "c2-saw-withdrawal", sawByC2: true},
+		{name: "stale-in-memory", inject: true},
+		{name: "stale-in-memory-c2-saw-withdrawal", inject: true, sawByC2: true},
 		{name: "control-pinMutation", pinMutate: true},
 		{name: "control-other-revision", offset: 1},
 	} {
@@ -73,15 +83,19 @@ func TestX18StalePinTakenAfterStreamRecreated(t *testing.T) {
 			at := t0.Add(10 * time.Second)
 			b.garbage(at, "h3") // the compromised h9's write; its PubAck says G
 			g := b.rev
-			if p := b.mem["h3"].Pin; !c.pinMutate && (p == nil || p.KeyRev != g) {
+			stale := b.mem["h3"]
+			if p := stale.Pin; !c.pinMutate && (p == nil || p.KeyRev != g) {
 				t.Fatalf("C1 pinned %+v, want KeyRev %d", p, g)
 			}
 			b.run(at, 3, hosts, nil) // h3 is alive: it renews over the garbage
 			if r := b.tr.hosts["h3"]; r.pin != nil || r.trustedRev <= g {
 				t.Fatalf("h3 not renewed over the garbage: %+v", r)
 			}
-			if p := b.mem["h3"].Pin; !c.pinMutate && p == nil {
-				t.Fatal("the memory no longer holds the pin (the stale-pin premise is gone)")
+			if p := b.mem["h3"].Pin; p != nil {
+				t.Fatalf("the memory still holds the dropped pin %+v", p)
+			}
+			if c.inject {
+				b.mem["h3"] = stale
 			}
 			// The lease stream is deleted and re-created.
 			b.x18Recreate()

@@ -66,7 +66,18 @@ type MemoryPin struct {
 	TrustedRev uint64              `json:"trusted_rev"`
 	KeyRev     uint64              `json:"key_rev"`
 	Deleted    bool                `json:"deleted,omitempty"`
+	// Stream identifies the lease stream the revisions are of
+	// (Tracker.SetStream: its creation time): a stream deleted and
+	// re-created numbers its revisions again, and an old pin's revision
+	// could be a new value's (reviewer X18,
+	// TestX18StalePinTakenAfterStreamRecreated).
+	Stream string `json:"stream"`
 }
+
+// SetStream tells the tracker which lease stream it watches (the
+// Runner: the stream's creation time). Pins are written with it and
+// taken only from it; "" (unknown): none is taken.
+func (t *Tracker) SetStream(id string) { t.stream = id }
 
 // pinMutation (reviewer X11's TestX11DeleteAtRestartBypassesMemory): no
 // pin is written or taken, as before. Tests only.
@@ -79,7 +90,7 @@ func (t *Tracker) pin(host string, h *hostState, rev uint64, deleted, declarable
 	var p *MemoryPin
 	if declarable && t.required && t.pinned(h) && h.rec.State == fencing.LeaseActive && h.trustedRev > 0 &&
 		t.skippedRev <= h.trustedRev && !h.beaconWithdrawn() && !h.regressed && !pinMutation {
-		p = &MemoryPin{Record: h.rec, TrustedRev: h.trustedRev, KeyRev: rev, Deleted: deleted}
+		p = &MemoryPin{Record: h.rec, TrustedRev: h.trustedRev, KeyRev: rev, Deleted: deleted, Stream: t.stream}
 	}
 	if p == nil && h.pin == nil {
 		return
@@ -142,14 +153,19 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 		h.beacons.remembered = true
 	}
 	p := m.Pin
-	if p == nil || pinMutation || h.trustedRev != 0 || h.rev != p.KeyRev || h.deleted != p.Deleted ||
+	if p == nil || pinMutation || h.trustedRev != 0 || h.rev != p.KeyRev || h.deleted != p.Deleted || p.Stream == "" || p.Stream != t.stream ||
 		p.Record.Host != host || p.Record.State != fencing.LeaseActive || p.Record.Signer == "" || p.TrustedRev == 0 || p.TrustedRev >= p.KeyRev {
 		return t.out // the key changed since (or nothing to take)
 	}
 	// Nothing was written to the key since the pin's writer saw it: take
-	// its record, silent from now (a live host renews within lease_ttl).
+	// its record. Its declaration clock starts now (unverifiedAt: a live
+	// host renews within lease_ttl); it counts silent for the guard at
+	// once (lastSeen zero): it has renewed nothing since the pin, and the
+	// pin's writer counted it so — a pinned Held host taken as "seen now"
+	// at a standby's takeover ended the hold over its rack (reviewer
+	// X18, TestX18TakeoverPinEndsHold).
 	h.rec, h.trustedRev, h.pin = p.Record, p.TrustedRev, p
-	h.silentUntrusted, h.lastSeen, h.unverifiedAt = false, now, time.Time{}
+	h.silentUntrusted, h.lastSeen, h.unverifiedAt, h.silentEnd = false, time.Time{}, now, time.Time{}
 	t.guards.named(&h.rec, t.required)
 	t.judge(host, h, fencing.LeaseRecord{})
 	what := "an untrusted value"

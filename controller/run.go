@@ -136,6 +136,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	if k := r.Store.Keys; k != nil {
 		r.Tracker.SetEnrolled(func(host string) bool { return len(k.Hosts[host]) > 0 })
 	}
+	r.Tracker.SetStream(streamID(ctx, r.Store, log))
 	tick := time.NewTicker(TickInterval)
 	defer tick.Stop()
 	var lastPublish, retryPublish time.Time
@@ -154,10 +155,9 @@ func (r *Runner) Run(ctx context.Context) error {
 	}
 	for ctx.Err() == nil {
 		updates := make(chan natslease.Update, 1024)
-		synced := make(chan struct{})
 		wctx, cancel := context.WithCancel(ctx)
 		werr := make(chan error, 1)
-		go func() { werr <- r.Store.Watch(wctx, updates, synced) }()
+		go func() { werr <- r.Store.Watch(wctx, updates, make(chan struct{})) }()
 		watching := false
 	loop:
 		for {
@@ -167,14 +167,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			case err := <-werr:
 				log.Error("lease watch failed; declaring nothing until it is back", "err", err)
 				break loop
-			case <-synced:
-				synced = nil
-				watching = true
-				r.Tracker.WatchStarted(r.now())
-				log.Info("lease watch synced", "hosts", r.Tracker.Members())
-				if r.OnSynced != nil {
-					r.OnSynced(r.Tracker.Members())
-				}
+
 			case reply := <-views:
 				reply <- r.Tracker.View(r.now())
 			case <-beacons.ready:
@@ -191,6 +184,18 @@ func (r *Runner) Run(ctx context.Context) error {
 					}
 				}
 			case u := <-updates:
+				if u.Listed {
+					// Every listed value is observed: only now may the
+					// memory and the guard be restored (the first acting
+					// tick) — reviewer X18's TestX18PartialListingSkipsMemoryNATS.
+					watching = true
+					r.Tracker.WatchStarted(r.now())
+					log.Info("lease watch synced", "hosts", r.Tracker.Members())
+					if r.OnSynced != nil {
+						r.OnSynced(r.Tracker.Members())
+					}
+					continue
+				}
 				if u.Skipped {
 					r.Tracker.Skipped(u.Revision)
 				}
@@ -436,4 +441,30 @@ func (r *Runner) perform(ctx context.Context, log *slog.Logger, d Decision) {
 	if r.OnDecision != nil {
 		r.OnDecision(d, err)
 	}
+}
+
+// streamID is StreamID for the runner: "" (and a WARN) when it cannot be
+// read (no pin is then taken).
+func streamID(ctx context.Context, st *natslease.Store, log *slog.Logger) string {
+	id, err := StreamID(ctx, st.KV)
+	if err != nil {
+		log.Warn("the lease stream's creation time is unknown: no memory pin will be taken", "err", err)
+	}
+	return id
+}
+
+// StreamID identifies kv's stream by its creation time (memory pins are
+// taken only from the stream they were written for: memory.go).
+func StreamID(ctx context.Context, kv jetstream.KeyValue) (string, error) {
+	cctx, cancel := context.WithTimeout(ctx, natslease.ReadTimeout)
+	defer cancel()
+	s, err := kv.Status(cctx)
+	if err != nil {
+		return "", err
+	}
+	b, ok := s.(*jetstream.KeyValueBucketStatus)
+	if !ok || b.StreamInfo() == nil {
+		return "", errors.New("no stream info in the bucket's status")
+	}
+	return b.StreamInfo().Created.UTC().Format(time.RFC3339Nano), nil
 }

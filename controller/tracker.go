@@ -305,6 +305,8 @@ type Tracker struct {
 	enrolled func(host string) bool
 	// dirtyMemory: the hosts whose Memory changed (memory.go).
 	dirtyMemory map[string]bool
+	// stream: SetStream.
+	stream string
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -456,7 +458,10 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	}
 	prev := h.rec
 	h.rev, h.rec, h.trustedRev, h.regressed = rev, *rec, rev, false
-	h.pin = nil // a trusted value: the key moved on (a stale pin in the memory is refused by its revision)
+	if h.pin != nil {
+		h.pin = nil // a trusted value: the key moved on; the memory is rewritten without the pin
+		t.rememberHost(host)
+	}
 	t.guards.named(rec, t.required)
 	switch rec.State {
 	case fencing.LeaseActive:

@@ -500,6 +500,10 @@ type Update struct {
 	// Err is a record that could not be decoded or verified (Record nil;
 	// it wraps fencing.ErrInvalidRecord).
 	Err error
+	// Listed: not a key's update but the end of the watch's first
+	// listing, sent in order after every listed value (Watch): whoever
+	// reads it has read every listed value.
+	Listed bool
 	// Skipped: some revision of the bucket before this one was never
 	// delivered (the watch's first listing, or a value superseded before
 	// the watch reached it: the bucket keeps one value per key). The
@@ -509,8 +513,11 @@ type Update struct {
 }
 
 // Watch watches every host key of the bucket and sends each update to out
-// until ctx ends; the first batch is the current value of every key, after
-// which synced is closed (the caller then calls Tracker.WatchStarted). It
+// until ctx ends; the first batch is the current value of every key,
+// followed by an Update with Listed set, after which synced is closed
+// (the caller calls Tracker.WatchStarted once it has read the Listed
+// update: synced only says it was queued — reviewer X18: a runner that
+// acted on synced restored its memory with values still queued). It
 // returns when ctx ends or the watch fails (the caller re-watches and
 // calls WatchStarted again: silence is only measured while watching).
 func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- struct{}) error {
@@ -534,6 +541,11 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 			}
 			if e == nil {
 				if synced != nil {
+					select {
+					case out <- Update{Listed: true}:
+					case <-ctx.Done():
+						return nil
+					}
 					close(synced)
 					synced = nil
 				}
