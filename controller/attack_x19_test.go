@@ -74,7 +74,7 @@ func TestX19PinnedHostReturnsEndsHoldAtOnce(t *testing.T) {
 			start := at.Add(2 * time.Second)
 			if c.restart {
 				b.stop()
-				b.start(start)
+				b.x19Start(start) // the listing as the runner sees it (Skipped)
 			}
 			if host, after := b.run(start, 12, live, held); host != "" || !b.tr.Holding() {
 				t.Fatalf("declared %q %s / not holding before h11 returns: silent %d threshold %d (rig)", host, after, b.tr.Silent(start.Add(12*time.Second)), b.tr.Threshold())
@@ -92,6 +92,124 @@ func TestX19PinnedHostReturnsEndsHoldAtOnce(t *testing.T) {
 			case host != "":
 				t.Fatalf("the Held %s (guests running) declared %s after h11 returned: h11 counted silent until its first renewal, then dropped at once with no guard-window afterglow (silent %d, threshold %d)",
 					host, after, b.tr.Silent(back.Add(after)), b.tr.Threshold())
+			}
+		})
+	}
+}
+
+// x19Start is x11Bucket.start with the watch's first listing as the
+// runner sees it: natslease.Store.Watch marks every listed value Skipped
+// (`!live`), and the runner calls Tracker.Skipped before observing it —
+// so a (re)started controller's skippedRev is the highest listed
+// revision. (x11Bucket.start leaves Skipped out.)
+func (b *x11Bucket) x19Start(now time.Time) *Tracker {
+	tr := x10Tracker(b.t)
+	names := x11Without(sortedKeys(b))
+	sortByRev(names, b)
+	for _, h := range names {
+		tr.Skipped(b.keys[h].rev) // Update.Skipped: the listing
+		deliver(tr, now, h, b.keys[h])
+	}
+	tr.WatchStarted(now)
+	for _, h := range tr.Hosts() {
+		if m, ok := b.mem[h]; ok {
+			tr.RestoreMemory(now, h, m)
+		}
+	}
+	tr.RestoreGuard(b.guard)
+	b.tr = tr
+	b.flush()
+	return tr
+}
+
+func sortedKeys(b *x11Bucket) []string {
+	var out []string
+	for h := range b.keys {
+		out = append(out, h)
+	}
+	return out
+}
+
+// TestX19PinLostAfterOneRestart (c): a pin survives one restart only. A
+// restarted controller's listing marks every listed value Skipped, so its
+// skippedRev is above the TrustedRev of every pin it restores; pin()
+// requires `t.skippedRev <= h.trustedRev`. The compromised node writes
+// garbage into the dead h0's key once more after C2 took the pin: C2
+// discounts it (beacons remembered: clock kept) but cannot pin it — and
+// drops the pin it took, rewriting h0's memory WITHOUT a pin. C2 fails
+// (or hands over) before h0 is due (22 s after its start): C3 finds
+// garbage only, no pin — h0, dead, is never declared (TestX11Delete-
+// AtRestartBypassesMemory reopened by one more write).
+//
+// "burst": the same on one controller: the compromised node makes C1's
+// watch skip (a burst of writes into its own key, superseded before
+// delivery — reviewer X4) before it garbages the dead h0's key: C1 pins
+// nothing; C1 restarts before h0 is due: C2 never declares h0.
+//
+// Controls: no second garbage (C3 takes C2's untouched pin: declared);
+// the harness's start without the listing's Skipped (C2 re-pins the
+// second garbage: declared); no burst (C1 pins: declared).
+func TestX19PinLostAfterOneRestart(t *testing.T) {
+	for _, c := range []struct {
+		name             string
+		second, listSkip bool
+		burst, twoStarts bool
+		wantHole         bool
+	}{
+		{name: "second-garbage-after-restore", second: true, listSkip: true, twoStarts: true, wantHole: true},
+		{name: "burst-then-garbage", burst: true, listSkip: true, wantHole: true},
+		{name: "control-no-second-garbage", listSkip: true, twoStarts: true},
+		{name: "control-listing-not-skipped", second: true, twoStarts: true},
+		{name: "control-no-burst", listSkip: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, hosts := x11Fleet(t, 10, 10)
+			live := hosts[1:]
+			restart := func(now time.Time) {
+				b.stop()
+				if c.listSkip {
+					b.x19Start(now)
+				} else {
+					b.start(now)
+				}
+			}
+			at := t0.Add(10 * time.Second) // h0 dies
+			b.run(at, 3, live, nil)
+			at = at.Add(3 * time.Second)
+			if c.burst { // the compromised h9's burst: two values superseded before delivery
+				b.rev += 2
+				b.tr.Skipped(b.rev + 1)
+				b.write(at, "h9", fencing.LeaseActive, b.guard.Ref())
+			}
+			b.garbage(at, "h0")
+			if p := b.mem["h0"].Pin; (p == nil) != c.burst {
+				t.Fatalf("C1's pin of h0: %+v (burst %t)", p, c.burst)
+			}
+			s2 := at.Add(2 * time.Second)
+			restart(s2)
+			from := s2
+			if c.twoStarts {
+				if r := b.tr.hosts["h0"]; r.trustedRev == 0 {
+					t.Fatalf("C2 did not take the pin (rig): %+v", b.mem["h0"])
+				}
+				if host, after := b.run(s2, 5, live, map[string]bool{"h0": true}); host != "" {
+					t.Fatalf("h0 declared %s after C2's start, before the second garbage (rig)", after)
+				}
+				if c.second {
+					b.garbage(s2.Add(5*time.Second), "h0")
+				}
+				s3 := s2.Add(8 * time.Second)
+				restart(s3)
+				from = s3
+			}
+			host, after := b.run(from, 300, live, map[string]bool{"h0": true})
+			switch {
+			case host == "" && c.wantHole:
+				t.Fatalf("the dead h0 never declared in 300 s after the last start (key %+v, memory %+v)", b.keys["h0"], b.mem["h0"])
+			case host == "":
+				t.Fatalf("control: the dead h0 never declared (key %+v, memory %+v)", b.keys["h0"], b.mem["h0"])
+			default:
+				t.Logf("h0 declared %s after the last start", after)
 			}
 		})
 	}
