@@ -182,6 +182,9 @@ func (t *Tracker) silentFor(h *hostState, now time.Time) time.Duration {
 // or the watch's first listing).
 func (t *Tracker) Skipped(rev uint64) {
 	t.skippedRev = max(t.skippedRev, rev)
+	if t.listed {
+		t.liveSkippedRev = max(t.liveSkippedRev, rev)
+	}
 }
 
 // ObserveInvalid reports an untrusted value of host's key at rev (why:

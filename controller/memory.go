@@ -87,9 +87,18 @@ var pinMutation bool
 // declared over it (declarable: the caller's part of that; see above);
 // any other state drops the pin.
 func (t *Tracker) pin(host string, h *hostState, rev uint64, deleted, declarable bool) {
+	// Every write of the key since a proven point was seen: its trusted
+	// record (no skip since), or the pin it holds (taken at a restore,
+	// where the key was at the pin's revision, or its own) — with no skip
+	// since but the first listing's, which only shows each key's value
+	// (a restore checked that value; a re-watch's listing counts: writes
+	// may have been missed meanwhile). Without the pin's case a pin
+	// lived through one restart only: the next untrusted value dropped it
+	// (reviewer X19, TestX19PinLostAfterOneRestart).
+	seen := t.skippedRev <= h.trustedRev || h.pin != nil && t.liveSkippedRev <= h.pin.KeyRev && h.pin.Stream == t.stream
 	var p *MemoryPin
 	if declarable && t.required && t.pinned(h) && h.rec.State == fencing.LeaseActive && h.trustedRev > 0 &&
-		t.skippedRev <= h.trustedRev && !h.beaconWithdrawn() && !h.regressed && !pinMutation {
+		seen && !h.beaconWithdrawn() && !h.regressed && !pinMutation {
 		p = &MemoryPin{Record: h.rec, TrustedRev: h.trustedRev, KeyRev: rev, Deleted: deleted, Stream: t.stream}
 	}
 	if p == nil && h.pin == nil {

@@ -289,7 +289,12 @@ type Tracker struct {
 	// skippedRev: the highest revision the watch delivered after skipping
 	// one (Skipped).
 	skippedRev uint64
-	guards     guardVersions
+	// liveSkippedRev: skippedRev without the skips of the tracker's first
+	// listing (listed: WatchStarted was called once) — memory.go's pins
+	// carried across restarts.
+	liveSkippedRev uint64
+	listed         bool
+	guards         guardVersions
 	out        []Decision
 	// lastBeacon: the last beacon of any host (beaconsBind).
 	lastBeacon time.Time
@@ -405,6 +410,7 @@ func (c Config) Grace(r fencing.LeaseRecord) (time.Duration, error) {
 // WatchStarted tells the tracker its watch was (re)established at now:
 // silence is only measured while watching, so every host's clock restarts.
 func (t *Tracker) WatchStarted(now time.Time) {
+	t.listed = true
 	for _, h := range t.hosts {
 		// A deleted host renews nothing that a watch could show: its
 		// silence is not restarted (it keeps counting for the guard).
@@ -457,6 +463,9 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		t.hosts[host] = h
 	}
 	prev := h.rec
+	// Counted silent before this record (asked before it changes
+	// anything): its silence ends now and counts one more guard window.
+	wasSilent := t.silentNow(h, now)
 	h.rev, h.rec, h.trustedRev, h.regressed = rev, *rec, rev, false
 	if h.pin != nil {
 		h.pin = nil // a trusted value: the key moved on; the memory is rewritten without the pin
@@ -465,7 +474,13 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	t.guards.named(rec, t.required)
 	switch rec.State {
 	case fencing.LeaseActive:
-		if prev.State != fencing.LeaseWithdrawn && !h.lastSeen.IsZero() && now.Sub(h.lastSeen) > h.silentAft && h.silentAft > 0 {
+		// A host counted silent (by its own silence, or with no trusted
+		// record or a restored pin: lastSeen zero, silentAft 0 —
+		// reviewer X19, TestX19PinnedHostReturnsEndsHoldAtOnce: such a
+		// host left the count at once when it renewed, while its
+		// peers' agents still counted it, and ended the hold) keeps
+		// counting for one more guard window.
+		if prev.State != fencing.LeaseWithdrawn && wasSilent {
 			h.silentEnd = now
 		}
 		h.lastSeen = now
@@ -704,15 +719,22 @@ func (t *Tracker) counted(h *hostState, now time.Time) bool {
 		if beaconUncountedMutation && h.beaconWithdrawn() {
 			return false
 		}
-		sa := h.silentAft
-		if h.silentUntrusted && h.rec.State == "" {
-			sa = t.minSilentAft // invalid.go: a host with no trusted record yet
-		}
-		if sa > 0 && now.Sub(h.lastSeen) > sa {
+		if t.silentNow(h, now) {
 			return true
 		}
 		return !h.silentEnd.IsZero() && now.Sub(h.silentEnd) <= w
 	}
+}
+
+// silentNow reports whether h has been silent longer than it may be
+// (its silentAft; the shortest of any host's with no trusted record yet)
+// at now — by its own silence, not the guard window after it.
+func (t *Tracker) silentNow(h *hostState, now time.Time) bool {
+	sa := h.silentAft
+	if h.silentUntrusted && h.rec.State == "" {
+		sa = t.minSilentAft // invalid.go: a host with no trusted record yet
+	}
+	return sa > 0 && now.Sub(h.lastSeen) > sa
 }
 
 // Silent returns the guard count at now.
