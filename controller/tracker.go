@@ -295,7 +295,7 @@ type Tracker struct {
 	liveSkippedRev uint64
 	listed         bool
 	guards         guardVersions
-	out        []Decision
+	out            []Decision
 	// lastBeacon: the last beacon of any host (beaconsBind).
 	lastBeacon time.Time
 	// minSilentAft: the shortest silence after which any host's record
