@@ -120,7 +120,7 @@ func TestX20PinTakenAfterStreamRollback(t *testing.T) {
 				b.keys["h9"], b.keys["h3"] = prevH9, prevH3
 			}
 			b.write(at.Add(time.Second), "h3", fencing.LeaseWithdrawn, b.guard.Ref()) // h3's orderly stop
-			b.garbage(at.Add(time.Second), "h3")                                       // the compromised node again
+			b.garbage(at.Add(time.Second), "h3")                                      // the compromised node again
 			if got := b.keys["h3"].rev; (got == r1) != c.rollback {
 				t.Fatalf("garbage at %d, R1 %d (rig)", got, r1)
 			}
