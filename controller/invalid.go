@@ -229,7 +229,7 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 	// not (a forged value after a burst-made skip restarted the clock:
 	// reviewer X4, TestX4WatchSkipKeepsDeadHostUndeclared/...-then-forged).
 	bind := t.beaconsBind(h, now) && !beaconMutation
-	h.rev, h.regressed = rev, false
+	h.rev = rev // an untrusted value does not end a regression (only a trusted record does: reviewer X20)
 	h.untrusted, h.untrustedWhy = now, why
 	restart := !forged || hidden
 	named := false

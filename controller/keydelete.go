@@ -95,7 +95,7 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 		return // a stale delivery
 	}
 	if h.deleted {
-		h.rev, h.regressed = rev, false // deleted again: a declaration is a CAS on the newest marker
+		h.rev = rev // deleted again: a declaration is a CAS on the newest marker
 		t.pin(host, h, rev, true, true)
 		return
 	}
@@ -103,7 +103,7 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 		delete(t.hosts, host)
 		return
 	}
-	h.deleted, h.rev, h.regressed = true, rev, false
+	h.deleted, h.rev = true, rev
 	h.declaring = time.Time{}
 	t.pin(host, h, rev, true, true)
 	if t.pinned(h) && h.rec.State == fencing.LeaseActive {
