@@ -70,6 +70,9 @@ type leaderSim struct {
 	errs     []string
 	restarts int
 	lastActs []string
+	// actedAfter: the first step at or after faultsEnd at which some
+	// controller acted (the liveness check).
+	actedAfter time.Time
 }
 
 var lsT0 = time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
@@ -279,6 +282,9 @@ func (s *leaderSim) act(c *lsCtrl) {
 	}
 	c.actEnd = s.now.Add(s.cfg.ActMargin)
 	c.acted++
+	if s.actedAfter.IsZero() && !s.now.Before(s.faultsEnd()) {
+		s.actedAfter = s.now
+	}
 }
 
 func (s *leaderSim) acting() *lsCtrl {
@@ -385,9 +391,14 @@ func TestLeaderNeverTwoActing(t *testing.T) {
 		for s.now.Before(end) {
 			s.step()
 		}
-		if s.acting() == nil {
-			t.Fatalf("no controller may act %.1fs after the last fault (bound %s)\n%s",
-				s.now.Sub(s.faultsEnd()).Seconds(), s.handoverBound(), s.dump())
+		// Some controller acted within the bound after the faults: not
+		// "may act at the end", which a leader whose renewals were slow
+		// (p_slow 0.3: writes past the write timeout) is not for a moment
+		// between renewals (seed 12773866312342065933: elected 12 s after
+		// the last fault, not valid at the 130 s instant).
+		if s.actedAfter.IsZero() || s.actedAfter.After(end) {
+			t.Fatalf("no controller acted within %s after the last fault (first act after it: %v)\n%s",
+				s.handoverBound(), s.actedAfter.Sub(lsT0), s.dump())
 		}
 	})
 }
