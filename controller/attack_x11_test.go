@@ -21,6 +21,9 @@ type x11Entry struct {
 	rec     *fencing.LeaseRecord
 	w       fencing.Written
 	garbage bool
+	// stored: when the server stored it (Tracker.Stored): a stamp no
+	// rollback or re-creation hands out again.
+	stored time.Time
 }
 
 // x11Bucket models the lease bucket, _guard and the controllers' memory
@@ -30,12 +33,14 @@ type x11Entry struct {
 // memories it changed are written at once; start lists the bucket to a
 // new tracker, restores the published guard, then the memories.
 type x11Bucket struct {
-	t     *testing.T
-	rev   uint64
-	keys  map[string]x11Entry
-	guard fencing.Guard
-	mem   map[string]Memory
-	tr    *Tracker
+	t   *testing.T
+	rev uint64
+	// landed counts the writes ever stored (x11Entry.stored).
+	landed int64
+	keys   map[string]x11Entry
+	guard  fencing.Guard
+	mem    map[string]Memory
+	tr     *Tracker
 	// enrolled, if set, is host_keys_file for the next controller
 	// started (default enrolledH).
 	enrolled func(string) bool
@@ -50,6 +55,7 @@ func newX11Bucket(t *testing.T) *x11Bucket {
 
 // deliver hands e of host to tr at now, as the runner does.
 func deliver(tr *Tracker, now time.Time, host string, e x11Entry) {
+	tr.Stored(host, e.rev, e.stored)
 	switch {
 	case e.garbage:
 		tr.ObserveInvalid(now, host, e.rev, "undecodable value (garbage)", false)
@@ -64,7 +70,9 @@ func deliver(tr *Tracker, now time.Time, host string, e x11Entry) {
 
 func (b *x11Bucket) land(now time.Time, host string, e x11Entry) {
 	b.rev++
+	b.landed++
 	e.rev = b.rev
+	e.stored = now.Add(time.Duration(b.landed)) // never the same twice
 	b.keys[host] = e
 	if b.tr != nil {
 		deliver(b.tr, now, host, e)

@@ -97,7 +97,7 @@ func TestX13OwnWithdrawalBeaconNamingOthersWriteEndsHold(t *testing.T) {
 //
 // Fixed for rack (withdrawnBackMutation fails it): a withdrawn host whose
 // beacon named a later write counts silent again once those writes stop.
-// Open for dead/hide=true (kept on branch x13, docs/security.md What is
+// Open for dead/hide=true (failing as of commit 2821356, docs/security.md What is
 // left): such a host is still not declared — its new agent's constants
 // (lease_ttl, backstop) are unknown here, and declaring on the withdrawn
 // record's could come before a longer new lease lapses.

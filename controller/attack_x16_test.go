@@ -34,7 +34,7 @@ import (
 // "none" and "fresh-none": the same without the reflection — declared.
 func TestX16GuardFallbackGarbageNATS(t *testing.T) {
 	const dead = "compute-3.example.org"
-	// "upgrade" stays open (branch open-attack/x16): C1's agents name its
+	// "upgrade" stays open (failing as of commit 4a7a28d): C1's agents name its
 	// guard versions, so starting without the published guard could lose
 	// a threshold an agent acts on — (S) first; the upgrade copies the
 	// guard into hvguard-control before anything else (docs/operations.md).

@@ -88,7 +88,11 @@ func TestX18PartialListingSkipsMemoryNATS(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			b, _ := json.Marshal(controller.Memory{Beacons: true, Pin: &controller.MemoryPin{Record: deadRec, TrustedRev: trusted, KeyRev: garbage, Stream: stream}})
+			e, err := st.KV.Get(ctx, tok)
+			if err != nil || e.Revision() != garbage {
+				t.Fatalf("read the garbage back: %v (%v)", e, err)
+			}
+			b, _ := json.Marshal(controller.Memory{Beacons: true, Pin: &controller.MemoryPin{Record: deadRec, TrustedRev: trusted, KeyRev: garbage, Stream: stream, KeyStored: e.Created().UnixNano()}})
 			if _, err := cb.Memory.Put(ctx, tok, b); err != nil { // what the leader C1 wrote
 				t.Fatal(err)
 			}
@@ -111,19 +115,7 @@ func TestX18PartialListingSkipsMemoryNATS(t *testing.T) {
 					},
 					OnSynced: func(n int) { mu.Lock(); members = n; mu.Unlock() },
 				}
-				rctx, stop := context.WithCancel(ctx)
-				done := make(chan struct{})
-				go func() { defer close(done); _ = r.Run(rctx) }()
-				var v controller.TrackerView
-				for deadline := time.Now().Add(20 * time.Second); len(v.Hosts) < c.n && time.Now().Before(deadline); {
-					time.Sleep(50 * time.Millisecond)
-					if v, err = r.View(ctx); err != nil {
-						t.Fatal(err)
-					}
-				}
-				time.Sleep(3 * controller.TickInterval) // the first acting tick came by now
-				stop()
-				<-done
+				v := runUntilListed(t, ctx, r, c.n)
 				mu.Lock()
 				t.Logf("run %d: members at synced %d of %d; pin of %s restored %t (tracker now knows %d hosts)", run, members, c.n, dead, restored, len(v.Hosts))
 				if !restored {
@@ -136,4 +128,26 @@ func TestX18PartialListingSkipsMemoryNATS(t *testing.T) {
 			}
 		})
 	}
+}
+
+// runUntilListed runs r until its tracker knows n hosts (at most 20 s) and
+// three more ticks (its first acting tick came), then stops it; it
+// returns the tracker's last view.
+func runUntilListed(t *testing.T, ctx context.Context, r *controller.Runner, n int) controller.TrackerView {
+	t.Helper()
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = r.Run(rctx) }()
+	var v controller.TrackerView
+	var err error
+	for deadline := time.Now().Add(20 * time.Second); len(v.Hosts) < n && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		if v, err = r.View(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(3 * controller.TickInterval) // the first acting tick came by now
+	stop()
+	<-done
+	return v
 }

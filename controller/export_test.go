@@ -6,3 +6,9 @@ func SetPinMutation(on bool) func() {
 	pinMutation = on
 	return func() { pinMutation = false }
 }
+
+// SetStoredMutation lets the external tests turn storedMutation on.
+func SetStoredMutation(on bool) func() {
+	storedMutation = on
+	return func() { storedMutation = false }
+}

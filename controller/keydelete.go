@@ -160,6 +160,7 @@ func (t *Tracker) purgeForgotten(now time.Time) {
 	for name, h := range t.hosts {
 		if !h.forgotten.IsZero() && now.Sub(h.forgotten) > t.cfg.GuardWindow {
 			delete(t.hosts, name)
+			delete(t.stored, name)
 		}
 	}
 }

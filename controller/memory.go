@@ -43,6 +43,17 @@ import (
 // declared (reviewer X11, TestX11DeleteAtRestartBypassesMemory). A key
 // written while no controller runs moves the revision: its host stays
 // undeclared, as before (docs/security.md, What is left).
+//
+// "At that very revision" is a message, not a number: a lease stream
+// rolled back (a NATS failure losing acknowledged writes; or restored
+// from a backup) keeps its creation time and hands the lost revisions out
+// again, so a pin written before the rollback matched garbage on a reused
+// revision over a host that withdrew since, and the withdrawn host was
+// declared (reviewer X20, TestX20PinTakenAfterStreamRollback). So a pin
+// also names the time the server stored the value at that revision
+// (KeyStored: JetStream stamps every stored message, in nanoseconds;
+// no publisher sets it), and is taken only when the key's value at
+// KeyRev has that very stamp.
 
 // MemoryBucket is the controllers' bucket of Memory values, one per host
 // token. Only controllers may read or write it (controller/natsperm).
@@ -72,6 +83,36 @@ type MemoryPin struct {
 	// could be a new value's (reviewer X18,
 	// TestX18StalePinTakenAfterStreamRecreated).
 	Stream string `json:"stream"`
+	// KeyStored: when the server stored the key's value at KeyRev (Unix
+	// nanoseconds, the stream's own stamp: Tracker.Stored). A revision
+	// handed out again after a rollback is stored at another time
+	// (reviewer X20). Zero (a pin written before it existed): not taken.
+	KeyStored int64 `json:"key_stored,omitempty"`
+}
+
+// keyStamp: the revision of a key's last value and when it was stored.
+type keyStamp struct {
+	rev    uint64
+	stored int64
+}
+
+// Stored tells the tracker when the server stored host's value at rev
+// (Unix nanoseconds: natslease.Update.Stored; the Runner calls it before
+// it observes the value). Pins are written and taken only with it.
+func (t *Tracker) Stored(host string, rev uint64, at time.Time) {
+	if at.IsZero() {
+		delete(t.stored, host)
+		return
+	}
+	t.stored[host] = keyStamp{rev: rev, stored: at.UnixNano()}
+}
+
+// storedAt is when host's value at rev was stored (0: unknown).
+func (t *Tracker) storedAt(host string, rev uint64) int64 {
+	if s, ok := t.stored[host]; ok && s.rev == rev {
+		return s.stored
+	}
+	return 0
 }
 
 // SetStream tells the tracker which lease stream it watches (the
@@ -97,9 +138,10 @@ func (t *Tracker) pin(host string, h *hostState, rev uint64, deleted, declarable
 	// (reviewer X19, TestX19PinLostAfterOneRestart).
 	seen := t.skippedRev <= h.trustedRev || h.pin != nil && t.liveSkippedRev <= h.pin.KeyRev && h.pin.Stream == t.stream
 	var p *MemoryPin
+	stored := t.storedAt(host, rev)
 	if declarable && t.required && t.pinned(h) && h.rec.State == fencing.LeaseActive && h.trustedRev > 0 &&
-		seen && !h.beaconWithdrawn() && !h.regressed && !pinMutation {
-		p = &MemoryPin{Record: h.rec, TrustedRev: h.trustedRev, KeyRev: rev, Deleted: deleted, Stream: t.stream}
+		seen && !h.beaconWithdrawn() && !h.regressed && stored != 0 && !pinMutation {
+		p = &MemoryPin{Record: h.rec, TrustedRev: h.trustedRev, KeyRev: rev, Deleted: deleted, Stream: t.stream, KeyStored: stored}
 	}
 	if p == nil && h.pin == nil {
 		return
@@ -107,6 +149,10 @@ func (t *Tracker) pin(host string, h *hostState, rev uint64, deleted, declarable
 	h.pin = p
 	t.rememberHost(host)
 }
+
+// storedMutation (reviewer X20's TestX20PinTakenAfterStreamRollback): a
+// pin is taken without comparing the stored time, as before. Tests only.
+var storedMutation bool
 
 // memoryMutation (issue 11): RestoreMemory does nothing, as before.
 // Tests only.
@@ -163,6 +209,7 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 	}
 	p := m.Pin
 	if p == nil || pinMutation || h.trustedRev != 0 || h.rev != p.KeyRev || h.deleted != p.Deleted || p.Stream == "" || p.Stream != t.stream ||
+		p.KeyStored == 0 || (t.storedAt(host, p.KeyRev) != p.KeyStored && !storedMutation) ||
 		p.Record.Host != host || p.Record.State != fencing.LeaseActive || p.Record.Signer == "" || p.TrustedRev == 0 || p.TrustedRev >= p.KeyRev {
 		return t.out // the key changed since (or nothing to take)
 	}

@@ -199,6 +199,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				if u.Skipped {
 					r.Tracker.Skipped(u.Revision)
 				}
+				r.Tracker.Stored(u.Host, u.Revision, u.Stored)
 				var ds []Decision
 				switch {
 				case u.Err != nil:

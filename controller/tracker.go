@@ -312,6 +312,9 @@ type Tracker struct {
 	dirtyMemory map[string]bool
 	// stream: SetStream.
 	stream string
+	// stored: per host, the stored time of its key's last value
+	// (Stored; memory.go).
+	stored map[string]keyStamp
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -357,7 +360,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Tracker{cfg: cfg, hosts: map[string]*hostState{}, dirtyMemory: map[string]bool{}}, nil
+	return &Tracker{cfg: cfg, hosts: map[string]*hostState{}, dirtyMemory: map[string]bool{}, stored: map[string]keyStamp{}}, nil
 }
 
 // Grace computes the grace the controller grants beyond a host's LeaseTTL,

@@ -510,6 +510,11 @@ type Update struct {
 	// controller's tracker needs it to trust an untrusted value's
 	// revision (controller.Tracker.Skipped).
 	Skipped bool
+	// Stored: when the server stored the value (the stream's stamp, in
+	// nanoseconds; no publisher sets it): a revision handed out again
+	// after the stream lost messages is stored at another time
+	// (controller.Tracker.Stored, reviewer X20).
+	Stored time.Time
 }
 
 // Watch watches every host key of the bucket and sends each update to out
@@ -560,7 +565,7 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 			if h == "" {
 				continue // the guard, or not a host
 			}
-			u := Update{Host: h, Revision: e.Revision(), Skipped: skipped}
+			u := Update{Host: h, Revision: e.Revision(), Skipped: skipped, Stored: e.Created()}
 			skipped = false
 			if e.Operation() == jetstream.KeyValuePut {
 				r, err := s.decode(h, e.Revision(), e.Value())
