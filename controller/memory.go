@@ -1,8 +1,10 @@
 package controller
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"hvguard/fencing"
@@ -158,26 +160,52 @@ var storedMutation bool
 // Tests only.
 var memoryMutation bool
 
-// rememberHost notes that host's memory is due to be written (Memories).
+// rememberHost notes that host's memory is due to be written (Memories);
+// a host already due keeps its place.
 func (t *Tracker) rememberHost(host string) {
-	if t.required {
-		t.dirtyMemory[host] = true
+	if !t.required {
+		return
+	}
+	if _, due := t.dirtyMemory[host]; !due {
+		t.memorySeq++
+		t.dirtyMemory[host] = t.memorySeq
 	}
 }
 
-// Memories returns, sorted by host, the memories changed since the last
-// call, for the leader to write to MemoryBucket (with signatures required
-// only: beacons bind nothing without them). A write that fails is
-// retried by handing the memory back with MemoryFailed.
-func (t *Tracker) Memories() (out []string, ms []Memory) {
+// memoryOrderMutation: Memories hands out the due memories in host order,
+// as before (reviewer X18's "a flood of pins could delay a late-sorting
+// host's pin": TestMemoryWritesNotStarved). Tests only.
+var memoryOrderMutation bool
+
+// Memories returns at most max (0: all) of the memories due to be
+// written, oldest due first, for the leader to write to MemoryBucket
+// (with signatures required only: beacons bind nothing without them);
+// the rest stay due. A write that fails is retried by handing the memory
+// back with MemoryFailed. Oldest first: in host order, a compromised node
+// writing garbage over more live hosts' keys than one tick writes (each
+// pinned, then unpinned by its next renewal) kept the hosts sorting after
+// them due for good — a dead host's pin among them was never written,
+// and a restart did not declare it (TestMemoryWritesNotStarved). Now a
+// host waits at most (hosts due before it) / max ticks.
+func (t *Tracker) Memories(max int) (out []string, ms []Memory) {
 	for host := range t.dirtyMemory {
 		if t.hosts[host] != nil {
 			out = append(out, host)
+		} else {
+			delete(t.dirtyMemory, host)
 		}
 	}
-	clear(t.dirtyMemory)
-	slices.Sort(out)
+	slices.SortFunc(out, func(a, b string) int {
+		if memoryOrderMutation {
+			return strings.Compare(a, b)
+		}
+		return cmp.Compare(t.dirtyMemory[a], t.dirtyMemory[b])
+	})
+	if max > 0 && len(out) > max {
+		out = out[:max]
+	}
 	for _, host := range out {
+		delete(t.dirtyMemory, host)
 		h := t.hosts[host]
 		ms = append(ms, Memory{Beacons: !h.beacons.at.IsZero() || h.beacons.remembered, Pin: h.pin})
 	}
@@ -185,10 +213,10 @@ func (t *Tracker) Memories() (out []string, ms []Memory) {
 }
 
 // MemoryFailed hands back a memory whose write failed: it is returned by
-// the next Memories.
+// a later Memories.
 func (t *Tracker) MemoryFailed(host string) {
 	if t.hosts[host] != nil {
-		t.dirtyMemory[host] = true
+		t.rememberHost(host)
 	}
 }
 

@@ -49,7 +49,7 @@ func TestRestartMemoryBindsDeadHost(t *testing.T) {
 				now := t0.Add(time.Duration(s) * time.Second)
 				renew(c1, now, false)
 				c1.Tick(now)
-				hosts, ms := c1.Memories()
+				hosts, ms := c1.Memories(0)
 				for i, h := range hosts {
 					bucket[h] = ms[i]
 				}
@@ -107,6 +107,61 @@ func TestRestartMemoryBindsDeadHost(t *testing.T) {
 			}
 			if !mut {
 				t.Errorf("dead h0 never declared in 120 s after C2's start with garbage in its key every second")
+			}
+		})
+	}
+}
+
+// TestMemoryWritesNotStarved (c; reviewer X18's "a flood of pins could
+// delay a late-sorting host's pin", not tested until now): the runner
+// writes at most MemoryWritesPerTick memories a tick. A compromised node
+// writes garbage into every live host's key each tick (each is pinned)
+// and the hosts renew (each pin dropped): 1199 memories due every tick.
+// The dead h99 (the last host name in sort order) gets garbage once: its
+// pin must reach the memory bucket — a restart before it is written does
+// not declare it. Written oldest due first, it is written within
+// ceil(1200 / 256) = 5 ticks; in host order (memoryOrderMutation) never.
+func TestMemoryWritesNotStarved(t *testing.T) {
+	for _, mutation := range []bool{false, true} {
+		t.Run(fmt.Sprintf("memoryOrderMutation=%t", mutation), func(t *testing.T) {
+			memoryOrderMutation = mutation
+			defer func() { memoryOrderMutation = false }()
+			const n, dead = 1200, "h99"
+			b, hosts := x11Fleet(t, n, 3)
+			live := x11Without(hosts, dead)
+			b.manual = true // the runner's writes: MemoryWritesPerTick a tick
+			at := t0.Add(4 * time.Second)
+			written := 0
+			for tick := 1; tick <= 40 && written == 0; tick++ {
+				now := at.Add(time.Duration(tick) * TickInterval)
+				for _, h := range live {
+					b.garbage(now, h)
+				}
+				if tick == 1 {
+					b.garbage(now, dead)
+				}
+				for _, h := range live {
+					b.write(now, h, fencing.LeaseActive, b.guard.Ref())
+				}
+				hs, ms := b.tr.Memories(MemoryWritesPerTick)
+				if len(hs) > MemoryWritesPerTick {
+					t.Fatalf("%d memories handed out in one tick, at most %d", len(hs), MemoryWritesPerTick)
+				}
+				for i, h := range hs {
+					b.mem[h] = ms[i]
+				}
+				if p := b.mem[dead].Pin; p != nil && p.KeyRev == b.keys[dead].rev {
+					written = tick
+				}
+			}
+			want := (n + MemoryWritesPerTick - 1) / MemoryWritesPerTick
+			switch {
+			case mutation && written != 0:
+				t.Fatalf("in host order the pin of %s was written at tick %d: the flood does not starve it (the test shows nothing)", dead, written)
+			case !mutation && (written == 0 || written > want):
+				t.Fatalf("the dead %s's pin written at tick %d (0: not within 40), want within %d ticks", dead, written, want)
+			case !mutation:
+				t.Logf("the dead %s's pin written at tick %d of the flood (%d memories due a tick)", dead, written, n-1)
 			}
 		})
 	}

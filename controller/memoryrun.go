@@ -105,17 +105,14 @@ func (r *Runner) readMemories(ctx context.Context) (map[string][]byte, error) {
 }
 
 // writeMemories writes the memories the tracker says changed (at most
-// MemoryWritesPerTick a tick; a failed write is handed back and retried).
+// MemoryWritesPerTick a tick, oldest due first; a failed write is handed
+// back and retried).
 func (r *Runner) writeMemories(ctx context.Context, log *slog.Logger) {
 	if r.Memory == nil {
 		return
 	}
-	hosts, ms := r.Tracker.Memories()
+	hosts, ms := r.Tracker.Memories(MemoryWritesPerTick) // oldest due first; the rest stay due
 	for i, host := range hosts {
-		if i >= MemoryWritesPerTick {
-			r.Tracker.MemoryFailed(host)
-			continue
-		}
 		tok, err := proto.HostToken(host)
 		if err != nil {
 			continue // not a host name: nothing to remember it under

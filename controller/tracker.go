@@ -308,8 +308,10 @@ type Tracker struct {
 	required bool
 	// enrolled: SetEnrolled.
 	enrolled func(host string) bool
-	// dirtyMemory: the hosts whose Memory changed (memory.go).
-	dirtyMemory map[string]bool
+	// dirtyMemory: the hosts whose Memory changed (memory.go), each with
+	// the order in which it became due (memorySeq): written oldest first.
+	dirtyMemory map[string]uint64
+	memorySeq   uint64
 	// stream: SetStream.
 	stream string
 	// stored: per host, the stored time of its key's last value
@@ -360,7 +362,7 @@ func NewTracker(cfg Config) (*Tracker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Tracker{cfg: cfg, hosts: map[string]*hostState{}, dirtyMemory: map[string]bool{}, stored: map[string]keyStamp{}}, nil
+	return &Tracker{cfg: cfg, hosts: map[string]*hostState{}, dirtyMemory: map[string]uint64{}, stored: map[string]keyStamp{}}, nil
 }
 
 // Grace computes the grace the controller grants beyond a host's LeaseTTL,
