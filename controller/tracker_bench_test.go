@@ -1,0 +1,55 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+
+	"hvguard/fencing"
+)
+
+// BenchmarkTrackerFleet: the controller's tracker under the fleet
+// benchmark's load (docs/BENCHMARKS.md, issue 12): n hosts renewing every
+// 2 s (unsigned, as the bench's simulated agents), one Tick per 250 ms
+// tick. One op is one second of the fleet: n/2 renewals and 4 ticks.
+// ns/op divided by 1e9 is the tracker's share of a core at that load.
+func BenchmarkTrackerFleet(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("hosts=%d", n), func(b *testing.B) {
+			tr, err := NewTracker(resetConfig())
+			if err != nil {
+				b.Fatal(err)
+			}
+			hosts := make([]string, n)
+			recs := make([]fencing.LeaseRecord, n)
+			for i := range hosts {
+				hosts[i] = fmt.Sprintf("bench-%05d.example.org", i)
+				recs[i] = *rec(hosts[i], fencing.BackstopReset)
+			}
+			now, rev := t0, uint64(0)
+			observe := func(i int) {
+				rev++
+				tr.Stored(hosts[i], rev, now)
+				r := recs[i]
+				tr.Observe(now, hosts[i], rev, &r)
+			}
+			for i := range hosts {
+				observe(i)
+			}
+			tr.WatchStarted(now)
+			next := 0
+			b.ResetTimer()
+			for b.Loop() {
+				for q := range 4 { // one second: four ticks, n/2 renewals
+					now = now.Add(TickInterval)
+					for range n / 8 {
+						observe(next)
+						next = (next + 1) % n
+					}
+					_ = q
+					tr.Tick(now)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e9, "cores")
+		})
+	}
+}
