@@ -5,9 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +15,7 @@ import (
 
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/controller"
+	"hvguard/controller/controllertest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 	"hvguard/proto"
@@ -67,8 +65,8 @@ func TestX20RollbackPinNATS(t *testing.T) {
 			active := rec(dead, 1, fencing.LeaseActive)
 			trusted := renew(st, dead, active, 0)
 			otherRev := renew(st, other, rec(other, 1, fencing.LeaseActive), 0)
-			x20Restart(t, &srv, dir, "") // a copy of the lease stream as it is now
-			backup := x20Copy(t, dir)
+			controllertest.Restart(t, &srv, dir, "", -1) // a copy of the lease stream as it is now
+			backup := controllertest.StreamCopy(t, dir)
 			st, cb = x20Open(t, ctx, srv)
 			renew(st, other, rec(other, 2, fencing.LeaseActive), otherRev) // T+1
 			tok, _ := proto.HostToken(dead)
@@ -91,7 +89,7 @@ func TestX20RollbackPinNATS(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			x20Restart(t, &srv, dir, backup) // the lease stream rolls back; the memory does not
+			controllertest.Restart(t, &srv, dir, backup, -1) // the lease stream rolls back; the memory does not
 			st, cb = x20Open(t, ctx, srv)
 			if id, err := controller.StreamID(ctx, st.KV); err != nil || id != stream {
 				t.Fatalf("after the rollback the stream's creation time is %q (%v), before %q: the rig rolled back nothing like X20's", id, err, stream)
@@ -150,41 +148,4 @@ func x20Open(t *testing.T, ctx context.Context, srv *server.Server) (*natslease.
 		t.Fatal(err)
 	}
 	return st, cb
-}
-
-// x20Restart shuts *srv down, puts the lease stream's store directory
-// back to the copy at backup (if set), and starts a server on dir again.
-func x20Restart(t *testing.T, srv **server.Server, dir, backup string) {
-	t.Helper()
-	(*srv).Shutdown()
-	(*srv).WaitForShutdown()
-	if backup != "" {
-		live := x20StreamDir(t, dir)
-		if err := os.RemoveAll(live); err != nil {
-			t.Fatal(err)
-		}
-		if out, err := exec.Command("cp", "-a", backup, live).CombinedOutput(); err != nil {
-			t.Fatalf("restore %s: %v: %s", live, err, out)
-		}
-	}
-	*srv = deliverytest.StartJetStream(t, dir, -1)
-}
-
-// x20Copy copies the lease stream's store directory (server stopped).
-func x20Copy(t *testing.T, dir string) string {
-	t.Helper()
-	to := filepath.Join(t.TempDir(), "leases")
-	if out, err := exec.Command("cp", "-a", x20StreamDir(t, dir), to).CombinedOutput(); err != nil {
-		t.Fatalf("copy the lease stream: %v: %s", err, out)
-	}
-	return to
-}
-
-func x20StreamDir(t *testing.T, dir string) string {
-	t.Helper()
-	m, err := filepath.Glob(filepath.Join(dir, "jetstream", "*", "streams", natslease.StreamName))
-	if err != nil || len(m) != 1 {
-		t.Fatalf("the lease stream's store directory under %s: %v (%v)", dir, m, err)
-	}
-	return m[0]
 }

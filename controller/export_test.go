@@ -12,3 +12,10 @@ func SetStoredMutation(on bool) func() {
 	storedMutation = on
 	return func() { storedMutation = false }
 }
+
+// SetRollbackCheckMutation lets the external tests turn
+// rollbackCheckMutation on.
+func SetRollbackCheckMutation(on bool) func() {
+	rollbackCheckMutation = on
+	return func() { rollbackCheckMutation = false }
+}

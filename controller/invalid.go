@@ -391,10 +391,22 @@ func (t *Tracker) ObserveWithdrawal(now time.Time, host string, rev uint64) []De
 	}
 	h.beacons.withdrawnRev = rev
 	h.declaring, h.saidDue, h.heldBack = time.Time{}, false, false
+	if h.pin != nil && !withdrawalPinMutation {
+		// The host withdrew after the pinned record: a pin, written or
+		// moved along before this beacon came, would have a restarted
+		// controller declare it (reviewer X21: a pin re-stamped after a
+		// rollback hid the withdrawal, taken at the next restart).
+		h.pin = nil
+		t.rememberHost(host)
+	}
 	t.out = append(t.out, Decision{Op: OpWithdrawn, Host: host, Revision: rev, Record: h.rec,
 		Reason: fmt.Sprintf("withdrawn: its own beacon names its withdrawal at revision %d, after its last trusted record (revision %d) — the withdrawn record was not seen (overwritten?): host unprotected, not declared, not recovered", rev, h.trustedRev)})
 	return t.out
 }
+
+// withdrawalPinMutation: a withdrawal beacon leaves the host's pin, as
+// before (reviewer X21's late-beacon/restart). Tests only.
+var withdrawalPinMutation bool
 
 // beaconWithdrawn reports whether h's own beacon named a withdrawal after
 // its last trusted record (ObserveWithdrawal).

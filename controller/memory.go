@@ -156,6 +156,29 @@ func (t *Tracker) pin(host string, h *hostState, rev uint64, deleted, declarable
 // pin is taken without comparing the stored time, as before. Tests only.
 var storedMutation bool
 
+// StreamRolledBack tells the tracker that the lease stream lost values
+// its watch delivered (the Runner's rollback check: the stream's last
+// revision below the last one delivered, or a delivered revision holding
+// another message). Every pin is dropped — a pin written or moved along
+// since may rest on a record the rollback made stale, and a restarted
+// controller would take it (reviewer X21) — and every host counts as
+// regressed: not declared until a trusted record comes. The runner then
+// writes the memories and stops; the daemon runs it again with a fresh
+// tracker, which lists the stream as it is.
+func (t *Tracker) StreamRolledBack(now time.Time, why string) []Decision {
+	t.out = t.out[:0]
+	for name, h := range t.hosts {
+		h.regressed = true
+		if h.pin != nil {
+			h.pin = nil
+			t.rememberHost(name)
+		}
+	}
+	t.out = append(t.out, Decision{Op: OpRevisionRegressed, Reason: "revision-regressed: " + why +
+		"; every pin dropped from the controllers' memory, no host declared; the lease tracker starts afresh"})
+	return t.out
+}
+
 // memoryMutation (issue 11): RestoreMemory does nothing, as before.
 // Tests only.
 var memoryMutation bool

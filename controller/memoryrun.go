@@ -104,14 +104,15 @@ func (r *Runner) readMemories(ctx context.Context) (map[string][]byte, error) {
 	}
 }
 
-// writeMemories writes the memories the tracker says changed (at most
-// MemoryWritesPerTick a tick, oldest due first; a failed write is handed
-// back and retried).
-func (r *Runner) writeMemories(ctx context.Context, log *slog.Logger) {
+// writeMemories writes the memories the tracker says changed, at most
+// max (0: all — before the runner stops on a rolled-back stream, the
+// pins dropped must reach the bucket), oldest due first; a failed write is
+// handed back and retried.
+func (r *Runner) writeMemories(ctx context.Context, log *slog.Logger, max int) {
 	if r.Memory == nil {
 		return
 	}
-	hosts, ms := r.Tracker.Memories(MemoryWritesPerTick) // oldest due first; the rest stay due
+	hosts, ms := r.Tracker.Memories(max) // oldest due first; the rest stay due
 	for i, host := range hosts {
 		tok, err := proto.HostToken(host)
 		if err != nil {

@@ -153,6 +153,13 @@ func (r *Runner) Run(ctx context.Context) error {
 		}
 		defer sub.Unsubscribe()
 	}
+	// The rollback check (rollback.go): what the watch delivered, and one
+	// check at a time, off the loop.
+	var ring deliveredRing
+	var reconnects uint64
+	var lastCheck time.Time
+	checked := make(chan error, 1)
+	checking := false
 	for ctx.Err() == nil {
 		updates := make(chan natslease.Update, 1024)
 		wctx, cancel := context.WithCancel(ctx)
@@ -200,6 +207,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					r.Tracker.Skipped(u.Revision)
 				}
 				r.Tracker.Stored(u.Host, u.Revision, u.Stored)
+				ring.add(u.Revision, u.Stored)
 				var ds []Decision
 				switch {
 				case u.Err != nil:
@@ -218,9 +226,32 @@ func (r *Runner) Run(ctx context.Context) error {
 				for _, d := range ds {
 					r.perform(ctx, log, d)
 				}
+			case err := <-checked:
+				checking = false
+				if errors.Is(err, ErrLeaseStreamRolledBack) {
+					for _, d := range r.Tracker.StreamRolledBack(r.now(), err.Error()) {
+						r.perform(ctx, log, d)
+					}
+					if r.mayAct() {
+						r.writeMemories(ctx, log, 0) // the pins dropped
+					}
+					cancel()
+					log.Error("LEASE STREAM ROLLED BACK: stopping; a restarted controller lists it as it is now", "err", err)
+					return err
+				}
+				if err != nil {
+					log.Warn("lease stream rollback check failed; retried", "err", err)
+				}
 			case <-tick.C:
 				if r.Heartbeat != nil {
 					r.Heartbeat()
+				}
+				if nc := r.Store.NC; nc != nil && !checking && !rollbackCheckMutation && ring.maxRv > 0 {
+					if rc := nc.Stats().Reconnects; rc != reconnects || r.now().Sub(lastCheck) >= RollbackCheckInterval {
+						reconnects, lastCheck, checking = rc, r.now(), true
+						samples, last := ring.snapshot()
+						go func() { checked <- r.checkRollback(ctx, samples, last) }()
+					}
 				}
 				if !watching {
 					continue // silence is measured only while watching
@@ -271,7 +302,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					}
 				}
 				if acting && restored {
-					r.writeMemories(ctx, log) // hosts whose beacons bound them since (memory.go)
+					r.writeMemories(ctx, log, MemoryWritesPerTick) // hosts whose beacons bound them since (memory.go)
 				}
 				for _, d := range r.Tracker.Tick(now) {
 					r.perform(ctx, log, d)

@@ -273,12 +273,39 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	go func() { defer close(leaderDone); _ = d.lr.Run(leaderCtx) }()
 	trackerCtx, stopTracker := context.WithCancel(context.Background())
 	trackerDone := make(chan struct{})
-	go func() { defer close(trackerDone); _ = d.run.Run(trackerCtx) }()
+	var trackerErr error
+	go func() {
+		defer close(trackerDone)
+		for {
+			trackerErr = d.run.Run(trackerCtx)
+			if trackerCtx.Err() != nil || !errors.Is(trackerErr, controller.ErrLeaseStreamRolledBack) {
+				return
+			}
+			// The lease stream rolled back under the watch (rollback.go):
+			// the runner dropped every pin and stopped; a fresh tracker
+			// lists the stream as it is now, as a restarted controller
+			// would (the decision was counted: the alert fires).
+			log.Error("lease stream rolled back: the lease tracker starts afresh", "err", trackerErr)
+			tr, err := controller.NewTracker(cfg.TrackerCore())
+			if err != nil {
+				trackerErr = err
+				return
+			}
+			d.run.Tracker = tr
+		}
+	}()
 	recCtx, stopRec := context.WithCancel(context.Background())
 	recDone := make(chan struct{})
 	go func() { defer close(recDone); _ = d.rec.Run(recCtx) }()
 
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-trackerDone:
+		// The tracker stopped on its own (it could not subscribe to the
+		// beacons, or a fresh tracker could not be made): the daemon
+		// stops and exits non-zero; systemd restarts it.
+		log.Error("the lease tracker stopped: stopping the controller", "err", trackerErr)
+	}
 	d.notify.Stopping()
 	log.Info("stopping: host recovery and the tracker first (no write in flight), then resigning the leader lock")
 	stopRec()
@@ -292,6 +319,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	stopCons()
 	<-consDone
 	log.Info("stopped")
+	if ctx.Err() == nil && trackerErr != nil {
+		return fmt.Errorf("lease tracker: %w", trackerErr)
+	}
 	return nil
 }
 

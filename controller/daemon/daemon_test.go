@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/controller"
@@ -346,4 +347,122 @@ func TestControllerWaitsForNATS(t *testing.T) {
 		t.Fatal("unreachable")
 	}
 	t.Logf("leading %s after NATS came up", time.Since(started))
+}
+
+// TestControllerTrackerRestartsOnRollback: a controller daemon whose lease
+// stream is rolled back under it (its store directory put back to an
+// earlier copy, the server restarted on the same port) finds it
+// (controller rollback.go), counts one revision-regressed decision, and
+// runs on with a fresh tracker that lists the stream as it is now: it
+// keeps leading and sees the hosts renewing again.
+func TestControllerTrackerRestartsOnRollback(t *testing.T) {
+	srv, dir, port := controllertest.RollbackServer(t)
+	url := srv.ClientURL()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := natslease.EnsureBucket(ctx, js, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	renew := func(hosts ...string) { // puts, whatever the revision (the fleet renewing)
+		for _, h := range hosts {
+			tok, _ := proto.HostToken(h)
+			b, _ := controllertest.HostRecord(h).Encode()
+			pctx, c := context.WithTimeout(ctx, time.Second)
+			_, _ = kv.Put(pctx, tok, b)
+			c()
+		}
+	}
+	hosts := []string{"h0.example.org", "h1.example.org", "h2.example.org"}
+	renew(hosts...)
+	controllertest.Restart(t, &srv, dir, "", port)
+	backup := controllertest.StreamCopy(t, dir) // the lease stream at revision 3
+	controllertest.Restart(t, &srv, dir, "", port)
+
+	var mu sync.Mutex
+	var rolled []controller.Decision
+	c := startCtlWith(t, url, "ctl-rb", nil, func(o *daemon.Options) {
+		prev := o.OnDecision
+		o.OnDecision = func(d controller.Decision, err error) {
+			if d.Op == controller.OpRevisionRegressed {
+				mu.Lock()
+				rolled = append(rolled, d)
+				mu.Unlock()
+			}
+			prev(d, err)
+		}
+	})
+	waitLeader(t, 5*time.Second, c)
+	go func() {
+		for ctx.Err() == nil {
+			renew(hosts...)
+			time.Sleep(150 * time.Millisecond)
+		}
+	}()
+	// renewing waits until the tracker shows every host renewing at a
+	// revision above above.
+	renewing := func(what string, above uint64) {
+		for end := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			sctx, scancel := context.WithTimeout(ctx, time.Second)
+			st, err := daemon.FetchStatus(sctx, c.addr, "")
+			scancel()
+			ok := err == nil && st.Tracker != nil && len(st.Tracker.Hosts) == len(hosts)
+			if ok {
+				for _, h := range st.Tracker.Hosts {
+					ok = ok && h.LastRenewalSeconds < 1 && h.Revision > above
+				}
+			}
+			if ok {
+				return
+			}
+			if time.Now().After(end) {
+				t.Fatalf("%s: the controller's tracker does not see the hosts renewing above revision %d within 20 s: %+v (%v)", what, above, st.Tracker, err)
+			}
+		}
+	}
+	renewing("before the rollback", 9)
+	time.Sleep(2 * controller.RollbackCheckInterval) // checks passed
+	mu.Lock()
+	if len(rolled) != 0 {
+		t.Fatalf("rollback found before the rollback: %+v", rolled)
+	}
+	mu.Unlock()
+	controllertest.Restart(t, &srv, dir, backup, port)
+	rb := time.Now()
+	for {
+		mu.Lock()
+		n := len(rolled)
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if time.Since(rb) > 10*time.Second {
+			t.Fatal("no revision-regressed decision 10 s after the lease stream rolled back")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	mu.Lock()
+	t.Logf("found %s after the rollback: %s", time.Since(rb).Round(10*time.Millisecond), rolled[0].Reason)
+	mu.Unlock()
+	renewing("after the rollback", 0) // the fresh tracker
+	select {
+	case err := <-c.done:
+		c.done <- err
+		t.Fatalf("the daemon stopped after the rollback: %v", err)
+	default:
+	}
+	if r := c.role(t); r != "leader" {
+		t.Fatalf("after the rollback the controller is %s, want leader", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(rolled) != 1 {
+		t.Fatalf("%d revision-regressed decisions, want 1 (the fresh tracker must not find the rollback again): %+v", len(rolled), rolled)
+	}
 }
