@@ -246,7 +246,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				if r.Heartbeat != nil {
 					r.Heartbeat()
 				}
-				if nc := r.Store.NC; nc != nil && !checking && !rollbackCheckMutation && ring.maxRv > 0 {
+				if nc := r.Store.NC; nc != nil && nc.IsConnected() && !checking && !rollbackCheckMutation && ring.maxRv > 0 {
 					if rc := nc.Stats().Reconnects; rc != reconnects || r.now().Sub(lastCheck) >= RollbackCheckInterval {
 						reconnects, lastCheck, checking = rc, r.now(), true
 						samples, last := ring.snapshot()
