@@ -49,6 +49,9 @@ type x11Bucket struct {
 	stream string
 	// manual: the test writes the memories itself (flush does nothing).
 	manual bool
+	// delivered: the highest revision delivered to a running controller
+	// (rollbackCarry.rev).
+	delivered uint64
 }
 
 func newX11Bucket(t *testing.T) *x11Bucket {
@@ -78,6 +81,7 @@ func (b *x11Bucket) land(now time.Time, host string, e x11Entry) {
 	b.keys[host] = e
 	if b.tr != nil {
 		deliver(b.tr, now, host, e)
+		b.delivered = max(b.delivered, e.rev)
 		b.flush()
 	}
 }

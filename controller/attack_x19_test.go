@@ -102,7 +102,13 @@ func TestX19PinnedHostReturnsEndsHoldAtOnce(t *testing.T) {
 // (`!live`), and the runner calls Tracker.Skipped before observing it —
 // so a (re)started controller's skippedRev is the highest listed
 // revision. (x11Bucket.start leaves Skipped out.)
-func (b *x11Bucket) x19Start(now time.Time) *Tracker {
+func (b *x11Bucket) x19Start(now time.Time) *Tracker { return b.startCarry(now, nil) }
+
+// startCarry is x19Start with what Runner.Run hands a fresh tracker after
+// the last Run stopped on a rolled-back stream (carry, if set:
+// rollbackCarry) — pins at or below carry.rev not taken and written out,
+// carry.withdrawn kept withdrawn (Tracker.KeepWithdrawn) once listed.
+func (b *x11Bucket) startCarry(now time.Time, carry *rollbackCarry) *Tracker {
 	tr := x10Tracker(b.t)
 	names := x11Without(sortedKeys(b))
 	sortByRev(names, b)
@@ -111,8 +117,17 @@ func (b *x11Bucket) x19Start(now time.Time) *Tracker {
 		deliver(tr, now, h, b.keys[h])
 	}
 	tr.WatchStarted(now)
+	if carry != nil {
+		for _, h := range carry.withdrawn {
+			tr.KeepWithdrawn(h, carry.rev)
+		}
+	}
 	for _, h := range tr.Hosts() {
 		if m, ok := b.mem[h]; ok {
+			if carry != nil && m.Pin != nil && m.Pin.KeyRev <= carry.rev { // Runner.restoreMemory
+				m.Pin = nil
+				tr.rememberHost(h)
+			}
 			tr.RestoreMemory(now, h, m)
 		}
 	}

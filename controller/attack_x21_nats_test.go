@@ -149,23 +149,9 @@ func TestRunnerStopsOnRollbackNATS(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			srv, dir, port := controllertest.RollbackServer(t)
-			wnc, wkv := x21Conn(t, ctx, srv, 50*time.Millisecond) // the writer
-			_ = wnc
+			_, wkv := x21Conn(t, ctx, srv, 50*time.Millisecond) // the writer
 			put := func(host string, seq uint64) uint64 {
-				tok, _ := proto.HostToken(host)
-				b, _ := fencing.LeaseRecord{Schema: 1, Host: host, State: fencing.LeaseActive, FencingEnabled: true,
-					Action: fencing.ActionPause, Backstop: fencing.BackstopReset, Timing: fencing.DefaultTiming(), Seq: seq}.Encode()
-				for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-					pctx, c := context.WithTimeout(ctx, time.Second)
-					r, err := wkv.Put(pctx, tok, b)
-					c()
-					if err == nil {
-						return r
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("put %s: %v", host, err)
-					}
-				}
+				return x21Put(t, ctx, wkv, host, x21Rec(host, seq, fencing.LeaseActive))
 			}
 			hosts := []string{"x21-a.example.org", "x21-b.example.org", "x21-c.example.org"}
 			for _, h := range hosts {
@@ -179,13 +165,7 @@ func TestRunnerStopsOnRollbackNATS(t *testing.T) {
 				wait = 2 * time.Second
 			}
 			rnc, rkv := x21Conn(t, ctx, srv, wait)
-			tr, err := controller.NewTracker(controller.DefaultConfig())
-			if err != nil {
-				t.Fatal(err)
-			}
-			r := &controller.Runner{Store: &natslease.Store{KV: rkv, NC: rnc}, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-			done := make(chan error, 1)
-			go func() { done <- r.Run(ctx) }()
+			done := x21Run(t, ctx, rnc, rkv)
 			var last uint64
 			for i, h := range hosts { // revisions 4..6, delivered to the runner
 				last = put(h, uint64(i)+2)
@@ -223,4 +203,43 @@ func TestRunnerStopsOnRollbackNATS(t *testing.T) {
 			}
 		})
 	}
+}
+
+// x21Put puts data into host's key, retrying for 20 s (the server may be
+// restarting), and returns its revision.
+func x21Put(t *testing.T, ctx context.Context, kv jetstream.KeyValue, host string, data []byte) uint64 {
+	t.Helper()
+	tok, _ := proto.HostToken(host)
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		pctx, c := context.WithTimeout(ctx, time.Second)
+		r, err := kv.Put(pctx, tok, data)
+		c()
+		if err == nil {
+			return r
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("put %s: %v", host, err)
+		}
+	}
+}
+
+// x21Rec is host's unsigned record in state st at seq.
+func x21Rec(host string, seq uint64, st fencing.LeaseState) []byte {
+	b, _ := fencing.LeaseRecord{Schema: 1, Host: host, State: st, FencingEnabled: true,
+		Action: fencing.ActionPause, Backstop: fencing.BackstopReset, Timing: fencing.DefaultTiming(), Seq: seq}.Encode()
+	return b
+}
+
+// x21Run runs a Runner (no signing, no memory) on nc and kv until ctx
+// ends; its result comes on the channel.
+func x21Run(t *testing.T, ctx context.Context, nc *nats.Conn, kv jetstream.KeyValue) <-chan error {
+	t.Helper()
+	tr, err := controller.NewTracker(controller.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &controller.Runner{Store: &natslease.Store{KV: kv, NC: nc}, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	return done
 }

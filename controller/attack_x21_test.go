@@ -271,13 +271,15 @@ func TestX21RollbackBelowTrustedRevIgnoresWithdrawalBeacon(t *testing.T) {
 // stops) and/or the controllers restart at start; the running controller
 // then runs 120 s. It returns the first declaration of h3, if any.
 func (b *x11Bucket) x21After(c1 *Tracker, detectAt, start time.Time, detect, restart bool, live []string) (string, time.Duration) {
+	var carry *rollbackCarry
 	if detect {
+		carry = &rollbackCarry{withdrawn: c1.Withdrawals(), rev: b.delivered}
 		c1.StreamRolledBack(detectAt, "test")
 		b.flush()
 	}
 	if restart || detect {
 		b.stop()
-		b.x19Start(start)
+		b.startCarry(start, carry)
 	}
 	return b.run(start, 120, live, map[string]bool{"h3": true})
 }

@@ -179,6 +179,40 @@ func (t *Tracker) StreamRolledBack(now time.Time, why string) []Decision {
 	return t.out
 }
 
+// Withdrawals lists the hosts this tracker knows withdrawn: by a trusted
+// withdrawn record or by their own withdrawal beacon (rollback.go).
+func (t *Tracker) Withdrawals() []string {
+	var out []string
+	for _, name := range t.Hosts() {
+		if h := t.hosts[name]; h.rec.State == fencing.LeaseWithdrawn || h.beaconWithdrawn() {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// KeepWithdrawn: an earlier tracker knew host withdrawn before the lease
+// stream rolled back, which may have lost the withdrawal (rollback.go).
+// Unless this tracker holds a trusted record of host above rev (written
+// after the rollback's reused revisions), host is withdrawn as by its own
+// beacon: never declared until it writes a trusted record past rev.
+func (t *Tracker) KeepWithdrawn(host string, rev uint64) []Decision {
+	t.out = t.out[:0]
+	h := t.hosts[host]
+	if h == nil || h.trustedRev > rev || h.rec.State == fencing.LeaseWithdrawn || h.beaconWithdrawn() {
+		return t.out
+	}
+	h.beacons.withdrawnRev = max(h.beacons.withdrawnRev, rev, h.trustedRev+1)
+	h.declaring, h.saidDue, h.heldBack = time.Time{}, false, false
+	if h.pin != nil {
+		h.pin = nil
+		t.rememberHost(host)
+	}
+	t.out = append(t.out, Decision{Op: OpWithdrawn, Host: host, Revision: rev, Record: h.rec, Reason: fmt.Sprintf(
+		"withdrawn: it withdrew before the lease stream rolled back, which may have lost its withdrawal (its key holds revision %d): not declared until it writes a trusted record past revision %d", h.rev, rev)})
+	return t.out
+}
+
 // memoryMutation (issue 11): RestoreMemory does nothing, as before.
 // Tests only.
 var memoryMutation bool

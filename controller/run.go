@@ -90,6 +90,11 @@ type Runner struct {
 
 	viewOnce sync.Once
 	views    chan chan TrackerView
+
+	// rolledBack: what the last Run, stopped by a rolled-back lease
+	// stream (rollback.go), hands to the next Run on a fresh tracker — nil
+	// otherwise.
+	rolledBack *rollbackCarry
 }
 
 // ErrNotActing is reported to OnDecision for a write MayAct did not allow.
@@ -197,6 +202,13 @@ func (r *Runner) Run(ctx context.Context) error {
 					// tick) — reviewer X18's TestX18PartialListingSkipsMemoryNATS.
 					watching = true
 					r.Tracker.WatchStarted(r.now())
+					if c := r.rolledBack; c != nil {
+						for _, host := range c.withdrawn {
+							for _, d := range r.Tracker.KeepWithdrawn(host, c.rev) {
+								r.perform(ctx, log, d)
+							}
+						}
+					}
 					log.Info("lease watch synced", "hosts", r.Tracker.Members())
 					if r.OnSynced != nil {
 						r.OnSynced(r.Tracker.Members())
@@ -207,7 +219,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					r.Tracker.Skipped(u.Revision)
 				}
 				r.Tracker.Stored(u.Host, u.Revision, u.Stored)
-				ring.add(u.Revision, u.Stored)
+				ring.add(u.Host, u.Revision, u.Stored)
 				var ds []Decision
 				switch {
 				case u.Err != nil:
@@ -229,6 +241,9 @@ func (r *Runner) Run(ctx context.Context) error {
 			case err := <-checked:
 				checking = false
 				if errors.Is(err, ErrLeaseStreamRolledBack) {
+					// What the fresh tracker must not lose (rollback.go):
+					// the withdrawals this one saw.
+					r.rolledBack = &rollbackCarry{withdrawn: r.Tracker.Withdrawals(), rev: ring.maxRv}
 					for _, d := range r.Tracker.StreamRolledBack(r.now(), err.Error()) {
 						r.perform(ctx, log, d)
 					}

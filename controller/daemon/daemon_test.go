@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -354,7 +355,10 @@ func TestControllerWaitsForNATS(t *testing.T) {
 // earlier copy, the server restarted on the same port) finds it
 // (controller rollback.go), counts one revision-regressed decision, and
 // runs on with a fresh tracker that lists the stream as it is now: it
-// keeps leading and sees the hosts renewing again.
+// keeps leading and sees the hosts renewing again. h2 withdrew after the
+// backup (the rollback loses its withdrawn record; its key holds its older
+// active record): the fresh tracker keeps it withdrawn (reviewer X22) and
+// does not declare it.
 func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	srv, dir, port := controllertest.RollbackServer(t)
 	url := srv.ClientURL()
@@ -386,22 +390,29 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	controllertest.Restart(t, &srv, dir, "", port)
 
 	var mu sync.Mutex
-	var rolled []controller.Decision
+	var rolled, kept []controller.Decision
 	c := startCtlWith(t, url, "ctl-rb", nil, func(o *daemon.Options) {
 		prev := o.OnDecision
 		o.OnDecision = func(d controller.Decision, err error) {
-			if d.Op == controller.OpRevisionRegressed {
-				mu.Lock()
+			mu.Lock()
+			switch {
+			case d.Op == controller.OpRevisionRegressed:
 				rolled = append(rolled, d)
-				mu.Unlock()
+			case d.Op == controller.OpWithdrawn && strings.Contains(d.Reason, "rolled back"):
+				kept = append(kept, d)
 			}
+			mu.Unlock()
 			prev(d, err)
 		}
 	})
 	waitLeader(t, 5*time.Second, c)
+	var stopped atomic.Bool // h2 withdrew: its agent writes no more
 	go func() {
 		for ctx.Err() == nil {
-			renew(hosts...)
+			renew(hosts[:2]...)
+			if !stopped.Load() {
+				renew(hosts[2])
+			}
 			time.Sleep(150 * time.Millisecond)
 		}
 	}()
@@ -427,7 +438,18 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 		}
 	}
 	renewing("before the rollback", 9)
-	time.Sleep(2 * controller.RollbackCheckInterval) // checks passed
+	// h2 stops in order: its withdrawn record lands after the backup —
+	// the rollback loses it, and its key holds its older active record.
+	stopped.Store(true)
+	time.Sleep(200 * time.Millisecond)
+	w := controllertest.HostRecord(hosts[2])
+	w.State, w.Reason = fencing.LeaseWithdrawn, "orderly-stop"
+	wb, _ := w.Encode()
+	tok2, _ := proto.HostToken(hosts[2])
+	if _, err := kv.Put(ctx, tok2, wb); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * controller.RollbackCheckInterval) // delivered; checks passed
 	mu.Lock()
 	if len(rolled) != 0 {
 		t.Fatalf("rollback found before the rollback: %+v", rolled)
@@ -450,7 +472,37 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	mu.Lock()
 	t.Logf("found %s after the rollback: %s", time.Since(rb).Round(10*time.Millisecond), rolled[0].Reason)
 	mu.Unlock()
-	renewing("after the rollback", 0) // the fresh tracker
+	renewing2 := func() { // the fresh tracker sees h0 and h1 renew
+		for end := time.Now().Add(20 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+			sctx, scancel := context.WithTimeout(ctx, time.Second)
+			st, err := daemon.FetchStatus(sctx, c.addr, "")
+			scancel()
+			n := 0
+			if err == nil && st.Tracker != nil {
+				for _, h := range st.Tracker.Hosts {
+					if h.Host != hosts[2] && h.LastRenewalSeconds < 1 {
+						n++
+					}
+				}
+			}
+			if n == 2 {
+				return
+			}
+			if time.Now().After(end) {
+				t.Fatalf("after the rollback: the fresh tracker does not see h0 and h1 renewing within 20 s (%v)", err)
+			}
+		}
+	}
+	renewing2()
+	time.Sleep(5 * time.Second) // h2 would be due 3.05 s after the fresh tracker's start (lease_ttl + grace at x0.1)
+	c.mu.Lock()
+	for _, d := range c.written {
+		if d.Host == hosts[2] {
+			c.mu.Unlock()
+			t.Fatalf("the withdrawn %s declared after the rollback lost its withdrawal: %s", hosts[2], d.Reason)
+		}
+	}
+	c.mu.Unlock()
 	select {
 	case err := <-c.done:
 		c.done <- err
@@ -465,4 +517,8 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	if len(rolled) != 1 {
 		t.Fatalf("%d revision-regressed decisions, want 1 (the fresh tracker must not find the rollback again): %+v", len(rolled), rolled)
 	}
+	if len(kept) == 0 || kept[0].Host != hosts[2] {
+		t.Fatalf("no withdrawn decision keeping %s withdrawn across the rollback: %+v", hosts[2], kept)
+	}
+	t.Logf("%s", kept[0].Reason)
 }
