@@ -118,8 +118,8 @@ func (b *x11Bucket) startCarry(now time.Time, carry *rollbackCarry) *Tracker {
 	}
 	tr.WatchStarted(now)
 	if carry != nil {
-		for _, h := range carry.withdrawn {
-			tr.KeepWithdrawn(h, carry.rev)
+		for _, w := range carry.withdrawn {
+			tr.KeepWithdrawn(w, carry.rev)
 		}
 	}
 	for _, h := range tr.Hosts() {

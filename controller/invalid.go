@@ -322,6 +322,12 @@ func replay(h *hostState, rev uint64, rec *fencing.LeaseRecord) bool {
 	switch {
 	case h == nil:
 		return false
+	case h.carried != nil && rec.Sig != "" && notNewer(*rec, *h.carried) && !replayMutation:
+		// Not newer than the record an earlier tracker knew when the
+		// lease stream rolled back (Tracker.KeepWithdrawn): a copy of
+		// one of its records from before the rollback, whose revisions
+		// the rollback handed out again (reviewer X23).
+		return true
 	case !h.deleted:
 		return fencing.StaleRecord(*rec, rev, h.rev)
 	}
@@ -340,6 +346,12 @@ func replayedAfterDelete(h *hostState, rec *fencing.LeaseRecord) bool {
 	if last.Host == "" || last.Sig == "" {
 		return false // nothing trusted and signed to compare with
 	}
+	return notNewer(*rec, last)
+}
+
+// notNewer reports whether the signed rec was written no later than last
+// by its agent: (epoch, incarnation, seq) not above last's.
+func notNewer(rec, last fencing.LeaseRecord) bool {
 	switch {
 	case rec.Epoch != last.Epoch:
 		return rec.Epoch < last.Epoch

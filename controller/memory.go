@@ -179,37 +179,64 @@ func (t *Tracker) StreamRolledBack(now time.Time, why string) []Decision {
 	return t.out
 }
 
-// Withdrawals lists the hosts this tracker knows withdrawn: by a trusted
-// withdrawn record or by their own withdrawal beacon (rollback.go).
-func (t *Tracker) Withdrawals() []string {
-	var out []string
+// Withdrawal is a host a tracker knew withdrawn, with its last trusted
+// record (rollback.go).
+type Withdrawal struct {
+	Host   string
+	Record fencing.LeaseRecord
+}
+
+// Withdrawals lists the hosts this tracker knows withdrawn — by a trusted
+// withdrawn record (Record is it) or by their own withdrawal beacon
+// (Record is the last trusted one) — for a fresh tracker to keep them so
+// after a rollback (KeepWithdrawn).
+func (t *Tracker) Withdrawals() []Withdrawal {
+	var out []Withdrawal
 	for _, name := range t.Hosts() {
 		if h := t.hosts[name]; h.rec.State == fencing.LeaseWithdrawn || h.beaconWithdrawn() {
-			out = append(out, name)
+			out = append(out, Withdrawal{Host: name, Record: h.rec})
 		}
 	}
 	return out
 }
 
-// KeepWithdrawn: an earlier tracker knew host withdrawn before the lease
-// stream rolled back, which may have lost the withdrawal (rollback.go).
-// Unless this tracker holds a trusted record of host above rev (written
-// after the rollback's reused revisions), host is withdrawn as by its own
-// beacon: never declared until it writes a trusted record past rev.
-func (t *Tracker) KeepWithdrawn(host string, rev uint64) []Decision {
+// KeepWithdrawn: an earlier tracker knew w.Host withdrawn before the lease
+// stream rolled back, which may have lost the withdrawal (rollback.go;
+// rev: the last revision that tracker was delivered). Unless this tracker
+// holds a trusted record of the host newer than w.Record (its agent came
+// back), the host is withdrawn as that tracker knew it:
+//   - by its withdrawn record: that record is the host's again — never
+//     declared, not counted by the guard (as before the rollback: three
+//     maintenance hosts counted silent held the guard for good, reviewer
+//     X23's TestX23CarriedWithdrawalsHoldGuardForever), until a record
+//     newer than it comes (TestX23RestartedHostStuckWithdrawnAfterBehindRollback:
+//     a restarted agent's records at reused revisions end it);
+//   - by its own beacon: as by its beacon, until it writes past rev.
+//
+// Either way a signed record not newer than w.Record is a replay (its
+// revisions reused by the rollback made it look fresh:
+// TestX23ReplayOnReusedPrevRevEndsKeepWithdrawn).
+func (t *Tracker) KeepWithdrawn(w Withdrawal, rev uint64) []Decision {
 	t.out = t.out[:0]
-	h := t.hosts[host]
-	if h == nil || h.trustedRev > rev || h.rec.State == fencing.LeaseWithdrawn || h.beaconWithdrawn() {
+	h := t.hosts[w.Host]
+	if h == nil || h.trustedRev > 0 && h.rec.Sig != "" && w.Record.Sig != "" && !notNewer(h.rec, w.Record) ||
+		h.rec.State == fencing.LeaseWithdrawn || h.beaconWithdrawn() {
 		return t.out
 	}
-	h.beacons.withdrawnRev = max(h.beacons.withdrawnRev, rev, h.trustedRev+1)
+	last := w.Record
+	h.carried = &last
+	if last.State == fencing.LeaseWithdrawn {
+		h.rec = last
+	} else {
+		h.beacons.withdrawnRev = max(h.beacons.withdrawnRev, rev, h.trustedRev+1)
+	}
 	h.declaring, h.saidDue, h.heldBack = time.Time{}, false, false
 	if h.pin != nil {
 		h.pin = nil
-		t.rememberHost(host)
+		t.rememberHost(w.Host)
 	}
-	t.out = append(t.out, Decision{Op: OpWithdrawn, Host: host, Revision: rev, Record: h.rec, Reason: fmt.Sprintf(
-		"withdrawn: it withdrew before the lease stream rolled back, which may have lost its withdrawal (its key holds revision %d): not declared until it writes a trusted record past revision %d", h.rev, rev)})
+	t.out = append(t.out, Decision{Op: OpWithdrawn, Host: w.Host, Revision: rev, Record: h.rec, Reason: fmt.Sprintf(
+		"withdrawn: it withdrew before the lease stream rolled back, which may have lost its withdrawal (its key holds revision %d): not declared until a record newer than its last (epoch %d, incarnation %d, seq %d) comes", h.rev, last.Epoch, last.Incarnation, last.Seq)})
 	return t.out
 }
 

@@ -150,6 +150,6 @@ func (r *Runner) checkRollback(ctx context.Context, samples []delivered, last ui
 // without their pins. The carry lives as long as the Runner: a process
 // restart loses it (docs/security.md).
 type rollbackCarry struct {
-	withdrawn []string
+	withdrawn []Withdrawal
 	rev       uint64
 }

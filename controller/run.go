@@ -203,8 +203,8 @@ func (r *Runner) Run(ctx context.Context) error {
 					watching = true
 					r.Tracker.WatchStarted(r.now())
 					if c := r.rolledBack; c != nil {
-						for _, host := range c.withdrawn {
-							for _, d := range r.Tracker.KeepWithdrawn(host, c.rev) {
+						for _, w := range c.withdrawn {
+							for _, d := range r.Tracker.KeepWithdrawn(w, c.rev) {
 								r.perform(ctx, log, d)
 							}
 						}

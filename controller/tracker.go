@@ -193,6 +193,10 @@ type hostState struct {
 	// regressed: a revision below rev was observed (Tracker.regress);
 	// not declared until a revision above rev arrives.
 	regressed bool
+	// carried: the host's last trusted record in a tracker that stopped
+	// on a rolled-back lease stream, which knew it withdrawn
+	// (Tracker.KeepWithdrawn): a record not newer is a replay.
+	carried *fencing.LeaseRecord
 	// pin: what the memory says of the key's state (memory.go).
 	pin *MemoryPin
 }
@@ -471,7 +475,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	// Counted silent before this record (asked before it changes
 	// anything): its silence ends now and counts one more guard window.
 	wasSilent := t.silentNow(h, now)
-	h.rev, h.rec, h.trustedRev, h.regressed = rev, *rec, rev, false
+	h.rev, h.rec, h.trustedRev, h.regressed, h.carried = rev, *rec, rev, false, nil
 	if h.pin != nil {
 		h.pin = nil // a trusted value: the key moved on; the memory is rewritten without the pin
 		t.rememberHost(host)
