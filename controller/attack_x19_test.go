@@ -106,8 +106,8 @@ func (b *x11Bucket) x19Start(now time.Time) *Tracker { return b.startCarry(now, 
 
 // startCarry is x19Start with what Runner.Run hands a fresh tracker after
 // the last Run stopped on a rolled-back stream (carry, if set:
-// rollbackCarry) — pins at or below carry.rev not taken and written out,
-// carry.withdrawn kept withdrawn (Tracker.KeepWithdrawn) once listed.
+// rollbackCarry) — Tracker.AfterRollback, and carry.withdrawn kept
+// withdrawn (Tracker.KeepWithdrawn) once listed.
 func (b *x11Bucket) startCarry(now time.Time, carry *rollbackCarry) *Tracker {
 	tr := x10Tracker(b.t)
 	names := x11Without(sortedKeys(b))
@@ -117,17 +117,14 @@ func (b *x11Bucket) startCarry(now time.Time, carry *rollbackCarry) *Tracker {
 		deliver(tr, now, h, b.keys[h])
 	}
 	tr.WatchStarted(now)
-	if carry != nil {
+	if carry != nil { // as Runner.Run
+		tr.AfterRollback(carry.rev)
 		for _, w := range carry.withdrawn {
 			tr.KeepWithdrawn(w, carry.rev)
 		}
 	}
 	for _, h := range tr.Hosts() {
 		if m, ok := b.mem[h]; ok {
-			if carry != nil && m.Pin != nil && m.Pin.KeyRev <= carry.rev { // Runner.restoreMemory
-				m.Pin = nil
-				tr.rememberHost(h)
-			}
 			tr.RestoreMemory(now, h, m)
 		}
 	}

@@ -65,15 +65,6 @@ func (r *Runner) restoreMemory(ctx context.Context, log *slog.Logger) {
 			log.Error("controller memory: a host's memory is unreadable; ignored", "host", host, "err", err)
 			continue
 		}
-		if m.Pin != nil && r.rolledBack != nil && m.Pin.KeyRev <= r.rolledBack.rev {
-			// Written before the rollback was found (a pin moved along
-			// since it may rest on a record the rollback made stale),
-			// and perhaps not yet rewritten without it when the last Run
-			// stopped (its writes failed, or it was not acting: reviewer
-			// X22): not taken, and written out of the memory.
-			m.Pin = nil
-			r.Tracker.rememberHost(host)
-		}
 		for _, d := range r.Tracker.RestoreMemory(r.now(), host, m) {
 			r.perform(ctx, log, d)
 		}

@@ -99,27 +99,22 @@ func (d *deliveredRing) snapshot() ([]delivered, uint64) {
 // back (see above). It returns an error wrapping ErrLeaseStreamRolledBack
 // on proof of a rollback, another error when it could not check.
 func (r *Runner) checkRollback(ctx context.Context, samples []delivered, last uint64) error {
-	ctx, cancel := context.WithTimeout(ctx, natslease.ReadTimeout)
-	defer cancel()
-	js, err := jetstream.New(r.Store.NC)
+	nc := r.Store.NC
+	ls, err := natslease.LastRevision(ctx, nc)
 	if err != nil {
-		return err
+		return fmt.Errorf("rollback check: %w", err)
 	}
-	s, err := js.Stream(ctx, natslease.StreamName)
-	if err != nil {
-		return fmt.Errorf("rollback check: stream info: %w", err)
-	}
-	if ls := s.CachedInfo().State.LastSeq; ls < last {
+	if ls < last {
 		return fmt.Errorf("%w: its last revision is %d, below revision %d this controller's watch delivered", ErrLeaseStreamRolledBack, ls, last)
 	}
 	for _, d := range samples {
-		m, err := s.GetMsg(ctx, d.rev)
+		at, err := natslease.StoredAt(ctx, nc, d.rev)
 		switch {
 		case errors.Is(err, jetstream.ErrMsgNotFound):
 			// Superseded by a later value of its key — or lost, its
 			// revision reused and superseded since: then the key holds
 			// no value above it (reviewer X22: gone alone proved nothing).
-			lr, err := r.Store.ReadLeader(ctx, r.Store.NC, d.host)
+			lr, err := r.Store.ReadLeader(ctx, nc, d.host)
 			if err != nil {
 				return fmt.Errorf("rollback check: revision %d: %w", d.rev, err)
 			}
@@ -128,9 +123,9 @@ func (r *Runner) checkRollback(ctx context.Context, samples []delivered, last ui
 			}
 		case err != nil:
 			return fmt.Errorf("rollback check: revision %d: %w", d.rev, err)
-		case !m.Time.Equal(d.stored):
+		case !at.Equal(d.stored):
 			return fmt.Errorf("%w: revision %d, delivered as stored at %s, now holds a message stored at %s", ErrLeaseStreamRolledBack,
-				d.rev, d.stored.UTC().Format(time.RFC3339Nano), m.Time.UTC().Format(time.RFC3339Nano))
+				d.rev, d.stored.UTC().Format(time.RFC3339Nano), at.UTC().Format(time.RFC3339Nano))
 		}
 	}
 	return nil

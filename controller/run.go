@@ -142,6 +142,9 @@ func (r *Runner) Run(ctx context.Context) error {
 		r.Tracker.SetEnrolled(func(host string) bool { return len(k.Hosts[host]) > 0 })
 	}
 	r.Tracker.SetStream(streamID(ctx, r.Store, log))
+	if c := r.rolledBack; c != nil {
+		r.Tracker.AfterRollback(c.rev)
+	}
 	tick := time.NewTicker(TickInterval)
 	defer tick.Stop()
 	var lastPublish, retryPublish time.Time

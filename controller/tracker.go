@@ -321,6 +321,8 @@ type Tracker struct {
 	// stored: per host, the stored time of its key's last value
 	// (Stored; memory.go).
 	stored map[string]keyStamp
+	// rolledBackRev: AfterRollback.
+	rolledBackRev uint64
 }
 
 // SetSigningRequired tells the tracker whether signed records are

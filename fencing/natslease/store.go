@@ -779,10 +779,42 @@ func subject(host string) string { return "$KV." + fencing.Bucket + "." + key(ho
 // storedMsg is a message of the lease stream as the stream API's message
 // get returns it.
 type storedMsg struct {
-	Subject string `json:"subject"`
-	Seq     uint64 `json:"seq"`
-	Hdrs    []byte `json:"hdrs"`
-	Data    []byte `json:"data"`
+	Subject string    `json:"subject"`
+	Seq     uint64    `json:"seq"`
+	Hdrs    []byte    `json:"hdrs"`
+	Data    []byte    `json:"data"`
+	Time    time.Time `json:"time"`
+}
+
+// StoredAt reads when the lease stream stored its message at rev (the
+// stream API's message get: the server's stamp, in nanoseconds). A
+// message that is gone is an error wrapping jetstream.ErrMsgNotFound.
+func StoredAt(ctx context.Context, nc *nats.Conn, rev uint64) (time.Time, error) {
+	m, err := streamMsg(ctx, nc, map[string]any{"seq": rev}, ReadTimeout)
+	return m.Time, err
+}
+
+// LastRevision reads the lease stream's last sequence (stream info).
+func LastRevision(ctx context.Context, nc *nats.Conn) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	defer cancel()
+	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.INFO."+StreamName, nil)
+	if err != nil {
+		return 0, err
+	}
+	var resp struct {
+		State struct {
+			LastSeq uint64 `json:"last_seq"`
+		} `json:"state"`
+		Error *apiError `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return 0, fmt.Errorf("stream info: %w", err)
+	}
+	if resp.Error != nil {
+		return 0, fmt.Errorf("stream info: %s (%d)", resp.Error.Description, resp.Error.ErrCode)
+	}
+	return resp.State.LastSeq, nil
 }
 
 // streamMsg performs the stream API's message get
