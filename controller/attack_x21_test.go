@@ -271,15 +271,33 @@ func TestX21RollbackBelowTrustedRevIgnoresWithdrawalBeacon(t *testing.T) {
 // stops) and/or the controllers restart at start; the running controller
 // then runs 120 s. It returns the first declaration of h3, if any.
 func (b *x11Bucket) x21After(c1 *Tracker, detectAt, start time.Time, detect, restart bool, live []string) (string, time.Duration) {
-	var carry *rollbackCarry
-	if detect {
-		carry = &rollbackCarry{withdrawn: c1.Withdrawals(), rev: b.delivered}
-		c1.StreamRolledBack(detectAt, "test")
-		b.flush()
-	}
-	if restart || detect {
+	switch {
+	case detect:
+		b.tr = c1
+		b.detectRollback(detectAt, start)
+	case restart:
 		b.stop()
-		b.startCarry(start, carry)
+		b.x19Start(start)
 	}
 	return b.run(start, 120, live, map[string]bool{"h3": true})
 }
+
+// detectRollback: the running controller finds the rollback at detectAt
+// (its runner's check: Tracker.StreamRolledBack, its memories written)
+// and the runner starts a fresh tracker at start, as Runner.Run does
+// after ErrLeaseStreamRolledBack (startCarry). It returns the carry.
+func (b *x11Bucket) detectRollback(detectAt, start time.Time) *rollbackCarry {
+	c1 := b.tr
+	carry := &rollbackCarry{withdrawn: c1.Withdrawals(), rev: b.delivered}
+	c1.StreamRolledBack(detectAt, "test")
+	b.flush()
+	b.stop()
+	b.startCarry(start, carry)
+	return carry
+}
+
+// rollBack puts the lease bucket back to keys at revision rev (a restore
+// from a backup): the running controller's watch sees none of it
+// (rollback.go); what lands later is delivered as the successor of the
+// last revision it was delivered.
+func (b *x11Bucket) rollBack(keys map[string]x11Entry, rev uint64) { b.keys, b.rev = keys, rev }

@@ -58,17 +58,9 @@ func TestX23RestartedHostStuckWithdrawnAfterBehindRollback(t *testing.T) {
 			b.flush()
 			b.run(now, 3, live, nil)
 			now = now.Add(3 * time.Second)
-			c1 := b.tr
-			// The stream is restored from the backup: the reused revisions never reach C1.
-			b.tr = nil
-			b.keys, b.rev = backup, backupRev
-			b.tr = c1
-			carry := &rollbackCarry{withdrawn: c1.Withdrawals(), rev: b.delivered}
-			c1.StreamRolledBack(now.Add(500*time.Millisecond), "test")
-			b.flush()
-			b.stop()
+			b.rollBack(backup, backupRev)
 			start := now.Add(time.Second)
-			b.startCarry(start, carry)
+			carry := b.detectRollback(now.Add(500*time.Millisecond), start)
 			t.Logf("withdrawal at %d, carry.rev %d, stream back at %d", w, carry.rev, b.rev)
 			// The operator restarts h3's agent: it renews with everyone.
 			b.run(start, c.renew, hosts, nil)
@@ -224,16 +216,9 @@ func TestX23ReplayOnReusedPrevRevEndsKeepWithdrawn(t *testing.T) {
 			b.run(now, 3, live, nil)
 			now = now.Add(3 * time.Second)
 			if c.rollback {
-				c1 := b.tr
-				b.tr = nil
-				b.keys, b.rev = backup, backupRev
-				b.tr = c1
-				carry := &rollbackCarry{withdrawn: c1.Withdrawals(), rev: b.delivered}
-				c1.StreamRolledBack(now.Add(500*time.Millisecond), "test")
-				b.flush()
-				b.stop()
+				b.rollBack(backup, backupRev)
+				carry := b.detectRollback(now.Add(500*time.Millisecond), now.Add(time.Second))
 				now = now.Add(time.Second)
-				b.startCarry(now, carry)
 				if p <= b.rev || p > carry.rev {
 					t.Fatalf("rig: R written on %d, stream back at %d, carry.rev %d", p, b.rev, carry.rev)
 				}

@@ -109,16 +109,9 @@ func TestX24ReimagedHostStuckWithdrawnByCarry(t *testing.T) {
 			b.run(now, 3, live, nil)
 			now = now.Add(3 * time.Second)
 			if c.rollback {
-				c1 := b.tr
-				b.tr = nil
-				b.keys, b.rev = backup, backupRev
-				b.tr = c1
-				carry := &rollbackCarry{withdrawn: c1.Withdrawals(), rev: b.delivered}
-				c1.StreamRolledBack(now.Add(500*time.Millisecond), "test")
-				b.flush()
-				b.stop()
+				b.rollBack(backup, backupRev)
+				b.detectRollback(now.Add(500*time.Millisecond), now.Add(time.Second))
 				now = now.Add(time.Second)
-				b.startCarry(now, carry)
 			}
 			// Maintenance over: h3 reinstalled (durable state lost) or not;
 			// its agent renews for 20 s with genuine CAS writes, then dies.
@@ -202,16 +195,9 @@ func TestX24HiddenRenewalEndsBeaconOnlyCarry(t *testing.T) {
 			b.run(now, 3, live, nil)
 			now = now.Add(3 * time.Second)
 			if c.rollback {
-				c1 := b.tr
-				b.tr = nil
-				b.keys, b.rev = backup, backupRev
-				b.tr = c1
-				carry := &rollbackCarry{withdrawn: c1.Withdrawals(), rev: b.delivered}
-				c1.StreamRolledBack(now.Add(500*time.Millisecond), "test")
-				b.flush()
-				b.stop()
+				b.rollBack(backup, backupRev)
+				carry := b.detectRollback(now.Add(500*time.Millisecond), now.Add(time.Second))
 				now = now.Add(time.Second)
-				b.startCarry(now, carry)
 				t.Logf("carried %+v; carry.rev %d; hidden A_{k+1} written on %d; stream back at %d", carry.withdrawn, carry.rev, hidden.PrevRev, b.rev)
 			}
 			b.run(now, 8, live, nil) // past carry.rev
@@ -275,16 +261,9 @@ func TestX24ReusedRevisionReplayAfterRollbackNotCarried(t *testing.T) {
 			p := r.PrevRev
 			now := at
 			if c.rollback {
-				c1 := b.tr
-				b.tr = nil
-				b.keys, b.rev = backup, backupRev
-				b.tr = c1
-				carry := &rollbackCarry{withdrawn: c1.Withdrawals(), rev: b.delivered}
-				c1.StreamRolledBack(now.Add(500*time.Millisecond), "test")
-				b.flush()
-				b.stop()
+				b.rollBack(backup, backupRev)
+				b.detectRollback(now.Add(500*time.Millisecond), now.Add(time.Second))
 				now = now.Add(time.Second)
-				b.startCarry(now, carry)
 			}
 			// h4 renews on (seq continues), then stops in order.
 			b.x24Run(now, 1, live, "h4", 0, 5, &seq, nil)
@@ -353,19 +332,12 @@ func TestX24ReusedRevisionWithdrawalReplayKeepsDeadHost(t *testing.T) {
 			b.x24Run(at, 3, live, "h6", 0, 6, &seq6, nil)
 			now := at.Add(3 * time.Second)
 			if c.rollback {
-				c1 := b.tr
-				b.tr = nil
-				b.keys, b.rev = backup, backupRev
-				b.tr = c1
-				carry := &rollbackCarry{withdrawn: c1.Withdrawals(), rev: b.delivered}
+				b.rollBack(backup, backupRev)
+				carry := b.detectRollback(now.Add(500*time.Millisecond), now.Add(time.Second))
+				now = now.Add(time.Second)
 				if len(carry.withdrawn) != 0 {
 					t.Fatalf("rig: carried %v", carry.withdrawn)
 				}
-				c1.StreamRolledBack(now.Add(500*time.Millisecond), "test")
-				b.flush()
-				b.stop()
-				now = now.Add(time.Second)
-				b.startCarry(now, carry)
 			}
 			b.x24Run(now, 1, live, "h6", 0, 6, &seq6, nil)
 			now = now.Add(1200 * time.Millisecond)
