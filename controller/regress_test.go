@@ -18,17 +18,7 @@ import (
 // OpRevisionRegressed (once) and h0 is not declared until a revision
 // above 100 arrives (then it is tracked as usual again).
 func TestRevisionRegressedNotDeclared(t *testing.T) {
-	tr, err := NewTracker(resetConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	rev := uint64(100)
-	tr.Observe(t0, "h0", rev, rec("h0", fencing.BackstopReset))
-	for i := 1; i < 10; i++ {
-		rev++
-		tr.Observe(t0, fmt.Sprintf("h%d", i), rev, rec(fmt.Sprintf("h%d", i), fencing.BackstopReset))
-	}
-	tr.WatchStarted(t0)
+	tr, rev := regressFleet(t)
 	low, regressed := uint64(0), 0
 	for s := 1; s <= 120; s++ {
 		now := t0.Add(time.Duration(s) * time.Second)
@@ -71,4 +61,22 @@ func TestRevisionRegressedNotDeclared(t *testing.T) {
 		}
 	}
 	t.Fatal("h0, dead after its revisions passed the old ones, never declared")
+}
+
+// regressFleet: a tracker watching h0 at revision 100 and h1..h9 at 101..109
+// at t0; it returns the last revision.
+func regressFleet(t *testing.T) (*Tracker, uint64) {
+	t.Helper()
+	tr, err := NewTracker(resetConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := uint64(100)
+	tr.Observe(t0, "h0", rev, rec("h0", fencing.BackstopReset))
+	for i := 1; i < 10; i++ {
+		rev++
+		tr.Observe(t0, fmt.Sprintf("h%d", i), rev, rec(fmt.Sprintf("h%d", i), fencing.BackstopReset))
+	}
+	tr.WatchStarted(t0)
+	return tr, rev
 }
