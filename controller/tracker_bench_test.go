@@ -39,13 +39,12 @@ func BenchmarkTrackerFleet(b *testing.B) {
 			next := 0
 			b.ResetTimer()
 			for b.Loop() {
-				for q := range 4 { // one second: four ticks, n/2 renewals
+				for range 4 { // one second: four ticks, n/2 renewals
 					now = now.Add(TickInterval)
 					for range n / 8 {
 						observe(next)
 						next = (next + 1) % n
 					}
-					_ = q
 					tr.Tick(now)
 				}
 			}
