@@ -122,6 +122,9 @@ func (b *x11Bucket) startCarry(now time.Time, carry *rollbackCarry) *Tracker {
 		for _, w := range carry.withdrawn {
 			tr.KeepWithdrawn(w, carry.rev)
 		}
+		for _, h := range carry.counted {
+			tr.KeepCounted(h)
+		}
 	}
 	for _, h := range tr.Hosts() {
 		if m, ok := b.mem[h]; ok {

@@ -288,7 +288,7 @@ func (b *x11Bucket) x21After(c1 *Tracker, detectAt, start time.Time, detect, res
 // after ErrLeaseStreamRolledBack (startCarry). It returns the carry.
 func (b *x11Bucket) detectRollback(detectAt, start time.Time) *rollbackCarry {
 	c1 := b.tr
-	carry := &rollbackCarry{withdrawn: c1.Withdrawals(), rev: b.delivered}
+	carry := &rollbackCarry{withdrawn: c1.Withdrawals(), counted: c1.CountedSilent(detectAt), rev: b.delivered}
 	c1.StreamRolledBack(detectAt, "test")
 	b.flush()
 	b.stop()

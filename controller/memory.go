@@ -181,25 +181,55 @@ func (t *Tracker) StreamRolledBack(now time.Time, why string) []Decision {
 
 // AfterRollback tells a fresh tracker that an earlier one stopped on a
 // rolled-back lease stream after its watch was delivered revision rev
-// (rollback.go): RestoreMemory takes no pin at or below it.
+// (rollback.go): RestoreMemory takes no pin whose record was trusted at or
+// below it.
 func (t *Tracker) AfterRollback(rev uint64) { t.rolledBackRev = rev }
 
-// Withdrawal is a host a tracker knew withdrawn, with its last trusted
-// record (rollback.go).
-type Withdrawal struct {
+// CarriedHost is a host and its last trusted record in a tracker that
+// stopped on a rolled-back lease stream, carried to the fresh one
+// (rollback.go: Withdrawals, CountedSilent).
+type CarriedHost struct {
 	Host   string
 	Record fencing.LeaseRecord
+}
+
+// CountedSilent lists the hosts the guard counts silent at now, with
+// their last trusted records, for a fresh tracker to keep counting after a
+// rollback (KeepCounted).
+func (t *Tracker) CountedSilent(now time.Time) []CarriedHost {
+	var out []CarriedHost
+	for _, name := range t.Hosts() {
+		if h := t.hosts[name]; t.counted(h, now) {
+			out = append(out, CarriedHost{Host: name, Record: h.rec})
+		}
+	}
+	return out
+}
+
+// KeepCounted: an earlier tracker counted c.Host silent when the lease
+// stream rolled back (rollback.go). This one counts it silent too until a
+// trusted record newer than c.Record comes: the rollback may have put an
+// older record back in its key — a withdrawal from before the backup,
+// which is never counted — and the hold over a cut-off rack ended, its
+// Held hosts declared while their guests ran (reviewer X25,
+// TestX25RollbackResurrectedWithdrawalsEndHeldRackHold). It declares
+// nothing: it only keeps the mass-failure guard's count.
+func (t *Tracker) KeepCounted(c CarriedHost) {
+	if h := t.hosts[c.Host]; h != nil {
+		rec := c.Record
+		h.countedCarry = &rec
+	}
 }
 
 // Withdrawals lists the hosts this tracker knows withdrawn — by a trusted
 // withdrawn record (Record is it) or by their own withdrawal beacon
 // (Record is the last trusted one) — for a fresh tracker to keep them so
 // after a rollback (KeepWithdrawn).
-func (t *Tracker) Withdrawals() []Withdrawal {
-	var out []Withdrawal
+func (t *Tracker) Withdrawals() []CarriedHost {
+	var out []CarriedHost
 	for _, name := range t.Hosts() {
 		if h := t.hosts[name]; h.rec.State == fencing.LeaseWithdrawn || h.beaconWithdrawn() {
-			out = append(out, Withdrawal{Host: name, Record: h.rec})
+			out = append(out, CarriedHost{Host: name, Record: h.rec})
 		}
 	}
 	return out
@@ -221,7 +251,7 @@ func (t *Tracker) Withdrawals() []Withdrawal {
 // Either way a signed record not newer than w.Record is a replay (its
 // revisions reused by the rollback made it look fresh:
 // TestX23ReplayOnReusedPrevRevEndsKeepWithdrawn).
-func (t *Tracker) KeepWithdrawn(w Withdrawal, rev uint64) []Decision {
+func (t *Tracker) KeepWithdrawn(w CarriedHost, rev uint64) []Decision {
 	t.out = t.out[:0]
 	h := t.hosts[w.Host]
 	if h == nil || h.trustedRev > 0 && h.rec.Sig != "" && w.Record.Sig != "" && !notNewer(h.rec, w.Record) ||
@@ -325,13 +355,17 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 		h.beacons.remembered = true
 	}
 	p := m.Pin
-	if p != nil && p.KeyRev <= t.rolledBackRev {
-		// Written before a rollback an earlier tracker of this runner
-		// found (a pin moved along since may rest on a record the
-		// rollback made stale), and perhaps not rewritten without it
-		// when that tracker stopped (its writes failed, or it was not
-		// acting: reviewer X22, TestX22RollbackFoundButDroppedPinsNotWritten):
-		// not taken, and written out of the memory.
+	if p != nil && p.TrustedRev <= t.rolledBackRev {
+		// Resting on a record trusted before a rollback an earlier
+		// tracker of this runner found: the rollback may have made it
+		// stale (a withdrawal hidden at a reused revision), whatever
+		// revision the pin moved along to since — by that tracker, its
+		// writes of the dropped pins failed or skipped (reviewer X22,
+		// TestX22RollbackFoundButDroppedPinsNotWritten), or by the other
+		// controller, still on its old watch after this one found it
+		// (reviewer X25, TestX25OtherControllersPinAboveCarry: the pin's
+		// key revision was above this runner's carried one). Not taken,
+		// and written out of the memory.
 		p = nil
 		t.rememberHost(host)
 	}
@@ -360,3 +394,8 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 		what, p.KeyRev, p.TrustedRev, p.Record.Epoch)})
 	return t.out
 }
+
+// countedCarryMutation: a host counted silent when the stream rolled back
+// is not counted by the fresh tracker, as before (reviewer X25). Tests
+// only.
+var countedCarryMutation bool

@@ -145,6 +145,11 @@ func (r *Runner) checkRollback(ctx context.Context, samples []delivered, last ui
 // without their pins. The carry lives as long as the Runner: a process
 // restart loses it (docs/security.md).
 type rollbackCarry struct {
-	withdrawn []Withdrawal
-	rev       uint64
+	withdrawn []CarriedHost
+	// counted: the hosts the stopped tracker counted silent
+	// (Tracker.CountedSilent): the fresh one keeps counting them
+	// (Tracker.KeepCounted) — a rollback that put a host's old withdrawn
+	// record back ended a hold (reviewer X25).
+	counted []CarriedHost
+	rev     uint64
 }

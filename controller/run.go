@@ -211,6 +211,9 @@ func (r *Runner) Run(ctx context.Context) error {
 								r.perform(ctx, log, d)
 							}
 						}
+						for _, h := range c.counted {
+							r.Tracker.KeepCounted(h)
+						}
 					}
 					log.Info("lease watch synced", "hosts", r.Tracker.Members())
 					if r.OnSynced != nil {
@@ -246,7 +249,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				if errors.Is(err, ErrLeaseStreamRolledBack) {
 					// What the fresh tracker must not lose (rollback.go):
 					// the withdrawals this one saw.
-					r.rolledBack = &rollbackCarry{withdrawn: r.Tracker.Withdrawals(), rev: ring.maxRv}
+					r.rolledBack = &rollbackCarry{withdrawn: r.Tracker.Withdrawals(), counted: r.Tracker.CountedSilent(r.now()), rev: ring.maxRv}
 					for _, d := range r.Tracker.StreamRolledBack(r.now(), err.Error()) {
 						r.perform(ctx, log, d)
 					}

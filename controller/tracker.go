@@ -197,6 +197,10 @@ type hostState struct {
 	// on a rolled-back lease stream, which knew it withdrawn
 	// (Tracker.KeepWithdrawn): a record not newer is a replay.
 	carried *fencing.LeaseRecord
+	// countedCarry: the host's last trusted record in a tracker that
+	// stopped on a rolled-back lease stream and counted it silent
+	// (Tracker.KeepCounted): counted silent until a newer record comes.
+	countedCarry *fencing.LeaseRecord
 	// pin: what the memory says of the key's state (memory.go).
 	pin *MemoryPin
 }
@@ -477,6 +481,11 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	// Counted silent before this record (asked before it changes
 	// anything): its silence ends now and counts one more guard window.
 	wasSilent := t.silentNow(h, now)
+	if c := h.countedCarry; c != nil && (rec.Sig == "" || !notNewer(*rec, *c)) {
+		// Back with a record newer than the one it was counted silent
+		// on: one more guard window, as any host whose silence ends.
+		h.countedCarry, h.silentEnd = nil, now
+	}
 	h.rev, h.rec, h.trustedRev, h.regressed, h.carried = rev, *rec, rev, false, nil
 	if h.pin != nil {
 		h.pin = nil // a trusted value: the key moved on; the memory is rewritten without the pin
@@ -701,6 +710,9 @@ func (t *Tracker) Holding() bool { return t.holding }
 // counted reports whether h counts toward the guard at now.
 func (t *Tracker) counted(h *hostState, now time.Time) bool {
 	w := t.cfg.GuardWindow
+	if h.countedCarry != nil && !countedCarryMutation {
+		return true // KeepCounted: counted silent when the stream rolled back
+	}
 	switch h.rec.State {
 	case fencing.LeaseExpired:
 		return !h.declaredAt.IsZero() && now.Sub(h.declaredAt) <= w
