@@ -11,7 +11,9 @@ import (
 // Config bounds the classification. Zero fields take the defaults.
 type Config struct {
 	// QueryTimeout: a Nova query not answered within it counts as failed
-	// (nova-slow). Measured: servers/detail 0.1–1 s on a busy 2-core host.
+	// (nova-slow). Measured: servers/detail 0.1–1 s on a busy 2-core host,
+	// up to 5.1 s (nova-api's own request time) during make e2e's storm at
+	// load 43–46.
 	QueryTimeout time.Duration
 	// CacheTTL: a servers listing this young (and requested after the stop
 	// began) classifies a stop without a new query, so stops whose windows
@@ -41,7 +43,13 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultQueryTimeout  = 3 * time.Second
+	// DefaultQueryTimeout is twice the slowest servers/detail seen during
+	// the storm (5.1 s in nova-api's log, make e2e, load 43–46). At 3 s
+	// (until 2026-12-02) 8 of 81 Nova reboots in that storm timed out and
+	// were reported as unknown stops. Only a stop whose window ends while
+	// Nova is that slow waits longer; with Nova answering, the report
+	// comes with its answer.
+	DefaultQueryTimeout  = 10 * time.Second
 	DefaultCacheTTL      = time.Second
 	DefaultPollInterval  = 2 * time.Second
 	DefaultMaxHold       = 5 * time.Minute
