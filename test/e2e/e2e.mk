@@ -111,24 +111,26 @@ e2e-openstack-adapter: ## the OpenStack recovery adapter against the running har
 # RECOVERY-STORM, RECOVERY-RESULT, RECOVERY-COUNTS and MASAKARI-RESULT
 # lines. Tears down only what it started (HVG_OS_KEEP=1 keeps it).
 #
-# make e2e runs it with 30 guests and E2E_STORM_ROUNDS=2 reboot rounds (+
-# the cut round): the crash phase (76-95 s) and the Masakari test (40 s)
-# add ~120-135 s, one round fewer saves ~160-200 s and keeps make e2e inside
-# CI's 45-min budget (measured 2026-12-01: e2e-classify 883 s; 1021 s in a
-# run where a guest's boot hung and was re-rebooted after 4 min; the 4-round
-# storm alone was 836 s; docs/BENCHMARKS.md, issue 14). Issue 6's
-# assertions are the same. The cloud comes up with Masakari there
-# and the Masakari test is required (HVG_E2E_MASAKARI=1). make bench runs
-# the full storm (BENCH_STORM_ROUNDS=3 rounds + the cut round) with the same
-# recovery part; HVG_STORM_RECOVERY=0 runs the issue 6 storm alone. 20
-# guests are quicker but kept every domain off < 15 s, so the plain agent
-# misreported nothing to compare with.
-E2E_STORM_GUESTS ?= 30
+# make e2e runs it with 20 guests (the issue's "20+") and E2E_STORM_ROUNDS=2
+# reboot rounds (+ the cut round); make bench runs the full storm: 30 guests,
+# BENCH_STORM_ROUNDS=3 rounds + the cut round, with the same recovery part
+# (crash phase 76-95 s, Masakari test 40 s). Why not 30 in CI: with 30 TCG
+# guests plus stress-ng --cpu 2 on the 2-core CI machine (load 43-46) the
+# guests' consoles came up ~300 s after a round's first request (2026-12-02
+# 14:00), and in the CI run after it 25 of 27 guests were not up 4 min after
+# ACTIVE, so the round's 10-min bound failed the run (stop 22): the storm
+# measured the machine, not hvguard, and took 1107 s of CI's 45-min budget.
+# Issue 6's assertions are the same at 20 (0 reboots reported as stops by
+# the classifying agent, each special stop once and classified). At 20 the
+# plain agent may misreport nothing (every domain off < 15 s in the
+# 2026-12-01 runs), so the side-by-side figures come from make bench.
+# HVG_STORM_RECOVERY=0 runs the issue 6 storm alone.
+E2E_STORM_GUESTS ?= 20
 E2E_STORM_ROUNDS ?= 2
 BENCH_STORM_GUESTS ?= 30
 BENCH_STORM_ROUNDS ?= 3
 .PHONY: e2e-classify bench-classify
-e2e-classify: ## as root: Nova reboot storm on real libvirt-driver guests, classified vs plain agent, with issue 14's instance recovery, crash phase and Masakari mode (E2E_STORM_GUESTS 30, E2E_STORM_ROUNDS 2)
+e2e-classify: ## as root: Nova reboot storm on real libvirt-driver guests, classified vs plain agent, with issue 14's instance recovery, crash phase and Masakari mode (E2E_STORM_GUESTS 20, E2E_STORM_ROUNDS 2)
 	HVG_OS_MASAKARI=1 HVG_OS_MASAKARI_WAIT=$(E2E_MASAKARI_WAIT) HVG_E2E_MASAKARI=1 \
 	HVG_STORM_GUESTS=$(E2E_STORM_GUESTS) HVG_STORM_ROUNDS=$(E2E_STORM_ROUNDS) GO=$(GO) bash test/e2e/classify/run.sh
 
