@@ -323,6 +323,7 @@ func put(t *testing.T, st *natslease.Store, rec fencing.LeaseRecord) {
 // held), never fences, and the controller never declares it; every
 // forged value is said (invalid-record).
 func TestCompromisedNodeCannotFenceOrDeclareAnother(t *testing.T) {
+	t.Parallel()
 	for _, signed := range []bool{false, true} {
 		t.Run(fmt.Sprintf("signed=%t", signed), func(t *testing.T) {
 			f, base, ctx, members := attackRig(t)
@@ -391,6 +392,7 @@ func TestCompromisedNodeCannotFenceOrDeclareAnother(t *testing.T) {
 // Signing required: h3 is declared on time (lease_ttl + grace after its
 // last renewal, 3.05 s at ×0.1), by CAS over the forged values.
 func TestCompromisedNodeCannotKeepDeadHostUndeclared(t *testing.T) {
+	t.Parallel()
 	for _, signed := range []bool{false, true} {
 		t.Run(fmt.Sprintf("signed=%t", signed), func(t *testing.T) {
 			f, base, ctx, members := attackRig(t)

@@ -137,6 +137,7 @@ func smuggledHeader(shown, enforced uint64) []byte {
 // is declared ~3 s after C2's start. Control "put": the same replay by a
 // plain put is refused as before (C2 holds, declares nobody for 7 s).
 func TestX11SmuggledHeaderReplayAcrossRestartNATS(t *testing.T) {
+	t.Parallel()
 	const (
 		replayed = "compute-2.example.org"
 		held     = "compute-3.example.org"
@@ -241,6 +242,7 @@ func TestX11SmuggledHeaderReplayAcrossRestartNATS(t *testing.T) {
 // after its start. Control "no-memory": C2 without the bucket never
 // declares it (as before the memory).
 func TestX11UnobservedWithdrawalNATS(t *testing.T) {
+	t.Parallel()
 	const withdrawn = "compute-3.example.org"
 	for _, memory := range []bool{true, false} {
 		t.Run(map[bool]string{true: "memory", false: "control-no-memory"}[memory], func(t *testing.T) {

@@ -72,6 +72,7 @@ func reflected(v []byte) bool {
 // dead compute-3: it reads the guard from the controllers' account.
 // Control "none": no garbage, declared as well.
 func TestX12ReflectedGuardGarbageNATS(t *testing.T) {
+	t.Parallel()
 	const dead = "compute-3.example.org"
 	for _, attack := range []string{"none", "guard-garbage"} {
 		t.Run(attack, func(t *testing.T) {
@@ -124,6 +125,7 @@ func TestX12ReflectedGuardGarbageNATS(t *testing.T) {
 // 1 s) may act within 2.5 s regardless. Control "none": the same without
 // the stomping.
 func TestX12ReflectedLeaderLockStompNATS(t *testing.T) {
+	t.Parallel()
 	for _, attack := range []string{"none", "stomp"} {
 		t.Run(attack, func(t *testing.T) {
 			natsURL := natspermtest.StartServer(t)

@@ -77,6 +77,7 @@ func reflectBeacon(t *testing.T, ctx context.Context, st *natslease.Store, nc *n
 // compute-1 on compute-2's subject itself is refused by the permissions:
 // the controller holds and declares nobody.
 func TestX12ReflectedWithdrawalBeaconEndsHoldNATS(t *testing.T) {
+	t.Parallel()
 	const (
 		victim = "compute-2.example.org"
 		held   = "compute-3.example.org"
@@ -136,6 +137,7 @@ func TestX12ReflectedWithdrawalBeaconEndsHoldNATS(t *testing.T) {
 // "none": compute-3 is declared ~3 s (lease_ttl + grace at ×0.1) after
 // it died.
 func TestX12ReflectedBeaconKeepsDeadHostNATS(t *testing.T) {
+	t.Parallel()
 	const dead = "compute-3.example.org"
 	for _, attack := range []string{"none", "withdrawn", "renewal"} {
 		t.Run(attack, func(t *testing.T) {
@@ -223,6 +225,7 @@ func lastDecisions(c *controllerRun, n int) string {
 // agents see the withdrawn record and do not count it either. Control
 // "none": the controller holds, declares nobody.
 func TestX12OwnFutureWithdrawalBeaconEndsHoldNATS(t *testing.T) {
+	t.Parallel()
 	const (
 		attackerHost = "compute-2.example.org"
 		held         = "compute-3.example.org"

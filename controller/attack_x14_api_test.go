@@ -55,6 +55,7 @@ func reflectAPI(t *testing.T, ctx context.Context, st *natslease.Store, nc *nats
 //
 // Control "none": compute-2 never fences, compute-3 is declared.
 func TestX14ReflectedLeaseStreamAPINATS(t *testing.T) {
+	t.Parallel()
 	const (
 		live = "compute-2.example.org"
 		dead = "compute-3.example.org"
@@ -212,6 +213,7 @@ func appendStop(t *testing.T, ob *delivery.Outbox, uuid string, now time.Time) {
 // considers it delivered. Outside (a)/(S)/(c) ("never loses an event").
 // Control "none": the stop is applied.
 func TestX14ReflectedMsgIDSuppressesEventNATS(t *testing.T) {
+	t.Parallel()
 	for _, attack := range []bool{false, true} {
 		t.Run(map[bool]string{false: "none", true: "preempt"}[attack], func(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())

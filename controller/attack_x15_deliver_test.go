@@ -93,6 +93,7 @@ func firstN(s string, n int) string {
 // The bucket stays, compute-2 does not fence, compute-3 is declared.
 // Control "own-inbox": reflectByDelivery to compute-1's own inbox.
 func TestX15DeliveredLeaseStreamAPINATS(t *testing.T) {
+	t.Parallel()
 	const (
 		live = "compute-2.example.org"
 		dead = "compute-3.example.org"
@@ -154,6 +155,7 @@ func TestX15DeliveredLeaseStreamAPINATS(t *testing.T) {
 // Control "own-inbox": the same consumer delivering to compute-1's own
 // inbox (subscribed): compute-2's stop is applied.
 func TestX15DeliveredConsumerResetNATS(t *testing.T) {
+	t.Parallel()
 	durable := controller.DurableName("ctl-1")
 	for _, tc := range []struct{ name, subj string }{
 		{"own-inbox", ""},

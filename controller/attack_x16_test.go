@@ -33,6 +33,7 @@ import (
 // C1 at all (a new deployment; the lease copy never written). Controls
 // "none" and "fresh-none": the same without the reflection — declared.
 func TestX16GuardFallbackGarbageNATS(t *testing.T) {
+	t.Parallel()
 	const dead = "compute-3.example.org"
 	// "upgrade" stays open (failing as of commit 4a7a28d): C1's agents name its
 	// guard versions, so starting without the published guard could lose
@@ -110,6 +111,7 @@ func TestX16GuardFallbackGarbageNATS(t *testing.T) {
 // does. Fixed: Store.Members returns the hosts and a zero guard when the
 // guard does not verify (fails with the error it returned before).
 func TestX16ReflectedGuardFreezesAgentMembershipNATS(t *testing.T) {
+	t.Parallel()
 	const joiner = "compute-3.example.org"
 	for _, attack := range []string{"none", "reflect"} {
 		t.Run(attack, func(t *testing.T) {

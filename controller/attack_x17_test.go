@@ -74,6 +74,7 @@ func x17WriteKeys(t *testing.T, nc *nats.Conn, keyOf func(int) string) {
 // ASCII keys: listed in one page, compute-3 listed) — it is the
 // collision, not the number of keys.
 func TestX17CollidingKeysFreezeAgentMembershipNATS(t *testing.T) {
+	t.Parallel()
 	const joiner = "compute-3.example.org"
 	for _, attack := range []string{"none", "distinct", "colliding"} {
 		t.Run(attack, func(t *testing.T) {

@@ -46,6 +46,7 @@ import (
 // needed the memory first for). Control "small-fleet": 5 hosts, the pin
 // is restored every time.
 func TestX18PartialListingSkipsMemoryNATS(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name string
 		n    int

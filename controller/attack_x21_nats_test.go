@@ -30,6 +30,7 @@ import (
 // revision below L (no revision-regressed). This test PASSES: it is the
 // rig's realism check, not a hole.
 func TestX21WatchAcrossRollbackNATS(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv, dir, port := controllertest.RollbackServer(t)
@@ -137,15 +138,29 @@ func x21Conn(t *testing.T, ctx context.Context, srv *server.Server, wait time.Du
 //     reconnects (it retries every 2 s) — a reused revision holds another
 //     message than the one delivered at it.
 //
-// With rollbackCheckMutation (no check) it runs on (the X21 holes).
+// With rollbackCheckMutation (no check; TestRunnerStopsOnRollbackMutationNATS,
+// sequential: the mutation is a package variable) it runs on (the X21
+// holes).
 func TestRunnerStopsOnRollbackNATS(t *testing.T) {
+	t.Parallel()
+	runnerStopsOnRollbackNATS(t, false)
+}
+
+func TestRunnerStopsOnRollbackMutationNATS(t *testing.T) { runnerStopsOnRollbackNATS(t, true) }
+
+func runnerStopsOnRollbackNATS(t *testing.T, mutation bool) {
 	for _, c := range []struct {
 		name     string
 		refill   bool
 		mutation bool
 	}{{"behind", false, false}, {"refilled", true, false}, {"refilled/rollbackCheckMutation", true, true}} {
+		if c.mutation != mutation {
+			continue
+		}
 		t.Run(c.name, func(t *testing.T) {
-			defer controller.SetRollbackCheckMutation(c.mutation)()
+			if c.mutation { // only then: parallel tests read it
+				defer controller.SetRollbackCheckMutation(true)()
+			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			srv, dir, port := controllertest.RollbackServer(t)

@@ -48,6 +48,7 @@ import (
 // (b here) before the runner's next check — each sample is gone with a
 // later value of its key, as without a rollback: the runner runs on.
 func TestX22RollbackCheckBlindedByGarbageNATS(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		name   string
 		attack bool

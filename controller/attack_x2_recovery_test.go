@@ -63,6 +63,7 @@ func newSignedRecoveryEnv(t *testing.T, mode fencing.SigningMode) *recoveryEnv {
 // Without signatures (mode off) nothing tells a forgery from a genuine
 // value: the old behaviour (paused, or stopped) is kept — the control.
 func TestAgentCannotStopRecoveryOfDeclaredHost(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		write func(ctx context.Context, kv jetstream.KeyValue) error

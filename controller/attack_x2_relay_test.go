@@ -68,6 +68,7 @@ func leaseBucket(ctx context.Context, t *testing.T, url string) (*natslease.Stor
 // lying case runs at that default. lying_peers 0 with required is an
 // explicit opt-out into this hole (docs/security.md, "Lying peers").
 func TestLyingRelayCannotKeepDeclaredHostRunning(t *testing.T) {
+	t.Parallel()
 	def := fencing.DefaultLyingPeers(fencing.SigningRequired)
 	for _, tc := range []struct {
 		lying      bool
@@ -143,6 +144,7 @@ func (absentRelayer) Relay(context.Context, fencing.RenewRequest, time.Duration)
 // h1's confirmation discounted): the key_absent claim is not counted as
 // a relay landing, it is acted on at once.
 func TestLyingPeerCannotFenceHeldHost(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		lying      bool
 		lyingPeers int

@@ -64,6 +64,7 @@ func controlBuckets(t *testing.T, url, user string) controller.ControlBuckets {
 // fails for ever, and compute-3 is never declared. Invariant (c) of issue
 // 11: a node cannot stop the declaration of a dead host other than itself.
 func TestAgentCannotPurgeLeaseBucket(t *testing.T) {
+	t.Parallel()
 	url := natspermtest.StartServer(t)
 	hosts := []string{"compute-1.example.org", "compute-2.example.org", "compute-3.example.org"}
 	f := newFleetOf(t, hosts)
@@ -172,6 +173,7 @@ func permRig(t *testing.T, dead string) (f fleet, ctx context.Context, hosts []s
 // unverifiable value counts only when compute-3's own beacon names its
 // revision — which compute-1 cannot publish (the shipped permissions).
 func TestAgentCannotKeepDeadHostUndeclaredWithUnverifiableValues(t *testing.T) {
+	t.Parallel()
 	const dead = "compute-3.example.org"
 	unknown := newFleetOf(t, []string{dead}).signers[dead]
 	for _, tc := range []struct {

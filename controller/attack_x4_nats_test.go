@@ -23,6 +23,7 @@ import (
 // second (TestAgentCannotKeepDeadHostUndeclaredWithUnverifiableValues):
 // declared.
 func TestX4WatchSkipKeepsDeadHostUndeclared(t *testing.T) {
+	t.Parallel()
 	const dead = "compute-3.example.org"
 	for _, tc := range []struct {
 		name  string

@@ -15,6 +15,7 @@ import (
 // compute-3 is never declared (c). Control: no deletes, declared within
 // 6 s (lease_ttl + grace = 3.05 s at x0.1).
 func TestX5FakeDeleteMarkersHoldForeverNATS(t *testing.T) {
+	t.Parallel()
 	const dead = "compute-3.example.org"
 	for _, fakes := range []int{0, 2} {
 		t.Run(fmt.Sprintf("fakes=%d", fakes), func(t *testing.T) {
@@ -46,6 +47,7 @@ func TestX5FakeDeleteMarkersHoldForeverNATS(t *testing.T) {
 // orderly stop). compute-3 is never declared (c). Control: the delete
 // alone, declared (pinned).
 func TestX5DeleteThenReplayedWithdrawalNATS(t *testing.T) {
+	t.Parallel()
 	const dead = "compute-3.example.org"
 	for _, replay := range []bool{false, true} {
 		t.Run(fmt.Sprintf("replay=%t", replay), func(t *testing.T) {

@@ -45,6 +45,7 @@ func (c *controllerRun) holding() bool {
 // genuine first value is still trusted: compute-3 dies while no
 // controller runs and all others renew — C2 declares it.
 func TestX6ReplayedWithdrawalAcrossRestartNATS(t *testing.T) {
+	t.Parallel()
 	const (
 		replayed = "compute-2.example.org"
 		held     = "compute-3.example.org"

@@ -1,5 +1,11 @@
 package controller
 
+import (
+	"flag"
+	"os"
+	"testing"
+)
+
 // SetPinMutation lets the external tests (package controller_test) turn
 // pinMutation on (memory.go); it returns the function that turns it off.
 func SetPinMutation(on bool) func() {
@@ -18,4 +24,25 @@ func SetStoredMutation(on bool) func() {
 func SetRollbackCheckMutation(on bool) func() {
 	rollbackCheckMutation = on
 	return func() { rollbackCheckMutation = false }
+}
+
+// defaultParallel is how many of this package's parallel tests run at
+// once when go test is not given -parallel. They are NATS attack and
+// runner tests that mostly wait on lease timing (a few seconds of CPU in
+// 20-30 s of wall time each), so GOMAXPROCS (2 on the CI machine) would
+// leave the package's ~9 min sequential. Tests that switch a mutation on
+// stay sequential: Go runs top-level parallel tests only after every
+// sequential one has finished, so no mutation is ever on beside them.
+const defaultParallel = "6"
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		if err := flag.Set("test.parallel", defaultParallel); err != nil {
+			panic(err)
+		}
+	}
+	os.Exit(m.Run())
 }

@@ -24,6 +24,7 @@ import (
 // revision. Once MayAct says yes (it became the leader) the host is
 // declared within a few ticks, not DeclareRetry later.
 func TestRunnerStandbyNeverWrites(t *testing.T) {
+	t.Parallel()
 	_, kv := controllertest.Bucket(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

@@ -157,6 +157,7 @@ func TestInstanceRecoveryRunner(t *testing.T) {
 // on the same bucket is fed the replayed stream and verifies the recorded
 // start instead of starting again.
 func TestInstanceRecoveryRunnerRestartMidRecovery(t *testing.T) {
+	t.Parallel()
 	h, ctx := newIRHarness(t)
 	h.leads.Store(true)
 	h.cloud.lag = 2 * time.Second

@@ -103,6 +103,7 @@ func actors(t *testing.T, procs []*leaderProc, d time.Duration) (last *leaderPro
 // connection dies (as with kill -9: no resignation) is replaced after
 // TakeoverAfter(TTL); never two may act at once (sampled every 10 ms).
 func TestLeaderRunnerHandover(t *testing.T) {
+	t.Parallel()
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	var procs []*leaderProc
 	for _, id := range []string{"c1", "c2", "c3"} {
@@ -162,6 +163,7 @@ func without(ps []*leaderProc, x *leaderProc) []*leaderProc {
 // over after TakeoverAfter(TTL); never two at once. Without the check the
 // leader keeps the lock for as long as the lock's connection lives.
 func TestLeaderRunnerIneligibleHandsOver(t *testing.T) {
+	t.Parallel()
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	var eligible atomic.Bool
 	eligible.Store(true)

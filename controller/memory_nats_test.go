@@ -23,6 +23,7 @@ import (
 // beacons bound it) C2 declares it by CAS over the garbage, and declares
 // none of the live hosts.
 func TestRestartMemoryNATS(t *testing.T) {
+	t.Parallel()
 	const dead = "compute-3.example.org"
 	for _, memory := range []bool{true, false} {
 		t.Run(fmt.Sprintf("memory=%t", memory), func(t *testing.T) {
@@ -76,13 +77,24 @@ func TestRestartMemoryNATS(t *testing.T) {
 // garbage into it once) while C1 runs; C1 stops before it declares; C2
 // starts and finds the key still at that revision: it takes compute-3's
 // last trusted record from the memory's pin and declares it. Control
-// pinMutation: not declared within 8 s.
+// pinMutation (TestRestartPinMutationNATS, sequential: the mutation is a
+// package variable): not declared within 8 s.
 func TestRestartPinNATS(t *testing.T) {
+	t.Parallel()
+	restartPinNATS(t, false)
+}
+
+func TestRestartPinMutationNATS(t *testing.T) { restartPinNATS(t, true) }
+
+func restartPinNATS(t *testing.T, mutation bool) {
 	const dead = "compute-3.example.org"
 	for _, c := range []struct {
 		attack   string
 		mutation bool
 	}{{"delete", false}, {"garbage", false}, {"delete", true}} {
+		if c.mutation != mutation {
+			continue
+		}
 		t.Run(fmt.Sprintf("%s/pinMutation=%t", c.attack, c.mutation), func(t *testing.T) {
 			r := memoryRig(t, dead, true)
 			url, hosts, f, ctx, cut, open := r.url, r.hosts, r.f, r.ctx, r.cut, r.open
@@ -105,7 +117,9 @@ func TestRestartPinNATS(t *testing.T) {
 			time.Sleep(600 * time.Millisecond) // C1 saw it and wrote its memory
 			stopC1()
 			time.Sleep(200 * time.Millisecond)
-			defer controller.SetPinMutation(c.mutation)()
+			if c.mutation { // only then: parallel tests read it
+				defer controller.SetPinMutation(true)()
+			}
 			c2, _ := open()
 			started := time.Now()
 			for time.Since(started) < 8*time.Second {

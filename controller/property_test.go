@@ -164,6 +164,7 @@ func (s *sim) tail(n int) []string {
 // controller never declares a host expired while a domain on it can still
 // run.
 func TestPropertyNoDeclarationWhileDomainsRun(t *testing.T) {
+	t.Parallel()
 	var runs, declaredLive, held, keyDeletes, grown, guardFails int
 	rapid.Check(t, func(t *rapid.T) {
 		s := drawSim(t, false)
@@ -197,6 +198,7 @@ func TestPropertyNoDeclarationWhileDomainsRun(t *testing.T) {
 // other), with lost acks, short agent restarts, delays and drift, fences
 // nobody: no pause, no destroy, no reset — and the safety property holds.
 func TestPropertyOutageFencesNobody(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		s := drawSim(t, true)
 		s.run(t)

@@ -93,6 +93,7 @@ func TestAttackRecoveryFirstSeenExpiredBackstopNotAccepted(t *testing.T) {
 // does: the runner never asks whether another lease host claims the same
 // nova-compute host.
 func TestAttackRecoveryNovaHostClaimedByLiveHost(t *testing.T) {
+	t.Parallel()
 	e := newRecoveryEnv(t)
 	cfg := recovery.DefaultConfig()
 	cfg.Mode = recovery.ModeEvacuate
@@ -137,6 +138,7 @@ func TestAttackRecoveryNovaHostClaimedByLiveHost(t *testing.T) {
 // one's intents, in flight or not, are lost). A record it cannot read
 // must stop it from recovering that host, not be overwritten.
 func TestAttackRecoveryNewerRecordNotOverwritten(t *testing.T) {
+	t.Parallel()
 	e := newRecoveryEnv(t)
 	newer := []byte(`{"schema":2,"host":"h0","nova_host":"h0","mode":"evacuate","epoch":1,"phase":"evacuate","started_by":"controller ctl-new, term 9","instances":[{"id":"s-bfv-1","evac":"intent","attempts":1}]}`)
 	rev, err := e.rkv.Create(e.ctx, "h0", newer)
@@ -170,6 +172,7 @@ func TestAttackRecoveryNewerRecordNotOverwritten(t *testing.T) {
 // host's servers. A declared host whose boot id another renewing lease
 // host carries is alive under another name: never recovered.
 func TestAttackRecoveryRenamedHostAlive(t *testing.T) {
+	t.Parallel()
 	ctx, _, leases, rkv := recoveryBuckets(t)
 	st := &natslease.Store{KV: leases}
 	old := controllertest.HostRecord("h0")

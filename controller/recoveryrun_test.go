@@ -136,6 +136,7 @@ func (e *recoveryEnv) waitDeclared(t *testing.T) {
 // A standby (MayAct false) writes no record and calls nothing for a
 // declared host; once it may act it recovers the host.
 func TestRecoveryRunnerStandbyWritesNothing(t *testing.T) {
+	t.Parallel()
 	e := newRecoveryEnv(t)
 	var acting atomic.Bool
 	var mu sync.Mutex
@@ -173,6 +174,7 @@ func TestRecoveryRunnerStandbyWritesNothing(t *testing.T) {
 // resumes from the bucket and repeats no completed step; the deposed one
 // calls nothing more.
 func TestRecoveryRunnerLeaderChangeResumes(t *testing.T) {
+	t.Parallel()
 	e := newRecoveryEnv(t)
 	var aActs, bActs atomic.Bool
 	var mu sync.Mutex
@@ -219,6 +221,7 @@ func TestRecoveryRunnerLeaderChangeResumes(t *testing.T) {
 // the recovery runs: the fresh read before the next destructive call stops
 // it; once the agent is healthy forced_down is cleared.
 func TestRecoveryRunnerLeaseBackStops(t *testing.T) {
+	t.Parallel()
 	e := newRecoveryEnv(t)
 	var acting atomic.Bool
 	var mu sync.Mutex

@@ -41,6 +41,7 @@ func newLeaseStore(t *testing.T) *natslease.Store {
 // lease_ttl + grace and never declares the others; a refused host is
 // never declared.
 func TestRunnerDeclaresSilentHost(t *testing.T) {
+	t.Parallel()
 	st := newLeaseStore(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
