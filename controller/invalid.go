@@ -94,6 +94,7 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 		b.withdrawnRev = 0 // a later write of its own: back from the withdrawal
 	}
 	b.maxRev = max(b.maxRev, rev)
+	h.clearHidden(rev) // it wrote at or after the hidden write (beaconloss.go)
 	if b.at.IsZero() && !b.remembered {
 		t.rememberHost(host) // its beacons bind it from now on (memory.go)
 	}
@@ -225,6 +226,7 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		t.hosts[host] = h
 	}
 	hidden := t.skippedRev > h.rev
+	prev, stored := t.storedAround(host, rev)
 	// bind: the host's beacons decide for any untrusted value, forged or
 	// not (a forged value after a burst-made skip restarted the clock:
 	// reviewer X4, TestX4WatchSkipKeepsDeadHostUndeclared/...-then-forged).
@@ -241,6 +243,9 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 			h.namedByBeacon(rev, now)
 		} else {
 			h.discount(rev, now)
+			if hidden {
+				t.noteHidden(h, rev, prev, stored) // its withdrawal may be what the skip hid (beaconloss.go)
+			}
 		}
 	}
 	if restart {

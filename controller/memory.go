@@ -96,6 +96,8 @@ type MemoryPin struct {
 type keyStamp struct {
 	rev    uint64
 	stored int64
+	// prev: the stored time of the key's value before rev (0: unknown).
+	prev int64
 }
 
 // Stored tells the tracker when the server stored host's value at rev
@@ -106,7 +108,20 @@ func (t *Tracker) Stored(host string, rev uint64, at time.Time) {
 		delete(t.stored, host)
 		return
 	}
-	t.stored[host] = keyStamp{rev: rev, stored: at.UnixNano()}
+	s := keyStamp{rev: rev, stored: at.UnixNano()}
+	if old, ok := t.stored[host]; ok && old.rev < rev {
+		s.prev = old.stored
+	}
+	t.stored[host] = s
+}
+
+// storedAround is when host's value at rev and the one before it were
+// stored (0: unknown).
+func (t *Tracker) storedAround(host string, rev uint64) (prev, at int64) {
+	if s, ok := t.stored[host]; ok && s.rev == rev {
+		return s.prev, s.stored
+	}
+	return 0, 0
 }
 
 // storedAt is when host's value at rev was stored (0: unknown).

@@ -87,6 +87,10 @@ type Runner struct {
 	// OnBeacon, if set, is told of each (err: refused, not passed on).
 	Beacons  *nats.Conn
 	OnBeacon func(host string, b fencing.Beacon, err error)
+	// OnBeaconsLost, if set, is told of each window in which beacons may
+	// have been lost (beaconloss.go): why, and the hosts not declared
+	// from then on.
+	OnBeaconsLost func(why string, notDeclared []string)
 
 	viewOnce sync.Once
 	views    chan chan TrackerView
@@ -154,12 +158,15 @@ func (r *Runner) Run(ctx context.Context) error {
 	restored := false
 	views := r.viewReqs()
 	beacons := newBeaconBox()
+	var losses beaconLosses // beaconloss.go
 	if r.Beacons != nil {
 		sub, err := r.Beacons.Subscribe(proto.BeaconWildcard, func(m *nats.Msg) { r.beacon(m, beacons) })
 		if err != nil {
 			return fmt.Errorf("subscribe to the agents' beacons (%s): %w", proto.BeaconWildcard, err)
 		}
 		defer sub.Unsubscribe()
+		losses = beaconLosses{nc: r.Beacons, sub: sub, box: beacons, last: r.now()}
+		losses.check(r.now()) // the counters' starting values
 	}
 	// The rollback check (rollback.go): what the watch delivered, and one
 	// check at a time, off the loop.
@@ -267,6 +274,14 @@ func (r *Runner) Run(ctx context.Context) error {
 				if r.Heartbeat != nil {
 					r.Heartbeat()
 				}
+				if from, why := losses.check(r.now()); why != "" {
+					refused := r.Tracker.BeaconsLost(from, r.now())
+					if r.OnBeaconsLost != nil {
+						r.OnBeaconsLost(why, refused)
+					}
+					log.Warn("beacons may have been lost: a host whose write the watch may have hidden meanwhile is not declared (its withdrawal may be among them)",
+						"why", why, "from", from, "hosts_not_declared", refused)
+				}
 				if nc := r.Store.NC; nc != nil && nc.IsConnected() && !checking && !rollbackCheckMutation && ring.maxRv > 0 {
 					if rc := nc.Stats().Reconnects; rc != reconnects || r.now().Sub(lastCheck) >= RollbackCheckInterval {
 						reconnects, lastCheck, checking = rc, r.now(), true
@@ -359,6 +374,7 @@ func (r *Runner) Run(ctx context.Context) error {
 // beacons, TestX4BeaconQueueCrowdedOutByOneHost).
 type beaconBox struct {
 	mu    sync.Mutex
+	lost  uint64 // beacons refused because the box was full
 	hosts map[string][]uint64
 	// withdrawn: per host, the highest revision a beacon named as its
 	// withdrawal (fencing.Beacon.State).
@@ -375,6 +391,7 @@ func (b *beaconBox) put(host string, rev uint64, withdrawn bool) error {
 	b.mu.Lock()
 	q, ok := b.hosts[host]
 	if !ok && len(b.hosts) >= MaxBeaconHosts {
+		b.lost++
 		b.mu.Unlock()
 		return fmt.Errorf("beacons of %d hosts already waiting: revision %d dropped", MaxBeaconHosts, rev)
 	}

@@ -203,6 +203,12 @@ type hostState struct {
 	countedCarry *fencing.LeaseRecord
 	// pin: what the memory says of the key's state (memory.go).
 	pin *MemoryPin
+	// hidden: a write the watch may have hidden from this tracker while
+	// the host's beacons bound it; lostBeacon: its revision, once a loss
+	// window of beacons covers it — not declared meanwhile
+	// (beaconloss.go).
+	hidden     hiddenWrite
+	lostBeacon uint64
 }
 
 // beaconState is what a host's beacons said (ObserveBeacon, invalid.go):
@@ -327,6 +333,9 @@ type Tracker struct {
 	stored map[string]keyStamp
 	// rolledBackRev: AfterRollback.
 	rolledBackRev uint64
+	// lossWindows: the newest windows in which beacons may have been
+	// lost (BeaconsLost, beaconloss.go).
+	lossWindows []lossWindow
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -487,6 +496,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		h.countedCarry, h.silentEnd = nil, now
 	}
 	h.rev, h.rec, h.trustedRev, h.regressed, h.carried = rev, *rec, rev, false, nil
+	h.clearHidden(rev) // a record of its own after the hidden write (beaconloss.go)
 	if h.pin != nil {
 		h.pin = nil // a trusted value: the key moved on; the memory is rewritten without the pin
 		t.rememberHost(host)
@@ -807,6 +817,13 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 			continue
 		}
 		switch {
+		case h.lostBeacon != 0:
+			if !h.saidDue {
+				h.saidDue = true
+				t.out = append(t.out, Decision{Op: OpRefusedDue, Host: name, Revision: h.lostBeacon, Reason: fmt.Sprintf(
+					"silent for %s but not declared: beacons were lost while the watch may have hidden a write of this host before revision %d — its withdrawal may be among them (beaconloss.go); declared only after a trusted record of it or its beacon names revision %d or later",
+					now.Sub(h.lastSeen), h.lostBeacon, h.lostBeacon)})
+			}
 		case h.refused != "":
 			if !h.saidDue {
 				h.saidDue = true

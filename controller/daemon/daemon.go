@@ -239,7 +239,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	d.run = &controller.Runner{Store: st, Tracker: tracker, Memory: cb.Memory, Log: log.With("component", "tracker"),
 		Now: d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
 		OnSynced: func(int) { d.trackerSynced.Store(true); d.maybeReady() },
-		Beacons:  d.nc, OnBeacon: d.beacon,
+		Beacons:  d.nc, OnBeacon: d.beacon, OnBeaconsLost: func(string, []string) { d.m.beaconLosses.Add(1) },
 		Signature: func() string { return fmt.Sprintf("declared by controller %s, term %d", cfg.ID, d.lr.Term()) }}
 
 	d.rec = &controller.RecoveryRunner{KV: cb.Recovery, Leases: st, NC: d.nc, Core: recCore, Cloud: cloud, View: d.run.View,

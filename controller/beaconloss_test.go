@@ -1,0 +1,128 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"hvguard/fencing"
+)
+
+// TestHiddenWithdrawalBeaconLost (S; docs/security.md, the hidden
+// withdrawal whose beacon was lost; the next step the X11/X21 notes
+// designed): h0..h9 pinned and beaconing, the controller running. h3's
+// agent stops in order: its withdrawal lands at revision R (its guests
+// keep running, unfenced) and a compromised node supersedes it with
+// garbage before the watch delivers it (the watch skips R, shows R+1).
+// h3's withdrawal beacon is lost: the runner's subscription dropped it
+// (slow consumer) or its connection was down. Before, h3 was declared
+// lease_ttl + grace after its last renewal — its guests evacuated while
+// they ran. Now the runner reports the loss window (Tracker.BeaconsLost)
+// and h3, whose hidden write falls in it, is refused-due instead:
+//   - "lost/noticed-after": the runner notices the loss at its next tick,
+//     after the garbage was observed (BeaconsLost walks the hidden writes);
+//   - "lost/noticed-before": a loss window already known when the
+//     garbage arrives (noteHidden checks the windows);
+//   - "lost/long-outage": the beacon connection down for 200 ticks from
+//     just before the withdrawal, the garbage delivered after: one merged
+//     window (200 separate ones would have evicted the first 136);
+//   - "lost/beaconLossMutation": the hole, as before (declared);
+//   - "control-loss-long-before": the only loss ended minutes before h3's
+//     last renewal was stored: h3 (dead, garbage in its key) is declared
+//     as before — a loss does not make every later skip undeclarable;
+//   - "control-back": after the refusal h3's new agent renews (a trusted
+//     record), then dies: declared lease_ttl + grace later.
+func TestHiddenWithdrawalBeaconLost(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		loss           string // "after", "before", "long-before", ""
+		mutation, back bool
+		wantDeclared   bool
+	}{
+		{name: "lost/noticed-after", loss: "after"},
+		{name: "lost/noticed-before", loss: "before"},
+		{name: "lost/long-outage", loss: "outage"},
+		{name: "lost/beaconLossMutation", loss: "after", mutation: true, wantDeclared: true},
+		{name: "control-loss-long-before", loss: "long-before", wantDeclared: true},
+		{name: "control-back", loss: "after", back: true, wantDeclared: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			beaconLossMutation = c.mutation
+			defer func() { beaconLossMutation = false }()
+			tr, rev := beaconFleet(t)
+			at := t0.Add(10 * time.Minute)
+			if c.loss == "long-before" {
+				tr.BeaconsLost(t0.Add(time.Minute), t0.Add(time.Minute+time.Second))
+			}
+			// h3's last renewal, stored and delivered at `at`.
+			renewOthers(tr, at, &rev)
+			rev++
+			r3 := rec("h3", fencing.BackstopReset)
+			r3.Signer = "h3-key"
+			tr.Stored("h3", rev, at)
+			tr.Observe(at, "h3", rev, r3)
+			tr.ObserveBeacon(at, "h3", rev)
+			// Its withdrawal at rev+1 (hidden; its beacons lost), the
+			// garbage at rev+2, delivered after a skip.
+			if c.loss == "before" {
+				tr.BeaconsLost(at.Add(time.Second), at.Add(2*time.Second))
+			}
+			if c.loss == "outage" {
+				for s := range 200 {
+					tr.BeaconsLost(at.Add(time.Duration(s+1)*time.Second), at.Add(time.Duration(s+2)*time.Second))
+				}
+			}
+			rev += 2
+			tr.Skipped(rev)
+			tr.Stored("h3", rev, at.Add(1500*time.Millisecond))
+			tr.ObserveInvalid(at.Add(2*time.Second), "h3", rev, "undecodable value (garbage)", false)
+			if c.loss == "after" {
+				got := tr.BeaconsLost(at.Add(time.Second), at.Add(2500*time.Millisecond))
+				if !c.mutation && (len(got) != 1 || got[0] != "h3") {
+					t.Fatalf("BeaconsLost refused %v, want [h3]", got)
+				}
+			}
+			var refusedDue bool
+			var declared time.Duration
+			for s := 3; s <= 180 && declared == 0; s++ {
+				now := at.Add(time.Duration(s) * time.Second)
+				for i := range 10 {
+					if i == 3 {
+						continue
+					}
+					rev++
+					r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
+					r.Signer = fmt.Sprintf("h%d-key", i)
+					tr.Observe(now, r.Host, rev, r)
+					tr.ObserveBeacon(now, r.Host, rev)
+				}
+				if c.back && s == 60 {
+					rev++
+					tr.Observe(now, "h3", rev, r3) // its new agent renews once, then dies
+					tr.ObserveBeacon(now, "h3", rev)
+				}
+				for _, d := range tr.Tick(now) {
+					switch {
+					case d.Op == OpRefusedDue && d.Host == "h3":
+						refusedDue = true
+					case d.Op == OpDeclare && d.Host == "h3":
+						declared = now.Sub(at)
+					case d.Op == OpDeclare:
+						t.Fatalf("declared the live %s", d.Host)
+					}
+				}
+			}
+			switch {
+			case c.wantDeclared && declared == 0:
+				t.Fatalf("h3 never declared (refused-due said: %t)", refusedDue)
+			case !c.wantDeclared && declared != 0:
+				t.Fatalf("the withdrawn h3 (its withdrawal hidden, its beacon lost) declared %s after its last renewal", declared)
+			case !c.wantDeclared && !refusedDue:
+				t.Fatalf("h3 not declared but no refused-due said why")
+			case c.back && declared < 60*time.Second:
+				t.Fatalf("h3 declared %s after its last renewal, before its new agent's renewal at 60 s had lapsed", declared)
+			}
+			t.Logf("declared after %s, refused-due said: %t", declared, refusedDue)
+		})
+	}
+}
