@@ -30,7 +30,8 @@ import (
 // revision below L (no revision-regressed). This test PASSES: it is the
 // rig's realism check, not a hole.
 func TestX21WatchAcrossRollbackNATS(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it restarts nats-server on the same port, which a
+	// parallel test's socket may take meanwhile (seen under load).
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	srv, dir, port := controllertest.RollbackServer(t)
@@ -142,7 +143,8 @@ func x21Conn(t *testing.T, ctx context.Context, srv *server.Server, wait time.Du
 // sequential: the mutation is a package variable) it runs on (the X21
 // holes).
 func TestRunnerStopsOnRollbackNATS(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it restarts nats-server on the same port, which a
+	// parallel test's socket may take meanwhile (seen under load).
 	runnerStopsOnRollbackNATS(t, false)
 }
 

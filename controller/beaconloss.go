@@ -20,8 +20,10 @@ import (
 // ran, unfenced (S).
 //
 // So the runner tells the tracker when beacons may have been lost
-// (BeaconsLost: a window of its clock), and the tracker keeps, per bound
-// host, the write the watch may have hidden: an untrusted value or a
+// (BeaconsLost: a window of its clock), and the tracker keeps, per host
+// its beacons have bound (hasBeaconed: even after BeaconTrustWindow
+// lapsed — an outage longer than it delivers the watch's backlog before
+// any beacon; reviewer X26, TestX26OutageLongerThanTrustWindow), the write the watch may have hidden: an untrusted value or a
 // delete marker delivered after a skip, not named by the host's beacon
 // (hiddenWrite: when the host's previous value and that one were
 // stored). A host whose hidden write falls in a loss window (within
@@ -40,12 +42,12 @@ import (
 // write refused-due more often (the safe side).
 const BeaconLossSlack = 30 * time.Second
 
-// maxLossWindows bounds the loss windows kept (the newest; windows within
-// BeaconLossSlack of each other are merged, so a long outage is one): a
-// hidden write is checked against them when it is observed, and each new
-// window against the hidden writes already observed. An evicted window
-// matters only to a write hidden before it and delivered after 63 later,
-// separate losses.
+// maxLossWindows bounds the loss windows kept: windows within
+// BeaconLossSlack of each other are merged (a long outage is one), and
+// at the bound the two oldest merge — none is dropped (reviewer X26,
+// TestX26EvictedLossWindow: 64 later windows evicted the one that covered
+// a write hidden while the watch was down). A merged window covers more
+// than was lost: only the (c) side grows.
 const maxLossWindows = 64
 
 // beaconLossMutation: the tracker ignores lost beacons (the hole, as
@@ -140,6 +142,7 @@ func (t *Tracker) BeaconsLost(from, to time.Time) []string {
 		w = *last
 	} else {
 		if n == maxLossWindows {
+			t.lossWindows[1].from = t.lossWindows[0].from // the two oldest merged, never dropped
 			t.lossWindows = t.lossWindows[1:]
 		}
 		t.lossWindows = append(t.lossWindows, w)
@@ -199,4 +202,12 @@ func (l *beaconLosses) check(now time.Time) (time.Time, string) {
 	from := l.last
 	l.last = now
 	return from, strings.Join(why, "; ")
+}
+
+// hasBeaconed reports whether h's beacons have bound it at some time
+// (beaconsBind without the fleet-wide BeaconTrustWindow): a hidden write
+// of such a host is kept even when no beacon arrived for longer than the
+// window (an outage of the controller's connection).
+func (t *Tracker) hasBeaconed(h *hostState) bool {
+	return t.pinned(h) && (!h.beacons.at.IsZero() || h.beacons.remembered)
 }

@@ -17,7 +17,8 @@ import (
 // queue, the connection down (the server stopped), and the reconnect
 // after it. Each window starts at the previous check.
 func TestBeaconLossesNATS(t *testing.T) {
-	t.Parallel()
+	// Not parallel: it restarts nats-server on the same port, which a
+	// parallel test's socket may take meanwhile (seen under load).
 	dir, port := t.TempDir(), deliverytest.FreePort(t)
 	srv := deliverytest.StartJetStream(t, dir, port)
 	nc, err := nats.Connect(srv.ClientURL(), nats.ReconnectWait(50*time.Millisecond), nats.MaxReconnects(-1))

@@ -243,10 +243,10 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 			h.namedByBeacon(rev, now)
 		} else {
 			h.discount(rev, now)
-			if hidden {
-				t.noteHidden(h, rev, prev, stored) // its withdrawal may be what the skip hid (beaconloss.go)
-			}
 		}
+	}
+	if hidden && !named && t.hasBeaconed(h) && !h.beacons.revs.has(rev) {
+		t.noteHidden(h, rev, prev, stored) // its withdrawal may be what the skip hid (beaconloss.go)
 	}
 	if restart {
 		h.unverifiedAt = now

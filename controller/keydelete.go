@@ -94,7 +94,7 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 		t.regress(h, host, rev)
 		return // a stale delivery
 	}
-	if t.skippedRev > h.rev && t.beaconsBind(h, now) && !h.beacons.revs.has(rev) {
+	if t.skippedRev > h.rev && t.hasBeaconed(h) && !h.beacons.revs.has(rev) {
 		// A marker after a skip: a withdrawal may be what it hid (beaconloss.go).
 		prev, stored := t.storedAround(host, rev)
 		t.noteHidden(h, rev, prev, stored)

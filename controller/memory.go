@@ -243,7 +243,9 @@ func (t *Tracker) KeepCounted(c CarriedHost) {
 func (t *Tracker) Withdrawals() []CarriedHost {
 	var out []CarriedHost
 	for _, name := range t.Hosts() {
-		if h := t.hosts[name]; h.rec.State == fencing.LeaseWithdrawn || h.beaconWithdrawn() {
+		// lostBeacon: possibly withdrawn (beaconloss.go; reviewer X26,
+		// TestX26RollbackDropsLostBeaconRefusal).
+		if h := t.hosts[name]; h.rec.State == fencing.LeaseWithdrawn || h.beaconWithdrawn() || h.lostBeacon != 0 {
 			out = append(out, CarriedHost{Host: name, Record: h.rec})
 		}
 	}
