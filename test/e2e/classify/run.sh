@@ -16,7 +16,7 @@
 #
 # The storm's size comes from the environment (HVG_STORM_GUESTS, _ROUNDS,
 # _LOAD, _CUT, _CRASHES; see storm_test.go, recovery_test.go; make e2e:
-# 20 guests, 2 rounds; make bench: 30 guests, 3 rounds). Prints each phase's
+# 20 guests, 1 round; make bench: 30 guests, 3 rounds; each + the cut round). Prints each phase's
 # wall time (the crash phase's in the test's log).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -81,7 +81,7 @@ type stormConfig struct {
 // TestRebootStorm needs HVG_E2E_OPENSTACK=1 (or HVG_E2E_REQUIRE=1, which
 // makes a missing harness a failure) and node3 up. Environment:
 // HVG_STORM_GUESTS (>= 5, default 20; make e2e and make bench use 30),
-// HVG_STORM_ROUNDS (>= 1, default 3 as make bench; make e2e uses 2),
+// HVG_STORM_ROUNDS (>= 1, default 3 as make bench; make e2e uses 1),
 // HVG_STORM_LOAD (stress-ng --cpu workers, 0 = none, default 2),
 // HVG_STORM_CUT (default 45s).
 func TestRebootStorm(t *testing.T) {
