@@ -102,7 +102,7 @@ func TestTable(t *testing.T) {
 		// make e2e's storm (load 43-46): servers/detail answered in up to
 		// 5.1 s; with the former 3 s timeout this reboot was an unknown stop.
 		{name: "Nova answering in 5.1 s under load, a reboot", detail: DetailDestroyed, alive: 40 * sec,
-			views: []timedView{v(-sec, VMActive, TaskRebootStarted, PowerRunning), v(45*sec, VMActive, TaskNone, PowerRunning)},
+			views:   []timedView{v(-sec, VMActive, TaskRebootStarted, PowerRunning), v(45*sec, VMActive, TaskNone, PowerRunning)},
 			latency: 5100 * time.Millisecond,
 			want:    "report rebooted started-during-operation detail=destroyed task=reboot_started vm=active", held: 25 * sec, holds: 1},
 		{name: "Nova lost while held", detail: DetailDestroyed, views: []timedView{v(-sec, VMActive, TaskRebootStarted, PowerRunning)},
