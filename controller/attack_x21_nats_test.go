@@ -68,6 +68,18 @@ func TestX21WatchAcrossRollbackNATS(t *testing.T) {
 			return natslease.Update{}, false
 		}
 	}
+	// The watch's listing done first (its Listed marker), as a running
+	// controller's: the marker came after the rollback when the puts below
+	// raced the listing (seen 1 run in 6 on a quiet machine).
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		u, ok := next("listing", time.Until(deadline))
+		if !ok {
+			t.Fatal("the watch never finished its first listing")
+		}
+		if u.Listed {
+			break
+		}
+	}
 	// C1 is delivered a@3 (the host's renewal: trusted at T), b@4, b@5: L = 5.
 	put(a, "a3")
 	put(b, "b4")

@@ -40,6 +40,9 @@ func TestBeaconLossesNATS(t *testing.T) {
 	if err := sub.SetPendingLimits(4, -1); err != nil {
 		t.Fatal(err)
 	}
+	if err := nc.Flush(); err != nil { // the server has the interest before pub publishes
+		t.Fatal(err)
+	}
 	at := time.Unix(1000, 0)
 	l := beaconLosses{nc: nc, sub: sub, box: box, last: at}
 	tick := func() (time.Time, string) { at = at.Add(time.Second); return l.check(at) }
@@ -68,11 +71,14 @@ func TestBeaconLossesNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if d, _ := sub.Dropped(); d > 0 {
+		// All 50 arrived: 1 in the blocked handler, 4 pending, the rest
+		// dropped (checked before they all had, the next check saw more).
+		if d, _ := sub.Dropped(); d >= 50-1-4 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the subscription dropped nothing")
+			d, _ := sub.Dropped()
+			t.Fatalf("the subscription dropped %d of 50 (pending limit 4)", d)
 		}
 	}
 	expect("slow consumer", "dropped by the subscription")
