@@ -276,45 +276,25 @@ func TestX26HiddenWithdrawalOrderingsHeld(t *testing.T) {
 	type step func(tr *Tracker, at time.Time, rev *uint64, r3 *fencing.LeaseRecord, r3Rev uint64)
 	garbage := func(skip bool, storedAt time.Duration) step {
 		return func(tr *Tracker, at time.Time, rev *uint64, _ *fencing.LeaseRecord, _ uint64) {
-			*rev++
-			if skip {
-				*rev++ // the hidden write under it
-				tr.Skipped(*rev)
-			}
-			tr.Stored("h3", *rev, at.Add(storedAt))
+			x26Hide(tr, at, rev, skip, storedAt)
 			tr.ObserveInvalid(at.Add(storedAt+500*time.Millisecond), "h3", *rev, "undecodable value (garbage)", false)
 		}
 	}
 	marker := func(skip bool, storedAt time.Duration) step {
 		return func(tr *Tracker, at time.Time, rev *uint64, _ *fencing.LeaseRecord, _ uint64) {
-			*rev++
-			if skip {
-				*rev++
-				tr.Skipped(*rev)
-			}
-			tr.Stored("h3", *rev, at.Add(storedAt))
+			x26Hide(tr, at, rev, skip, storedAt)
 			tr.Observe(at.Add(storedAt+500*time.Millisecond), "h3", *rev, nil)
 		}
 	}
 	replayOld := func(skip bool, storedAt time.Duration) step {
 		return func(tr *Tracker, at time.Time, rev *uint64, r3 *fencing.LeaseRecord, _ uint64) {
-			*rev++
-			if skip {
-				*rev++
-				tr.Skipped(*rev)
-			}
-			tr.Stored("h3", *rev, at.Add(storedAt))
+			x26Hide(tr, at, rev, skip, storedAt)
 			tr.Observe(at.Add(storedAt+500*time.Millisecond), "h3", *rev, r3) // h3's own last record, copied back
 		}
 	}
 	forged := func(skip bool, storedAt time.Duration) step {
 		return func(tr *Tracker, at time.Time, rev *uint64, _ *fencing.LeaseRecord, _ uint64) {
-			*rev++
-			if skip {
-				*rev++
-				tr.Skipped(*rev)
-			}
-			tr.Stored("h3", *rev, at.Add(storedAt))
+			x26Hide(tr, at, rev, skip, storedAt)
 			tr.ObserveInvalid(at.Add(storedAt+500*time.Millisecond), "h3", *rev, "signed by h5-key", true)
 		}
 	}
@@ -410,4 +390,15 @@ func x26LastRenewal(tr *Tracker, at time.Time, rev *uint64) *fencing.LeaseRecord
 	tr.Observe(at, "h3", *rev, r3)
 	tr.ObserveBeacon(at, "h3", *rev)
 	return r3
+}
+
+// x26Hide advances h3's key by one value stored at at+storedAt; with
+// skip, the watch skipped a write (the hidden one) just before it.
+func x26Hide(tr *Tracker, at time.Time, rev *uint64, skip bool, storedAt time.Duration) {
+	*rev++
+	if skip {
+		*rev++ // the hidden write under it
+		tr.Skipped(*rev)
+	}
+	tr.Stored("h3", *rev, at.Add(storedAt))
 }

@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -86,16 +85,7 @@ func TestHiddenWithdrawalBeaconLost(t *testing.T) {
 			var declared time.Duration
 			for s := 3; s <= 180 && declared == 0; s++ {
 				now := at.Add(time.Duration(s) * time.Second)
-				for i := range 10 {
-					if i == 3 {
-						continue
-					}
-					rev++
-					r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
-					r.Signer = fmt.Sprintf("h%d-key", i)
-					tr.Observe(now, r.Host, rev, r)
-					tr.ObserveBeacon(now, r.Host, rev)
-				}
+				x26Renew(tr, now, &rev, true, "h3")
 				if c.back && s == 60 {
 					rev++
 					tr.Observe(now, "h3", rev, r3) // its new agent renews once, then dies

@@ -126,10 +126,8 @@ func (t *Tracker) storedAround(host string, rev uint64) (prev, at int64) {
 
 // storedAt is when host's value at rev was stored (0: unknown).
 func (t *Tracker) storedAt(host string, rev uint64) int64 {
-	if s, ok := t.stored[host]; ok && s.rev == rev {
-		return s.stored
-	}
-	return 0
+	_, at := t.storedAround(host, rev)
+	return at
 }
 
 // SetStream tells the tracker which lease stream it watches (the
