@@ -211,3 +211,14 @@ func (l *beaconLosses) check(now time.Time) (time.Time, string) {
 func (t *Tracker) hasBeaconed(h *hostState) bool {
 	return t.pinned(h) && (!h.beacons.at.IsZero() || h.beacons.remembered)
 }
+
+// afterSkip notes h's untrusted value or marker at rev (not yet applied:
+// h.rev is the previous one) as a hidden write if the watch skipped a
+// revision since h's last one, its beacons have bound it and none names
+// rev.
+func (t *Tracker) afterSkip(host string, h *hostState, rev uint64) {
+	if t.skippedRev > h.rev && t.hasBeaconed(h) && !h.beacons.revs.has(rev) {
+		prev, stored := t.storedAround(host, rev)
+		t.noteHidden(h, rev, prev, stored)
+	}
+}

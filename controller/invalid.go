@@ -226,7 +226,7 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		t.hosts[host] = h
 	}
 	hidden := t.skippedRev > h.rev
-	prev, stored := t.storedAround(host, rev)
+	t.afterSkip(host, h, rev) // its withdrawal may be what a skip hid (beaconloss.go)
 	// bind: the host's beacons decide for any untrusted value, forged or
 	// not (a forged value after a burst-made skip restarted the clock:
 	// reviewer X4, TestX4WatchSkipKeepsDeadHostUndeclared/...-then-forged).
@@ -244,9 +244,6 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		} else {
 			h.discount(rev, now)
 		}
-	}
-	if hidden && !named && t.hasBeaconed(h) && !h.beacons.revs.has(rev) {
-		t.noteHidden(h, rev, prev, stored) // its withdrawal may be what the skip hid (beaconloss.go)
 	}
 	if restart {
 		h.unverifiedAt = now

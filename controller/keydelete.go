@@ -94,11 +94,7 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 		t.regress(h, host, rev)
 		return // a stale delivery
 	}
-	if t.skippedRev > h.rev && t.hasBeaconed(h) && !h.beacons.revs.has(rev) {
-		// A marker after a skip: a withdrawal may be what it hid (beaconloss.go).
-		prev, stored := t.storedAround(host, rev)
-		t.noteHidden(h, rev, prev, stored)
-	}
+	t.afterSkip(host, h, rev) // a withdrawal may be what a skip hid (beaconloss.go)
 	if h.deleted {
 		h.rev = rev // deleted again: a declaration is a CAS on the newest marker
 		t.pin(host, h, rev, true, true)
