@@ -46,3 +46,10 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(m.Run())
 }
+
+// SetBeaconMissMutation turns beaconMissMutation on until the returned
+// func is called (sequential tests only).
+func SetBeaconMissMutation(on bool) func() {
+	beaconMissMutation = on
+	return func() { beaconMissMutation = false }
+}

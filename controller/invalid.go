@@ -90,6 +90,7 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	}
 	t.lastBeacon = now
 	b := &h.beacons
+	b.beaconCame(rev) // beaconloss.go
 	if rev > b.withdrawnRev {
 		b.withdrawnRev = 0 // a later write of its own: back from the withdrawal
 	}
@@ -226,7 +227,7 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		t.hosts[host] = h
 	}
 	hidden := t.skippedRev > h.rev
-	t.afterSkip(host, h, rev) // its withdrawal may be what a skip hid (beaconloss.go)
+	t.afterSkip(now, host, h, rev) // its withdrawal may be what a skip hid (beaconloss.go)
 	// bind: the host's beacons decide for any untrusted value, forged or
 	// not (a forged value after a burst-made skip restarted the clock:
 	// reviewer X4, TestX4WatchSkipKeepsDeadHostUndeclared/...-then-forged).

@@ -95,15 +95,33 @@ func (d *deliveredRing) snapshot() ([]delivered, uint64) {
 	return append([]delivered(nil), d.last...), d.maxRv
 }
 
+// rollbackCheck is a check's outcome: err (see checkRollback) and the
+// server's clock as its stream info said (ts, zero if not said), read
+// between sent and got of the runner's clock (Tracker.ServerTime).
+type rollbackCheck struct {
+	err           error
+	sent, got, ts time.Time
+}
+
 // checkRollback reads the lease stream's last revision and the samples
-// back (see above). It returns an error wrapping ErrLeaseStreamRolledBack
-// on proof of a rollback, another error when it could not check.
-func (r *Runner) checkRollback(ctx context.Context, samples []delivered, last uint64) error {
-	nc := r.Store.NC
-	ls, err := natslease.LastRevision(ctx, nc)
+// back (see above). Its err wraps ErrLeaseStreamRolledBack on proof of a
+// rollback, another error when it could not check.
+func (r *Runner) checkRollback(ctx context.Context, samples []delivered, last uint64) (c rollbackCheck) {
+	c.sent = r.now()
+	ls, ts, err := natslease.LastRevisionAt(ctx, r.Store.NC)
+	c.got = r.now()
 	if err != nil {
-		return fmt.Errorf("rollback check: %w", err)
+		c.err = fmt.Errorf("rollback check: %w", err)
+		return c
 	}
+	c.ts = ts
+	c.err = r.rollbackProof(ctx, samples, ls, last)
+	return c
+}
+
+// rollbackProof checks the stream's last revision ls and the samples.
+func (r *Runner) rollbackProof(ctx context.Context, samples []delivered, ls, last uint64) error {
+	nc := r.Store.NC
 	if ls < last {
 		return fmt.Errorf("%w: its last revision is %d, below revision %d this controller's watch delivered", ErrLeaseStreamRolledBack, ls, last)
 	}

@@ -173,7 +173,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	var ring deliveredRing
 	var reconnects uint64
 	var lastCheck time.Time
-	checked := make(chan error, 1)
+	checked := make(chan rollbackCheck, 1)
 	checking := false
 	for ctx.Err() == nil {
 		updates := make(chan natslease.Update, 1024)
@@ -232,6 +232,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					r.Tracker.Skipped(u.Revision)
 				}
 				r.Tracker.Stored(u.Host, u.Revision, u.Stored)
+				r.Tracker.ClockSample(r.now(), u.Stored)
 				ring.add(u.Host, u.Revision, u.Stored)
 				var ds []Decision
 				switch {
@@ -251,8 +252,12 @@ func (r *Runner) Run(ctx context.Context) error {
 				for _, d := range ds {
 					r.perform(ctx, log, d)
 				}
-			case err := <-checked:
+			case c := <-checked:
 				checking = false
+				err := c.err
+				if !c.ts.IsZero() {
+					r.Tracker.ServerTime(c.sent, c.got, c.ts) // beaconloss.go
+				}
 				if errors.Is(err, ErrLeaseStreamRolledBack) {
 					// What the fresh tracker must not lose (rollback.go):
 					// the withdrawals this one saw.
@@ -281,6 +286,14 @@ func (r *Runner) Run(ctx context.Context) error {
 					}
 					log.Warn("beacons may have been lost: a host whose write the watch may have hidden meanwhile is not declared (its withdrawal may be among them)",
 						"why", why, "from", from, "hosts_not_declared", refused)
+				}
+				if missing, refused := r.Tracker.BeaconsMissing(r.now()); len(missing) > 0 || len(refused) > 0 {
+					why := missingWhy(missing)
+					if r.OnBeaconsLost != nil {
+						r.OnBeaconsLost(why, refused)
+					}
+					log.Warn("beacons may have been lost: a host whose write the watch may have hidden meanwhile is not declared (its withdrawal may be among them)",
+						"why", why, "hosts_not_declared", refused)
 				}
 				if nc := r.Store.NC; nc != nil && nc.IsConnected() && !checking && !rollbackCheckMutation && ring.maxRv > 0 {
 					if rc := nc.Stats().Reconnects; rc != reconnects || r.now().Sub(lastCheck) >= RollbackCheckInterval {

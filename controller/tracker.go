@@ -229,6 +229,12 @@ type beaconState struct {
 	withdrawnRev uint64
 	// maxRev: the highest revision its beacons named.
 	maxRev uint64
+	// expect: the revisions of its own records delivered since the
+	// watch's first listing that no beacon named yet (beaconloss.go,
+	// BeaconsMissing); missing: a missing one was said, and none of its
+	// beacons came since.
+	expect  []uint64
+	missing bool
 }
 
 // pendingValue is an unverifiable value of a host's key observed at at,
@@ -334,8 +340,13 @@ type Tracker struct {
 	// rolledBackRev: AfterRollback.
 	rolledBackRev uint64
 	// lossWindows: the newest windows in which beacons may have been
-	// lost (BeaconsLost, beaconloss.go).
+	// lost (BeaconsLost, beaconloss.go), in the server's clock.
 	lossWindows []lossWindow
+	// expecting: the records waiting for their beacons, oldest first
+	// (BeaconsMissing); lag: the controller's clock against the server's
+	// stamps (ClockSample).
+	expecting []expectedBeacon
+	lag       clockLag
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -545,6 +556,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 				Reason: "withdrawn (" + rec.Reason + "): host unprotected, not recovered"})
 		}
 	}
+	t.expectBeacon(now, host, h, rev) // beaconloss.go
 	return t.out
 }
 
@@ -824,6 +836,9 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 					"silent for %s but not declared: beacons were lost while the watch may have hidden a write of this host before revision %d — its withdrawal may be among them (beaconloss.go); declared only after a trusted record of it or its beacon names revision %d or later",
 					now.Sub(h.lastSeen), h.lostBeacon, h.lostBeacon)})
 			}
+		case h.hidden.rev != 0 && now.Before(h.hidden.seen.Add(HiddenWriteWait)) && !beaconMissMutation:
+			// A beacon lost with its hidden write may still be found
+			// missing (beaconloss.go, HiddenWriteWait): not yet.
 		case h.refused != "":
 			if !h.saidDue {
 				h.saidDue = true

@@ -794,27 +794,32 @@ func StoredAt(ctx context.Context, nc *nats.Conn, rev uint64) (time.Time, error)
 	return m.Time, err
 }
 
-// LastRevision reads the lease stream's last sequence (stream info).
-func LastRevision(ctx context.Context, nc *nats.Conn) (uint64, error) {
+// LastRevisionAt reads the lease stream's last sequence (stream info) and
+// the server's clock when it answered (the info's "ts"; zero from a
+// server that does not say it): the
+// controller bounds its clock's offset from the server's stamps with it
+// (controller.Tracker.ServerTime).
+func LastRevisionAt(ctx context.Context, nc *nats.Conn) (uint64, time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
 	defer cancel()
 	m, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.INFO."+StreamName, nil)
 	if err != nil {
-		return 0, err
+		return 0, time.Time{}, err
 	}
 	var resp struct {
 		State struct {
 			LastSeq uint64 `json:"last_seq"`
 		} `json:"state"`
+		TS    time.Time `json:"ts"`
 		Error *apiError `json:"error"`
 	}
 	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return 0, fmt.Errorf("stream info: %w", err)
+		return 0, time.Time{}, fmt.Errorf("stream info: %w", err)
 	}
 	if resp.Error != nil {
-		return 0, fmt.Errorf("stream info: %s (%d)", resp.Error.Description, resp.Error.ErrCode)
+		return 0, time.Time{}, fmt.Errorf("stream info: %s (%d)", resp.Error.Description, resp.Error.ErrCode)
 	}
-	return resp.State.LastSeq, nil
+	return resp.State.LastSeq, resp.TS, nil
 }
 
 // streamMsg performs the stream API's message get

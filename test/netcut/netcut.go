@@ -92,14 +92,20 @@ func (p *Proxy) Blackhole(on bool) {
 	p.cond.Broadcast()
 }
 
-// Close heals, stops accepting and closes every connection. Idempotent.
-func (p *Proxy) Close() {
-	p.Blackhole(false)
-	p.ln.Close()
+// Reset closes every connection open now, as a peer's reset does; new
+// ones are accepted (clients reconnect through the proxy).
+func (p *Proxy) Reset() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, c := range p.conns {
 		c.Close()
 	}
 	p.conns = nil
+}
+
+// Close heals, stops accepting and closes every connection. Idempotent.
+func (p *Proxy) Close() {
+	p.Blackhole(false)
+	p.ln.Close()
+	p.Reset()
 }

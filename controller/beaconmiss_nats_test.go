@@ -1,0 +1,205 @@
+package controller_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"hvguard/controller"
+	"hvguard/controller/controllertest"
+	"hvguard/controller/natsperm/natspermtest"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+	"hvguard/test/netcut"
+)
+
+// TestHiddenWithdrawalMissingBeaconNATS (S), through a Runner on a real
+// nats-server with the shipped permissions (signed records, beacons):
+// compute-3 withdraws in order (its guests run on) while the
+// controller's watch connection is cut (its watch restarts past the
+// withdrawal, which compute-1 — compromised — overwrote with garbage
+// meanwhile: a watch skip), and its withdrawal beacon is lost on the way
+// (not published here: a route dropping it). The controller's beacon
+// connection stays up: its loss counters see nothing. The same loss took
+// the beacon of compute-2's renewal. The runner's BeaconsMissing finds
+// compute-2's beacon missing BeaconExpectWindow after the watch
+// delivered that renewal and refuses compute-3 (OnBeaconsLost names both);
+// compute-3, due ~3 s after its last renewal at ×0.1 timing, is held by
+// HiddenWriteWait meanwhile and never declared.
+func TestHiddenWithdrawalMissingBeaconNATS(t *testing.T) {
+	t.Parallel()
+	hiddenWithdrawalMissingBeaconNATS(t, false)
+}
+
+// TestHiddenWithdrawalMissingBeaconMutationNATS: with beaconMissMutation
+// the same run declares compute-3 (the hole the test shows).
+func TestHiddenWithdrawalMissingBeaconMutationNATS(t *testing.T) {
+	defer controller.SetBeaconMissMutation(true)()
+	hiddenWithdrawalMissingBeaconNATS(t, true)
+}
+
+func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation bool) {
+	const (
+		attacker  = "compute-1.example.org"
+		companion = "compute-2.example.org"
+		withdrawn = "compute-3.example.org"
+	)
+	srvURL := natspermtest.StartServer(t)
+	hosts := []string{attacker, companion, withdrawn}
+	f := newFleetOf(t, hosts)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// The simulated agents: a signed renewal every 200 ms, each followed
+	// by its beacon unless lose says otherwise.
+	type sim struct {
+		st   *natslease.Store
+		nc   *nats.Conn
+		rev  uint64
+		seq  uint64
+		stop bool
+	}
+	var mu sync.Mutex
+	sims := map[string]*sim{}
+	for _, h := range hosts {
+		st, nc := permStore(t, srvURL, "agent:"+h, f, h)
+		sims[h] = &sim{st: st, nc: nc}
+	}
+	renew := func(h string, st fencing.LeaseState, beacon bool) uint64 {
+		s := sims[h]
+		s.seq++
+		rec := controllertest.HostRecord(h)
+		rec.State, rec.Seq = st, s.seq
+		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+		if res.Outcome != fencing.RenewAcked {
+			t.Errorf("%s: renewal %s: %+v", h, st, res)
+			return 0
+		}
+		s.rev = res.Revision
+		if beacon {
+			m, err := natslease.BeaconMsg(f.signers[h], rec, res.Revision, time.Now())
+			if err != nil {
+				t.Error(err)
+				return 0
+			}
+			if err := s.nc.PublishMsg(m); err != nil {
+				t.Error(err)
+			}
+		}
+		return res.Revision
+	}
+	go func() {
+		for ctx.Err() == nil {
+			mu.Lock()
+			for _, h := range hosts {
+				if !sims[h].stop {
+					renew(h, fencing.LeaseActive, true)
+				}
+			}
+			mu.Unlock()
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+
+	// The controller: its watch through the proxy, its beacons direct.
+	u, err := url.Parse(srvURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := netcut.New(t, u.Host)
+	cst, wnc := permStore(t, "nats://"+proxy.Addr(), "controller:ctl-1", f, "ctl")
+	bnc := natspermtest.Connect(t, srvURL, "controller:ctl-1")
+	cfg := controller.DefaultConfig()
+	cfg.GuardShare = 0.5
+	tr, err := controller.NewTracker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmu sync.Mutex
+	var declared time.Time
+	var lost []string
+	refused := map[string]bool{}
+	r := &controller.Runner{Store: cst, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: bnc,
+		OnBeaconsLost: func(why string, notDeclared []string) {
+			cmu.Lock()
+			defer cmu.Unlock()
+			lost = append(lost, why)
+			for _, h := range notDeclared {
+				refused[h] = true
+			}
+		},
+		OnDecision: func(d controller.Decision, err error) {
+			cmu.Lock()
+			defer cmu.Unlock()
+			if d.Op == controller.OpDeclare && err == nil && d.Host == withdrawn && declared.IsZero() {
+				declared = time.Now()
+			}
+			if d.Op == controller.OpDeclare && d.Host != withdrawn {
+				t.Errorf("declared the live %s", d.Host)
+			}
+		}}
+	go r.Run(ctx)
+	time.Sleep(2 * time.Second) // renewing, beacons binding every host
+
+	// The watch connection cut; meanwhile compute-3 withdraws (its beacon
+	// lost) and compute-1 overwrites the withdrawal.
+	mu.Lock()
+	proxy.Reset()
+	sims[withdrawn].stop = true
+	withdrawnAt := time.Now()
+	wrev := renew(withdrawn, fencing.LeaseWithdrawn, false)
+	tok := strings.ReplaceAll(withdrawn, ".", "_")
+	grev, err := sims[attacker].st.KV.Put(ctx, tok, []byte("not a record"))
+	mu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("withdrawal at revision %d, garbage at %d", wrev, grev)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if wnc.IsConnected() && wnc.Stats().Reconnects > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the controller's watch connection not back within 10 s")
+		}
+	}
+	time.Sleep(500 * time.Millisecond) // the watch past the withdrawal
+	// compute-2's next renewal's beacon is lost too (the same route).
+	mu.Lock()
+	renew(companion, fencing.LeaseActive, false)
+	mu.Unlock()
+
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		cmu.Lock()
+		done := refused[withdrawn] || !declared.IsZero()
+		cmu.Unlock()
+		if done {
+			break
+		}
+	}
+	time.Sleep(time.Second)
+	cmu.Lock()
+	defer cmu.Unlock()
+	switch {
+	case mutation && declared.IsZero():
+		t.Fatalf("with beaconMissMutation %s was not declared: the test shows nothing; losses said: %q", withdrawn, lost)
+	case mutation:
+		t.Logf("with beaconMissMutation: %s declared %s after its withdrawal", withdrawn, declared.Sub(withdrawnAt).Round(10*time.Millisecond))
+	case !declared.IsZero():
+		t.Fatalf("the withdrawn %s (withdrawal hidden, beacon lost on a route) declared %s after its withdrawal; losses said: %q", withdrawn, declared.Sub(withdrawnAt).Round(10*time.Millisecond), lost)
+	case !refused[withdrawn]:
+		t.Fatalf("%s neither declared nor refused within 20 s: losses said %q", withdrawn, lost)
+	case !slices.ContainsFunc(lost, func(s string) bool { return strings.Contains(s, companion) }):
+		t.Fatalf("no loss named %s: %q", companion, lost)
+	default:
+		t.Logf("refused %s; losses said: %q", withdrawn, lost)
+	}
+}
