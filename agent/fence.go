@@ -277,15 +277,19 @@ type fencer struct {
 	events   chan fencing.FenceEvent
 	// beacons: the newest beacon waiting to be published (capacity 1:
 	// only the newest revision matters, an older one is superseded).
-	beacons  chan *nats.Msg
-	sem      chan struct{}
-	view     atomic.Pointer[fencing.PeerView]
-	progress atomic.Int64 // wall unix nanos of the last loop iteration
-	stats    FenceStats
-	keys     *fencing.Keyring // nil: signing off
-	signer   fencing.Signer
-	wdLast   watchdog.State
-	wdOpen   func(path string) (watchdog.Device, error)
+	beacons chan pendingBeacon
+	// beaconMu guards lastBeacon: the revision the last beacon this
+	// process published named (publishBeacon: the next one's Prev).
+	beaconMu   sync.Mutex
+	lastBeacon uint64
+	sem        chan struct{}
+	view       atomic.Pointer[fencing.PeerView]
+	progress   atomic.Int64 // wall unix nanos of the last loop iteration
+	stats      FenceStats
+	keys       *fencing.Keyring // nil: signing off
+	signer     fencing.Signer
+	wdLast     watchdog.State
+	wdOpen     func(path string) (watchdog.Device, error)
 	// fail ends the agent (Run's context, with the cause): a watchdog
 	// that cannot be armed late leaves the lease advertising a backstop
 	// that is not there, so the agent leaves through the stop path
@@ -332,7 +336,7 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 		statePath: filepath.Join(cfg.StateDir, fenceStateFile), membPath: filepath.Join(cfg.StateDir, fenceMembersFile),
 		onTrans: opts.OnFenceTransition,
 		inbox:   make(chan func(time.Time) fencing.Ready, 4096), domainsC: make(chan []fencing.Domain, 1),
-		relistC: make(chan struct{}, 1), events: make(chan fencing.FenceEvent, fenceEventQueue), beacons: make(chan *nats.Msg, 1), sem: make(chan struct{}, fc.FenceConcurrency),
+		relistC: make(chan struct{}, 1), events: make(chan fencing.FenceEvent, fenceEventQueue), beacons: make(chan pendingBeacon, 1), sem: make(chan struct{}, fc.FenceConcurrency),
 		stopped: make(chan struct{}), wdOpen: opts.OpenWatchdog,
 	}
 	if opts.WrapFenceHypervisor != nil {
@@ -924,16 +928,21 @@ func (f *fencer) invalidRecord(host string, rev uint64, err error) {
 	}
 }
 
+// pendingBeacon: the beacon of the renewal rec written at rev at at,
+// sealed when it is published (publishBeacon).
+type pendingBeacon struct {
+	rec fencing.LeaseRecord
+	rev uint64
+	at  time.Time
+}
+
 // beacon queues the beacon of a renewal this agent wrote itself at rev
 // (fencing.Beacon), replacing one not yet published. Never blocks.
 func (f *fencer) beacon(rec fencing.LeaseRecord, rev uint64) {
 	if f.nc == nil {
 		return
 	}
-	m, err := natslease.BeaconMsg(f.signer, rec, rev, time.Now())
-	if err != nil {
-		return
-	}
+	m := pendingBeacon{rec: rec, rev: rev, at: time.Now()}
 	for range 2 {
 		select {
 		case f.beacons <- m:
@@ -967,11 +976,10 @@ func (f *fencer) publishEvents(ctx context.Context) {
 			}
 			// Best effort: a beacon lost makes that one renewal count
 			// for nothing only where the controller cannot verify the
-			// record itself (fencing.Beacon); the next renewal sends one.
-			if err := f.nc.PublishMsg(m); err != nil {
-				f.log.Debug("beacon not published", "host", f.host, "subject", m.Subject, "err", err)
-			} else {
-				f.stats.Beacons.Add(1)
+			// record itself (fencing.Beacon); the next renewal sends one,
+			// naming this one's revision if it left (Beacon.Prev).
+			if err := f.publishBeacon(m); err != nil {
+				f.log.Debug("beacon not published", "host", f.host, "revision", m.rev, "err", err)
 			}
 		case ev := <-f.events:
 			if ctx.Err() != nil {
@@ -1129,16 +1137,34 @@ func (f *fencer) flushBeacon() {
 	}
 	select {
 	case m := <-f.beacons:
-		if err := f.nc.PublishMsg(m); err != nil {
+		if err := f.publishBeacon(m); err != nil {
 			f.log.Warn("withdrawal beacon not published", "host", f.host, "err", err)
 			return
 		}
-		f.stats.Beacons.Add(1)
 	default:
 	}
 	if err := f.nc.FlushTimeout(withdrawalBeaconFlush); err != nil {
 		f.log.Warn("withdrawal beacon not flushed", "host", f.host, "err", err)
 	}
+}
+
+// publishBeacon seals m, naming the revision of the last beacon this
+// process published as its Prev (the chain a controller checks for
+// beacons lost on the way: controller/beaconloss.go), and publishes it.
+// From the publisher goroutine, and from the loop at an orderly stop.
+func (f *fencer) publishBeacon(m pendingBeacon) error {
+	f.beaconMu.Lock()
+	defer f.beaconMu.Unlock()
+	msg, err := natslease.BeaconMsg(f.signer, m.rec, m.rev, f.lastBeacon, m.at)
+	if err != nil {
+		return err
+	}
+	if err := f.nc.PublishMsg(msg); err != nil {
+		return err
+	}
+	f.lastBeacon = m.rev
+	f.stats.Beacons.Add(1)
+	return nil
 }
 
 func (f *fencer) disarm() {

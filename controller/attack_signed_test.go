@@ -163,7 +163,7 @@ func startAgentOn(ctx context.Context, t *testing.T, st *natslease.Store, nc *na
 			go func() {
 				res := st.Renew(ctx, req, cfg.Timing.RenewTimeout)
 				if nc != nil && res.Outcome == fencing.RenewAcked {
-					if m, err := natslease.BeaconMsg(st.Signer, req.Record, res.Revision, time.Now()); err == nil {
+					if m, err := natslease.BeaconMsg(st.Signer, req.Record, res.Revision, 0, time.Now()); err == nil {
 						nc.PublishMsg(m)
 					}
 				}

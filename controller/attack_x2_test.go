@@ -223,7 +223,7 @@ func TestAgentCannotKeepDeadHostUndeclaredWithUnverifiableValues(t *testing.T) {
 				// the value it wrote: the server refuses it (compute-1
 				// may publish only its own beacon subject).
 				if e, err := attacker.KV.Get(ctx, "compute-3_example_org"); err == nil {
-					if m, err := natslease.BeaconMsg(attacker.Signer, *last, e.Revision(), time.Now()); err == nil {
+					if m, err := natslease.BeaconMsg(attacker.Signer, *last, e.Revision(), 0, time.Now()); err == nil {
 						anc.PublishMsg(m)
 					}
 				}

@@ -190,7 +190,7 @@ func TestX4BeaconQueueCrowdedOutByOneHost(t *testing.T) {
 	r := &Runner{}
 	out := newBeaconBox()
 	msg := func(host string, rev uint64) *nats.Msg {
-		m, err := natslease.BeaconMsg(fencing.Signer{}, fencing.LeaseRecord{Host: host}, rev, t0)
+		m, err := natslease.BeaconMsg(fencing.Signer{}, fencing.LeaseRecord{Host: host}, rev, 0, t0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,7 +206,7 @@ func TestX4BeaconQueueCrowdedOutByOneHost(t *testing.T) {
 		t.Errorf("compute-3's beacon dropped because compute-1 flooded its own beacon subject: %v", refused)
 	}
 	revs, _ := out.take()
-	if got := revs["compute-3.example.org"]; len(got) != 1 || got[0] != 99999 {
+	if got := revs["compute-3.example.org"]; len(got) != 1 || got[0].rev != 99999 {
 		t.Errorf("compute-3's beacon not delivered to the tracker after compute-1's flood: %v", got)
 	}
 }

@@ -318,15 +318,67 @@ func (t *Tracker) BeaconsMissing(now time.Time) (missing, refused []string) {
 // missingWhy says which hosts' beacons went missing (BeaconsMissing), the
 // first maxNamed by name.
 func missingWhy(hosts []string) string {
+	named := namedHosts(hosts)
+	if len(hosts) == 0 {
+		named = "hosts already named"
+	}
+	return fmt.Sprintf("no beacon came within %s for a renewal the watch delivered of %s (lost on a NATS route or leaf connection, or never sent: a relayed renewal)", BeaconExpectWindow, named)
+}
+
+// The chain. Each beacon names the revision of the one its agent process
+// published before it (fencing.Beacon.Prev, signed with it). A beacon
+// whose Prev is above the last revision this tracker's beacons of the
+// host named says that the beacons in between were published and never
+// came: lost on the runner's subscription, or on a NATS route or leaf
+// connection whatever the watch delivered — a compromised node that
+// hides every renewal written about when a withdrawal was, so that no
+// record expects a beacon, does not hide the next beacon of a live host
+// whose beacon the same loss dropped (reviewer X28,
+// TestX28HideCoincidentRenewal). The loss window: between the arrival of
+// the last beacon received and this one's (the runner's clock, placed in
+// the server's: serverWindow). Agents from before Prev say nothing (0),
+// and a process's first beacon names none.
+
+// beaconChainMutation: Prev is ignored (the X28 hole). Tests only.
+var beaconChainMutation bool
+
+// BeaconChain checks, at now, host's beacon naming rev after prev against
+// the last one received (call it before ObserveBeacon). It reports
+// whether beacons of the host were lost in between and the hosts whose
+// hidden write the loss window covers (BeaconsLost).
+func (t *Tracker) BeaconChain(now time.Time, host string, rev, prev uint64) (gap bool, refused []string) {
+	h := t.hosts[host]
+	if h == nil {
+		return false, nil
+	}
+	b := &h.beacons
+	last, lastAt := b.chainRev, b.chainAt
+	if rev <= last {
+		return false, nil // an older beacon, late or replayed
+	}
+	b.chainRev, b.chainAt = rev, now
+	if beaconChainMutation || beaconLossMutation || prev == 0 || last == 0 || prev <= last {
+		// No chain (an older agent, its process's first beacon, this
+		// tracker's first of the host), or it holds.
+		return false, nil
+	}
+	t.addWindow(t.serverWindow(lastAt, now))
+	return true, t.refuseCovered()
+}
+
+// chainWhy says whose beacons the chain found lost (BeaconChain).
+func chainWhy(hosts []string) string {
+	return fmt.Sprintf("beacons of %s named earlier beacons that never came (lost on the beacon subscription, a NATS route or leaf connection)", namedHosts(hosts))
+}
+
+// namedHosts names hosts, the first maxNamed of them.
+func namedHosts(hosts []string) string {
 	const maxNamed = 10
 	named := strings.Join(hosts[:min(len(hosts), maxNamed)], ", ")
 	if len(hosts) > maxNamed {
 		named += fmt.Sprintf(" and %d more", len(hosts)-maxNamed)
 	}
-	if len(hosts) == 0 {
-		named = "hosts already named"
-	}
-	return fmt.Sprintf("no beacon came within %s for a renewal the watch delivered of %s (lost on a NATS route or leaf connection, or never sent: a relayed renewal)", BeaconExpectWindow, named)
+	return named
 }
 
 // The controller's clock against the server's. A hidden write's times

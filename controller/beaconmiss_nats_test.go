@@ -34,19 +34,40 @@ import (
 // delivered that renewal and refuses compute-3 (OnBeaconsLost names both);
 // compute-3, due ~3 s after its last renewal at ×0.1 timing, is held by
 // HiddenWriteWait meanwhile and never declared.
+//
+// "companion-hidden" (reviewer X28's hole): compute-1 overwrites
+// compute-2's beacon-less renewal too, before the watch delivers it, so
+// no record expects a beacon; compute-2's next beacon names the lost one
+// as its Prev (the chain, Tracker.BeaconChain): compute-3 is refused.
 func TestHiddenWithdrawalMissingBeaconNATS(t *testing.T) {
 	t.Parallel()
-	hiddenWithdrawalMissingBeaconNATS(t, false)
+	for _, c := range []struct {
+		name           string
+		hidden, noPrev bool
+	}{
+		// Agents from before Beacon.Prev: only the missing beacon of the
+		// delivered renewal tells (BeaconsMissing).
+		{"companion-delivered/no-prev", false, true},
+		{"companion-delivered", false, false},
+		{"companion-hidden", true, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			hiddenWithdrawalMissingBeaconNATS(t, false, c.hidden, c.noPrev)
+		})
+	}
 }
 
 // TestHiddenWithdrawalMissingBeaconMutationNATS: with beaconMissMutation
-// the same run declares compute-3 (the hole the test shows).
+// and beaconChainMutation the same run declares compute-3 (the hole the
+// test shows).
 func TestHiddenWithdrawalMissingBeaconMutationNATS(t *testing.T) {
 	defer controller.SetBeaconMissMutation(true)()
-	hiddenWithdrawalMissingBeaconNATS(t, true)
+	defer controller.SetBeaconChainMutation(true)()
+	hiddenWithdrawalMissingBeaconNATS(t, true, true, false)
 }
 
-func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation bool) {
+func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation, companionHidden, noPrev bool) {
 	const (
 		attacker  = "compute-1.example.org"
 		companion = "compute-2.example.org"
@@ -66,6 +87,8 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation bool) {
 		rev  uint64
 		seq  uint64
 		stop bool
+		// prev: the revision its last beacon named (fencing.Beacon.Prev).
+		prev uint64
 	}
 	var mu sync.Mutex
 	sims := map[string]*sim{}
@@ -85,7 +108,11 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation bool) {
 		}
 		s.rev = res.Revision
 		if beacon {
-			m, err := natslease.BeaconMsg(f.signers[h], rec, res.Revision, time.Now())
+			prev := s.prev
+			if noPrev {
+				prev = 0
+			}
+			m, err := natslease.BeaconMsg(f.signers[h], rec, res.Revision, prev, time.Now())
 			if err != nil {
 				t.Error(err)
 				return 0
@@ -94,6 +121,9 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation bool) {
 				t.Error(err)
 			}
 		}
+		// Published, or lost on the way (a route dropped it): the next
+		// beacon names it either way.
+		s.prev = res.Revision
 		return res.Revision
 	}
 	go func() {
@@ -126,7 +156,7 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation bool) {
 	var cmu sync.Mutex
 	var declared time.Time
 	var lost []string
-	refused := map[string]bool{}
+	refused := map[string]bool{} // named by OnBeaconsLost, or refused-due
 	r := &controller.Runner{Store: cst, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: bnc,
 		OnBeaconsLost: func(why string, notDeclared []string) {
 			cmu.Lock()
@@ -145,6 +175,9 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation bool) {
 			if d.Op == controller.OpDeclare && d.Host != withdrawn {
 				t.Errorf("declared the live %s", d.Host)
 			}
+			if d.Op == controller.OpRefusedDue {
+				refused[d.Host] = true
+			}
 		}}
 	go r.Run(ctx)
 	time.Sleep(2 * time.Second) // renewing, beacons binding every host
@@ -158,10 +191,24 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation bool) {
 	wrev := renew(withdrawn, fencing.LeaseWithdrawn, false)
 	tok := strings.ReplaceAll(withdrawn, ".", "_")
 	grev, err := sims[attacker].st.KV.Put(ctx, tok, []byte("not a record"))
-	mu.Unlock()
 	if err != nil {
+		mu.Unlock()
 		t.Fatal(err)
 	}
+	if companionHidden {
+		// compute-2's renewal, its beacon lost with compute-3's, and
+		// compute-1's garbage over it: the watch never delivers it.
+		renew(companion, fencing.LeaseActive, false)
+		g2, err := sims[attacker].st.KV.Put(ctx, strings.ReplaceAll(companion, ".", "_"), []byte("not a record"))
+		if err != nil {
+			mu.Unlock()
+			t.Fatal(err)
+		}
+		// compute-2's agent renews over the garbage (as after a CAS
+		// conflict).
+		sims[companion].rev = g2
+	}
+	mu.Unlock()
 	t.Logf("withdrawal at revision %d, garbage at %d", wrev, grev)
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if wnc.IsConnected() && wnc.Stats().Reconnects > 0 {
@@ -172,10 +219,12 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation bool) {
 		}
 	}
 	time.Sleep(500 * time.Millisecond) // the watch past the withdrawal
-	// compute-2's next renewal's beacon is lost too (the same route).
-	mu.Lock()
-	renew(companion, fencing.LeaseActive, false)
-	mu.Unlock()
+	if !companionHidden {
+		// compute-2's next renewal's beacon is lost too (the same route).
+		mu.Lock()
+		renew(companion, fencing.LeaseActive, false)
+		mu.Unlock()
+	}
 
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		cmu.Lock()
@@ -199,6 +248,8 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation bool) {
 		t.Fatalf("%s neither declared nor refused within 20 s: losses said %q", withdrawn, lost)
 	case !slices.ContainsFunc(lost, func(s string) bool { return strings.Contains(s, companion) }):
 		t.Fatalf("no loss named %s: %q", companion, lost)
+	case noPrev && !slices.ContainsFunc(lost, func(s string) bool { return strings.Contains(s, "no beacon came") }):
+		t.Fatalf("beacons without Prev: no missing beacon said: %q", lost)
 	default:
 		t.Logf("refused %s; losses said: %q", withdrawn, lost)
 	}

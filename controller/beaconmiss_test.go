@@ -365,3 +365,105 @@ func TestHiddenWriteWaitsForMissingBeacons(t *testing.T) {
 		})
 	}
 }
+
+// chainFleet renews h0..h9 (but skip) at now like missRenew, each beacon
+// passed through BeaconChain with its Prev (prev: per host, the revision
+// its last published beacon named) unless lost (published, never
+// received) or the renewal hidden (garbage over it before the watch
+// delivered it, after a skip). It returns the hosts refused.
+func chainRound(tr *Tracker, now time.Time, rev *uint64, prev map[string]uint64, skip, lose, hide map[string]bool) []string {
+	var refused []string
+	for i := range 10 {
+		name := fmt.Sprintf("h%d", i)
+		if skip[name] {
+			continue
+		}
+		*rev++
+		own := *rev
+		if hide[name] {
+			*rev++ // the garbage over it
+			tr.Skipped(*rev)
+			missStored(tr, now.Add(300*time.Millisecond), name, *rev, now.Add(200*time.Millisecond))
+			tr.ObserveInvalid(now.Add(300*time.Millisecond), name, *rev, "undecodable value (garbage)", false)
+		} else {
+			r := rec(name, fencing.BackstopReset)
+			r.Signer = name + "-key"
+			missStored(tr, now, name, own, now)
+			tr.Observe(now, name, own, r)
+		}
+		if !lose[name] {
+			_, ref := tr.BeaconChain(now, name, own, prev[name])
+			refused = append(refused, ref...)
+			tr.ObserveBeacon(now, name, own)
+		}
+		prev[name] = own
+	}
+	return refused
+}
+
+// TestBeaconChainFindsHiddenCompanion (S; reviewer X28's
+// TestX28HideCoincidentRenewal, closed): h3's withdrawal is hidden and its
+// beacon lost on a route; the same loss drops h5's renewal beacon, and
+// the compromised node hides h5's renewal too, so no record expects a
+// beacon (BeaconsMissing finds nothing). h5's next beacon names the lost
+// one as its Prev (fencing.Beacon.Prev): BeaconChain finds the gap and
+// refuses h3. "beaconChainMutation": the hole (declared). Control
+// "nothing-lost": h5's beacon came; the dead h3 is declared.
+func TestBeaconChainFindsHiddenCompanion(t *testing.T) {
+	for _, c := range []struct {
+		name           string
+		lose, mutation bool
+		wantDeclared   bool
+	}{
+		{name: "lost", lose: true},
+		{name: "lost/beaconChainMutation", lose: true, mutation: true, wantDeclared: true},
+		{name: "nothing-lost", wantDeclared: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			beaconChainMutation = c.mutation
+			defer func() { beaconChainMutation = false }()
+			at := t0.Add(20 * time.Minute)
+			tr, rev := beaconFleet(t)
+			tr.WatchStarted(t0)
+			prev := map[string]uint64{}
+			chainRound(tr, at.Add(-2*time.Second), &rev, prev, nil, nil, nil)
+			chainRound(tr, at, &rev, prev, nil, nil, nil) // h3's last renewal among them
+			missHide(tr, at, 0, &rev)
+			lose := set()
+			if c.lose {
+				lose = set("h5")
+			}
+			now := at.Add(time.Second)
+			if r := chainRound(tr, now, &rev, prev, set("h3"), lose, set("h5")); len(r) != 0 {
+				t.Fatalf("refused %v before the loss could be known", r)
+			}
+			if m, _ := tr.BeaconsMissing(now.Add(BeaconExpectWindow)); len(m) != 0 {
+				t.Fatalf("BeaconsMissing said %v: h5's renewal was hidden, none expected", m)
+			}
+			refused := chainRound(tr, now.Add(time.Second), &rev, prev, set("h3"), nil, nil)
+			if !c.mutation && c.lose && !slices.Equal(refused, []string{"h3"}) {
+				t.Fatalf("h5's next beacon refused %v, want [h3]", refused)
+			}
+			var declared time.Duration
+			for s := 3; s <= 180 && declared == 0; s++ {
+				now := at.Add(time.Duration(s) * time.Second)
+				chainRound(tr, now, &rev, prev, set("h3"), nil, nil)
+				for _, d := range tr.Tick(now) {
+					switch {
+					case d.Op == OpDeclare && d.Host == "h3":
+						declared = now.Sub(at)
+					case d.Op == OpDeclare:
+						t.Fatalf("declared the live %s", d.Host)
+					}
+				}
+			}
+			switch {
+			case c.wantDeclared && declared == 0:
+				t.Fatal("the dead h3 never declared")
+			case !c.wantDeclared && declared != 0:
+				t.Fatalf("the withdrawn h3 declared %s after its last renewal: h5's renewal hidden, its beacon lost with h3's", declared)
+			}
+			t.Logf("declared %s after its last renewal", declared)
+		})
+	}
+}

@@ -53,3 +53,10 @@ func SetBeaconMissMutation(on bool) func() {
 	beaconMissMutation = on
 	return func() { beaconMissMutation = false }
 }
+
+// SetBeaconChainMutation turns beaconChainMutation on until the returned
+// func is called (sequential tests only).
+func SetBeaconChainMutation(on bool) func() {
+	beaconChainMutation = on
+	return func() { beaconChainMutation = false }
+}

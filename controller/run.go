@@ -195,10 +195,21 @@ func (r *Runner) Run(ctx context.Context) error {
 			case <-beacons.ready:
 				now := r.now()
 				revs, withdrawn := beacons.take()
+				var gaps []string
+				var refused []string
 				for host, revs := range revs {
-					for _, rev := range revs {
-						r.Tracker.ObserveBeacon(now, host, rev)
+					for _, b := range revs {
+						if gap, ref := r.Tracker.BeaconChain(now, host, b.rev, b.prev); gap {
+							gaps = append(gaps, host)
+							refused = append(refused, ref...)
+						}
+						r.Tracker.ObserveBeacon(now, host, b.rev)
 					}
+				}
+				if len(gaps) > 0 {
+					// Beacons these hosts published never came (beaconloss.go,
+					// the chain): lost on the way.
+					r.beaconsLost(log, chainWhy(gaps), refused)
 				}
 				for host, rev := range withdrawn {
 					for _, d := range r.Tracker.ObserveWithdrawal(now, host, rev) {
@@ -280,20 +291,10 @@ func (r *Runner) Run(ctx context.Context) error {
 					r.Heartbeat()
 				}
 				if from, why := losses.check(r.now()); why != "" {
-					refused := r.Tracker.BeaconsLost(from, r.now())
-					if r.OnBeaconsLost != nil {
-						r.OnBeaconsLost(why, refused)
-					}
-					log.Warn("beacons may have been lost: a host whose write the watch may have hidden meanwhile is not declared (its withdrawal may be among them)",
-						"why", why, "from", from, "hosts_not_declared", refused)
+					r.beaconsLost(log, why, r.Tracker.BeaconsLost(from, r.now()), "from", from)
 				}
 				if missing, refused := r.Tracker.BeaconsMissing(r.now()); len(missing) > 0 || len(refused) > 0 {
-					why := missingWhy(missing)
-					if r.OnBeaconsLost != nil {
-						r.OnBeaconsLost(why, refused)
-					}
-					log.Warn("beacons may have been lost: a host whose write the watch may have hidden meanwhile is not declared (its withdrawal may be among them)",
-						"why", why, "hosts_not_declared", refused)
+					r.beaconsLost(log, missingWhy(missing), refused)
 				}
 				if nc := r.Store.NC; nc != nil && nc.IsConnected() && !checking && !rollbackCheckMutation && ring.maxRv > 0 {
 					if rc := nc.Stats().Reconnects; rc != reconnects || r.now().Sub(lastCheck) >= RollbackCheckInterval {
@@ -388,7 +389,7 @@ func (r *Runner) Run(ctx context.Context) error {
 type beaconBox struct {
 	mu    sync.Mutex
 	lost  uint64 // beacons refused because the box was full
-	hosts map[string][]uint64
+	hosts map[string][]beaconRef
 	// withdrawn: per host, the highest revision a beacon named as its
 	// withdrawal (fencing.Beacon.State).
 	withdrawn map[string]uint64
@@ -396,11 +397,15 @@ type beaconBox struct {
 }
 
 func newBeaconBox() *beaconBox {
-	return &beaconBox{hosts: map[string][]uint64{}, withdrawn: map[string]uint64{}, ready: make(chan struct{}, 1)}
+	return &beaconBox{hosts: map[string][]beaconRef{}, withdrawn: map[string]uint64{}, ready: make(chan struct{}, 1)}
 }
 
-// put adds host's beacon naming rev (withdrawn: its withdrawal).
-func (b *beaconBox) put(host string, rev uint64, withdrawn bool) error {
+// beaconRef: what a beacon named: its revision and Prev
+// (fencing.Beacon.Prev).
+type beaconRef struct{ rev, prev uint64 }
+
+// put adds host's beacon naming rev after prev (withdrawn: its withdrawal).
+func (b *beaconBox) put(host string, rev, prev uint64, withdrawn bool) error {
 	b.mu.Lock()
 	q, ok := b.hosts[host]
 	if !ok && len(b.hosts) >= MaxBeaconHosts {
@@ -414,7 +419,7 @@ func (b *beaconBox) put(host string, rev uint64, withdrawn bool) error {
 	if len(q) == beaconMemory {
 		q = q[1:]
 	}
-	b.hosts[host] = append(q, rev)
+	b.hosts[host] = append(q, beaconRef{rev, prev})
 	b.mu.Unlock()
 	select {
 	case b.ready <- struct{}{}:
@@ -424,12 +429,22 @@ func (b *beaconBox) put(host string, rev uint64, withdrawn bool) error {
 }
 
 // take returns the waiting beacons and withdrawals and empties the box.
-func (b *beaconBox) take() (map[string][]uint64, map[string]uint64) {
+func (b *beaconBox) take() (map[string][]beaconRef, map[string]uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	m, w := b.hosts, b.withdrawn
-	b.hosts, b.withdrawn = map[string][]uint64{}, map[string]uint64{}
+	b.hosts, b.withdrawn = map[string][]beaconRef{}, map[string]uint64{}
 	return m, w
+}
+
+// beaconsLost says that beacons may have been lost (why) and the hosts
+// not declared from now on (beaconloss.go).
+func (r *Runner) beaconsLost(log *slog.Logger, why string, refused []string, attrs ...any) {
+	if r.OnBeaconsLost != nil {
+		r.OnBeaconsLost(why, refused)
+	}
+	log.Warn("beacons may have been lost: a host whose write the watch may have hidden meanwhile is not declared (its withdrawal may be among them)",
+		append([]any{"why", why, "hosts_not_declared", refused}, attrs...)...)
 }
 
 // beacon decodes one beacon message (NATS's goroutine) and puts it in
@@ -441,7 +456,7 @@ func (r *Runner) beacon(m *nats.Msg, box *beaconBox) {
 		err = r.Store.Keys.VerifyBeacon(b) // signed by its host's key (NATS permissions alone do not authenticate it)
 	}
 	if err == nil {
-		err = box.put(host, b.Revision, b.State == fencing.LeaseWithdrawn)
+		err = box.put(host, b.Revision, b.Prev, b.State == fencing.LeaseWithdrawn)
 	}
 	if r.OnBeacon != nil {
 		r.OnBeacon(host, b, err)

@@ -235,6 +235,10 @@ type beaconState struct {
 	// beacons came since.
 	expect  []uint64
 	missing bool
+	// chainRev: the highest revision a beacon of the host named, as
+	// BeaconChain saw it (chainAt: when).
+	chainRev uint64
+	chainAt  time.Time
 }
 
 // pendingValue is an unverifiable value of a host's key observed at at,

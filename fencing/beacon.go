@@ -37,6 +37,13 @@ type Beacon struct {
 	// then knows of the withdrawal even if a compromised node overwrote
 	// the record before its watch delivered it: reviewer X11).
 	State LeaseState `json:"state,omitempty"`
+	// Prev is the revision the beacon this agent process published before
+	// this one named (0: its first since it started, or an agent from
+	// before Prev). A controller that received this beacon and not that
+	// one knows a beacon was lost on the way — on its subscription, or on
+	// a NATS route or leaf connection it cannot see (the chain,
+	// controller/beaconloss.go).
+	Prev uint64 `json:"prev,omitempty"`
 	// Signer and Sig: the host key that signed the beacon and its
 	// signature (sign.go SealBeacon; absent when signing is off). NATS
 	// permissions alone do not authenticate a beacon: any user allowed a
@@ -71,6 +78,9 @@ func DecodeBeacon(b []byte) (Beacon, error) {
 	}
 	if e.Schema != BeaconSchema || e.Host == "" || e.Revision == 0 {
 		return e, fmt.Errorf("decode beacon: schema %d host %q revision %d", e.Schema, e.Host, e.Revision)
+	}
+	if e.Prev >= e.Revision {
+		return e, fmt.Errorf("decode beacon: prev %d not below revision %d", e.Prev, e.Revision)
 	}
 	if e.State != "" && e.State != LeaseWithdrawn {
 		return e, fmt.Errorf("decode beacon: state %q (only withdrawn, or none)", e.State)

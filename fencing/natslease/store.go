@@ -950,13 +950,15 @@ func writtenOf(h map[string][]string) (fencing.Written, error) {
 
 // BeaconMsg returns the beacon (fencing.Beacon) of rec, the owner's own
 // record, written at rev: the message its agent publishes after the
-// renewal, on proto.BeaconSubject(rec.Host), signed by s (the host key).
-func BeaconMsg(s fencing.Signer, rec fencing.LeaseRecord, rev uint64, at time.Time) (*nats.Msg, error) {
+// renewal, on proto.BeaconSubject(rec.Host), signed by s (the host key),
+// naming prev: the revision of the beacon the same process published
+// before it (fencing.Beacon.Prev; 0: none).
+func BeaconMsg(s fencing.Signer, rec fencing.LeaseRecord, rev, prev uint64, at time.Time) (*nats.Msg, error) {
 	subj, err := proto.BeaconSubject(rec.Host)
 	if err != nil {
 		return nil, err
 	}
-	bc := fencing.Beacon{Schema: fencing.BeaconSchema, Host: rec.Host, BootID: rec.BootID, Incarnation: rec.Incarnation, Revision: rev, At: at.UTC()}
+	bc := fencing.Beacon{Schema: fencing.BeaconSchema, Host: rec.Host, BootID: rec.BootID, Incarnation: rec.Incarnation, Revision: rev, Prev: prev, At: at.UTC()}
 	if rec.State == fencing.LeaseWithdrawn {
 		bc.State = fencing.LeaseWithdrawn
 	}

@@ -107,8 +107,18 @@ func TestFenceOrderlyStopWithdraws(t *testing.T) {
 	defer bnc.Close()
 	bsubj, _ := proto.BeaconSubject(r.host)
 	withdrawnBeacons := make(chan fencing.Beacon, 16)
+	var bmu sync.Mutex
+	var chain []fencing.Beacon // every beacon, in order
 	if _, err := bnc.Subscribe(bsubj, func(m *nats.Msg) {
-		if b, err := fencing.DecodeBeacon(m.Data); err == nil && b.State == fencing.LeaseWithdrawn {
+		b, err := fencing.DecodeBeacon(m.Data)
+		if err != nil {
+			t.Errorf("beacon: %v", err)
+			return
+		}
+		bmu.Lock()
+		chain = append(chain, b)
+		bmu.Unlock()
+		if b.State == fencing.LeaseWithdrawn {
 			withdrawnBeacons <- b
 		}
 	}); err != nil {
@@ -116,6 +126,17 @@ func TestFenceOrderlyStopWithdraws(t *testing.T) {
 	}
 	if err := bnc.Flush(); err != nil {
 		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		bmu.Lock()
+		n := len(chain)
+		bmu.Unlock()
+		if n >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d beacons of the healthy agent in 20 s", n)
+		}
 	}
 	stop := time.Now()
 	if err := r.stopAgnt(); err != nil {
@@ -131,6 +152,18 @@ func TestFenceOrderlyStopWithdraws(t *testing.T) {
 	case <-time.After(2 * time.Second):
 		t.Errorf("no beacon naming the withdrawal (state withdrawn) within 2 s of the orderly stop")
 	}
+	// Each beacon names the one published before it (fencing.Beacon.Prev,
+	// the chain a controller checks for lost beacons): none was lost here.
+	bmu.Lock()
+	if len(chain) < 4 {
+		t.Errorf("%d beacons received, want 3 renewals' and the withdrawal's", len(chain))
+	}
+	for i := 1; i < len(chain); i++ {
+		if chain[i].Prev != chain[i-1].Revision {
+			t.Errorf("beacon %d (revision %d) names prev %d, the beacon before it named %d", i, chain[i].Revision, chain[i].Prev, chain[i-1].Revision)
+		}
+	}
+	bmu.Unlock()
 	time.Sleep(quietFor)
 	if at, running := r.declared(); !at.IsZero() {
 		t.Fatalf("declared %s after an orderly stop, domains running: %v\n%s", at.Sub(stop), running, r.history())
