@@ -44,6 +44,10 @@ type Beacon struct {
 	// a NATS route or leaf connection it cannot see (the chain,
 	// controller/beaconloss.go).
 	Prev uint64 `json:"prev,omitempty"`
+	// PrevSig signs Prev (with Host, Revision and Signer) by the same key:
+	// outside Sig, which a controller from before Prev checks over the
+	// fields it knows (sign.go beaconPayload).
+	PrevSig string `json:"prev_sig,omitempty"`
 	// Signer and Sig: the host key that signed the beacon and its
 	// signature (sign.go SealBeacon; absent when signing is off). NATS
 	// permissions alone do not authenticate a beacon: any user allowed a

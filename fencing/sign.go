@@ -108,15 +108,26 @@ const (
 	recordDomain = "hvguard lease record v1\n"
 	guardDomain  = "hvguard guard v1\n"
 	beaconDomain = "hvguard beacon v1\n"
+	prevDomain   = "hvguard beacon prev v1\n"
 )
 
+// beaconPayload is what a beacon's Sig signs: the beacon without Sig,
+// Prev and PrevSig — the bytes a controller from before Prev computes
+// from the fields it knows, so a new agent's beacon verifies there too
+// (agents and controllers of neighbouring releases work together).
 func beaconPayload(b Beacon) ([]byte, error) {
-	b.Sig = ""
+	b.Sig, b.Prev, b.PrevSig = "", 0, ""
 	out, err := json.Marshal(b)
 	if err != nil {
 		return nil, err
 	}
 	return append([]byte(beaconDomain), out...), nil
+}
+
+// prevPayload is what a beacon's PrevSig signs: its host, revision, Prev
+// and signer.
+func prevPayload(b Beacon) []byte {
+	return fmt.Appendf([]byte(prevDomain), "%s\n%d\n%d\n%s", b.Host, b.Revision, b.Prev, b.Signer)
 }
 
 // SealBeacon returns b signed by s, the host's key (the zero Signer
@@ -131,6 +142,10 @@ func (s Signer) SealBeacon(b Beacon) Beacon {
 		return b
 	}
 	b.Sig = base64.RawStdEncoding.EncodeToString(ed25519.Sign(s.Key, p))
+	b.PrevSig = ""
+	if b.Prev != 0 {
+		b.PrevSig = base64.RawStdEncoding.EncodeToString(ed25519.Sign(s.Key, prevPayload(b)))
+	}
 	return b
 }
 
@@ -155,6 +170,9 @@ func (k *Keyring) VerifyBeacon(b Beacon) error {
 	p, err := beaconPayload(b)
 	if err != nil || !verifySig(key, p, b.Sig) {
 		return fmt.Errorf("%w: beacon of %s: bad signature by %q", ErrInvalidRecord, b.Host, b.Signer)
+	}
+	if (b.Prev != 0 || b.PrevSig != "") && !verifySig(key, prevPayload(b), b.PrevSig) {
+		return fmt.Errorf("%w: beacon of %s: prev %d not signed by %q", ErrInvalidRecord, b.Host, b.Prev, b.Signer)
 	}
 	return nil
 }

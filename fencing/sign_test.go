@@ -221,3 +221,48 @@ func FuzzDecodeVerified(f *testing.F) {
 		_ = StaleRecord(r, r.PrevRev+1, r.PrevRev)
 	})
 }
+
+// TestBeaconPrevSigned: a beacon's Prev is signed by its host's key
+// (PrevSig) beside Sig. A controller from before Prev checks Sig over
+// the fields it knows (the beacon decoded into its struct, without prev
+// and prev_sig): it still verifies — agents and controllers of
+// neighbouring releases work together. A Prev changed, or added, without
+// the key is refused.
+func TestBeaconPrevSigned(t *testing.T) {
+	k, s := testKeyring(SigningRequired)
+	b := s["h0"].SealBeacon(Beacon{Schema: BeaconSchema, Host: "h0", Revision: 42, Prev: 40, At: time.Unix(1000, 0).UTC()})
+	if b.PrevSig == "" {
+		t.Fatal("no prev_sig")
+	}
+	if err := k.VerifyBeacon(b); err != nil {
+		t.Fatalf("genuine beacon with prev refused: %v", err)
+	}
+	// The old controller's view: the JSON round-tripped through a struct
+	// without Prev and PrevSig.
+	enc, err := b.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := DecodeBeacon(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Prev, old.PrevSig = 0, ""
+	if err := k.VerifyBeacon(old); err != nil {
+		t.Fatalf("the beacon without prev (a controller from before it) refused: %v", err)
+	}
+	forged := b
+	forged.Prev = 41
+	if err := k.VerifyBeacon(forged); err == nil || !errors.Is(err, ErrInvalidRecord) || !strings.Contains(err.Error(), "prev 41") {
+		t.Fatalf("prev changed without the key: %v", err)
+	}
+	added := s["h0"].SealBeacon(Beacon{Schema: BeaconSchema, Host: "h0", Revision: 42, At: time.Unix(1000, 0).UTC()})
+	added.Prev = 40
+	if err := k.VerifyBeacon(added); err == nil {
+		t.Fatal("prev added to a beacon signed without it: verified")
+	}
+	other := s["h1"].SealBeacon(Beacon{Schema: BeaconSchema, Host: "h0", Revision: 42, Prev: 40})
+	if err := k.VerifyBeacon(other); err == nil {
+		t.Fatal("a beacon of h0 signed by h1's key: verified")
+	}
+}
