@@ -1155,6 +1155,11 @@ func (f *fencer) flushBeacon() {
 func (f *fencer) publishBeacon(m pendingBeacon) error {
 	f.beaconMu.Lock()
 	defer f.beaconMu.Unlock()
+	if m.rev <= f.lastBeacon {
+		// Overtaken: the withdrawal's beacon (flushBeacon, on the loop)
+		// left while the publisher held this older one (reviewer X29).
+		return nil
+	}
 	msg, err := natslease.BeaconMsg(f.signer, m.rec, m.rev, f.lastBeacon, m.at)
 	if err != nil {
 		return err

@@ -96,6 +96,15 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	}
 	b.maxRev = max(b.maxRev, rev)
 	h.clearHidden(rev) // it wrote at or after the hidden write (beaconloss.go)
+	if hw := &h.hidden; hw.rev != 0 && rev > hw.firstRev && !hiddenAnchorMutation {
+		// Alive after the first hidden write: the wait for a missing
+		// beacon (HiddenWriteWait) starts again for the later ones — a
+		// compromised node overwriting each renewal of a live host
+		// before its beacon came had the wait run out before the
+		// withdrawal it then hid (reviewer X29,
+		// TestX29HiddenWriteWaitAnchoredEarly).
+		hw.seen, hw.firstRev = now, hw.rev
+	}
 	if b.at.IsZero() && !b.remembered {
 		t.rememberHost(host) // its beacons bind it from now on (memory.go)
 	}

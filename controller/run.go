@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -196,12 +197,10 @@ func (r *Runner) Run(ctx context.Context) error {
 				now := r.now()
 				revs, withdrawn := beacons.take()
 				var gaps []string
-				var refused []string
 				for host, revs := range revs {
 					for _, b := range revs {
-						if gap, ref := r.Tracker.BeaconChain(now, host, b.rev, b.prev); gap {
+						if r.Tracker.BeaconChain(now, host, b.rev, b.prev) {
 							gaps = append(gaps, host)
-							refused = append(refused, ref...)
 						}
 						r.Tracker.ObserveBeacon(now, host, b.rev)
 					}
@@ -209,7 +208,8 @@ func (r *Runner) Run(ctx context.Context) error {
 				if len(gaps) > 0 {
 					// Beacons these hosts published never came (beaconloss.go,
 					// the chain): lost on the way.
-					r.beaconsLost(log, chainWhy(gaps), refused)
+					slices.Sort(gaps)
+					r.beaconsLost(log, chainWhy(slices.Compact(gaps)), r.Tracker.RefuseCovered())
 				}
 				for host, rev := range withdrawn {
 					for _, d := range r.Tracker.ObserveWithdrawal(now, host, rev) {

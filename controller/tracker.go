@@ -262,6 +262,16 @@ type revRing struct {
 
 func (r *revRing) add(rev uint64) { r.revs[r.next%beaconMemory] = rev; r.next++ }
 
+// any reports whether a revision kept satisfies f.
+func (r *revRing) any(f func(uint64) bool) bool {
+	for _, v := range r.revs {
+		if v != 0 && f(v) {
+			return true
+		}
+	}
+	return false
+}
+
 func (r *revRing) has(rev uint64) bool {
 	for _, v := range r.revs {
 		if v == rev && rev != 0 {

@@ -52,3 +52,59 @@ func BenchmarkTrackerFleet(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTrackerFleetBeacons is BenchmarkTrackerFleet with signatures
+// required and every renewal named by its beacon, as the runner feeds
+// them: the delivery's clock sample and beacon expectation, the beacon's
+// chain check (Prev) and ObserveBeacon, and BeaconsMissing at each tick
+// (beaconloss.go). One op is one second of the fleet. The baseline, in
+// the same run: the same load on the commit before the missing-beacon
+// and chain checks (docs/BENCHMARKS.md).
+func BenchmarkTrackerFleetBeacons(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("hosts=%d", n), func(b *testing.B) {
+			tr, err := NewTracker(resetConfig())
+			if err != nil {
+				b.Fatal(err)
+			}
+			tr.SetSigningRequired(true)
+			hosts := make([]string, n)
+			recs := make([]fencing.LeaseRecord, n)
+			prev := make([]uint64, n)
+			for i := range hosts {
+				hosts[i] = fmt.Sprintf("bench-%05d.example.org", i)
+				recs[i] = *rec(hosts[i], fencing.BackstopReset)
+				recs[i].Signer = hosts[i] + "-key"
+			}
+			now, rev := t0, uint64(0)
+			observe := func(i int) {
+				rev++
+				tr.Stored(hosts[i], rev, now)
+				tr.ClockSample(now, now)
+				r := recs[i]
+				tr.Observe(now, hosts[i], rev, &r)
+				tr.BeaconChain(now, hosts[i], rev, prev[i])
+				tr.ObserveBeacon(now, hosts[i], rev)
+				prev[i] = rev
+			}
+			for i := range hosts {
+				observe(i)
+			}
+			tr.WatchStarted(now)
+			next := 0
+			b.ResetTimer()
+			for b.Loop() {
+				for range 4 { // one second: four ticks, n/2 renewals
+					now = now.Add(TickInterval)
+					for range n / 8 {
+						observe(next)
+						next = (next + 1) % n
+					}
+					tr.BeaconsMissing(now)
+					tr.Tick(now)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/1e9, "cores")
+		})
+	}
+}
