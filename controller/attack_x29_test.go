@@ -133,15 +133,7 @@ func TestX29HiddenWriteWaitAnchoredEarly(t *testing.T) {
 			hiddenAnchorMutation = c.mutation
 			defer func() { hiddenAnchorMutation = false }()
 			at := t0.Add(30 * time.Second)
-			short := rec("h3", fencing.BackstopReset).Timing
-			short.RenewInterval, short.RenewTimeout, short.PeerTimeout = 200*time.Millisecond, 200*time.Millisecond, 300*time.Millisecond
-			short.FenceDeadline, short.LeaseTTL, short.WatchdogTimeout = 500*time.Millisecond, 1500*time.Millisecond, time.Second
-			r3 := rec("h3", fencing.BackstopReset)
-			r3.Signer, r3.Timing = "h3-key", short
-			tr, rev := beaconFleet(t)
-			tr.Observe(t0, "h3", rev, r3)
-			tr.ObserveBeacon(t0, "h3", rev)
-			tr.WatchStarted(t0)
+			tr, rev, r3 := shortFleet(t)
 			for ms := 1000; ms < 30000; ms += 1000 {
 				missRenew(tr, t0.Add(time.Duration(ms)*time.Millisecond), 0, &rev, "", "h3")
 			}
@@ -431,15 +423,7 @@ func TestX29SlowCompanionChain(t *testing.T) {
 	}{{"h5-20s", 20 * time.Second}, {"held/h5-2s", 2 * time.Second}} {
 		t.Run(c.name, func(t *testing.T) {
 			at := t0.Add(2 * time.Second)
-			short := rec("h3", fencing.BackstopReset).Timing
-			short.RenewInterval, short.RenewTimeout, short.PeerTimeout = 200*time.Millisecond, 200*time.Millisecond, 300*time.Millisecond
-			short.FenceDeadline, short.LeaseTTL, short.WatchdogTimeout = 500*time.Millisecond, 1500*time.Millisecond, time.Second
-			r3 := rec("h3", fencing.BackstopReset)
-			r3.Signer, r3.Timing = "h3-key", short
-			tr, rev := beaconFleet(t)
-			tr.Observe(t0, "h3", rev, r3)
-			tr.ObserveBeacon(t0, "h3", rev)
-			tr.WatchStarted(t0)
+			tr, rev, r3 := shortFleet(t)
 			prev := map[string]uint64{}
 			round := func(now time.Time, skip, lose, hide map[string]bool) {
 				for i := range 10 {

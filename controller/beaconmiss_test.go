@@ -320,17 +320,7 @@ func TestHiddenWriteWaitsForMissingBeacons(t *testing.T) {
 			beaconMissMutation = c.mutation
 			defer func() { beaconMissMutation = false }()
 			at := t0.Add(2 * time.Second) // the fleet renewing since t0: no hold
-			short := rec("h3", fencing.BackstopReset).Timing
-			short.RenewInterval, short.RenewTimeout, short.PeerTimeout = 200*time.Millisecond, 200*time.Millisecond, 300*time.Millisecond
-			short.FenceDeadline, short.LeaseTTL, short.WatchdogTimeout = 500*time.Millisecond, 1500*time.Millisecond, time.Second
-			r3 := rec("h3", fencing.BackstopReset)
-			r3.Signer, r3.Timing = "h3-key", short
-			// h3 on short leases from the start (a lease shortened later
-			// keeps the longer one for a while).
-			tr, rev := beaconFleet(t)
-			tr.Observe(t0, "h3", rev, r3)
-			tr.ObserveBeacon(t0, "h3", rev)
-			tr.WatchStarted(t0)
+			tr, rev, r3 := shortFleet(t)
 			rev++
 			missStored(tr, at, "h3", rev, at)
 			tr.Observe(at, "h3", rev, r3)
@@ -477,4 +467,20 @@ func TestBeaconChainFindsHiddenCompanion(t *testing.T) {
 			t.Logf("declared %s after its last renewal", declared)
 		})
 	}
+}
+
+// shortFleet is beaconFleet after the first listing with h3 on ×0.1
+// leases from t0 (lease_ttl + grace ≈ 3 s; a lease shortened later keeps
+// the longer one for a while), and h3's record.
+func shortFleet(t *testing.T) (*Tracker, uint64, *fencing.LeaseRecord) {
+	t.Helper()
+	r3 := rec("h3", fencing.BackstopReset)
+	r3.Signer = "h3-key"
+	r3.Timing.RenewInterval, r3.Timing.RenewTimeout, r3.Timing.PeerTimeout = 200*time.Millisecond, 200*time.Millisecond, 300*time.Millisecond
+	r3.Timing.FenceDeadline, r3.Timing.LeaseTTL, r3.Timing.WatchdogTimeout = 500*time.Millisecond, 1500*time.Millisecond, time.Second
+	tr, rev := beaconFleet(t)
+	tr.Observe(t0, "h3", rev, r3)
+	tr.ObserveBeacon(t0, "h3", rev)
+	tr.WatchStarted(t0)
+	return tr, rev, r3
 }
