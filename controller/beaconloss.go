@@ -195,10 +195,18 @@ func (t *Tracker) addWindow(w lossWindow) {
 		return
 	}
 	if len(t.lossWindows) == maxLossWindows {
-		// The two oldest merged, never dropped.
-		t.lossWindows[1].from = t.lossWindows[0].from
-		if t.lossWindows[1].by != t.lossWindows[0].by {
-			t.lossWindows[1].by = ""
+		// The two oldest merged, never dropped: the earlier start and the
+		// later end (a window merged into may reach back before the one
+		// before it: reviewer X30, TestX30EvictionShrinksMergedWindow).
+		a, b := t.lossWindows[0], &t.lossWindows[1]
+		if a.from.Before(b.from) {
+			b.from = a.from
+		}
+		if a.to.After(b.to) {
+			b.to = a.to
+		}
+		if b.by != a.by {
+			b.by = ""
 		}
 		t.lossWindows = t.lossWindows[1:]
 	}
