@@ -427,6 +427,6 @@ func BenchmarkX28RefuseCovered(b *testing.B) {
 	}
 	b.ResetTimer()
 	for range b.N {
-		tr.refuseCovered()
+		tr.RefuseCovered()
 	}
 }
