@@ -1155,12 +1155,17 @@ func (f *fencer) flushBeacon() {
 func (f *fencer) publishBeacon(m pendingBeacon) error {
 	f.beaconMu.Lock()
 	defer f.beaconMu.Unlock()
-	if m.rev <= f.lastBeacon {
-		// Overtaken: the withdrawal's beacon (flushBeacon, on the loop)
-		// left while the publisher held this older one (reviewer X29).
-		return nil
+	prev := f.lastBeacon
+	if m.rev <= prev {
+		// Not after the last one: overtaken by the withdrawal's beacon
+		// (flushBeacon, on the loop; reviewer X29), or the lease stream
+		// rolled back and revisions are handed out again. Published as
+		// the start of a new chain (Prev 0) — dropping it dropped every
+		// beacon after a rollback until the stream passed the old
+		// revision, the withdrawal's among them (reviewer X31).
+		prev = 0
 	}
-	msg, err := natslease.BeaconMsg(f.signer, m.rec, m.rev, f.lastBeacon, m.at)
+	msg, err := natslease.BeaconMsg(f.signer, m.rec, m.rev, prev, m.at)
 	if err != nil {
 		return err
 	}
