@@ -972,6 +972,13 @@ func (f *fencer) publishEvents(ctx context.Context) {
 			return
 		case m := <-f.beacons:
 			if ctx.Err() != nil {
+				// Back in the queue for flushBeacon (the orderly stop's
+				// withdrawal beacon may be this one: reviewer X31); a newer
+				// one queued meanwhile wins.
+				select {
+				case f.beacons <- m:
+				default:
+				}
 				return
 			}
 			// Best effort: a beacon lost makes that one renewal count
