@@ -135,7 +135,7 @@ func TestX28ExpectingFlood(t *testing.T) {
 func x28Samples(tr *Tracker, at time.Time, d time.Duration, until time.Duration) {
 	for s := 9 * time.Minute; s >= until; s -= 20 * time.Second {
 		now := at.Add(-s)
-		tr.ClockSample(now, now.Add(d))
+		tr.ClockSample(now, 0, now.Add(d))
 	}
 }
 
@@ -171,7 +171,7 @@ func TestX28LaggingWatchSkew(t *testing.T) {
 			if c.serverTime {
 				for s := 9 * time.Minute; s >= 0; s -= 20 * time.Second {
 					sent := at.Add(-s)
-					tr.ServerTime(sent, sent.Add(10*time.Millisecond), sent.Add(2*time.Minute+5*time.Millisecond))
+					tr.ServerTime(sent, sent.Add(10*time.Millisecond), sent.Add(2*time.Minute+5*time.Millisecond), 0)
 				}
 			}
 			// The drop happened (controller clock) when h3 withdrew:

@@ -125,13 +125,21 @@ func TestX29CompanionKeptFromRenewing(t *testing.T) {
 // delivered before the beacon of the renewal it overwrote.
 func TestX29HiddenWriteWaitAnchoredEarly(t *testing.T) {
 	for _, c := range []struct {
-		name           string
-		early          bool
-		mutation, want bool // hiddenAnchorMutation: the hole (want declared)
-	}{{"early-anchor", true, false, false}, {"early-anchor/hiddenAnchorMutation", true, true, true}, {"held/no-early", false, false, false}} {
+		name                     string
+		early                    bool
+		mutation, frontier, want bool // hiddenAnchorMutation (and frontierMutation): the hole (want declared)
+	}{
+		{"early-anchor", true, false, false, false},
+		{"early-anchor/hiddenAnchorMutation+frontierMutation", true, true, true, true},
+		// Either one alone holds (reviewer X30: companionsChecked counts
+		// from the host's newest beacon as well).
+		{"early-anchor/hiddenAnchorMutation", true, true, false, false},
+		{"early-anchor/frontierMutation", true, false, true, false},
+		{"held/no-early", false, false, false, false},
+	} {
 		t.Run(c.name, func(t *testing.T) {
-			hiddenAnchorMutation = c.mutation
-			defer func() { hiddenAnchorMutation = false }()
+			hiddenAnchorMutation, frontierMutation = c.mutation, c.frontier
+			defer func() { hiddenAnchorMutation, frontierMutation = false, false }()
 			at := t0.Add(30 * time.Second)
 			tr, rev, r3 := shortFleet(t)
 			for ms := 1000; ms < 30000; ms += 1000 {
@@ -181,7 +189,7 @@ func TestX29HiddenWriteWaitAnchoredEarly(t *testing.T) {
 				}
 			}
 			if c.want && declared == 0 {
-				t.Fatal("with hiddenAnchorMutation h3 was not declared: the test shows nothing")
+				t.Fatal("with hiddenAnchorMutation and frontierMutation h3 was not declared: the test shows nothing")
 			}
 			if !c.want && declared != 0 {
 				t.Fatalf("the withdrawn h3 declared %s after its last renewal: HiddenWriteWait ran from the first hidden write, 20 s earlier", declared)

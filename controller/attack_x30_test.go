@@ -2,7 +2,6 @@ package controller
 
 import (
 	"slices"
-	"strings"
 	"testing"
 	"time"
 )
@@ -52,18 +51,24 @@ func x30Span(t *testing.T, at time.Time, early bool) (*Tracker, uint64) {
 // "held/one-write": h5 wrote only R2 in the span: refused (f9883d7's fix).
 func TestX30EarlierBeaconMeetsHiddenExpectation(t *testing.T) {
 	for _, c := range []struct {
-		name  string
-		early bool
-	}{{"two-writes-in-span", true}, {"held/one-write", false}} {
+		name     string
+		early    bool
+		mutation bool
+	}{{"two-writes-in-span", true, false}, {"held/one-write", false, false}, {"two-writes-in-span/earlierBeaconMutation", true, true}} {
 		t.Run(c.name, func(t *testing.T) {
-			if !strings.Contains(c.name, "held/") {
-				t.Skip("open (S), reviewer X30: an earlier beacon of the companion meets its hidden write's expectation — docs/security.md")
-			}
+			earlierBeaconMutation = c.mutation
+			defer func() { earlierBeaconMutation = false }()
 			at := t0.Add(20 * time.Minute)
 			tr, rev := x30Span(t, at, c.early)
 			declared, refused, missing := missRun(t, tr, at.Add(2*time.Second), 0, 180, &rev)
 			slices.Sort(missing)
 			t.Logf("declared %s after the hidden write; refused-due: %t; missing said: %v; windows: %+v", declared, refused, missing, tr.lossWindows)
+			if c.mutation {
+				if declared == 0 {
+					t.Fatal("with the earlier beacon meeting the expectation h3 is still not declared: the test does not show the hole")
+				}
+				return
+			}
 			if declared != 0 {
 				t.Fatalf("the withdrawn h3 (guests running) declared %s after its hidden withdrawal: h5's beacon of R2 lost with h3's, but its beacon of R1 (earlier in the same skipped span) met the hidden write's expectation", declared)
 			}
@@ -87,18 +92,20 @@ func TestX30EarlierBeaconMeetsHiddenExpectation(t *testing.T) {
 // when the withdrawal's garbage is noted (held/no-early).
 func TestX30WaitRestartAnchoredAtBeacon(t *testing.T) {
 	for _, c := range []struct {
-		name  string
-		early bool
-		lag   time.Duration
+		name     string
+		early    bool
+		lag      time.Duration
+		mutation bool
 	}{
-		{"early/lag-6s", true, 6 * time.Second},
-		{"held/early/no-lag", true, 0},
-		{"held/no-early/lag-6s", false, 6 * time.Second},
+		{"early/lag-6s", true, 6 * time.Second, false},
+		{"early/lag-40s", true, 40 * time.Second, false},
+		{"held/early/no-lag", true, 0, false},
+		{"held/no-early/lag-6s", false, 6 * time.Second, false},
+		{"early/lag-6s/frontierMutation", true, 6 * time.Second, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			if !strings.Contains(c.name, "held/") {
-				t.Skip("open (S), reviewer X30: the wait restarts at the beacon, not at the withdrawal's garbage — docs/security.md")
-			}
+			frontierMutation = c.mutation
+			defer func() { frontierMutation = false }()
 			at := t0.Add(30 * time.Second)
 			tr, rev, r3 := shortFleet(t)
 			for ms := 1000; ms < 30000; ms += 1000 {
@@ -161,6 +168,12 @@ func TestX30WaitRestartAnchoredAtBeacon(t *testing.T) {
 				}
 			}
 			t.Logf("declared %s after the withdrawal; refused: %t", declared, refused)
+			if c.mutation {
+				if declared == 0 {
+					t.Fatal("with the wait counted from the noting alone h3 is still not declared: the test does not show the hole")
+				}
+				return
+			}
 			if declared != 0 {
 				t.Fatalf("the withdrawn h3 declared %s after its withdrawal: its wait restarted at its last renewal's beacon, the withdrawal's garbage noted %s later started nothing, h5's missing beacon found only at %s", declared, c.lag, c.lag+100*time.Millisecond+BeaconExpectWindow)
 			}
@@ -179,13 +192,13 @@ func TestX30WaitRestartAnchoredAtBeacon(t *testing.T) {
 // and a lag longer than h5's renewal interval supersedes R1 by R2.
 func TestX30EarlierBeaconBlockedCompanion(t *testing.T) {
 	for _, c := range []struct {
-		name  string
-		early bool
-	}{{"two-writes-in-span", true}, {"held/one-write", false}} {
+		name     string
+		early    bool
+		mutation bool
+	}{{"two-writes-in-span", true, false}, {"held/one-write", false, false}, {"two-writes-in-span/earlierBeaconMutation", true, true}} {
 		t.Run(c.name, func(t *testing.T) {
-			if !strings.Contains(c.name, "held/") {
-				t.Skip("open (S), reviewer X30: an earlier beacon of a blocked companion meets the expectation — docs/security.md")
-			}
+			earlierBeaconMutation = c.mutation
+			defer func() { earlierBeaconMutation = false }()
 			at := t0.Add(20 * time.Minute)
 			tr, rev := beaconFleet(t)
 			tr.WatchStarted(t0)
@@ -233,6 +246,12 @@ func TestX30EarlierBeaconBlockedCompanion(t *testing.T) {
 				}
 			}
 			t.Logf("declared %s; refused: %t; windows %d", declared, refused, len(tr.lossWindows))
+			if c.mutation {
+				if declared == 0 {
+					t.Fatal("with the earlier beacon meeting the expectation h3 is still not declared: the test does not show the hole")
+				}
+				return
+			}
 			if declared != 0 {
 				t.Fatalf("the withdrawn h3 declared %s after its hidden withdrawal: h5 blocked, its R1 beacon met the hidden write's expectation", declared)
 			}
@@ -255,21 +274,23 @@ func TestX30RingRotatesSatisfiedExpectation(t *testing.T) {
 		want  bool
 	}{{"fast-renewer", 200 * time.Millisecond, true}, {"held/slow", 2 * time.Second, false}} {
 		t.Run(c.name, func(t *testing.T) {
-			if !strings.Contains(c.name, "held/") {
-				t.Skip("open (c), reviewer X30: the 16-beacon ring rotates a met expectation out — docs/security.md")
-			}
 			tr, rev, r3 := shortFleet(t)
+			prev := rev // h3's agent chains its beacons (fencing.Beacon.Prev)
 			at := t0.Add(30 * time.Second)
 			rev++
 			own := rev // h3's renewal: its beacon comes
+			tr.BeaconChain(at, "h3", own, prev)
 			tr.ObserveBeacon(at, "h3", own)
+			prev = own
 			x29Garbage(tr, at.Add(50*time.Millisecond), "h3", &rev) // the attacker's garbage over it, after a skip
 			for d := c.every; d <= BeaconExpectWindow+time.Second; d += c.every {
 				now := at.Add(50*time.Millisecond + d)
 				rev++
 				missStored(tr, now, "h3", rev, now)
 				tr.Observe(now, "h3", rev, r3)
+				tr.BeaconChain(now, "h3", rev, prev)
 				tr.ObserveBeacon(now, "h3", rev)
+				prev = rev
 			}
 			m, _ := tr.BeaconsMissing(at.Add(50*time.Millisecond + BeaconExpectWindow + time.Second))
 			got := slices.Contains(m, "h3")
@@ -332,13 +353,13 @@ func TestX30EvictionShrinksMergedWindow(t *testing.T) {
 // stored time.
 func TestX30HiddenSpanCap(t *testing.T) {
 	for _, c := range []struct {
-		name  string
-		delay time.Duration
-	}{{"delay-4m", 4 * time.Minute}, {"held/delay-60s", time.Minute}} {
+		name     string
+		delay    time.Duration
+		mutation bool
+	}{{"delay-4m", 4 * time.Minute, false}, {"delay-30m", 30 * time.Minute, false}, {"held/delay-60s", time.Minute, false}, {"delay-4m/hiddenSpanCapMutation", 4 * time.Minute, true}} {
 		t.Run(c.name, func(t *testing.T) {
-			if !strings.Contains(c.name, "held/") {
-				t.Skip("open (S), reviewer X30: maxHiddenSpan (2 min) under a watch lag over 3 min — docs/security.md")
-			}
+			hiddenSpanCapMutation = c.mutation
+			defer func() { hiddenSpanCapMutation = false }()
 			at := t0.Add(20 * time.Minute)
 			tr, rev := beaconFleet(t)
 			tr.WatchStarted(t0)
@@ -356,6 +377,12 @@ func TestX30HiddenSpanCap(t *testing.T) {
 			tr.ObserveInvalid(del, "h5", g5, "undecodable value (garbage)", false)
 			declared, refused, _ := missRun(t, tr, del, 0, 180, &rev)
 			t.Logf("declared %s after delivery; refused: %t; windows %+v", declared, refused, tr.lossWindows)
+			if c.mutation {
+				if declared == 0 {
+					t.Fatal("with the 2-minute cap h3 is still not declared: the test does not show the hole")
+				}
+				return
+			}
 			if declared != 0 {
 				t.Fatalf("the withdrawn h3 declared: h5's hidden write's window capped at %s before its garbage (written %s after R2) missed h3's hidden withdrawal", maxHiddenSpan, c.delay)
 			}

@@ -32,7 +32,7 @@ func missFleet(t *testing.T, at time.Time, skew time.Duration) (*Tracker, uint64
 // now, stored (the server's clock) at stored.
 func missStored(tr *Tracker, now time.Time, host string, rev uint64, stored time.Time) {
 	tr.Stored(host, rev, stored)
-	tr.ClockSample(now, stored)
+	tr.ClockSample(now, rev, stored)
 }
 
 // missRenew renews h0..h9 but skip at now (stored skew later by the

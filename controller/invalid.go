@@ -94,7 +94,9 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	if rev > b.withdrawnRev {
 		b.withdrawnRev = 0 // a later write of its own: back from the withdrawal
 	}
-	b.maxRev = max(b.maxRev, rev)
+	if rev > b.maxRev {
+		b.maxRev, b.maxAt = rev, now
+	}
 	h.clearHidden(rev) // it wrote at or after the hidden write (beaconloss.go)
 	if hw := &h.hidden; hw.rev != 0 && rev > hw.firstRev && !hiddenAnchorMutation {
 		// Alive after the first hidden write: the wait for a missing

@@ -101,6 +101,8 @@ func (d *deliveredRing) snapshot() ([]delivered, uint64) {
 type rollbackCheck struct {
 	err           error
 	sent, got, ts time.Time
+	// last: the stream's last revision then.
+	last uint64
 }
 
 // checkRollback reads the lease stream's last revision and the samples
@@ -114,7 +116,7 @@ func (r *Runner) checkRollback(ctx context.Context, samples []delivered, last ui
 		c.err = fmt.Errorf("rollback check: %w", err)
 		return c
 	}
-	c.ts = ts
+	c.ts, c.last = ts, ls
 	c.err = r.rollbackProof(ctx, samples, ls, last)
 	return c
 }

@@ -243,7 +243,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					r.Tracker.Skipped(u.Revision)
 				}
 				r.Tracker.Stored(u.Host, u.Revision, u.Stored)
-				r.Tracker.ClockSample(r.now(), u.Stored)
+				r.Tracker.ClockSample(r.now(), u.Revision, u.Stored)
 				ring.add(u.Host, u.Revision, u.Stored)
 				var ds []Decision
 				switch {
@@ -267,7 +267,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				checking = false
 				err := c.err
 				if !c.ts.IsZero() {
-					r.Tracker.ServerTime(c.sent, c.got, c.ts) // beaconloss.go
+					r.Tracker.ServerTime(c.sent, c.got, c.ts, c.last) // beaconloss.go
 				}
 				if errors.Is(err, ErrLeaseStreamRolledBack) {
 					// What the fresh tracker must not lose (rollback.go):

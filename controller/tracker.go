@@ -227,8 +227,10 @@ type beaconState struct {
 	// named (ObserveWithdrawal); it stands while no trusted record or
 	// beacon names a later write.
 	withdrawnRev uint64
-	// maxRev: the highest revision its beacons named.
+	// maxRev: the highest revision its beacons named; maxAt: when that
+	// beacon came (the host was last known alive).
 	maxRev uint64
+	maxAt  time.Time
 	// expect: the revisions of its own records delivered since the
 	// watch's first listing that no beacon named yet (beaconloss.go,
 	// BeaconsMissing); missing: a missing one was said, and none of its
@@ -239,6 +241,11 @@ type beaconState struct {
 	// BeaconChain saw it (chainAt: when).
 	chainRev uint64
 	chainAt  time.Time
+	// chainFrom: the revision from which the host's beacons have chained
+	// (each naming the one before it; gaps made loss windows) up to
+	// chainRev — the first beacon of its agent process, or the Prev of
+	// the first this tracker received (beaconloss.go, chainHolds).
+	chainFrom uint64
 }
 
 // pendingValue is an unverifiable value of a host's key observed at at,
@@ -361,6 +368,9 @@ type Tracker struct {
 	// stamps (ClockSample).
 	expecting []expectedBeacon
 	lag       clockLag
+	// frontier: how far the watch had delivered, when (beaconloss.go,
+	// companionsChecked).
+	frontier frontier
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -850,9 +860,10 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 					"silent for %s but not declared: beacons were lost while the watch may have hidden a write of this host before revision %d — its withdrawal may be among them (beaconloss.go); declared only after a trusted record of it or its beacon names revision %d or later",
 					now.Sub(h.lastSeen), h.lostBeacon, h.lostBeacon)})
 			}
-		case h.hidden.rev != 0 && now.Before(h.hidden.seen.Add(HiddenWriteWait)) && !beaconMissMutation:
+		case h.hidden.rev != 0 && !beaconMissMutation && (now.Before(h.hidden.seen.Add(HiddenWriteWait)) || !t.companionsChecked(now, h)):
 			// A beacon lost with its hidden write may still be found
-			// missing (beaconloss.go, HiddenWriteWait): not yet.
+			// missing (beaconloss.go, HiddenWriteWait, companionsChecked):
+			// not yet.
 		case h.refused != "":
 			if !h.saidDue {
 				h.saidDue = true

@@ -65,7 +65,7 @@ func BenchmarkTrackerFleetBeacons(b *testing.B) {
 			observe := func(i int) {
 				rev++
 				tr.Stored(hosts[i], rev, now)
-				tr.ClockSample(now, now)
+				tr.ClockSample(now, 0, now)
 				r := recs[i]
 				tr.Observe(now, hosts[i], rev, &r)
 				tr.BeaconChain(now, hosts[i], rev, prev[i])
