@@ -95,6 +95,10 @@ func (d *deliveredRing) snapshot() ([]delivered, uint64) {
 	return append([]delivered(nil), d.last...), d.maxRv
 }
 
+// errStreamInfoUnread: the check could not read the stream info (no
+// clock to expect from it).
+var errStreamInfoUnread = errors.New("stream info unread")
+
 // rollbackCheck is a check's outcome: err (see checkRollback) and the
 // server's clock as its stream info said (ts, zero if not said), read
 // between sent and got of the runner's clock (Tracker.ServerTime).
@@ -113,7 +117,7 @@ func (r *Runner) checkRollback(ctx context.Context, samples []delivered, last ui
 	ls, ts, err := natslease.LastRevisionAt(ctx, r.Store.NC)
 	c.got = r.now()
 	if err != nil {
-		c.err = fmt.Errorf("rollback check: %w", err)
+		c.err = fmt.Errorf("rollback check: %w: %w", errStreamInfoUnread, err)
 		return c
 	}
 	c.ts, c.last = ts, ls

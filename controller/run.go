@@ -100,6 +100,8 @@ type Runner struct {
 	// stream (rollback.go), hands to the next Run on a fresh tracker — nil
 	// otherwise.
 	rolledBack *rollbackCarry
+	// saidNoClock: a stream info without the server's clock was said.
+	saidNoClock bool
 }
 
 // ErrNotActing is reported to OnDecision for a write MayAct did not allow.
@@ -268,6 +270,9 @@ func (r *Runner) Run(ctx context.Context) error {
 				err := c.err
 				if !c.ts.IsZero() {
 					r.Tracker.ServerTime(c.sent, c.got, c.ts, c.last) // beaconloss.go
+				} else if !c.got.IsZero() && !r.saidNoClock && !errors.Is(c.err, errStreamInfoUnread) {
+					r.saidNoClock = true
+					log.Warn("the NATS server's stream info does not say its clock (no \"ts\"; nats-server before 2.10?): loss windows are placed in its clock by the delivery lag alone, which a lagging watch overstates — keep this controller's clock NTP-synced with the server's (docs/security.md, \"The controller's clock\")")
 				}
 				if errors.Is(err, ErrLeaseStreamRolledBack) {
 					// What the fresh tracker must not lose (rollback.go):
