@@ -131,6 +131,8 @@ func startAgentOn(ctx context.Context, t *testing.T, st *natslease.Store, nc *na
 	}
 	run := &agentRun{running: true}
 	results := make(chan func(time.Time) fencing.Ready, 64)
+	var beaconMu sync.Mutex // lastBeacon: the revision the last beacon published named
+	var lastBeacon uint64
 	var apply func(fencing.Ready)
 	apply = func(rd fencing.Ready) {
 		for _, tr := range rd.Transitions {
@@ -163,9 +165,18 @@ func startAgentOn(ctx context.Context, t *testing.T, st *natslease.Store, nc *na
 			go func() {
 				res := st.Renew(ctx, req, cfg.Timing.RenewTimeout)
 				if nc != nil && res.Outcome == fencing.RenewAcked {
-					if m, err := natslease.BeaconMsg(st.Signer, req.Record, res.Revision, 0, time.Now()); err == nil {
-						nc.PublishMsg(m)
+					// Chained as agent/fence.go's publishBeacon does: each
+					// names the last one published (Prev), a new chain
+					// (Prev 0) when not after it.
+					beaconMu.Lock()
+					prev := lastBeacon
+					if res.Revision <= prev {
+						prev = 0
 					}
+					if m, err := natslease.BeaconMsg(st.Signer, req.Record, res.Revision, prev, time.Now()); err == nil && nc.PublishMsg(m) == nil {
+						lastBeacon = res.Revision
+					}
+					beaconMu.Unlock()
 				}
 				select {
 				case results <- func(n time.Time) fencing.Ready { return a.Renewed(n, req.Seq, res) }:

@@ -29,9 +29,7 @@ func x28Round(tr *Tracker, now time.Time, skew time.Duration, rev *uint64, skip,
 			tr.Skipped(*rev)
 			missStored(tr, now.Add(300*time.Millisecond), name, *rev, now.Add(200*time.Millisecond+skew))
 			tr.ObserveInvalid(now.Add(300*time.Millisecond), name, *rev, "undecodable value (garbage)", false)
-			if !lose[name] {
-				tr.ObserveBeacon(now, name, *rev-1)
-			}
+			missBeacon(tr, now, name, *rev-1, lose[name])
 			continue
 		}
 		*rev++
@@ -39,9 +37,7 @@ func x28Round(tr *Tracker, now time.Time, skew time.Duration, rev *uint64, skip,
 		r.Signer = name + "-key"
 		missStored(tr, now, name, *rev, now.Add(skew))
 		tr.Observe(now, name, *rev, r)
-		if !lose[name] {
-			tr.ObserveBeacon(now, name, *rev)
-		}
+		missBeacon(tr, now, name, *rev, lose[name])
 	}
 }
 

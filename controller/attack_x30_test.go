@@ -245,7 +245,7 @@ func TestX30EarlierBeaconBlockedCompanion(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("declared %s; refused: %t; windows %d", declared, refused, len(tr.lossWindows))
+			t.Logf("declared %s; refused: %t; windows %+v", declared, refused, tr.lossWindows)
 			if c.mutation {
 				if declared == 0 {
 					t.Fatal("with the earlier beacon meeting the expectation h3 is still not declared: the test does not show the hole")

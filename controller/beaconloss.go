@@ -334,6 +334,30 @@ func (t *Tracker) expectHidden(now time.Time, host string, h *hostState, rev uin
 	t.expecting = append(t.expecting, expectedBeacon{host: host, rev: rev, seen: now, stored: before, hidden: true, lo: h.rev, after: after})
 }
 
+// ownAfterSkip notes that h's own record at rev (not yet applied: h.rev is
+// the previous value) came after a watch skip: writes of the host's own
+// in between may have been superseded before the watch reached them —
+// by this record itself, written on the next revision — and their
+// beacons lost with a withdrawal's; the chain must hold across them
+// (expectHidden's check; reviewer X32,
+// TestX32CompanionRenewalSupersedesGarbage: a companion's renewal whose
+// beacon was lost, superseded by the garbage and its own next record, or
+// by its next record alone under a watch lagging more than its renewal
+// interval, left nothing expecting a beacon — agents without Prev, or a
+// companion restarted after it).
+func (t *Tracker) ownAfterSkip(now time.Time, host string, h *hostState, rev uint64, rec *fencing.LeaseRecord) {
+	if ownSkipMutation || t.skippedRev <= h.rev || h.rev == 0 || !t.hasBeaconed(h) ||
+		rec.State != fencing.LeaseActive && rec.State != fencing.LeaseWithdrawn {
+		return
+	}
+	prev, stored := t.storedAround(host, rev)
+	t.expectHidden(now, host, h, rev, prev, stored)
+}
+
+// ownSkipMutation: a record of the host's own after a skip expects
+// nothing (reviewer X32's hole). Tests only.
+var ownSkipMutation bool
+
 // hiddenWindow is the window of a hidden write's missing beacon: from the
 // host's previous value (maxHiddenSpan when its time is unknown) to the
 // hidden one, by the host.
@@ -357,7 +381,8 @@ var hiddenSpanCapMutation bool
 
 // chainHolds reports whether h's beacons chain, without a gap this
 // tracker did not make a loss window of, from revision lo or earlier to
-// a beacon after rev: every beacon its agent process published in
+// a beacon at rev or after (at rev: the record's own, ownAfterSkip; a
+// hidden write's rev is never the host's): every beacon its agent process published in
 // between came or is covered (BeaconChain). Only that shows that no
 // beacon of a write the watch hid at rev was lost: a beacon naming some
 // write in (lo, rev) does not — the companion may have written twice in
@@ -367,7 +392,7 @@ var hiddenSpanCapMutation bool
 // BeaconExpectWindow (a companion kept from renewing): not shown — a
 // loss window by the host, the (c) side.
 func (b *beaconState) chainHolds(lo, rev uint64) bool {
-	return b.chainRev > rev && b.chainFrom != 0 && b.chainFrom <= lo
+	return b.chainRev >= rev && b.chainFrom != 0 && b.chainFrom <= lo
 }
 
 // earlierBeaconMutation: a hidden write's expectation is met by any
@@ -399,7 +424,7 @@ func (t *Tracker) BeaconsMissing(now time.Time) (missing, refused []string) {
 		}
 		var w lossWindow
 		if e.hidden {
-			if earlierBeaconMutation && h.beacons.revs.any(func(r uint64) bool { return r > e.lo && r < e.rev }) {
+			if earlierBeaconMutation && h.beacons.revs.any(func(r uint64) bool { return r > e.lo && r <= e.rev }) {
 				continue
 			}
 			if !earlierBeaconMutation && h.beacons.chainHolds(e.lo, e.rev) {
@@ -710,25 +735,43 @@ func (t *Tracker) afterSkip(now time.Time, host string, h *hostState, rev uint64
 // later (a live agent renews with a beacon every renew_interval: a write
 // of its own later than that, whose beacon came, shows it alive after).
 // The renewal of a companion host whose beacon was lost with the
-// withdrawal's was stored within companionDelay of it, and is found
-// missing BeaconExpectWindow after the watch delivers it. So the host is
-// not declared until the watch has delivered everything stored up to
-// renew_interval + companionDelay after it was last known alive, at
-// least BeaconExpectWindow ago (companionsChecked). HiddenWriteWait alone
-// counted from when the hidden write was noted: a watch stalled after
-// the withdrawal delivered the companion's renewal, and the garbage over
-// the withdrawal, late — the wait, restarted at the host's last renewal's
-// beacon, ran out before the missing beacon was found (reviewer X30,
-// TestX30WaitRestartAnchoredAtBeacon). The bound is counted from the
-// host's last sign of life, which a compromised node cannot move: its
-// garbage written into a dead host's key later does not push it.
+// withdrawal's was stored within companionDelay of it — by `need` — and
+// is found missing BeaconExpectWindow after the watch delivers it; or, if
+// a later value of its key superseded it before the watch reached it (KV
+// history 1: the watch never sees it), after the watch delivers that
+// later value, as a hidden write of the companion (expectHidden). That
+// value was stored before the watch passed the renewal's place, and may
+// itself have been superseded: a value superseded before delivery shows
+// as a skip where the watch passed it. So (companionsChecked): p1 = when
+// the watch passed need (in the server's clock, at its latest); while the
+// watch skipped values stored in (p_k-1, p_k], p_k+1 = when it passed p_k
+// (or the end of those skips); at the first p_k with no skip in
+// (p_k-1, p_k], every value stored up to need — or the last value that
+// superseded it — was delivered by the time the watch passed p_k, and the
+// host is not declared before that + BeaconExpectWindow.
+//
+// HiddenWriteWait alone counted from when the hidden write was noted: a
+// watch stalled after the withdrawal delivered the companion's renewal,
+// and the garbage over the withdrawal, late (reviewer X30,
+// TestX30WaitRestartAnchoredAtBeacon); a compromised node that kept the
+// companion from renewing by writing its key every second while its
+// bursts kept the watch 20 s behind had each of those values superseded
+// before delivery, the last one delivered a minute after the withdrawal's
+// garbage (TestLateSupersededCompanion). The bound counts from the host's
+// last sign of life, which a compromised node cannot move, and through
+// the watch's skips, which it can make: a node that keeps the watch
+// skipping without a break (a watch lagging more than a renewal interval
+// skips every renewal) keeps a dead host whose key it garbled undeclared
+// while it does — the (c) side, loud (invalid-record for the garbage, the
+// watch's lag). Skips with breaks between them — bursts of writes into
+// the dead host's key every second (reviewer X4) — do not.
 
 // frontier keeps how far the watch had delivered, when: samples in
 // delivery order, each (at: the runner's clock, stored: the server's
-// stamp, Unix ns) meaning everything stored up to `stored` was delivered
-// by `at` (the watch delivers in revision order, and stored stamps grow
-// with revisions). At most one sample a second; the samples older than
-// BeaconExpectWindow but the newest of them are dropped.
+// stamp, Unix ns) meaning every value stored up to `stored` was delivered
+// or superseded by `at` (the watch delivers in revision order, and
+// stored stamps grow with revisions); at most one sample a grain, kept
+// frontierKeep. And where it skipped.
 type frontier struct {
 	samples []frontierSample
 	// rev: the highest revision delivered (revAt: when); waiting: stream
@@ -737,6 +780,14 @@ type frontier struct {
 	rev     uint64
 	revAt   time.Time
 	waiting []frontierSample
+	// skips: the stored stamps between which the watch skipped values
+	// (the previous value delivered and the one after the gap), merged
+	// when they touch, oldest first; skipPending: the next value
+	// delivered follows a skip (Tracker.Skipped); last: the newest stored
+	// stamp delivered.
+	skips       []skipSpan
+	skipPending bool
+	last        int64
 	// known: some sample was ever taken (a server that stamps nothing
 	// leaves companionsChecked to HiddenWriteWait alone).
 	known bool
@@ -748,15 +799,44 @@ type frontierSample struct {
 	at     time.Time
 	stored int64
 	rev    uint64
+	// first: when the sample began (its grain).
+	first time.Time
 }
+
+// skipSpan: the watch skipped values stored between from and to.
+type skipSpan struct{ from, to int64 }
 
 // maxFrontierWaiting bounds the stream infos waiting for the watch: the
 // newest are kept (a later one supersedes the earlier's bound).
 const maxFrontierWaiting = 8
 
+// frontierKeep is how long samples are kept: a place older than the
+// oldest sample counts as passed at the oldest's time (later than it
+// was: only the wait grows).
+const frontierKeep = 3 * time.Minute
+
+// frontierGrain: at most one sample per grain (the later time and the
+// further place: only the wait grows). A coarse grain widens each step
+// of companionsChecked by it: with 1 s, bursts of writes into a dead
+// host's key every second (reviewer X4) fell into every step and the
+// host was never declared. 50 ms: at most 3 600 samples.
+const frontierGrain = 50 * time.Millisecond
+
+// maxSkipSpans bounds the skip spans kept: the two oldest merge (a span
+// covering more only lengthens the wait).
+const maxSkipSpans = 4096
+
+// maxFrontierSteps bounds companionsChecked's steps: more, and it waits.
+const maxFrontierSteps = 64
+
 // delivered notes that the value at rev, stored at stored, was delivered
 // at now.
 func (f *frontier) delivered(now time.Time, rev uint64, stored int64) {
+	if f.skipPending {
+		f.skipPending = false
+		f.addSkip(skipSpan{from: f.last, to: max(stored, f.last)})
+	}
+	f.last = max(f.last, stored)
 	if rev > f.rev {
 		f.rev, f.revAt = rev, now
 	}
@@ -770,10 +850,24 @@ func (f *frontier) delivered(now time.Time, rev uint64, stored int64) {
 	}
 }
 
+// addSkip keeps a skip span, merged with the last one if they touch.
+func (f *frontier) addSkip(sp skipSpan) {
+	if n := len(f.skips); n > 0 && sp.from <= f.skips[n-1].to {
+		f.skips[n-1].from = min(f.skips[n-1].from, sp.from)
+		f.skips[n-1].to = max(f.skips[n-1].to, sp.to)
+		return
+	}
+	if len(f.skips) == maxSkipSpans {
+		f.skips[1].from = f.skips[0].from
+		f.skips = f.skips[1:]
+	}
+	f.skips = append(f.skips, sp)
+}
+
 // streamAt notes that the stream's last revision was last when the
 // server's clock read ts (read by got): everything stored up to ts is
-// delivered once the watch has delivered last — a quiet stream moves the
-// frontier on.
+// delivered or superseded once the watch has delivered last — a quiet
+// stream moves the frontier on.
 func (f *frontier) streamAt(got time.Time, last uint64, ts int64) {
 	if last <= f.rev {
 		f.add(maxTime(got, f.revAt), ts)
@@ -792,27 +886,66 @@ func (f *frontier) add(now time.Time, stored int64) {
 	if n > 0 && stored <= f.samples[n-1].stored {
 		return // no further
 	}
-	if n > 0 && now.Unix() == f.samples[n-1].at.Unix() {
-		// The same second: one sample, at the later time (a later `at`
-		// only delays what it allows).
-		f.samples[n-1] = frontierSample{at: maxTime(now, f.samples[n-1].at), stored: stored}
+	if n > 0 && now.Sub(f.samples[n-1].first) < frontierGrain {
+		last := &f.samples[n-1]
+		// Within the grain the sample began: one sample, at the later
+		// time (a later `at` only delays what it allows). Measured from
+		// its first time: from its last, deliveries closer together than
+		// the grain made one sample slide for ever, its time always now
+		// — and a host with a hidden write was never declared.
+		last.at, last.stored = maxTime(now, last.at), stored
 		return
 	}
-	f.samples = append(f.samples, frontierSample{at: now, stored: stored})
-	for len(f.samples) >= 2 && !f.samples[1].at.After(now.Add(-BeaconExpectWindow)) {
-		f.samples = f.samples[1:] // superseded for every check from now on
+	f.samples = append(f.samples, frontierSample{at: now, first: now, stored: stored})
+	drop := 0
+	for drop < len(f.samples)-1 && f.samples[drop].at.Before(now.Add(-frontierKeep)) {
+		drop++
+	}
+	if drop > 0 {
+		f.samples = append(f.samples[:0], f.samples[drop:]...)
+		// Skips below the oldest sample: a value there, or what superseded
+		// it, was passed by the oldest sample's time — every step starts
+		// beyond it.
+		old := f.samples[0].stored
+		k := 0
+		for k < len(f.skips) && f.skips[k].to < old {
+			k++
+		}
+		f.skips = f.skips[k:]
 	}
 }
 
-// at returns how far the watch had delivered by x (the server's stamp),
-// if any sample says.
-func (f *frontier) at(x time.Time) (int64, bool) {
-	for i := len(f.samples) - 1; i >= 0; i-- {
-		if !f.samples[i].at.After(x) {
-			return f.samples[i].stored, true
+// passed returns when the watch had passed place p (a server stamp): the
+// first sample at or beyond it — the oldest kept if p is older.
+func (f *frontier) passed(p int64) (time.Time, bool) {
+	i, _ := slices.BinarySearchFunc(f.samples, p, func(s frontierSample, p int64) int {
+		switch {
+		case s.stored < p:
+			return -1
+		case s.stored > p:
+			return 1
 		}
+		return 0
+	})
+	if i == len(f.samples) {
+		return time.Time{}, false
 	}
-	return 0, false
+	return f.samples[i].at, true
+}
+
+// skipped reports whether the watch skipped values stored in [a, b], and
+// the end of the last such skip.
+func (f *frontier) skipped(a, b int64) (end int64, any bool) {
+	i, _ := slices.BinarySearchFunc(f.skips, a, func(sp skipSpan, a int64) int {
+		if sp.to < a {
+			return -1
+		}
+		return 1
+	})
+	for ; i < len(f.skips) && f.skips[i].from <= b; i++ {
+		end, any = max(end, f.skips[i].to), true
+	}
+	return end, any
 }
 
 func maxTime(a, b time.Time) time.Time {
@@ -826,27 +959,87 @@ func maxTime(a, b time.Time) time.Time {
 // hole). Tests only.
 var frontierMutation bool
 
-// companionsChecked reports whether, at now, the watch has delivered
-// everything stored up to renew_interval + companionDelay after h was
-// last known alive at least BeaconExpectWindow ago (see above). Last
-// known alive: the later of its hidden write's previous value's stored
-// time and its newest beacon's arrival (the runner's clock, placed at the
-// latest server time the clock estimates allow).
+// fenceByMutation: companionsChecked bounds the withdrawal by
+// renew_interval (reviewer X32's hole). Tests only.
+var fenceByMutation bool
+
+// lateSupersederMutation: companionsChecked ignores the watch's skips
+// (counts only until the watch passed need, BeaconExpectWindow ago: the
+// TestLateSupersededCompanion hole). Tests only.
+var lateSupersederMutation bool
+
+// companionsChecked reports whether, at now, a companion renewal lost
+// beside a withdrawal of h's would have been found missing (see above).
+// Last known alive: the later of its hidden write's previous value's
+// stored time and its newest beacon's arrival (the runner's clock, at the
+// latest server time it may be).
 func (t *Tracker) companionsChecked(now time.Time, h *hostState) bool {
-	if frontierMutation || !t.frontier.known {
+	f := &t.frontier
+	if frontierMutation || !f.known {
 		return true
 	}
 	alive := h.hidden.after
 	if at := h.beacons.maxAt; !at.IsZero() {
-		if lo, _, ok := t.lag.estimates(now); ok && lo < 0 {
-			at = at.Add(-lo) // the controller's clock behind the server's
-		}
-		alive = max(alive, at.UnixNano())
+		alive = max(alive, t.serverLatest(at))
 	}
 	if alive == 0 {
 		return true // nothing known: HiddenWriteWait alone, as before
 	}
-	need := alive + (h.rec.Timing.RenewInterval + companionDelay).Nanoseconds()
-	got, ok := t.frontier.at(now.Add(-BeaconExpectWindow))
-	return ok && got >= need
+	// The host's withdrawal came within FenceBy of its last sign of
+	// life: an agent that cannot renew — a compromised node overwriting
+	// its key keeps its compare-and-set failing — goes on without fencing
+	// that long (reviewer X32, TestX32BlockedWithdrawerOutlivesRenewInterval:
+	// with renew_interval, a withdrawal 9.5 s after the last renewal).
+	need := alive + (max(h.rec.Timing.FenceBy(), h.rec.Timing.RenewInterval) + companionDelay).Nanoseconds()
+	if fenceByMutation {
+		need = alive + (h.rec.Timing.RenewInterval + companionDelay).Nanoseconds()
+	}
+	d, ok := f.passed(need)
+	if !ok {
+		return false
+	}
+	if lateSupersederMutation {
+		return !now.Before(d.Add(BeaconExpectWindow))
+	}
+	prev, p := need, t.serverLatest(d)
+	for range maxFrontierSteps {
+		end, any := f.skipped(prev, p)
+		if !any {
+			d, ok := f.passed(p)
+			return ok && !now.Before(d.Add(BeaconExpectWindow))
+		}
+		d, ok := f.passed(max(p, end))
+		if !ok {
+			return false
+		}
+		prev, p = p, t.serverLatest(d)
+	}
+	return false
+}
+
+// serverLatest is the latest server time (Unix ns) the runner's clock
+// reading at may be: at less the least lead a rollback check's stream
+// info allowed (ServerTime) over the last lagMinutes minutes, or
+// BeaconLossSlack ahead of it without one.
+func (t *Tracker) serverLatest(at time.Time) int64 {
+	lo, ok := t.lag.leastMeasured(at)
+	if !ok {
+		lo = -BeaconLossSlack
+	}
+	return at.Add(-lo).UnixNano()
+}
+
+// leastMeasured is the least lead ServerTime allowed in the last
+// lagMinutes minutes before now, if any.
+func (c *clockLag) leastMeasured(now time.Time) (lo time.Duration, ok bool) {
+	m := now.Unix() / 60
+	for _, sl := range c.slots {
+		if sl.minute <= m-lagMinutes || sl.minute > m || !sl.measured {
+			continue
+		}
+		if !ok || sl.lo < lo {
+			lo, ok = sl.lo, true
+		}
+	}
+	return lo, ok
 }

@@ -3,6 +3,7 @@ package controller
 import (
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +19,7 @@ func missFleet(t *testing.T, at time.Time, skew time.Duration) (*Tracker, uint64
 	t.Helper()
 	tr, rev := beaconFleet(t)
 	tr.WatchStarted(t0)
+	missChainOn(tr)
 	missRenew(tr, at, skew, &rev, "", "h3")
 	rev++
 	r3 := rec("h3", fencing.BackstopReset)
@@ -48,10 +50,61 @@ func missRenew(tr *Tracker, now time.Time, skew time.Duration, rev *uint64, lose
 		r.Signer = name + "-key"
 		missStored(tr, now, name, *rev, now.Add(skew))
 		tr.Observe(now, name, *rev, r)
-		if name != lose {
-			tr.ObserveBeacon(now, name, *rev)
-		}
+		missBeacon(tr, now, name, *rev, name == lose)
 	}
+}
+
+// missChains: per tracker whose agents chain their beacons (missChainOn;
+// the others' agents predate fencing.Beacon.Prev), each host agent's last
+// published beacon (missBeacon).
+var missChains struct {
+	sync.Mutex
+	m map[*Tracker]map[string]uint64
+}
+
+// missPrevOf: host's agent's last published beacon (missBeacon).
+func missPrevOf(tr *Tracker, host string) uint64 {
+	missChains.Lock()
+	defer missChains.Unlock()
+	return missChains.m[tr][host]
+}
+
+// missChainOn: tr's agents chain their beacons (missBeacon).
+func missChainOn(tr *Tracker) {
+	missChains.Lock()
+	defer missChains.Unlock()
+	if missChains.m == nil {
+		missChains.m = map[*Tracker]map[string]uint64{}
+	}
+	missChains.m[tr] = map[string]uint64{}
+}
+
+// missBeacon: host's agent publishes its beacon naming rev, chained to
+// its last one (fencing.Beacon.Prev: the fleet's first beacons, then
+// those published here); lost: never received.
+func missBeacon(tr *Tracker, now time.Time, host string, rev uint64, lost bool) {
+	missChains.Lock()
+	p := missChains.m[tr]
+	if p == nil {
+		missChains.Unlock()
+		if !lost {
+			tr.ObserveBeacon(now, host, rev) // an agent without Prev
+		}
+		return
+	}
+	prev := p[host]
+	if h := tr.hosts[host]; prev == 0 && h != nil {
+		prev = h.beacons.maxRev
+	}
+	p[host] = rev
+	missChains.Unlock()
+	if lost {
+		return
+	}
+	if tr.BeaconChain(now, host, rev, prev) {
+		tr.RefuseCovered()
+	}
+	tr.ObserveBeacon(now, host, rev)
 }
 
 // missHide: h3's withdrawal at rev+1, hidden by a compromised node's
@@ -134,14 +187,17 @@ func TestHiddenWithdrawalMissingBeacon(t *testing.T) {
 		{name: "lost/clock-behind", lose: "now", skew: 2 * time.Minute},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			beaconMissMutation = c.mutation
-			defer func() { beaconMissMutation = false }()
+			// The hole needs both checks off: the chain (h5's next beacon
+			// names the lost one) finds it too.
+			beaconMissMutation, beaconChainMutation = c.mutation, c.mutation
+			defer func() { beaconMissMutation, beaconChainMutation = false, false }()
 			at := t0.Add(20 * time.Minute)
 			var tr *Tracker
 			var rev uint64
 			if c.lose == "long-before" {
 				tr, rev = beaconFleet(t)
 				tr.WatchStarted(t0)
+				missChainOn(tr)
 				early := at.Add(-10 * time.Minute)
 				missRenew(tr, early, c.skew, &rev, "h5", "")
 				if m, _ := tr.BeaconsMissing(early.Add(BeaconExpectWindow)); !slices.Equal(m, []string{"h5"}) {
@@ -164,9 +220,12 @@ func TestHiddenWithdrawalMissingBeacon(t *testing.T) {
 				lose = "h5"
 			}
 			renewedAt := at.Add(time.Second)
+			prev5 := missPrevOf(tr, "h5")
 			missRenew(tr, renewedAt, c.skew, &rev, lose, "h3")
 			if c.lose == "late" {
-				tr.ObserveBeacon(renewedAt.Add(9*time.Second), "h5", rev-4) // h5's revision in that round (h6..h9 after it)
+				late := renewedAt.Add(9 * time.Second)
+				tr.BeaconChain(late, "h5", rev-4, prev5) // h5's revision in that round (h6..h9 after it)
+				tr.ObserveBeacon(late, "h5", rev-4)
 			}
 			// Checked once the hidden write's expectation (delivered at
 			// at+2 s) is due too: h3's own is missing (its withdrawal's
@@ -317,10 +376,11 @@ func TestHiddenWriteWaitsForMissingBeacons(t *testing.T) {
 		{name: "no-loss", wantDeclared: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			beaconMissMutation = c.mutation
-			defer func() { beaconMissMutation = false }()
+			beaconMissMutation, beaconChainMutation = c.mutation, c.mutation // the chain finds it too
+			defer func() { beaconMissMutation, beaconChainMutation = false, false }()
 			at := t0.Add(2 * time.Second) // the fleet renewing since t0: no hold
 			tr, rev, r3 := shortFleet(t)
+			missChainOn(tr)
 			rev++
 			missStored(tr, at, "h3", rev, at)
 			tr.Observe(at, "h3", rev, r3)

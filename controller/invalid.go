@@ -195,6 +195,7 @@ func (t *Tracker) silentFor(h *hostState, now time.Time) time.Duration {
 // or the watch's first listing).
 func (t *Tracker) Skipped(rev uint64) {
 	t.skippedRev = max(t.skippedRev, rev)
+	t.frontier.skipPending = true // beaconloss.go, companionsChecked
 	if t.listed {
 		t.liveSkippedRev = max(t.liveSkippedRev, rev)
 	}

@@ -530,6 +530,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		// on: one more guard window, as any host whose silence ends.
 		h.countedCarry, h.silentEnd = nil, now
 	}
+	t.ownAfterSkip(now, host, h, rev, rec) // beaconloss.go: before h.rev moves
 	h.rev, h.rec, h.trustedRev, h.regressed, h.carried = rev, *rec, rev, false, nil
 	h.clearHidden(rev) // a record of its own after the hidden write (beaconloss.go)
 	if h.pin != nil {
