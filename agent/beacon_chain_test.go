@@ -92,3 +92,55 @@ func TestPublisherStoppingKeepsBeacon(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayedLandingBeacon: a renewal of ours a peer relayed
+// (fencing.Ready.Relayed) gets its beacon, chained after the last one
+// published, as a renewal written ourselves does — a relay writes none,
+// and the controller takes beacons as this host's signs of life
+// (controller/beaconloss.go). A relay landing below the last beacon
+// published (late) gets none: its beacon would restart the chain.
+func TestRelayedLandingBeacon(t *testing.T) {
+	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	nc, err := nats.Connect(srv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	const host = "h0.example.org"
+	subj, _ := proto.BeaconSubject(host)
+	sub, err := nc.SubscribeSync(subj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fencer{nc: nc, host: host, beacons: make(chan pendingBeacon, 1), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	rec := fencing.LeaseRecord{Host: host}
+	if err := f.publishBeacon(pendingBeacon{rec: rec, rev: 10, at: time.Now()}); err != nil { // a renewal of our own
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	f.perform(ctx, fencing.Ready{Relayed: &fencing.RelayedLanding{Seq: 7, Revision: 14, Record: rec}})
+	f.perform(ctx, fencing.Ready{Relayed: &fencing.RelayedLanding{Seq: 6, Revision: 9, Record: rec}}) // late: below 10
+	for want := [2]uint64{10, 0}; ; want = [2]uint64{14, 10} {
+		m, err := sub.NextMsg(2 * time.Second)
+		if err != nil {
+			t.Fatalf("beacon of revision %d not published: %v", want[0], err)
+		}
+		if b, err := fencing.DecodeBeacon(m.Data); err != nil || b.Revision != want[0] || b.Prev != want[1] {
+			t.Fatalf("got %+v (%v), want revision %d prev %d", b, err, want[0], want[1])
+		}
+		if want[0] == 14 {
+			break
+		}
+		select {
+		case m := <-f.beacons: // the publisher's part
+			if err := f.publishBeacon(m); err != nil {
+				t.Fatal(err)
+			}
+		default:
+			t.Fatal("the relayed landing queued no beacon")
+		}
+	}
+	if len(f.beacons) != 0 {
+		t.Fatalf("the late relay (revision 9, below the last beacon 14) queued a beacon: %+v", <-f.beacons)
+	}
+}

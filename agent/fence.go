@@ -720,6 +720,9 @@ func (f *fencer) perform(ctx context.Context, rd fencing.Ready) {
 	if pr := rd.AskPeers; pr != nil {
 		f.askPeers(ctx, *pr)
 	}
+	if rl := rd.Relayed; rl != nil {
+		f.relayedBeacon(*rl)
+	}
 	if rd.Reconcile {
 		f.reconcile(ctx, rd.ReconcileID, f.a.Paused())
 	}
@@ -954,6 +957,22 @@ func (f *fencer) beacon(rec fencing.LeaseRecord, rev uint64) {
 		default:
 		}
 	}
+}
+
+// relayedBeacon queues the beacon of a renewal of ours a peer relayed
+// (fencing.Ready.Relayed): a relay writes none, and the controller takes
+// beacons as this host's signs of life (controller/beaconloss.go). Not
+// one already published past: the chain would restart (Prev 0) for a late
+// relay. Best effort: this host reaches NATS only if a compromised node,
+// not an outage, kept its own writes from landing.
+func (f *fencer) relayedBeacon(rl fencing.RelayedLanding) {
+	f.beaconMu.Lock()
+	past := rl.Revision <= f.lastBeacon
+	f.beaconMu.Unlock()
+	if past {
+		return
+	}
+	f.beacon(rl.Record, rl.Revision)
 }
 
 // fenceEventQueue bounds the fence events waiting to be published: a few

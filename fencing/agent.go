@@ -1054,6 +1054,9 @@ func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
 			reason = ReasonRelayedByPeer
 		}
 	}
+	if reason == ReasonRelayedByPeer && !Mutations.RelayedNoBeacon {
+		a.r.Relayed = &RelayedLanding{Seq: seq, Revision: rev, Record: a.record(seq)}
+	}
 	if now.Sub(a.lastAck) >= a.cfg.Timing.SuspectAfter() {
 		// A late landing of an old renewal: it moves the revision, not the
 		// state; the next renewal (sent at once) decides.

@@ -282,6 +282,9 @@ func (g Guard) Valid() bool {
 // safety property fail there, which shows that the property guards the
 // fix. Production code never sets them.
 var Mutations struct {
+	// RelayedNoBeacon: a relayed landing asks for no beacon (the shell
+	// published beacons of its own writes only).
+	RelayedNoBeacon bool
 	// RestartRefreshesHold: a restart carrying Held over from the durable
 	// state grants itself a fresh hold (peer_timeout from now) however old
 	// its last confirmation is.

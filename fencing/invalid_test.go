@@ -211,3 +211,49 @@ func TestLyingPeersRelay(t *testing.T) {
 		h.expectState(StateHealthy)
 	}
 }
+
+// TestRelayedLandingAsksBeacon: a renewal relayed by a peer, taken as
+// landed, asks the shell for its beacon (Ready.Relayed: a relay writes
+// none, and the controller takes beacons as the host's signs of life —
+// controller/beaconloss.go, companionsChecked); with lying_peers 1 only
+// once a second peer corroborates it. Mutations.RelayedNoBeacon: none.
+func TestRelayedLandingAsksBeacon(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		lying    int
+		mutation bool
+	}{{"lying-0", 0, false}, {"lying-1", 1, false}, {"lying-0/RelayedNoBeacon", 0, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			Mutations.RelayedNoBeacon = c.mutation
+			defer func() { Mutations.RelayedNoBeacon = false }()
+			cfg := testConfig()
+			cfg.LyingPeers = c.lying
+			h := newHarness(t, cfg, 50, "d1")
+			h.advance(4 * time.Second)
+			rd := h.round
+			if rd == nil || len(rd.Peers) < 2 {
+				t.Fatalf("no round: %+v", rd)
+			}
+			h.rev += 5
+			r := h.a.PeerAnswered(h.now, rd.ID, rd.Peers[0], PeerAnswer{Kind: PeerRelayed, Revision: h.rev})
+			h.take(r)
+			if c.lying == 1 {
+				if r.Relayed != nil {
+					t.Fatalf("an uncorroborated relay claim asked for a beacon: %+v", r.Relayed)
+				}
+				own := rd.Renewal.Record
+				r = h.a.PeerAnswered(h.now, rd.ID, rd.Peers[1], PeerAnswer{Kind: PeerRelayFailed, Revision: h.rev, Current: &own})
+				h.take(r)
+			}
+			switch {
+			case c.mutation && r.Relayed != nil:
+				t.Fatal("RelayedNoBeacon: a beacon asked for")
+			case c.mutation:
+			case r.Relayed == nil:
+				t.Fatal("a relayed landing asked for no beacon")
+			case r.Relayed.Revision != h.rev || r.Relayed.Seq != rd.Renewal.Seq || r.Relayed.Record.Host != cfg.Host || r.Relayed.Record.State != LeaseActive:
+				t.Fatalf("beacon asked for %+v, want revision %d seq %d of %s, active", r.Relayed, h.rev, rd.Renewal.Seq, cfg.Host)
+			}
+		})
+	}
+}

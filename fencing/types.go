@@ -165,13 +165,30 @@ type Ready struct {
 	Transitions []Transition
 	// Alerts are to be logged at the highest level.
 	Alerts []Alert
+	// Relayed is a renewal of ours a peer relayed, taken as landed: the
+	// shell publishes its beacon (Beacon) as for a renewal it wrote
+	// itself. A relay writes no beacon, and a controller takes the
+	// host's beacons as its signs of life: a host whose own writes a
+	// compromised node keeps failing, alive on relays the node then hides
+	// from the controller's watch, lived on unseen past the bound the
+	// controller gives a withdrawal (controller/beaconloss.go,
+	// companionsChecked).
+	Relayed *RelayedLanding
+}
+
+// RelayedLanding: the renewal Seq, relayed by a peer, landed at Revision;
+// Record is the record it wrote (for its beacon).
+type RelayedLanding struct {
+	Seq, Revision uint64
+	Record        LeaseRecord
 }
 
 // Empty reports whether r asks for nothing.
 func (r Ready) Empty() bool {
 	return r.Persist == nil && len(r.Pause) == 0 && len(r.Destroy) == 0 && len(r.Resume) == 0 &&
 		len(r.WouldFence) == 0 && !r.ResetHost && r.Renew == nil && r.AskPeers == nil &&
-		!r.Reconcile && len(r.LeftPaused) == 0 && len(r.Transitions) == 0 && len(r.Alerts) == 0
+		!r.Reconcile && len(r.LeftPaused) == 0 && len(r.Transitions) == 0 && len(r.Alerts) == 0 &&
+		r.Relayed == nil
 }
 
 // RenewOutcome classifies the result of a renewal.
