@@ -9,7 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"hvguard/agent/delivery/deliverytest"
+	"hvguard/controller/controllertest"
 	"hvguard/fencing"
 	"hvguard/proto"
 )
@@ -21,18 +21,8 @@ import (
 // Before, it was dropped: after a rollback every beacon, the withdrawal's
 // among them, until the stream passed the old revision (reviewer X31).
 func TestPublishBeaconChain(t *testing.T) {
-	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	const host = "h0.example.org"
-	subj, _ := proto.BeaconSubject(host)
-	sub, err := nc.SubscribeSync(subj)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, sub := beaconSub(t, host)
 	f := &fencer{nc: nc, host: host}
 	rec := fencing.LeaseRecord{Host: host}
 	for _, rev := range []uint64{10, 12, 5, 7} { // 5: the stream rolled back
@@ -62,18 +52,8 @@ func TestPublishBeaconChain(t *testing.T) {
 // one (reviewer X31). Before, it was dropped whenever the select took the
 // beacon rather than the context's end: about half the runs here.
 func TestPublisherStoppingKeepsBeacon(t *testing.T) {
-	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	const host = "h0.example.org"
-	subj, _ := proto.BeaconSubject(host)
-	sub, err := nc.SubscribeSync(subj)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, sub := beaconSub(t, host)
 	f := &fencer{nc: nc, host: host, beacons: make(chan pendingBeacon, 1), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -100,18 +80,8 @@ func TestPublisherStoppingKeepsBeacon(t *testing.T) {
 // (controller/beaconloss.go). A relay landing below the last beacon
 // published (late) gets none: its beacon would restart the chain.
 func TestRelayedLandingBeacon(t *testing.T) {
-	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
-	nc, err := nats.Connect(srv.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
 	const host = "h0.example.org"
-	subj, _ := proto.BeaconSubject(host)
-	sub, err := nc.SubscribeSync(subj)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, sub := beaconSub(t, host)
 	f := &fencer{nc: nc, host: host, beacons: make(chan pendingBeacon, 1), log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	rec := fencing.LeaseRecord{Host: host}
 	if err := f.publishBeacon(pendingBeacon{rec: rec, rev: 10, at: time.Now()}); err != nil { // a renewal of our own
@@ -143,4 +113,17 @@ func TestRelayedLandingBeacon(t *testing.T) {
 	if len(f.beacons) != 0 {
 		t.Fatalf("the late relay (revision 9, below the last beacon 14) queued a beacon: %+v", <-f.beacons)
 	}
+}
+
+// beaconSub: a connection to a fresh nats-server and a subscription to
+// host's beacon subject.
+func beaconSub(t *testing.T, host string) (*nats.Conn, *nats.Subscription) {
+	t.Helper()
+	_, nc, _ := controllertest.JetStream(t)
+	subj, _ := proto.BeaconSubject(host)
+	sub, err := nc.SubscribeSync(subj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, sub
 }

@@ -181,6 +181,22 @@ func TestIncarnationNeverGoesBack(t *testing.T) {
 	}
 }
 
+// relayRound: an agent (LyingPeers lying) 4 s without a landed renewal,
+// asking at least two peers; h.rev moved on by 5 (the relay's revision).
+func relayRound(t *testing.T, lying int) (*harness, *PeerRound) {
+	t.Helper()
+	cfg := testConfig()
+	cfg.LyingPeers = lying
+	h := newHarness(t, cfg, 50, "d1")
+	h.advance(4 * time.Second)
+	rd := h.round
+	if rd == nil || len(rd.Peers) < 2 {
+		t.Fatalf("no round: %+v", rd)
+	}
+	h.rev += 5
+	return h, rd
+}
+
 // TestLyingPeersRelay (issue 11): a cut-off agent counts a relay as a
 // landed renewal. One compromised peer can claim a relay that never
 // happened; the agent would then hold a lease the controller never saw.
@@ -190,15 +206,7 @@ func TestIncarnationNeverGoesBack(t *testing.T) {
 // single claim counts (the behaviour before).
 func TestLyingPeersRelay(t *testing.T) {
 	for _, lying := range []int{0, 1} {
-		cfg := testConfig()
-		cfg.LyingPeers = lying
-		h := newHarness(t, cfg, 50, "d1")
-		h.advance(4 * time.Second)
-		rd := h.round
-		if rd == nil || len(rd.Peers) < 2 {
-			t.Fatalf("no round: %+v", rd)
-		}
-		h.rev += 5
+		h, rd := relayRound(t, lying)
 		h.take(h.a.PeerAnswered(h.now, rd.ID, rd.Peers[0], PeerAnswer{Kind: PeerRelayed, Revision: h.rev}))
 		if got := h.a.State() == StateHealthy; got != (lying == 0) {
 			t.Fatalf("lying peers %d: one relay claim: healthy %t", lying, got)
@@ -226,15 +234,7 @@ func TestRelayedLandingAsksBeacon(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			Mutations.RelayedNoBeacon = c.mutation
 			defer func() { Mutations.RelayedNoBeacon = false }()
-			cfg := testConfig()
-			cfg.LyingPeers = c.lying
-			h := newHarness(t, cfg, 50, "d1")
-			h.advance(4 * time.Second)
-			rd := h.round
-			if rd == nil || len(rd.Peers) < 2 {
-				t.Fatalf("no round: %+v", rd)
-			}
-			h.rev += 5
+			h, rd := relayRound(t, c.lying)
 			r := h.a.PeerAnswered(h.now, rd.ID, rd.Peers[0], PeerAnswer{Kind: PeerRelayed, Revision: h.rev})
 			h.take(r)
 			if c.lying == 1 {
@@ -251,8 +251,8 @@ func TestRelayedLandingAsksBeacon(t *testing.T) {
 			case c.mutation:
 			case r.Relayed == nil:
 				t.Fatal("a relayed landing asked for no beacon")
-			case r.Relayed.Revision != h.rev || r.Relayed.Seq != rd.Renewal.Seq || r.Relayed.Record.Host != cfg.Host || r.Relayed.Record.State != LeaseActive:
-				t.Fatalf("beacon asked for %+v, want revision %d seq %d of %s, active", r.Relayed, h.rev, rd.Renewal.Seq, cfg.Host)
+			case r.Relayed.Revision != h.rev || r.Relayed.Seq != rd.Renewal.Seq || r.Relayed.Record.Host != h.a.cfg.Host || r.Relayed.Record.State != LeaseActive:
+				t.Fatalf("beacon asked for %+v, want revision %d seq %d of %s, active", r.Relayed, h.rev, rd.Renewal.Seq, h.a.cfg.Host)
 			}
 		})
 	}
