@@ -98,10 +98,11 @@ func TestX30WaitRestartAnchoredAtBeacon(t *testing.T) {
 		mutation bool
 	}{
 		{"early/lag-6s", true, 6 * time.Second, false},
+		{"early/lag-15s", true, 15 * time.Second, false},
 		{"early/lag-40s", true, 40 * time.Second, false},
 		{"held/early/no-lag", true, 0, false},
 		{"held/no-early/lag-6s", false, 6 * time.Second, false},
-		{"early/lag-6s/frontierMutation", true, 6 * time.Second, true},
+		{"early/lag-15s/frontierMutation", true, 15 * time.Second, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			frontierMutation = c.mutation

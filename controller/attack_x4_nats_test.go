@@ -25,10 +25,10 @@ import (
 // second (TestAgentCannotKeepDeadHostUndeclaredWithUnverifiableValues):
 // declared.
 // x4DeclareWithin bounds TestX4WatchSkipKeepsDeadHostUndeclared's wait:
-// the attacker's bursts go on for all of it. 45 s: the wait's own bound
-// (HiddenWriteWait, and companionsChecked's FenceBy + 5 s + 10 s after
-// the last sign of life at ×0.1 timing, 16 s) with room for a loaded
-// machine, whose slow watch skips more.
+// the attacker's bursts go on for all of it. 52 s: the wait's own bound
+// (HiddenWriteWait, 22 s, and companionsChecked's FenceBy + 12 s + 10 s
+// after the last sign of life at ×0.1 timing, 23 s) with room for a
+// loaded machine, whose slow watch skips more.
 const x4DeclareWithin = 30*time.Second + controller.HiddenWriteWait
 
 func TestX4WatchSkipKeepsDeadHostUndeclared(t *testing.T) {

@@ -86,6 +86,10 @@ type hiddenWrite struct {
 	// (ObserveBeacon: the host was alive after it).
 	seen     time.Time
 	firstRev uint64
+	// firstBefore: the stored time of the hidden write noted at seen
+	// (firstRev's, or the newest when a beacon restarted the wait) — a
+	// withdrawal it hid was stored before it (companionsChecked).
+	firstBefore int64
 }
 
 // HiddenWriteWait is how long after a hidden write was noted its host is
@@ -97,15 +101,22 @@ type hiddenWrite struct {
 // With short leases (lease_ttl + grace below it) the host was declared
 // before the missing beacon was found
 // (TestHiddenWriteWaitsForMissingBeacons); the price is a dead host with
-// a hidden write — a compromised node's doing — declared up to 15 s
+// a hidden write — a compromised node's doing — declared up to 22 s
 // later. Counted from the noting alone it is not enough when the watch
 // stalls: companionsChecked bounds it from the host's last sign of life.
 const HiddenWriteWait = BeaconExpectWindow + companionDelay
 
-// companionDelay: how long after a hidden write the watch may deliver a
-// renewal whose beacon the same loss dropped (both were in the route's
-// buffer together: written within a renewal interval or two). 5 s.
-const companionDelay = 5 * time.Second
+// companionDelay: how far apart a withdrawal and a companion's renewal
+// whose beacon the same loss dropped were written: both were in the
+// route's or leaf connection's buffer when the server closed it, which it
+// does once a write has blocked for write_deadline (nats-server's default:
+// 10 s) — a stall that long holds the beacons written through all of it.
+// 12 s: the default deadline and 2 s more. 5 s before: a companion
+// renewing every 10 s wrote its renewal 7 s after the withdrawal within
+// an 8 s stall, found missing after the host was declared (reviewer X33,
+// TestX33SlowCompanionBeyondCompanionDelay). An operator raising
+// write_deadline on routes or leaf nodes widens it (docs/security.md).
+const companionDelay = 12 * time.Second
 
 // noteHidden records that h's value at rev (stored at before, its
 // previous one at after; 0: unknown) came after a watch skip and no
@@ -497,6 +508,7 @@ var beaconChainMutation bool
 func (t *Tracker) BeaconChain(now time.Time, host string, rev, prev uint64) bool {
 	h := t.hosts[host]
 	if h == nil {
+		t.keepEarly(earlyBeacon{kind: earlyChain, now: now, host: host, rev: rev, prev: prev})
 		return false
 	}
 	b := &h.beacons
@@ -724,7 +736,7 @@ func (t *Tracker) afterSkip(now time.Time, host string, h *hostState, rev uint64
 			// The first since the host's last record of its own: a
 			// compromised node's later writes must not push the wait
 			// (HiddenWriteWait) on for ever.
-			h.hidden.seen, h.hidden.firstRev = now, rev
+			h.hidden.seen, h.hidden.firstRev, h.hidden.firstBefore = now, rev, stored
 		}
 		t.expectHidden(now, host, h, rev, prev, stored)
 	}
@@ -963,6 +975,10 @@ var frontierMutation bool
 // renew_interval (reviewer X32's hole). Tests only.
 var fenceByMutation bool
 
+// firstBeforeMutation: companionsChecked does not bound the withdrawal by
+// the first hidden write's time (reviewer X33's hole). Tests only.
+var firstBeforeMutation bool
+
 // lateSupersederMutation: companionsChecked ignores the watch's skips
 // (counts only until the watch passed need, BeaconExpectWindow ago: the
 // TestLateSupersededCompanion hole). Tests only.
@@ -993,6 +1009,17 @@ func (t *Tracker) companionsChecked(now time.Time, h *hostState) bool {
 	need := alive + (max(h.rec.Timing.FenceBy(), h.rec.Timing.RenewInterval) + companionDelay).Nanoseconds()
 	if fenceByMutation {
 		need = alive + (h.rec.Timing.RenewInterval + companionDelay).Nanoseconds()
+	}
+	if fb := h.hidden.firstBefore; fb != 0 && !firstBeforeMutation {
+		// And the withdrawal was stored before the hidden write that hid
+		// it: the first one noted since the host was last alive, whose
+		// time a compromised node's later garbage does not move. The
+		// last sign of life alone was stale for a host renewing through
+		// peers' relays while cut off from NATS — a relay writes no
+		// beacon, and the node hid the relayed records; back on NATS, it
+		// withdrew 30 s after its last beacon (reviewer X33,
+		// TestX33RelayedWithdrawerStaleAlive).
+		need = max(need, fb+companionDelay.Nanoseconds())
 	}
 	d, ok := f.passed(need)
 	if !ok {
@@ -1042,4 +1069,89 @@ func (c *clockLag) leastMeasured(now time.Time) (lo time.Duration, ok bool) {
 		}
 	}
 	return lo, ok
+}
+
+// Beacons during the first listing. The runner subscribes to beacons
+// before its watch lists the bucket, and a fresh tracker (a controller
+// starting, or the tracker after a rollback) learns its hosts from that
+// listing, key by key in stream order — a renewing host's key comes near
+// its end, seconds into a large fleet's listing. A beacon of a host not
+// tracked yet was dropped: a withdrawal written after the listing's
+// snapshot, its beacon received before the host's listed value, was lost
+// with nothing lost on any route — the compromised node overwrote the
+// withdrawal before the watch reached it, and the host was declared
+// while its guests ran (reviewer X33, TestX33WithdrawalBeaconDuringListing).
+// So such beacons are kept until the listing ends (WatchStarted) and
+// replayed then, in order; those of hosts still not tracked are dropped
+// (beacons make no member). Past maxEarlyBeacons, a loss window covers
+// the listing (the dropped may have named a hidden write).
+
+// earlyBeacon is a call of BeaconChain, ObserveBeacon or
+// ObserveWithdrawal kept for replayEarly.
+type earlyBeacon struct {
+	kind      earlyKind
+	now       time.Time
+	host      string
+	rev, prev uint64
+}
+
+type earlyKind uint8
+
+const (
+	earlyChain earlyKind = iota
+	earlyObserve
+	earlyWithdrawal
+)
+
+// maxEarlyBeacons bounds the beacons kept during a listing: two a host
+// (chain and observation) of a 10 000-host fleet renewing every second
+// for 3 s, with room.
+const maxEarlyBeacons = 1 << 16
+
+// earlyMutation: beacons of hosts not tracked yet are dropped, as before
+// (reviewer X33's hole). Tests only.
+var earlyMutation bool
+
+// keepEarly keeps e for replayEarly if the watch's first listing is under
+// way.
+func (t *Tracker) keepEarly(e earlyBeacon) {
+	if t.listed || earlyMutation {
+		return
+	}
+	if len(t.early) >= maxEarlyBeacons {
+		if t.earlyLost.IsZero() {
+			t.earlyLost = e.now
+		}
+		return
+	}
+	t.early = append(t.early, e)
+}
+
+// replayEarly replays the kept beacons once the listing is over (now):
+// chain gaps and a bound reached make loss windows; a withdrawal's
+// decision is said at the next Tick.
+func (t *Tracker) replayEarly(now time.Time) {
+	early, lost := t.early, t.earlyLost
+	t.early, t.earlyLost = nil, time.Time{}
+	gap := false
+	for _, e := range early {
+		if t.hosts[e.host] == nil {
+			continue
+		}
+		switch e.kind {
+		case earlyChain:
+			gap = t.BeaconChain(e.now, e.host, e.rev, e.prev) || gap
+		case earlyObserve:
+			t.ObserveBeacon(e.now, e.host, e.rev)
+		case earlyWithdrawal:
+			t.deferred = append(t.deferred, t.ObserveWithdrawal(e.now, e.host, e.rev)...)
+		}
+	}
+	if !lost.IsZero() {
+		t.addWindow(t.serverWindow(lost, now))
+		gap = true
+	}
+	if gap {
+		t.RefuseCovered()
+	}
 }

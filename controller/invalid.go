@@ -86,6 +86,7 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	// the live host was declared at 26 s).
 	h := t.hosts[host]
 	if h == nil {
+		t.keepEarly(earlyBeacon{kind: earlyObserve, now: now, host: host, rev: rev}) // beaconloss.go
 		return
 	}
 	t.lastBeacon = now
@@ -105,7 +106,7 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 		// before its beacon came had the wait run out before the
 		// withdrawal it then hid (reviewer X29,
 		// TestX29HiddenWriteWaitAnchoredEarly).
-		hw.seen, hw.firstRev = now, hw.rev
+		hw.seen, hw.firstRev, hw.firstBefore = now, hw.rev, hw.before
 	}
 	if b.at.IsZero() && !b.remembered {
 		t.rememberHost(host) // its beacons bind it from now on (memory.go)
@@ -413,7 +414,11 @@ var withdrawalMutation bool
 func (t *Tracker) ObserveWithdrawal(now time.Time, host string, rev uint64) []Decision {
 	t.out = t.out[:0]
 	h := t.hosts[host]
-	if h == nil || withdrawalMutation || rev <= h.trustedRev || rev < h.beacons.maxRev || h.beacons.withdrawnRev >= rev {
+	if h == nil {
+		t.keepEarly(earlyBeacon{kind: earlyWithdrawal, now: now, host: host, rev: rev}) // beaconloss.go
+		return t.out
+	}
+	if withdrawalMutation || rev <= h.trustedRev || rev < h.beacons.maxRev || h.beacons.withdrawnRev >= rev {
 		return t.out
 	}
 	h.beacons.withdrawnRev = rev

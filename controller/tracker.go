@@ -371,6 +371,13 @@ type Tracker struct {
 	// frontier: how far the watch had delivered, when (beaconloss.go,
 	// companionsChecked).
 	frontier frontier
+	// early: beacons of hosts not tracked yet, received before the
+	// watch's first listing ended (replayEarly); earlyLost: the first
+	// time one was dropped at the bound; deferred: decisions of their
+	// replay, said at the next Tick.
+	early     []earlyBeacon
+	earlyLost time.Time
+	deferred  []Decision
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -470,6 +477,7 @@ func (c Config) Grace(r fencing.LeaseRecord) (time.Duration, error) {
 // silence is only measured while watching, so every host's clock restarts.
 func (t *Tracker) WatchStarted(now time.Time) {
 	t.listed = true
+	defer t.replayEarly(now) // beaconloss.go: beacons of hosts listed since
 	for _, h := range t.hosts {
 		// A deleted host renews nothing that a watch could show: its
 		// silence is not restarted (it keeps counting for the guard).
@@ -820,7 +828,8 @@ func (t *Tracker) Silent(now time.Time) int {
 
 // Tick evaluates the guard and every host's expiry at now.
 func (t *Tracker) Tick(now time.Time) []Decision {
-	t.out = t.out[:0]
+	t.out = append(t.out[:0], t.deferred...) // replayEarly's (beaconloss.go)
+	t.deferred = nil
 	t.purgeForgotten(now)
 	silent, th, base := t.Silent(now), t.Threshold(), t.membershipThreshold()
 	switch hold := silent > th; {
