@@ -1112,10 +1112,10 @@ const maxEarlyBeacons = 1 << 16
 // (reviewer X33's hole). Tests only.
 var earlyMutation bool
 
-// keepEarly keeps e for replayEarly if the watch's first listing is under
-// way.
+// keepEarly keeps e for replayEarly if a listing of the watch is under
+// way (the first, or a re-watch's: ListingStarted).
 func (t *Tracker) keepEarly(e earlyBeacon) {
-	if t.listed || earlyMutation {
+	if t.listed && !t.relisting || earlyMutation {
 		return
 	}
 	if len(t.early) >= maxEarlyBeacons {
@@ -1127,12 +1127,18 @@ func (t *Tracker) keepEarly(e earlyBeacon) {
 	t.early = append(t.early, e)
 }
 
+// ListingStarted tells the tracker that the runner's watch (re)starts and
+// lists the bucket again (after a watch failure): beacons of hosts not
+// tracked yet are kept until WatchStarted, as during the first listing —
+// a host new since, withdrawing meanwhile, is listed late like any.
+func (t *Tracker) ListingStarted() { t.relisting = true }
+
 // replayEarly replays the kept beacons once the listing is over (now):
 // chain gaps and a bound reached make loss windows; a withdrawal's
 // decision is said at the next Tick.
 func (t *Tracker) replayEarly(now time.Time) {
 	early, lost := t.early, t.earlyLost
-	t.early, t.earlyLost = nil, time.Time{}
+	t.early, t.earlyLost, t.relisting = nil, time.Time{}, false
 	gap := false
 	for _, e := range early {
 		if t.hosts[e.host] == nil {

@@ -291,3 +291,45 @@ func TestFrontierBusyStream(t *testing.T) {
 		t.Fatal("the dead h3 was never declared in a busy stream")
 	}
 }
+
+// TestEarlyBeaconsKeptDuringRelisting: a re-watch (the watch failed and
+// restarts: Runner → ListingStarted) lists the bucket again; a host new
+// since the first listing whose withdrawal beacon arrives before its
+// listed value has that beacon kept and replayed at WatchStarted, as
+// during the first listing (reviewer X33's TestX33WithdrawalBeaconDuringListing).
+// "no-ListingStarted": dropped, as before.
+func TestEarlyBeaconsKeptDuringRelisting(t *testing.T) {
+	for _, relist := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ListingStarted=%t", relist), func(t *testing.T) {
+			tr, rev := beaconFleet(t)
+			tr.WatchStarted(t0)
+			at := t0.Add(time.Minute)
+			if relist {
+				tr.ListingStarted()
+			}
+			rev += 5
+			w := rev // h10's withdrawal, after its listed renewal at w-1
+			tr.ObserveWithdrawal(at, "h10", w)
+			tr.BeaconChain(at, "h10", w, w-1)
+			tr.ObserveBeacon(at, "h10", w)
+			r := rec("h10", fencing.BackstopReset)
+			r.Signer = "h10-key"
+			missStored(tr, at.Add(100*time.Millisecond), "h10", w-1, at.Add(-time.Second))
+			tr.Observe(at.Add(100*time.Millisecond), "h10", w-1, r)
+			tr.WatchStarted(at.Add(200 * time.Millisecond))
+			h := tr.hosts["h10"]
+			if h == nil {
+				t.Fatal("h10 not tracked after its listed value")
+			}
+			got := h.beacons.withdrawnRev == w
+			withdrawn := false
+			for _, d := range tr.Tick(at.Add(300 * time.Millisecond)) {
+				withdrawn = withdrawn || d.Op == OpWithdrawn && d.Host == "h10"
+			}
+			t.Logf("withdrawal beacon kept: %t; withdrawn said: %t", got, withdrawn)
+			if got != relist || withdrawn != relist {
+				t.Fatalf("ListingStarted %t: h10's withdrawal beacon (received before its listed value) kept %t, said %t", relist, got, withdrawn)
+			}
+		})
+	}
+}

@@ -378,6 +378,8 @@ type Tracker struct {
 	early     []earlyBeacon
 	earlyLost time.Time
 	deferred  []Decision
+	// relisting: a re-watch's listing is under way (ListingStarted).
+	relisting bool
 }
 
 // SetSigningRequired tells the tracker whether signed records are
