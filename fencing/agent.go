@@ -1054,7 +1054,12 @@ func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
 			reason = ReasonRelayedByPeer
 		}
 	}
-	if reason == ReasonRelayedByPeer && !Mutations.RelayedNoBeacon {
+	if reason == ReasonRelayedByPeer && a.cfg.LyingPeers >= 1 && !Mutations.RelayedNoBeacon {
+		// Only a landing corroborated by another peer (LyingPeers ≥ 1):
+		// with 0 one peer's claim is a landing, and a beacon naming the
+		// revision it made up (10^9) made the controller ignore this
+		// host's later withdrawal beacon as older than its newest
+		// (reviewer X34, controller TestX34LyingRelayBeaconPoisonsWithdrawal).
 		a.r.Relayed = &RelayedLanding{Seq: seq, Revision: rev, Record: a.record(seq)}
 	}
 	if now.Sub(a.lastAck) >= a.cfg.Timing.SuspectAfter() {

@@ -223,14 +223,17 @@ func TestLyingPeersRelay(t *testing.T) {
 // TestRelayedLandingAsksBeacon: a renewal relayed by a peer, taken as
 // landed, asks the shell for its beacon (Ready.Relayed: a relay writes
 // none, and the controller takes beacons as the host's signs of life —
-// controller/beaconloss.go, companionsChecked); with lying_peers 1 only
-// once a second peer corroborates it. Mutations.RelayedNoBeacon: none.
+// controller/beaconloss.go, companionsChecked) once a second peer
+// corroborates it (lying_peers 1). With lying_peers 0 — one claim is a
+// landing — none: a liar's made-up revision in a beacon made the
+// controller ignore the host's later withdrawal beacon (reviewer X34).
+// Mutations.RelayedNoBeacon: none.
 func TestRelayedLandingAsksBeacon(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		lying    int
 		mutation bool
-	}{{"lying-0", 0, false}, {"lying-1", 1, false}, {"lying-0/RelayedNoBeacon", 0, true}} {
+	}{{"lying-0", 0, false}, {"lying-1", 1, false}, {"lying-1/RelayedNoBeacon", 1, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			Mutations.RelayedNoBeacon = c.mutation
 			defer func() { Mutations.RelayedNoBeacon = false }()
@@ -246,9 +249,9 @@ func TestRelayedLandingAsksBeacon(t *testing.T) {
 				h.take(r)
 			}
 			switch {
-			case c.mutation && r.Relayed != nil:
-				t.Fatal("RelayedNoBeacon: a beacon asked for")
-			case c.mutation:
+			case (c.mutation || c.lying == 0) && r.Relayed != nil:
+				t.Fatalf("a beacon asked for (lying_peers %d, RelayedNoBeacon %t): %+v", c.lying, c.mutation, r.Relayed)
+			case c.mutation || c.lying == 0:
 			case r.Relayed == nil:
 				t.Fatal("a relayed landing asked for no beacon")
 			case r.Relayed.Revision != h.rev || r.Relayed.Seq != rd.Renewal.Seq || r.Relayed.Record.Host != h.a.cfg.Host || r.Relayed.Record.State != LeaseActive:

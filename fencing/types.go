@@ -172,7 +172,8 @@ type Ready struct {
 	// compromised node keeps failing, alive on relays the node then hides
 	// from the controller's watch, lived on unseen past the bound the
 	// controller gives a withdrawal (controller/beaconloss.go,
-	// companionsChecked).
+	// companionsChecked). Only with LyingPeers ≥ 1: one liar's claim,
+	// taken as a landing at 0, would put a made-up revision in a beacon.
 	Relayed *RelayedLanding
 }
 
