@@ -378,10 +378,8 @@ func hiddenWindow(e expectedBeacon) lossWindow {
 		to = e.seen
 	}
 	from := to.Add(-maxHiddenSpan)
-	if e.after != 0 && !hiddenSpanCapMutation {
-		from = time.Unix(0, e.after)
-	} else if e.after != 0 && time.Unix(0, e.after).After(from) {
-		from = time.Unix(0, e.after)
+	if after := time.Unix(0, e.after); e.after != 0 && (!hiddenSpanCapMutation || after.After(from)) {
+		from = after
 	}
 	return lossWindow{from: from, to: to, by: e.host}
 }
@@ -743,11 +741,11 @@ func (t *Tracker) afterSkip(now time.Time, host string, h *hostState, rev uint64
 }
 
 // The watch's frontier. A hidden write's host may have withdrawn any
-// time after it was last known alive, up to about a renewal interval
-// later (a live agent renews with a beacon every renew_interval: a write
-// of its own later than that, whose beacon came, shows it alive after).
-// The renewal of a companion host whose beacon was lost with the
-// withdrawal's was stored within companionDelay of it — by `need` — and
+// time after it was last known alive, up to FenceBy later (an agent that
+// cannot renew goes on that long without fencing), and before the hidden
+// write that hid the withdrawal (companionsChecked: need). The renewal of
+// a companion host whose beacon was lost with the withdrawal's was
+// stored within companionDelay of it — by `need` — and
 // is found missing BeaconExpectWindow after the watch delivers it; or, if
 // a later value of its key superseded it before the watch reached it (KV
 // history 1: the watch never sees it), after the watch delivers that
@@ -791,7 +789,7 @@ type frontier struct {
 	// (streamAt).
 	rev     uint64
 	revAt   time.Time
-	waiting []frontierSample
+	waiting []streamInfo
 	// skips: the stored stamps between which the watch skipped values
 	// (the previous value delivered and the one after the gap), merged
 	// when they touch, oldest first; skipPending: the next value
@@ -800,19 +798,21 @@ type frontier struct {
 	skips       []skipSpan
 	skipPending bool
 	last        int64
-	// known: some sample was ever taken (a server that stamps nothing
-	// leaves companionsChecked to HiddenWriteWait alone).
-	known bool
 }
 
 // frontierSample: by at, everything stored up to stored was delivered;
-// rev (waiting only): once the watch delivers rev.
+// first: when the sample began (its grain).
 type frontierSample struct {
-	at     time.Time
-	stored int64
+	at, first time.Time
+	stored    int64
+}
+
+// streamInfo: a stream info read while the watch had not delivered its
+// last revision rev yet; once it has, everything stored up to stored (the
+// server's clock then) was delivered or superseded.
+type streamInfo struct {
 	rev    uint64
-	// first: when the sample began (its grain).
-	first time.Time
+	stored int64
 }
 
 // skipSpan: the watch skipped values stored between from and to.
@@ -888,12 +888,11 @@ func (f *frontier) streamAt(got time.Time, last uint64, ts int64) {
 	if len(f.waiting) == maxFrontierWaiting {
 		f.waiting = f.waiting[1:]
 	}
-	f.waiting = append(f.waiting, frontierSample{at: got, stored: ts, rev: last})
+	f.waiting = append(f.waiting, streamInfo{rev: last, stored: ts})
 }
 
 // add notes that everything stored up to stored was delivered by now.
 func (f *frontier) add(now time.Time, stored int64) {
-	f.known = true
 	n := len(f.samples)
 	if n > 0 && stored <= f.samples[n-1].stored {
 		return // no further
@@ -991,8 +990,8 @@ var lateSupersederMutation bool
 // latest server time it may be).
 func (t *Tracker) companionsChecked(now time.Time, h *hostState) bool {
 	f := &t.frontier
-	if frontierMutation || !f.known {
-		return true
+	if frontierMutation || len(f.samples) == 0 {
+		return true // no sample ever (a server that stamps nothing): HiddenWriteWait alone
 	}
 	alive := h.hidden.after
 	if at := h.beacons.maxAt; !at.IsZero() {

@@ -95,17 +95,15 @@ func (d *deliveredRing) snapshot() ([]delivered, uint64) {
 	return append([]delivered(nil), d.last...), d.maxRv
 }
 
-// errStreamInfoUnread: the check could not read the stream info (no
-// clock to expect from it).
-var errStreamInfoUnread = errors.New("stream info unread")
-
 // rollbackCheck is a check's outcome: err (see checkRollback) and the
 // server's clock as its stream info said (ts, zero if not said), read
 // between sent and got of the runner's clock (Tracker.ServerTime).
 type rollbackCheck struct {
 	err           error
 	sent, got, ts time.Time
-	// last: the stream's last revision then.
+	// read: the stream info was read; last: the stream's last revision
+	// then.
+	read bool
 	last uint64
 }
 
@@ -117,10 +115,10 @@ func (r *Runner) checkRollback(ctx context.Context, samples []delivered, last ui
 	ls, ts, err := natslease.LastRevisionAt(ctx, r.Store.NC)
 	c.got = r.now()
 	if err != nil {
-		c.err = fmt.Errorf("rollback check: %w: %w", errStreamInfoUnread, err)
+		c.err = fmt.Errorf("rollback check: %w", err)
 		return c
 	}
-	c.ts, c.last = ts, ls
+	c.read, c.ts, c.last = true, ts, ls
 	c.err = r.rollbackProof(ctx, samples, ls, last)
 	return c
 }

@@ -271,7 +271,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				err := c.err
 				if !c.ts.IsZero() {
 					r.Tracker.ServerTime(c.sent, c.got, c.ts, c.last) // beaconloss.go
-				} else if !c.got.IsZero() && !r.saidNoClock && !errors.Is(c.err, errStreamInfoUnread) {
+				} else if c.read && !r.saidNoClock {
 					r.saidNoClock = true
 					log.Warn("the NATS server's stream info does not say its clock (no \"ts\"; nats-server before 2.10?): loss windows are placed in its clock by the delivery lag alone, which a lagging watch overstates — keep this controller's clock NTP-synced with the server's (docs/security.md, \"The controller's clock\")")
 				}
