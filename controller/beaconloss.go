@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -1070,20 +1071,29 @@ func (c *clockLag) leastMeasured(now time.Time) (lo time.Duration, ok bool) {
 	return lo, ok
 }
 
-// Beacons during the first listing. The runner subscribes to beacons
+// Beacons of hosts not tracked yet. The runner subscribes to beacons
 // before its watch lists the bucket, and a fresh tracker (a controller
 // starting, or the tracker after a rollback) learns its hosts from that
 // listing, key by key in stream order — a renewing host's key comes near
-// its end, seconds into a large fleet's listing. A beacon of a host not
-// tracked yet was dropped: a withdrawal written after the listing's
-// snapshot, its beacon received before the host's listed value, was lost
-// with nothing lost on any route — the compromised node overwrote the
-// withdrawal before the watch reached it, and the host was declared
-// while its guests ran (reviewer X33, TestX33WithdrawalBeaconDuringListing).
-// So such beacons are kept until the listing ends (WatchStarted) and
-// replayed then, in order; those of hosts still not tracked are dropped
-// (beacons make no member). Past maxEarlyBeacons, a loss window covers
-// the listing (the dropped may have named a hidden write).
+// its end, seconds into a large fleet's listing; a host new to a running
+// controller is tracked only when the watch delivers its first value,
+// which a lagging watch delivers late. A beacon of a host not tracked yet
+// was dropped: a withdrawal written after the listing's snapshot (or by
+// the new host after its first record), its beacon received before the
+// host's first value, was lost with nothing lost on any route — the
+// compromised node overwrote the withdrawal before the watch reached it,
+// and the host was declared while its guests ran (reviewers X33 and X35:
+// TestX33WithdrawalBeaconDuringListing, TestX35NewHostBeaconsBeforeFirstDelivery).
+// So such beacons are kept, in order, and replayed once their host is
+// tracked: at the end of a listing (WatchStarted) and at each Tick (before
+// anything is declared); kept earlyKeep at most (beacons make no member).
+// Past maxEarlyBeacons a loss window covers the time they were dropped —
+// but withdrawal beacons are kept past it, the newest per host: a
+// compromised node flooding its own beacon subject at a controller start
+// got a dead-looking host's withdrawal beacon dropped, and the window
+// covered nothing of a host whose beacons had not bound it yet (reviewer
+// X35, TestX35EarlyCapDropsWithdrawalUnnoted). A rollback carries the
+// withdrawals kept (Withdrawals; TestX35RollbackDuringListingDropsEarlyWithdrawal).
 
 // earlyBeacon is a call of BeaconChain, ObserveBeacon or
 // ObserveWithdrawal kept for replayEarly.
@@ -1102,61 +1112,104 @@ const (
 	earlyWithdrawal
 )
 
-// maxEarlyBeacons bounds the beacons kept during a listing: two a host
+// maxEarlyBeacons bounds the beacons kept (withdrawals apart): two a host
 // (chain and observation) of a 10 000-host fleet renewing every second
 // for 3 s, with room.
 const maxEarlyBeacons = 1 << 16
 
+// earlyKeep is how long a beacon of a host not tracked is kept: far above
+// a listing's or a lagging watch's delay to the host's first value.
+const earlyKeep = 10 * time.Minute
+
 // earlyMutation: beacons of hosts not tracked yet are dropped, as before
-// (reviewer X33's hole). Tests only.
+// (reviewers X33 and X35's holes). Tests only.
 var earlyMutation bool
 
-// keepEarly keeps e for replayEarly if a listing of the watch is under
-// way (the first, or a re-watch's: ListingStarted).
+// keepEarly keeps e for replayEarly.
 func (t *Tracker) keepEarly(e earlyBeacon) {
-	if t.listed && !t.relisting || earlyMutation {
+	if earlyMutation {
 		return
 	}
-	if len(t.early) >= maxEarlyBeacons {
+	if e.kind == earlyWithdrawal {
+		if w, ok := t.earlyWithdrawn[e.host]; !ok || e.rev > w.rev {
+			if t.earlyWithdrawn == nil {
+				t.earlyWithdrawn = map[string]earlyBeacon{}
+			}
+			t.earlyWithdrawn[e.host] = e
+		}
+		return
+	}
+	if t.earlyCount >= maxEarlyBeacons {
 		if t.earlyLost.IsZero() {
 			t.earlyLost = e.now
 		}
 		return
 	}
-	t.early = append(t.early, e)
+	if t.early == nil {
+		t.early = map[string][]earlyBeacon{}
+	}
+	t.early[e.host] = append(t.early[e.host], e)
+	t.earlyCount++
 }
 
-// ListingStarted tells the tracker that the runner's watch (re)starts and
-// lists the bucket again (after a watch failure): beacons of hosts not
-// tracked yet are kept until WatchStarted, as during the first listing —
-// a host new since, withdrawing meanwhile, is listed late like any.
-func (t *Tracker) ListingStarted() { t.relisting = true }
-
-// replayEarly replays the kept beacons once the listing is over (now):
-// chain gaps and a bound reached make loss windows; a withdrawal's
-// decision is said at the next Tick.
+// replayEarly replays, at now, the kept beacons of hosts tracked since,
+// each host's in order, its withdrawal last; drops those older than
+// earlyKeep; and makes a loss window of the time beacons were dropped at
+// the bound. Chain gaps and that window refuse the hosts they cover; a
+// withdrawal's decision is said by Tick (deferred). Per host kept, not
+// per beacon: a flood of one host's beacons costs a tick one lookup.
 func (t *Tracker) replayEarly(now time.Time) {
-	early, lost := t.early, t.earlyLost
-	t.early, t.earlyLost, t.relisting = nil, time.Time{}, false
+	if len(t.early) == 0 && len(t.earlyWithdrawn) == 0 && t.earlyLost.IsZero() {
+		return
+	}
 	gap := false
-	for _, e := range early {
-		if t.hosts[e.host] == nil {
+	for host, es := range t.early {
+		if t.hosts[host] == nil {
+			n := 0 // kept in arrival order: the expired are a prefix
+			for n < len(es) && now.Sub(es[n].now) > earlyKeep {
+				n++
+			}
+			if t.earlyCount -= n; n == len(es) {
+				delete(t.early, host)
+			} else if n > 0 {
+				t.early[host] = es[n:]
+			}
 			continue
 		}
-		switch e.kind {
-		case earlyChain:
-			gap = t.BeaconChain(e.now, e.host, e.rev, e.prev) || gap
-		case earlyObserve:
-			t.ObserveBeacon(e.now, e.host, e.rev)
-		case earlyWithdrawal:
-			t.deferred = append(t.deferred, t.ObserveWithdrawal(e.now, e.host, e.rev)...)
+		for _, e := range es {
+			if now.Sub(e.now) > earlyKeep {
+				continue
+			}
+			if e.kind == earlyChain {
+				gap = t.BeaconChain(e.now, host, e.rev, e.prev) || gap
+			} else {
+				t.ObserveBeacon(e.now, host, e.rev)
+			}
 		}
+		t.earlyCount -= len(es)
+		delete(t.early, host)
 	}
-	if !lost.IsZero() {
-		t.addWindow(t.serverWindow(lost, now))
-		gap = true
+	for host, e := range t.earlyWithdrawn {
+		switch {
+		case now.Sub(e.now) > earlyKeep:
+		case t.hosts[host] == nil:
+			continue
+		default:
+			t.deferred = append(t.deferred, t.ObserveWithdrawal(e.now, host, e.rev)...)
+		}
+		delete(t.earlyWithdrawn, host)
+	}
+	if !t.earlyLost.IsZero() {
+		t.addWindow(t.serverWindow(t.earlyLost, now))
+		t.earlyLost, gap = time.Time{}, true
 	}
 	if gap {
 		t.RefuseCovered()
 	}
+}
+
+// earlyWithdrawals: the hosts whose withdrawal beacon is kept, not yet
+// replayed (Withdrawals carries them across a rollback).
+func (t *Tracker) earlyWithdrawals() []string {
+	return slices.Sorted(maps.Keys(t.earlyWithdrawn))
 }

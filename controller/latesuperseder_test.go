@@ -292,23 +292,22 @@ func TestFrontierBusyStream(t *testing.T) {
 	}
 }
 
-// TestEarlyBeaconsKeptDuringRelisting: a re-watch (the watch failed and
-// restarts: Runner → ListingStarted) lists the bucket again; a host new
-// since the first listing whose withdrawal beacon arrives before its
-// listed value has that beacon kept and replayed at WatchStarted, as
-// during the first listing (reviewer X33's TestX33WithdrawalBeaconDuringListing).
-// "no-ListingStarted": dropped, as before.
-func TestEarlyBeaconsKeptDuringRelisting(t *testing.T) {
-	for _, relist := range []bool{true, false} {
-		t.Run(fmt.Sprintf("ListingStarted=%t", relist), func(t *testing.T) {
+// TestEarlyBeaconsKeptForNewHost: a host new to a running controller
+// (its listing long over) whose withdrawal beacon arrives before the
+// watch delivers its first value has that beacon kept and replayed at
+// the next Tick (reviewer X35's TestX35NewHostBeaconsBeforeFirstDelivery;
+// the same during a re-watch's listing). "earlyMutation": dropped, as
+// before.
+func TestEarlyBeaconsKeptForNewHost(t *testing.T) {
+	for _, mutation := range []bool{false, true} {
+		t.Run(fmt.Sprintf("earlyMutation=%t", mutation), func(t *testing.T) {
+			earlyMutation = mutation
+			defer func() { earlyMutation = false }()
 			tr, rev := beaconFleet(t)
 			tr.WatchStarted(t0)
 			at := t0.Add(time.Minute)
-			if relist {
-				tr.ListingStarted()
-			}
 			rev += 5
-			w := rev // h10's withdrawal, after its listed renewal at w-1
+			w := rev // h10's withdrawal, after its first record at w-1
 			tr.ObserveWithdrawal(at, "h10", w)
 			tr.BeaconChain(at, "h10", w, w-1)
 			tr.ObserveBeacon(at, "h10", w)
@@ -316,19 +315,18 @@ func TestEarlyBeaconsKeptDuringRelisting(t *testing.T) {
 			r.Signer = "h10-key"
 			missStored(tr, at.Add(100*time.Millisecond), "h10", w-1, at.Add(-time.Second))
 			tr.Observe(at.Add(100*time.Millisecond), "h10", w-1, r)
-			tr.WatchStarted(at.Add(200 * time.Millisecond))
-			h := tr.hosts["h10"]
-			if h == nil {
-				t.Fatal("h10 not tracked after its listed value")
-			}
-			got := h.beacons.withdrawnRev == w
 			withdrawn := false
 			for _, d := range tr.Tick(at.Add(300 * time.Millisecond)) {
 				withdrawn = withdrawn || d.Op == OpWithdrawn && d.Host == "h10"
 			}
-			t.Logf("withdrawal beacon kept: %t; withdrawn said: %t", got, withdrawn)
-			if got != relist || withdrawn != relist {
-				t.Fatalf("ListingStarted %t: h10's withdrawal beacon (received before its listed value) kept %t, said %t", relist, got, withdrawn)
+			h := tr.hosts["h10"]
+			if h == nil {
+				t.Fatal("h10 not tracked after its first value")
+			}
+			kept := h.beacons.withdrawnRev == w
+			t.Logf("withdrawal beacon kept: %t; withdrawn said: %t", kept, withdrawn)
+			if kept == mutation || withdrawn == mutation {
+				t.Fatalf("earlyMutation %t: h10's withdrawal beacon (received before its first value) kept %t, said %t", mutation, kept, withdrawn)
 			}
 		})
 	}

@@ -247,6 +247,18 @@ func (t *Tracker) Withdrawals() []CarriedHost {
 			out = append(out, CarriedHost{Host: name, Record: h.rec})
 		}
 	}
+	for _, name := range t.earlyWithdrawals() {
+		// A withdrawal beacon kept, not replayed yet (beaconloss.go): its
+		// host was not tracked — the rollback came during the listing
+		// (reviewer X35, TestX35RollbackDuringListingDropsEarlyWithdrawal).
+		if !slices.ContainsFunc(out, func(c CarriedHost) bool { return c.Host == name }) {
+			rec := fencing.LeaseRecord{Host: name}
+			if h := t.hosts[name]; h != nil {
+				rec = h.rec
+			}
+			out = append(out, CarriedHost{Host: name, Record: rec})
+		}
+	}
 	return out
 }
 

@@ -182,7 +182,6 @@ func (r *Runner) Run(ctx context.Context) error {
 		updates := make(chan natslease.Update, 1024)
 		wctx, cancel := context.WithCancel(ctx)
 		werr := make(chan error, 1)
-		r.Tracker.ListingStarted() // beacons of hosts not listed yet are kept (beaconloss.go)
 		go func() { werr <- r.Store.Watch(wctx, updates, make(chan struct{})) }()
 		watching := false
 	loop:

@@ -371,15 +371,15 @@ type Tracker struct {
 	// frontier: how far the watch had delivered, when (beaconloss.go,
 	// companionsChecked).
 	frontier frontier
-	// early: beacons of hosts not tracked yet, received before the
-	// watch's first listing ended (replayEarly); earlyLost: the first
-	// time one was dropped at the bound; deferred: decisions of their
-	// replay, said at the next Tick.
-	early     []earlyBeacon
-	earlyLost time.Time
-	deferred  []Decision
-	// relisting: a re-watch's listing is under way (ListingStarted).
-	relisting bool
+	// early: beacons of hosts not tracked yet (replayEarly), but
+	// withdrawals: the newest of each such host (earlyWithdrawn);
+	// earlyLost: the first time one was dropped at the bound; deferred:
+	// decisions of their replay, said at the next Tick.
+	early          map[string][]earlyBeacon
+	earlyCount     int
+	earlyWithdrawn map[string]earlyBeacon
+	earlyLost      time.Time
+	deferred       []Decision
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -830,7 +830,8 @@ func (t *Tracker) Silent(now time.Time) int {
 
 // Tick evaluates the guard and every host's expiry at now.
 func (t *Tracker) Tick(now time.Time) []Decision {
-	t.out = append(t.out[:0], t.deferred...) // replayEarly's (beaconloss.go)
+	t.replayEarly(now) // beaconloss.go: beacons of hosts tracked since
+	t.out = append(t.out[:0], t.deferred...)
 	t.deferred = nil
 	t.purgeForgotten(now)
 	silent, th, base := t.Silent(now), t.Threshold(), t.membershipThreshold()
