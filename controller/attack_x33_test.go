@@ -292,8 +292,6 @@ func TestX33WithdrawalBeaconDuringListing(t *testing.T) {
 			tr.SetSigningRequired(true)
 			tr.SetEnrolled(enrolledH)
 			start := t0.Add(100 * time.Second) // the controller starts
-			recs := map[string]*fencing.LeaseRecord{}
-			listed := map[string]uint64{} // each host's last beacon named its listed value
 			// The stream before the start: h0..h9's last renewals at
 			// revisions 1..10 (h3's last: 10), W at 11 (after the
 			// listing's snapshot), G at 12 over it.
@@ -308,16 +306,7 @@ func TestX33WithdrawalBeaconDuringListing(t *testing.T) {
 			if !c.beaconInTrack {
 				beacon() // while the listing is under way, before h3's value
 			}
-			for i, name := range []string{"h0", "h1", "h2", "h4", "h5", "h6", "h7", "h8", "h9", "h3"} {
-				r := rec(name, fencing.BackstopReset)
-				r.Signer = name + "-key"
-				recs[name] = r
-				rev := uint64(1 + i)
-				tr.Skipped(rev) // the listing
-				missStored(tr, start.Add(500*time.Millisecond), name, rev, start.Add(-2*time.Second+time.Duration(i)*100*time.Millisecond))
-				tr.Observe(start.Add(500*time.Millisecond), name, rev, r)
-				listed[name] = rev
-			}
+			recs, listed := listFleet(tr, start)
 			tr.WatchStarted(start.Add(500 * time.Millisecond))
 			for _, name := range tr.Hosts() { // the first acting tick
 				tr.RestoreMemory(start.Add(600*time.Millisecond), name, Memory{Beacons: true})
@@ -330,39 +319,7 @@ func TestX33WithdrawalBeaconDuringListing(t *testing.T) {
 			tr.Skipped(gRev)
 			missStored(tr, start.Add(700*time.Millisecond), "h3", gRev, start.Add(400*time.Millisecond))
 			tr.ObserveInvalid(start.Add(700*time.Millisecond), "h3", gRev, "undecodable value (garbage)", false)
-			rev := uint64(gRev)
-			prev := listed
-			var declared time.Duration
-			for ms := 1000; ms <= 120000 && declared == 0; ms += 100 {
-				now := start.Add(time.Duration(ms) * time.Millisecond)
-				if ms%1000 == 0 {
-					for i := range 10 {
-						name := fmt.Sprintf("h%d", i)
-						if name == "h3" {
-							continue
-						}
-						rev++
-						at := now.Add(time.Duration(i) * 10 * time.Millisecond)
-						missStored(tr, at, name, rev, at)
-						tr.Observe(at, name, rev, recs[name])
-						tr.BeaconChain(at, name, rev, prev[name])
-						tr.ObserveBeacon(at, name, rev)
-						prev[name] = rev
-					}
-				}
-				if ms%2000 == 0 {
-					tr.ServerTime(now, now.Add(time.Millisecond), now, rev)
-				}
-				tr.BeaconsMissing(now)
-				for _, d := range tr.Tick(now) {
-					switch {
-					case d.Op == OpDeclare && d.Host == "h3":
-						declared = now.Sub(start)
-					case d.Op == OpDeclare:
-						t.Fatalf("declared the live %s", d.Host)
-					}
-				}
-			}
+			declared, _ := fleetRun(t, tr, start, gRev, recs, listed, "h3")
 			t.Logf("declared %s after the start; windows %+v", declared, tr.lossWindows)
 			if declared != 0 && !c.wantDeclared {
 				t.Fatalf("the withdrawn h3 (guests running) declared %s after the controller started: its withdrawal beacon came during the listing, before h3 was tracked, and was dropped; the node hid W", declared)
@@ -427,4 +384,71 @@ func TestX33NoServerClockSparseBursts(t *testing.T) {
 			}
 		})
 	}
+}
+
+// listingOrder is the order a fresh tracker's listing delivers the
+// fleet's keys in: h3, renewing, written last, comes last.
+var listingOrder = []string{"h0", "h1", "h2", "h4", "h5", "h6", "h7", "h8", "h9", "h3"}
+
+// listFleet is a fresh tracker's listing at start+500ms: h0..h9's last
+// renewals at revisions 1..10 in listingOrder (stored before start). It
+// returns their records and revisions (each host's last beacon named its
+// listed value: the chains' prev).
+func listFleet(tr *Tracker, start time.Time) (map[string]*fencing.LeaseRecord, map[string]uint64) {
+	recs, listed := map[string]*fencing.LeaseRecord{}, map[string]uint64{}
+	for i, name := range listingOrder {
+		r := rec(name, fencing.BackstopReset)
+		r.Signer = name + "-key"
+		recs[name] = r
+		rev := uint64(1 + i)
+		tr.Skipped(rev) // the listing
+		missStored(tr, start.Add(500*time.Millisecond), name, rev, start.Add(-2*time.Second+time.Duration(i)*100*time.Millisecond))
+		tr.Observe(start.Add(500*time.Millisecond), name, rev, r)
+		listed[name] = rev
+	}
+	return recs, listed
+}
+
+// fleetRun runs tr for 120 s after start in 100 ms ticks: every host but
+// victim renews every second with its chained beacon (revisions after
+// rev), the server's clock is sampled every 2 s, BeaconsMissing before
+// each Tick. It returns when victim was declared (0: never) and whether
+// it was refused-due; declaring another host fails t.
+func fleetRun(t *testing.T, tr *Tracker, start time.Time, rev uint64, recs map[string]*fencing.LeaseRecord, prev map[string]uint64, victim string) (time.Duration, bool) {
+	t.Helper()
+	var declared time.Duration
+	refused := false
+	for ms := 1000; ms <= 120000 && declared == 0; ms += 100 {
+		now := start.Add(time.Duration(ms) * time.Millisecond)
+		if ms%1000 == 0 {
+			for i := range 10 {
+				name := fmt.Sprintf("h%d", i)
+				if name == victim {
+					continue
+				}
+				rev++
+				at := now.Add(time.Duration(i) * 10 * time.Millisecond)
+				missStored(tr, at, name, rev, at)
+				tr.Observe(at, name, rev, recs[name])
+				tr.BeaconChain(at, name, rev, prev[name])
+				tr.ObserveBeacon(at, name, rev)
+				prev[name] = rev
+			}
+		}
+		if ms%2000 == 0 {
+			tr.ServerTime(now, now.Add(time.Millisecond), now, rev)
+		}
+		tr.BeaconsMissing(now)
+		for _, d := range tr.Tick(now) {
+			switch {
+			case d.Op == OpRefusedDue && d.Host == victim:
+				refused = true
+			case d.Op == OpDeclare && d.Host == victim:
+				declared = now.Sub(start)
+			case d.Op == OpDeclare:
+				t.Fatalf("declared the live %s", d.Host)
+			}
+		}
+	}
+	return declared, refused
 }

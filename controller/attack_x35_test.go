@@ -47,7 +47,6 @@ func TestX35RollbackDuringListingDropsEarlyWithdrawal(t *testing.T) {
 			tr.SetEnrolled(enrolledH)
 			start := t0.Add(100 * time.Second)
 			const wRev = 11
-			recs := map[string]*fencing.LeaseRecord{}
 			beacon := func(at time.Time) {
 				tr.BeaconChain(at, "h3", wRev, 10)
 				tr.ObserveBeacon(at, "h3", wRev)
@@ -56,16 +55,7 @@ func TestX35RollbackDuringListingDropsEarlyWithdrawal(t *testing.T) {
 			if !c.beaconInTrack {
 				beacon(start.Add(300 * time.Millisecond))
 			}
-			order := []string{"h0", "h1", "h2", "h4", "h5", "h6", "h7", "h8", "h9", "h3"}
-			for i, name := range order {
-				r := rec(name, fencing.BackstopReset)
-				r.Signer = name + "-key"
-				recs[name] = r
-				rev := uint64(1 + i)
-				tr.Skipped(rev)
-				missStored(tr, start.Add(500*time.Millisecond), name, rev, start.Add(-2*time.Second+time.Duration(i)*100*time.Millisecond))
-				tr.Observe(start.Add(500*time.Millisecond), name, rev, r)
-			}
+			recs, _ := listFleet(tr, start)
 			if c.beaconInTrack {
 				beacon(start.Add(600 * time.Millisecond))
 			}
@@ -86,7 +76,7 @@ func TestX35RollbackDuringListingDropsEarlyWithdrawal(t *testing.T) {
 			nt.SetEnrolled(enrolledH)
 			nt.AfterRollback(lastDelivered)
 			nstart := now.Add(5 * time.Second)
-			for i, name := range order {
+			for i, name := range listingOrder {
 				rev := uint64(1 + i)
 				nt.Skipped(rev)
 				nt.Stored(name, rev, start)
@@ -153,8 +143,6 @@ func TestX35EarlyCapDropsWithdrawalUnnoted(t *testing.T) {
 			tr.SetSigningRequired(true)
 			tr.SetEnrolled(enrolledH)
 			start := t0.Add(100 * time.Second)
-			recs := map[string]*fencing.LeaseRecord{}
-			prev := map[string]uint64{}
 			const wRev, gRev = 11, 12
 			if c.flood {
 				for i := range maxEarlyBeacons + 10 {
@@ -165,16 +153,7 @@ func TestX35EarlyCapDropsWithdrawalUnnoted(t *testing.T) {
 			tr.BeaconChain(at, "h3", wRev, 10)
 			tr.ObserveBeacon(at, "h3", wRev)
 			tr.ObserveWithdrawal(at, "h3", wRev)
-			for i, name := range []string{"h0", "h1", "h2", "h4", "h5", "h6", "h7", "h8", "h9", "h3"} {
-				r := rec(name, fencing.BackstopReset)
-				r.Signer = name + "-key"
-				recs[name] = r
-				rev := uint64(1 + i)
-				tr.Skipped(rev)
-				missStored(tr, start.Add(500*time.Millisecond), name, rev, start.Add(-2*time.Second+time.Duration(i)*100*time.Millisecond))
-				tr.Observe(start.Add(500*time.Millisecond), name, rev, r)
-				prev[name] = rev
-			}
+			recs, prev := listFleet(tr, start)
 			tr.WatchStarted(start.Add(500 * time.Millisecond))
 			g := func() {
 				tr.Skipped(gRev)
@@ -191,41 +170,7 @@ func TestX35EarlyCapDropsWithdrawalUnnoted(t *testing.T) {
 			if c.gAfterMemory {
 				g()
 			}
-			rev := uint64(gRev)
-			var declared time.Duration
-			refused := false
-			for ms := 1000; ms <= 120000 && declared == 0; ms += 100 {
-				now := start.Add(time.Duration(ms) * time.Millisecond)
-				if ms%1000 == 0 {
-					for i := range 10 {
-						name := fmt.Sprintf("h%d", i)
-						if name == "h3" {
-							continue
-						}
-						rev++
-						at := now.Add(time.Duration(i) * 10 * time.Millisecond)
-						missStored(tr, at, name, rev, at)
-						tr.Observe(at, name, rev, recs[name])
-						tr.BeaconChain(at, name, rev, prev[name])
-						tr.ObserveBeacon(at, name, rev)
-						prev[name] = rev
-					}
-				}
-				if ms%2000 == 0 {
-					tr.ServerTime(now, now.Add(time.Millisecond), now, rev)
-				}
-				tr.BeaconsMissing(now)
-				for _, d := range tr.Tick(now) {
-					switch {
-					case d.Op == OpRefusedDue && d.Host == "h3":
-						refused = true
-					case d.Op == OpDeclare && d.Host == "h3":
-						declared = now.Sub(start)
-					case d.Op == OpDeclare:
-						t.Fatalf("declared the live %s", d.Host)
-					}
-				}
-			}
+			declared, refused := fleetRun(t, tr, start, gRev, recs, prev, "h3")
 			t.Logf("declared %s, refused-due %t; windows %+v", declared, refused, tr.lossWindows)
 			if declared != 0 && !c.wantDeclared {
 				t.Fatalf("the withdrawn h3 (guests running) declared %s after the controller started: its withdrawal beacon was dropped at maxEarlyBeacons (h11's flood) and G, delivered before the memory restore, was not noted as a hidden write, so the cap's window covered nothing", declared)
