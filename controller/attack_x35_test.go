@@ -1,7 +1,6 @@
 package controller
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -205,25 +204,7 @@ func TestX35NewHostBeaconsBeforeFirstDelivery(t *testing.T) {
 		{name: "control-beacons-after-first-delivery", beaconLater: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			tr, err := NewTracker(resetConfig())
-			if err != nil {
-				t.Fatal(err)
-			}
-			tr.SetSigningRequired(true)
-			tr.SetEnrolled(enrolledH)
-			for i := range 10 {
-				r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
-				r.Signer = fmt.Sprintf("h%d-key", i)
-				tr.Skipped(uint64(1 + i))
-				missStored(tr, t0, r.Host, uint64(1+i), t0.Add(-time.Second))
-				tr.Observe(t0, r.Host, uint64(1+i), r)
-			}
-			tr.WatchStarted(t0)
-			for _, name := range tr.Hosts() {
-				tr.RestoreMemory(t0, name, Memory{Beacons: true})
-			}
-			tr.GuardPublished(tr.Guard(), nil)
-			rev := uint64(100)
+			tr, rev := boundFleet(t)
 			at := t0.Add(time.Minute)
 			x26Renew(tr, at, &rev, true, "")
 			// h10 joins: A at aRev (stored at), W at wRev (at+2s), G at

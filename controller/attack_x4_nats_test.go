@@ -23,13 +23,23 @@ import (
 // anywhere in the bucket after compute-3's last revision: a burst into
 // the attacker's own key does as well.) Control: one garbage value a
 // second (TestAgentCannotKeepDeadHostUndeclaredWithUnverifiableValues):
-// declared.
+// declared. Since the X34 fix, a node that goes on bursting delays the
+// declaration by up to hiddenAnchorSpan (the (c) price, bounded): here it
+// stops after x4BurstFor.
 // x4DeclareWithin bounds TestX4WatchSkipKeepsDeadHostUndeclared's wait:
 // the attacker's bursts go on for all of it. 52 s: the wait's own bound
 // (HiddenWriteWait, 22 s, and companionsChecked's FenceBy + 12 s + 10 s
 // after the last sign of life at ×0.1 timing, 23 s) with room for a
 // loaded machine, whose slow watch skips more.
 const x4DeclareWithin = 30*time.Second + controller.HiddenWriteWait
+
+// x4BurstFor is how long the node goes on: while it bursts into the dead
+// host's key every second, each burst's garbage may have hidden its
+// withdrawal and moves companionsChecked's bound on (reviewer X34), for
+// up to hiddenAnchorSpan (5 min, too long for a real-time test:
+// TestHiddenAnchorSpanBoundsBursts shows it in simulated time); once it
+// stops, the host is declared within x4DeclareWithin.
+const x4BurstFor = 20 * time.Second
 
 func TestX4WatchSkipKeepsDeadHostUndeclared(t *testing.T) {
 	t.Parallel()
@@ -75,10 +85,16 @@ func TestX4WatchSkipKeepsDeadHostUndeclared(t *testing.T) {
 			// beside a withdrawal (FenceBy + 5 s after its last sign of
 			// life, through the watch's skips) would have been found
 			// missing (beaconloss.go, companionsChecked).
-			for time.Since(died) < x4DeclareWithin {
+			last := died
+			for time.Since(last) < x4DeclareWithin {
 				if _, ok := ctl.declaredAt(dead); ok {
 					break
 				}
+				if time.Since(died) >= x4BurstFor {
+					time.Sleep(100 * time.Millisecond) // the node stopped
+					continue
+				}
+				last = time.Now()
 				for i := range burst {
 					if err := anc.Publish("$KV."+fencing.Bucket+"."+tc.into, []byte("not a record")); err != nil {
 						t.Fatal(err)
@@ -101,7 +117,7 @@ func TestX4WatchSkipKeepsDeadHostUndeclared(t *testing.T) {
 					}
 				}
 				ctl.mu.Unlock()
-				t.Errorf("dead compute-3 not declared within %s (lease_ttl + grace = 3.05 s) while compute-1 published bursts of %d garbage values into %s (then one into compute-3's, forged %t) every second; invalid values said: %d", x4DeclareWithin, burst, tc.into, tc.forged, ctl.invalidCount(dead))
+				t.Errorf("dead compute-3 not declared within %s after compute-1 stopped publishing (for %s, every second) bursts of %d garbage values into %s (then one into compute-3's, forged %t) (lease_ttl + grace = 3.05 s); invalid values said: %d", x4DeclareWithin, x4BurstFor, burst, tc.into, tc.forged, ctl.invalidCount(dead))
 			} else {
 				t.Logf("dead compute-3 declared %.1f s after its death", at.Sub(died).Seconds())
 			}

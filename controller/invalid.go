@@ -106,12 +106,13 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 		// before its beacon came had the wait run out before the
 		// withdrawal it then hid (reviewer X29,
 		// TestX29HiddenWriteWaitAnchoredEarly).
-		hw.seen, hw.firstRev, hw.firstBefore = now, hw.rev, hw.before
+		hw.seen, hw.firstRev, hw.firstBefore, hw.anchor = now, hw.rev, hw.before, hw.before
 	}
 	if b.at.IsZero() && !b.remembered {
 		t.rememberHost(host) // its beacons bind it from now on (memory.go)
 	}
 	b.at = now
+	t.bindLate(now, host, h) // bound now: a value delivered after a skip before (beaconloss.go)
 	seen := b.revs.has(rev)
 	b.revs.add(rev)
 	if i := slices.IndexFunc(b.pending, func(p pendingValue) bool { return p.rev == rev }); i >= 0 {
@@ -206,6 +207,7 @@ func (t *Tracker) Skipped(rev uint64) {
 // the reason; forged: fencing.ErrForgedRecord).
 func (t *Tracker) ObserveInvalid(now time.Time, host string, rev uint64, why string, forged bool) []Decision {
 	t.out = t.out[:0]
+	defer t.whenTracked(now, host, t.hosts[host] != nil) // beaconloss.go
 	t.observeInvalid(now, host, rev, why, forged)
 	return t.out
 }
@@ -316,6 +318,7 @@ func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fe
 	if rec != nil && t.NeedsWritten(host) && !writtenMutation {
 		if ok, why := w.Fresh(*rec); !ok {
 			t.out = t.out[:0]
+			defer t.whenTracked(now, host, t.hosts[host] != nil) // beaconloss.go
 			t.observeInvalid(now, host, rev, fmt.Sprintf("a %s record not verified as written fresh: possibly a replay (%s)", rec.State, why), false)
 			return t.out
 		}

@@ -3,6 +3,7 @@ package controller
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -267,6 +268,12 @@ func (t *Tracker) Withdrawals() []CarriedHost {
 			out = append(out, CarriedHost{Host: name, Record: h.rec, Why: why})
 		}
 	}
+	for _, name := range slices.Sorted(maps.Keys(t.carriedEarly)) {
+		// A carry of an earlier rollback, its host not tracked yet.
+		if !slices.ContainsFunc(out, func(c CarriedHost) bool { return c.Host == name }) {
+			out = append(out, t.carriedEarly[name].w)
+		}
+	}
 	for _, name := range t.earlyWithdrawals() {
 		// A withdrawal beacon kept, not replayed yet (beaconloss.go): its
 		// host was not tracked — the rollback came during the listing
@@ -301,6 +308,20 @@ func (t *Tracker) Withdrawals() []CarriedHost {
 func (t *Tracker) KeepWithdrawn(w CarriedHost, rev uint64) []Decision {
 	t.out = t.out[:0]
 	h := t.hosts[w.Host]
+	if h == nil && !carryUntrackedMutation {
+		// Not listed: the rollback emptied its key (a backup older than
+		// the host). Taken when it is tracked (replayHost): a compromised
+		// node's copy of its first record, written as a create on the
+		// empty key, looked fresh and the withdrawn host was declared
+		// (reviewer X36, TestX36RollbackBeforeHostExistedDropsCarry).
+		if c, ok := t.carriedEarly[w.Host]; !ok || c.rev < rev {
+			if t.carriedEarly == nil {
+				t.carriedEarly = map[string]carriedWithdrawal{}
+			}
+			t.carriedEarly[w.Host] = carriedWithdrawal{w: w, rev: rev}
+		}
+		return t.out
+	}
 	if h == nil || h.trustedRev > 0 && h.rec.Sig != "" && w.Record.Sig != "" && !notNewer(h.rec, w.Record) ||
 		h.rec.State == fencing.LeaseWithdrawn || h.beaconWithdrawn() {
 		return t.out
@@ -329,6 +350,10 @@ func why(w CarriedHost) string {
 	}
 	return "it withdrew"
 }
+
+// carryUntrackedMutation: KeepWithdrawn drops the carry of a host not
+// tracked, as before (reviewer X36). Tests only.
+var carryUntrackedMutation bool
 
 // carryHiddenMutation: Withdrawals leaves out the hosts whose hidden
 // write still waits for its evidence, as before. Tests only.
@@ -412,6 +437,7 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 	}
 	if m.Beacons {
 		h.beacons.remembered = true
+		defer t.bindLate(now, host, h) // beaconloss.go
 	}
 	p := m.Pin
 	if p != nil && p.TrustedRev <= t.rolledBackRev {
@@ -441,6 +467,10 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 	// at a standby's takeover ended the hold over its rack (reviewer
 	// X18, TestX18TakeoverPinEndsHold).
 	h.rec, h.trustedRev, h.pin = p.Record, p.TrustedRev, p
+	// The pin was written with every write of the key since its trusted
+	// record seen (pin): the listing's skip before this value hid nothing
+	// (bindLate notes nothing).
+	h.lateSkip = lateSkip{}
 	h.silentUntrusted, h.lastSeen, h.unverifiedAt, h.silentEnd = false, time.Time{}, now, time.Time{}
 	t.guards.named(&h.rec, t.required)
 	t.judge(host, h, fencing.LeaseRecord{})

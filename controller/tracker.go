@@ -209,6 +209,10 @@ type hostState struct {
 	// (beaconloss.go).
 	hidden     hiddenWrite
 	lostBeacon uint64
+	// lateSkip: a value delivered after a skip before the host's beacons
+	// bound it (afterSkip), noted as its hidden write if they bind it
+	// before a write of its own (bindLate).
+	lateSkip lateSkip
 }
 
 // beaconState is what a host's beacons said (ObserveBeacon, invalid.go):
@@ -380,6 +384,10 @@ type Tracker struct {
 	earlyWithdrawn map[string]earlyBeacon
 	earlyLost      time.Time
 	deferred       []Decision
+	// carriedEarly: withdrawals a rollback carried (KeepWithdrawn) for
+	// hosts this tracker did not track yet, taken when it does
+	// (replayHost; reviewer X36).
+	carriedEarly map[string]carriedWithdrawal
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -512,6 +520,7 @@ func (t *Tracker) regress(h *hostState, host string, rev uint64) {
 // revision rev, as seen by the watch at now.
 func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord) []Decision {
 	t.out = t.out[:0]
+	defer t.whenTracked(now, host, t.hosts[host] != nil) // beaconloss.go
 	if rec == nil {
 		t.observeDeleted(now, host, rev)
 		return t.out
