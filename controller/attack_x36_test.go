@@ -590,3 +590,26 @@ func x36Mutated(t *testing.T, muts []*bool, declared bool, after time.Duration) 
 	t.Logf("with the mutation: declared %s", after)
 	return true
 }
+
+// TestReplayKeepsLastBeacon (X36's "replay moves t.lastBeacon back",
+// (c)): a new host's beacon kept 6 minutes before a lagging watch tracks
+// it, replayed then, must not set the fleet's last beacon back past
+// BeaconTrustWindow — the tracker would turn lenient for every host.
+func TestReplayKeepsLastBeacon(t *testing.T) {
+	tr, rev := boundFleet(t)
+	early := t0.Add(time.Minute)
+	tr.BeaconChain(early, "h10", rev+1, 0)
+	tr.ObserveBeacon(early, "h10", rev+1) // h10 not tracked: kept
+	now := early.Add(6 * time.Minute)
+	x26Renew(tr, now, &rev, true, "") // the fleet's beacons, now
+	r10 := rec("h10", fencing.BackstopReset)
+	r10.Signer = "h10-key"
+	tr.Stored("h10", 101, early)
+	tr.ObserveWritten(now.Add(time.Second), "h10", 101, r10, fencing.Written{Known: true, HasExpected: true, Expected: r10.PrevRev})
+	if got := tr.lastBeacon; got.Before(now) {
+		t.Fatalf("the fleet's last beacon is %s after h10's kept beacon was replayed, want %s or later: beaconsBind lapses (%t)", got.Sub(t0), now.Sub(t0), tr.beaconsBind(tr.hosts["h0"], now.Add(2*time.Second)))
+	}
+	if tr.hosts["h10"].beacons.at.IsZero() {
+		t.Fatalf("h10's kept beacon was not replayed when the watch tracked it")
+	}
+}

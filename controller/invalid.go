@@ -89,7 +89,9 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 		t.keepEarly(earlyBeacon{kind: earlyObserve, now: now, host: host, rev: rev}) // beaconloss.go
 		return
 	}
-	t.lastBeacon = now
+	if now.After(t.lastBeacon) {
+		t.lastBeacon = now // a replayed kept beacon (replayHost) is older: not back
+	}
 	b := &h.beacons
 	b.beaconCame(rev) // beaconloss.go
 	if rev > b.withdrawnRev {
