@@ -12,10 +12,9 @@ import (
 // replayEarly at WatchStarted and at each Tick) and their interaction
 // with the loss windows, the hidden-write notes and the chain.
 
-// boundFleet: h0..h9 listed (trusted, signed) at t0, the listing over, the
-// memory restored (their beacons bind them), the guard published. It
-// returns the tracker and the next free revision.
-func boundFleet(t *testing.T) (*Tracker, uint64) {
+// signedTracker: a fresh tracker, signatures required, the test hosts
+// enrolled (enrolledH).
+func signedTracker(t *testing.T) *Tracker {
 	t.Helper()
 	tr, err := NewTracker(resetConfig())
 	if err != nil {
@@ -23,6 +22,15 @@ func boundFleet(t *testing.T) (*Tracker, uint64) {
 	}
 	tr.SetSigningRequired(true)
 	tr.SetEnrolled(enrolledH)
+	return tr
+}
+
+// boundFleet: h0..h9 listed (trusted, signed) at t0, the listing over, the
+// memory restored (their beacons bind them), the guard published. It
+// returns the tracker and the next free revision.
+func boundFleet(t *testing.T) (*Tracker, uint64) {
+	t.Helper()
+	tr := signedTracker(t)
 	for i := range 10 {
 		r := rec(fmt.Sprintf("h%d", i), fencing.BackstopReset)
 		r.Signer = fmt.Sprintf("h%d-key", i)
@@ -203,12 +211,7 @@ func TestX36StartLossBeforeMemoryRestore(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x36Mutate(t, c.muts...)
-			tr, err := NewTracker(resetConfig())
-			if err != nil {
-				t.Fatal(err)
-			}
-			tr.SetSigningRequired(true)
-			tr.SetEnrolled(enrolledH)
+			tr := signedTracker(t)
 			start := t0.Add(100 * time.Second)
 			const wRev, gRev = 11, 12
 			// The runner's ticks during the listing: its subscription
@@ -327,12 +330,7 @@ func TestX36RollbackBeforeHostExistedDropsCarry(t *testing.T) {
 			tr.StreamRolledBack(now, "test rollback")
 			t.Logf("rollback found: carried withdrawals %v", withdrawn)
 
-			nt, err := NewTracker(resetConfig())
-			if err != nil {
-				t.Fatal(err)
-			}
-			nt.SetSigningRequired(true)
-			nt.SetEnrolled(enrolledH)
+			nt := signedTracker(t)
 			nt.AfterRollback(wRev)
 			nstart := now.Add(2 * time.Second)
 			nrev := uint64(0)
@@ -533,24 +531,7 @@ func TestX36ReplayOrderHidesChainGap(t *testing.T) {
 					tr.Observe(now, host, r, recs[host])
 				})
 			}
-			var declared time.Time
-			refused := false
-			for k := 0; k <= 120*4; k++ {
-				at := S.Add(time.Duration(k) * 250 * time.Millisecond)
-				add(at.Add(time.Nanosecond), func(now time.Time) {
-					if k%8 == 0 {
-						tr.ServerTime(now, now.Add(time.Millisecond), now.Add(-time.Millisecond), 0)
-					}
-					x36Tick(t, tr, now, "h3", &declared, &refused)
-				})
-			}
-			slicesSortEvs(evs)
-			for _, e := range evs {
-				if !declared.IsZero() {
-					break
-				}
-				e.fn(e.at)
-			}
+			declared, refused := x36RunEvents(t, tr, evs, S, 120, "h3")
 			t.Logf("h10 chain: from %d to %d; refused %t; windows %+v", tr.hosts["h10"].beacons.chainFrom, tr.hosts["h10"].beacons.chainRev, refused, tr.lossWindows)
 			if x36Mutated(t, c.muts, !declared.IsZero(), declared.Sub(T)) {
 				return
@@ -560,6 +541,33 @@ func TestX36ReplayOrderHidesChainGap(t *testing.T) {
 			}
 		})
 	}
+}
+
+// x36RunEvents runs evs in time order with the runner's ticks every
+// 250 ms from S for secs seconds (the server's clock sampled every 2 s),
+// until victim is declared; it returns when (zero: never) and whether it
+// was refused-due.
+func x36RunEvents(t *testing.T, tr *Tracker, evs []x36Ev, S time.Time, secs int, victim string) (time.Time, bool) {
+	t.Helper()
+	var declared time.Time
+	refused := false
+	for k := 0; k <= secs*4; k++ {
+		at := S.Add(time.Duration(k) * 250 * time.Millisecond)
+		evs = append(evs, x36Ev{at.Add(time.Nanosecond), func(now time.Time) {
+			if k%8 == 0 {
+				tr.ServerTime(now, now.Add(time.Millisecond), now.Add(-time.Millisecond), 0)
+			}
+			x36Tick(t, tr, now, victim, &declared, &refused)
+		}})
+	}
+	slicesSortEvs(evs)
+	for _, e := range evs {
+		if !declared.IsZero() {
+			break
+		}
+		e.fn(e.at)
+	}
+	return declared, refused
 }
 
 func slicesSortEvs(evs []x36Ev) {
