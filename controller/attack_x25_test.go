@@ -194,14 +194,21 @@ func TestX25RollbackResurrectedWithdrawalsEndHeldRackHold(t *testing.T) {
 		name      string
 		withdrawn bool
 		mutation  bool // countedCarryMutation: the hole, as before KeepCounted
+		// gone: h1..h5 joined after the backup, whose stream holds no key
+		// of theirs (reviewer X37's note: KeepCounted dropped the carry
+		// of a host not listed); untracked: countedUntrackedMutation.
+		gone, untracked bool
 	}{
-		{"control-no-resurrection", false, false},
-		{"resurrected", true, false},
-		{"resurrected/countedCarryMutation", true, true},
+		{"control-no-resurrection", false, false, false, false},
+		{"resurrected", true, false, false, false},
+		{"resurrected/countedCarryMutation", true, true, false, false},
+		{"keys-gone", false, false, true, false},
+		{"keys-gone/countedUntrackedMutation", false, true, true, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			countedCarryMutation = c.mutation
-			defer func() { countedCarryMutation = false }()
+			countedCarryMutation = c.mutation && !c.untracked
+			countedUntrackedMutation = c.untracked
+			defer func() { countedCarryMutation, countedUntrackedMutation = false, false }()
 			b, hosts := x11Fleet(t, 60, 5)
 			maint := x10Names(1, 6)
 			rack := x10Names(1, 13)
@@ -217,6 +224,11 @@ func TestX25RollbackResurrectedWithdrawalsEndHeldRackHold(t *testing.T) {
 				at = at.Add(3 * time.Second)
 			}
 			backup := maps.Clone(b.keys)
+			if c.gone {
+				for _, h := range maint {
+					delete(backup, h)
+				}
+			}
 			backupRev := b.rev
 			b.run(at, 30, hosts, nil) // h1..h5 back (their agents restarted)
 			at = at.Add(30 * time.Second)
@@ -227,7 +239,11 @@ func TestX25RollbackResurrectedWithdrawalsEndHeldRackHold(t *testing.T) {
 			b.rollBack(backup, backupRev)
 			start := at.Add(time.Second)
 			carry := b.detectRollback(at.Add(500*time.Millisecond), start)
-			t.Logf("carried %d withdrawals; fresh tracker: h1 %s", len(carry.withdrawn), b.tr.hosts["h1"].rec.State)
+			if h1 := b.tr.hosts["h1"]; h1 != nil {
+				t.Logf("carried %d withdrawals; fresh tracker: h1 %q, silent %d, threshold %d", len(carry.withdrawn), h1.rec.State, b.tr.Silent(start), b.tr.Threshold())
+			} else {
+				t.Logf("carried %d withdrawals; fresh tracker: h1 not tracked, silent %d, threshold %d", len(carry.withdrawn), b.tr.Silent(start), b.tr.Threshold())
+			}
 			host, after := b.run(start, 120, live, x10Set(rack))
 			switch {
 			case c.mutation && host == "":

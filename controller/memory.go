@@ -232,11 +232,27 @@ func (t *Tracker) CountedSilent(now time.Time) []CarriedHost {
 // TestX25RollbackResurrectedWithdrawalsEndHeldRackHold). It declares
 // nothing: it only keeps the mass-failure guard's count.
 func (t *Tracker) KeepCounted(c CarriedHost) {
-	if h := t.hosts[c.Host]; h != nil {
+	h := t.hosts[c.Host]
+	if h == nil && !countedUntrackedMutation {
+		// Not listed: the rollback emptied its key (a backup older than
+		// the host), and a host cut off from NATS writes nothing to
+		// re-create it — uncounted, it left the guard's count and could
+		// end a hold over its rack (reviewer X37's note, the counted
+		// version of TestX36RollbackBeforeHostExistedDropsCarry:
+		// TestKeepCountedUntrackedHost). Tracked with no record: counted,
+		// a member, never declared (no constants).
+		h = &hostState{}
+		t.hosts[c.Host] = h
+	}
+	if h != nil {
 		rec := c.Record
 		h.countedCarry = &rec
 	}
 }
+
+// countedUntrackedMutation: KeepCounted drops the carry of a host not
+// tracked, as before. Tests only.
+var countedUntrackedMutation bool
 
 // Withdrawals lists the hosts this tracker knows withdrawn — by a trusted
 // withdrawn record (Record is it) or by their own withdrawal beacon
