@@ -123,6 +123,14 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 // ends now and counts for one more guard window.
 func (t *Tracker) recreated(now time.Time, old *hostState) *hostState {
 	h := &hostState{lastSeen: now, rev: old.rev}
+	if !recreatedCarryMutation {
+		// A rollback's carries outlive a delete: a delete marker and a
+		// copy of an older genuine record ended the counted-silent carry
+		// of a Held rack's host, the hold ended and a Held host was
+		// declared (reviewer X38, TestX38DeleteEndsCountedCarry). The
+		// record that ends them must be newer than the carried one.
+		h.countedCarry, h.carried = old.countedCarry, old.carried
+	}
 	if t.counted(old, now) {
 		h.silentEnd = now
 	}
@@ -196,7 +204,6 @@ func sameDeleted(a, b fencing.DeletedHost) bool {
 // know (its watch showed only their delete markers): silent from now on
 // (lastSeen zero), never declared, their named guard version in force.
 func (t *Tracker) restoreDeleted(ds []fencing.DeletedHost) {
-	sa := t.defaultSilentAfter()
 	for _, d := range ds {
 		if t.unenrolled(d.Host) {
 			continue // see observeDeleted
@@ -207,7 +214,19 @@ func (t *Tracker) restoreDeleted(ds []fencing.DeletedHost) {
 			}
 			continue
 		}
-		t.hosts[d.Host] = &hostState{deleted: true, silentAft: sa,
-			rec: fencing.LeaseRecord{Schema: fencing.RecordSchema, Host: d.Host, State: fencing.LeaseActive, Guard: d.Guard}}
+		t.hosts[d.Host] = t.keyGone(d.Host, d.Guard)
 	}
 }
+
+// keyGone is a host known only as one whose key is gone (restoreDeleted,
+// KeepCounted): silent from now on (lastSeen zero), never declared (no
+// trusted record), the guard version it named in force, until
+// Tracker.Forget (decommissioning) or its key is re-created.
+func (t *Tracker) keyGone(host string, guard *fencing.GuardVersion) *hostState {
+	return &hostState{deleted: true, silentAft: t.defaultSilentAfter(),
+		rec: fencing.LeaseRecord{Schema: fencing.RecordSchema, Host: host, State: fencing.LeaseActive, Guard: guard}}
+}
+
+// recreatedCarryMutation: a re-created key's host drops the rollback's
+// carries, as before (reviewer X38). Tests only.
+var recreatedCarryMutation bool

@@ -217,7 +217,14 @@ func (t *Tracker) CountedSilent(now time.Time) []CarriedHost {
 	var out []CarriedHost
 	for _, name := range t.Hosts() {
 		if h := t.hosts[name]; t.counted(h, now) {
-			out = append(out, CarriedHost{Host: name, Record: h.rec})
+			rec := h.rec
+			if h.countedCarry != nil {
+				// Counted on an earlier rollback's carry: hand that on —
+				// the listed (or empty) record would let an older copy end
+				// it after a second rollback (reviewer X38's note).
+				rec = *h.countedCarry
+			}
+			out = append(out, CarriedHost{Host: name, Record: rec})
 		}
 	}
 	return out
@@ -238,10 +245,13 @@ func (t *Tracker) KeepCounted(c CarriedHost) {
 		// the host), and a host cut off from NATS writes nothing to
 		// re-create it — uncounted, it left the guard's count and could
 		// end a hold over its rack (reviewer X37's note, the counted
-		// version of TestX36RollbackBeforeHostExistedDropsCarry:
-		// TestKeepCountedUntrackedHost). Tracked with no record: counted,
-		// a member, never declared (no constants).
-		h = &hostState{}
+		// version of TestX36RollbackBeforeHostExistedDropsCarry;
+		// TestX25RollbackResurrectedWithdrawalsEndHeldRackHold/keys-gone).
+		// Tracked as a host whose key is gone: counted, never declared;
+		// a dead one counts until the controller restarts (the carry
+		// lives in the process) or Tracker.Forget (no command calls it
+		// yet; TestX38CountedCarryCountsForever/rollback-keys-gone).
+		h = t.keyGone(c.Host, c.Record.Guard)
 		t.hosts[c.Host] = h
 	}
 	if h != nil {

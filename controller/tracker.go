@@ -774,10 +774,19 @@ func (t *Tracker) lowestNamer(base, th int) string {
 func (t *Tracker) Holding() bool { return t.holding }
 
 // counted reports whether h counts toward the guard at now.
+// declaredCarryMutation: a declared host's counted-silent carry stands,
+// as before (reviewer X38). Tests only.
+var declaredCarryMutation bool
+
 func (t *Tracker) counted(h *hostState, now time.Time) bool {
 	w := t.cfg.GuardWindow
-	if h.countedCarry != nil && !countedCarryMutation {
-		return true // KeepCounted: counted silent when the stream rolled back
+	if h.countedCarry != nil && !countedCarryMutation && (h.declaredAt.IsZero() || declaredCarryMutation) {
+		// KeepCounted: counted silent when the stream rolled back —
+		// until this tracker declares it (then as any declared host: one
+		// guard window), or a newer record of it comes (reviewer X38: a
+		// dead host whose declaration the rollback lost counted for ever,
+		// TestX38CountedCarryCountsForever/rollback-loses-declaration).
+		return true
 	}
 	switch h.rec.State {
 	case fencing.LeaseExpired:
