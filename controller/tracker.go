@@ -778,14 +778,23 @@ func (t *Tracker) Holding() bool { return t.holding }
 // as before (reviewer X38). Tests only.
 var declaredCarryMutation bool
 
+// olderDeclEndsCarryMutation: any declaration ends a counted carry, as in
+// f4e606d (reviewer X39). Tests only.
+var olderDeclEndsCarryMutation bool
+
 func (t *Tracker) counted(h *hostState, now time.Time) bool {
 	w := t.cfg.GuardWindow
-	if h.countedCarry != nil && !countedCarryMutation && (h.declaredAt.IsZero() || declaredCarryMutation) {
+	if c := h.countedCarry; c != nil && !countedCarryMutation &&
+		(h.declaredAt.IsZero() || !notNewer(*c, h.rec) && !olderDeclEndsCarryMutation || declaredCarryMutation) {
 		// KeepCounted: counted silent when the stream rolled back —
-		// until this tracker declares it (then as any declared host: one
-		// guard window), or a newer record of it comes (reviewer X38: a
-		// dead host whose declaration the rollback lost counted for ever,
-		// TestX38CountedCarryCountsForever/rollback-loses-declaration).
+		// until it is declared by a record at least as new as the carried
+		// one (then as any declared host: one guard window; reviewer X38:
+		// a dead host whose declaration the rollback lost counted for
+		// ever, TestX38CountedCarryCountsForever/rollback-loses-declaration),
+		// or a newer record of it comes. Not by an older declaration —
+		// listed from the backup, or a node's copy: its count ended, the
+		// hold too, and a Held host was declared (reviewer X39,
+		// TestX39ExpiredRecordEndsCountedCarry).
 		return true
 	}
 	switch h.rec.State {
