@@ -26,6 +26,14 @@ func x38Put(b *x11Bucket, now time.Time, host string, st fencing.LeaseState, inc
 	if st == fencing.LeaseWithdrawn {
 		r.Reason = "orderly-stop"
 	}
+	return x38Land(b, now, r)
+}
+
+// x38Land: r's host's agent writes r by a compare-and-set on its key's
+// revision (prev_rev, the stored message's expected sequence), and its
+// beacon (its withdrawal's, for a withdrawn record) reaches the tracker.
+func x38Land(b *x11Bucket, now time.Time, r *fencing.LeaseRecord) fencing.LeaseRecord {
+	host, st := r.Host, r.State
 	cur, ok := b.keys[host]
 	w := fencing.Written{Known: true, HasExpected: true, Expected: cur.rev}
 	r.PrevRev = cur.rev

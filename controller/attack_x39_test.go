@@ -19,21 +19,7 @@ func x39Put(b *x11Bucket, now time.Time, host string, epoch, inc, seq uint64) fe
 	r.Signer, r.Guard, r.State = host+"-key", b.guard.Ref(), fencing.LeaseActive
 	r.Sig = fmt.Sprintf("sig-%s-%d-%d-%d", host, epoch, inc, seq)
 	r.Epoch, r.Incarnation, r.Seq = epoch, inc, seq
-	cur, ok := b.keys[host]
-	w := fencing.Written{Known: true, HasExpected: true, Expected: cur.rev}
-	r.PrevRev = cur.rev
-	if !ok || cur.rec == nil && !cur.garbage {
-		r.PrevRev = 0
-	}
-	if !ok {
-		w.Expected = 0
-	}
-	b.land(now, host, x11Entry{rec: r, w: w})
-	if b.tr != nil {
-		b.tr.ObserveBeacon(now, host, b.rev)
-		b.flush()
-	}
-	return *r
+	return x38Land(b, now, r)
 }
 
 // x39Declare: the controller's declaration of host lands (signed by it,
