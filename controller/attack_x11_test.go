@@ -52,6 +52,8 @@ type x11Bucket struct {
 	// delivered: the highest revision delivered to a running controller
 	// (rollbackCarry.rev).
 	delivered uint64
+	// carry: the last rollback's carry (Runner.rolledBack).
+	carry *rollbackCarry
 }
 
 func newX11Bucket(t *testing.T) *x11Bucket {

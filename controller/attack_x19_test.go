@@ -119,12 +119,7 @@ func (b *x11Bucket) startCarry(now time.Time, carry *rollbackCarry) *Tracker {
 	tr.WatchStarted(now)
 	if carry != nil { // as Runner.Run
 		tr.AfterRollback(carry.rev)
-		for _, w := range carry.withdrawn {
-			tr.KeepWithdrawn(w, carry.rev)
-		}
-		for _, h := range carry.counted {
-			tr.KeepCounted(h)
-		}
+		carry.applyTo(tr)
 	}
 	for _, h := range tr.Hosts() {
 		if m, ok := b.mem[h]; ok {

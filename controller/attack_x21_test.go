@@ -288,7 +288,8 @@ func (b *x11Bucket) x21After(c1 *Tracker, detectAt, start time.Time, detect, res
 // after ErrLeaseStreamRolledBack (startCarry). It returns the carry.
 func (b *x11Bucket) detectRollback(detectAt, start time.Time) *rollbackCarry {
 	c1 := b.tr
-	carry := &rollbackCarry{withdrawn: c1.Withdrawals(), counted: c1.CountedSilent(detectAt), rev: b.delivered}
+	carry := carryOn(b.carry, c1, detectAt, b.delivered) // as Runner.Run
+	b.carry = carry
 	c1.StreamRolledBack(detectAt, "test")
 	b.flush()
 	b.stop()

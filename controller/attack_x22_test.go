@@ -87,7 +87,7 @@ func TestX22RollbackFoundButDroppedPinsNotWritten(t *testing.T) {
 			// it again with a fresh tracker, which restores the memory —
 			// without the pins written before the rollback was found
 			// (Runner.rolledBack: fixed).
-			carry := &rollbackCarry{withdrawn: c1.Withdrawals(), counted: c1.CountedSilent(detectAt), rev: b.delivered}
+			carry := carryOn(nil, c1, detectAt, b.delivered)
 			b.stop()
 			start := now.Add(time.Second)
 			b.startCarry(start, carry)

@@ -132,7 +132,7 @@ func TestX23CarriedWithdrawalsHoldGuardForever(t *testing.T) {
 			}
 			var carry *rollbackCarry
 			if c.detect {
-				carry = &rollbackCarry{withdrawn: c1.Withdrawals(), counted: c1.CountedSilent(now.Add(500 * time.Millisecond)), rev: b.delivered}
+				carry = carryOn(nil, c1, now.Add(500*time.Millisecond), b.delivered)
 				c1.StreamRolledBack(now.Add(500*time.Millisecond), "test")
 				b.flush()
 			}

@@ -297,7 +297,15 @@ func (t *Tracker) Withdrawals() []CarriedHost {
 			why = fmt.Sprintf("it may have withdrawn: the watch may have hidden its write before revision %d, delivered before its beacons bound it", h.lateSkip.rev)
 		}
 		if why != "" {
-			out = append(out, CarriedHost{Host: name, Record: h.rec, Why: why})
+			rec := h.rec
+			if c := h.carried; c != nil && !carriedRecordMutation && (rec.Sig == "" || notNewer(rec, *c)) {
+				// Withdrawn on an earlier rollback's carry: hand that on —
+				// the listed record, older, let a copy of a record between
+				// them end the withdrawal after a second rollback (reviewer
+				// X40, TestX40SecondRollbackDowngradesBeaconCarry).
+				rec = *c
+			}
+			out = append(out, CarriedHost{Host: name, Record: rec, Why: why})
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(t.carriedEarly)) {
@@ -393,6 +401,10 @@ func why(w CarriedHost) string {
 // listedEndsCarryMutation: a listed record newer than the carried one
 // ends the carry, as before (reviewer X37). Tests only.
 var listedEndsCarryMutation bool
+
+// carriedRecordMutation: Withdrawals hands on the listed record, not the
+// carried one, as before (reviewer X40). Tests only.
+var carriedRecordMutation bool
 
 // carryUntrackedMutation: KeepWithdrawn drops the carry of a host not
 // tracked, as before (reviewer X36). Tests only.

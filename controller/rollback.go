@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -174,4 +175,76 @@ type rollbackCarry struct {
 	// record back ended a hold (reviewer X25).
 	counted []CarriedHost
 	rev     uint64
+	// applied: handed to the fresh tracker at its first listing's end
+	// (applyTo), not again at a re-watch's.
+	applied bool
+}
+
+// applyTo hands c to t at the end of t's first listing (Runner.Run at
+// Update.Listed), once: a re-watch's listing re-applied it, put hosts
+// back since (newer records this tracker trusted) to their old withdrawn
+// records, they left the guard's count, the hold over a cut-off rack
+// ended and a Held host was declared (reviewer X40,
+// TestX40RewatchReappliesStaleWithdrawalCarry). It returns the decisions
+// to perform. Nil-safe.
+func (c *rollbackCarry) applyTo(t *Tracker) []Decision {
+	if c == nil || c.applied && !carryOnceMutation {
+		return nil
+	}
+	c.applied = true
+	var out []Decision
+	for _, w := range c.withdrawn {
+		out = append(out, t.KeepWithdrawn(w, c.rev)...)
+	}
+	for _, h := range c.counted {
+		t.KeepCounted(h)
+	}
+	return out
+}
+
+// carryOnceMutation: the carry is applied at every listing, as before
+// (reviewer X40). Tests only.
+var carryOnceMutation bool
+
+// carryOn is what a Run stopped by a rolled-back stream hands on: what
+// its tracker t knows (Withdrawals, CountedSilent at now), the last
+// revision its watch delivered (maxRv) — and, when the previous Run's
+// carry prev was not applied yet (this rollback found during the fresh
+// tracker's listing), prev's hosts too, and the higher revision: the
+// half-listed tracker knew nothing of them, and a withdrawn host was
+// declared after the second rollback (reviewer X40,
+// TestX40RollbackDuringCarriedListingDropsCarry). The revision never goes
+// down (AfterRollback: pins trusted below it are not taken).
+func carryOn(prev *rollbackCarry, t *Tracker, now time.Time, maxRv uint64) *rollbackCarry {
+	c := &rollbackCarry{withdrawn: t.Withdrawals(), counted: t.CountedSilent(now), rev: maxRv}
+	if prev == nil || carryUnionMutation {
+		return c
+	}
+	c.rev = max(c.rev, prev.rev)
+	if !prev.applied {
+		c.withdrawn = mergeCarried(c.withdrawn, prev.withdrawn)
+		c.counted = mergeCarried(c.counted, prev.counted)
+	}
+	return c
+}
+
+// carryUnionMutation: a rollback found during the fresh tracker's
+// listing replaces the unapplied carry, as before (reviewer X40). Tests
+// only.
+var carryUnionMutation bool
+
+// mergeCarried: a's hosts and b's, one entry a host — the newer record
+// (a signed one over an unsigned or empty one).
+func mergeCarried(a, b []CarriedHost) []CarriedHost {
+	out := slices.Clone(a)
+	for _, x := range b {
+		i := slices.IndexFunc(out, func(y CarriedHost) bool { return y.Host == x.Host })
+		switch {
+		case i < 0:
+			out = append(out, x)
+		case out[i].Record.Sig == "" && x.Record.Sig != "" || x.Record.Sig != "" && !notNewer(x.Record, out[i].Record):
+			out[i] = x
+		}
+	}
+	return out
 }

@@ -225,15 +225,8 @@ func (r *Runner) Run(ctx context.Context) error {
 					// tick) — reviewer X18's TestX18PartialListingSkipsMemoryNATS.
 					watching = true
 					r.Tracker.WatchStarted(r.now())
-					if c := r.rolledBack; c != nil {
-						for _, w := range c.withdrawn {
-							for _, d := range r.Tracker.KeepWithdrawn(w, c.rev) {
-								r.perform(ctx, log, d)
-							}
-						}
-						for _, h := range c.counted {
-							r.Tracker.KeepCounted(h)
-						}
+					for _, d := range r.rolledBack.applyTo(r.Tracker) { // once (rollback.go)
+						r.perform(ctx, log, d)
 					}
 					log.Info("lease watch synced", "hosts", r.Tracker.Members())
 					if r.OnSynced != nil {
@@ -277,7 +270,7 @@ func (r *Runner) Run(ctx context.Context) error {
 				if errors.Is(err, ErrLeaseStreamRolledBack) {
 					// What the fresh tracker must not lose (rollback.go):
 					// the withdrawals this one saw.
-					r.rolledBack = &rollbackCarry{withdrawn: r.Tracker.Withdrawals(), counted: r.Tracker.CountedSilent(r.now()), rev: ring.maxRv}
+					r.rolledBack = carryOn(r.rolledBack, r.Tracker, r.now(), ring.maxRv)
 					for _, d := range r.Tracker.StreamRolledBack(r.now(), err.Error()) {
 						r.perform(ctx, log, d)
 					}
