@@ -369,8 +369,22 @@ func (t *Tracker) KeepWithdrawn(w CarriedHost, rev uint64) []Decision {
 	// before its watch reached it), and the rollback put it back (reviewer
 	// X37, TestX37RollbackRestoresUnseenNewerRecord). A record of the host
 	// delivered after this does (Observe: h.carried).
-	if h == nil || listedEndsCarryMutation && h.trustedRev > 0 && h.rec.Sig != "" && w.Record.Sig != "" && !notNewer(h.rec, w.Record) ||
-		h.rec.State == fencing.LeaseWithdrawn || h.beaconWithdrawn() {
+	if h == nil || listedEndsCarryMutation && h.trustedRev > 0 && h.rec.Sig != "" && w.Record.Sig != "" && !notNewer(h.rec, w.Record) {
+		return t.out
+	}
+	if h.rec.State == fencing.LeaseWithdrawn || h.beaconWithdrawn() {
+		// Withdrawn here already — perhaps by an OLDER withdrawal the
+		// rollback listed (a backup taken during an earlier maintenance
+		// stop): the carried record is still the replay bar, and the
+		// withdrawn record the newer of the two; with none, a copy of a
+		// record between them was trusted and the withdrawn host declared
+		// (reviewer X41, TestX41ListedOlderWithdrawalDropsReplayBar).
+		if c := w.Record; c.Sig != "" && (h.rec.Sig == "" || notNewer(h.rec, c)) && !listedWithdrawnBarMutation {
+			h.carried = &c
+			if c.State == fencing.LeaseWithdrawn {
+				h.rec = c
+			}
+		}
 		return t.out
 	}
 	last := w.Record
@@ -401,6 +415,10 @@ func why(w CarriedHost) string {
 // listedEndsCarryMutation: a listed record newer than the carried one
 // ends the carry, as before (reviewer X37). Tests only.
 var listedEndsCarryMutation bool
+
+// listedWithdrawnBarMutation: KeepWithdrawn of a host listed withdrawn
+// sets no replay bar, as before (reviewer X41). Tests only.
+var listedWithdrawnBarMutation bool
 
 // carriedRecordMutation: Withdrawals hands on the listed record, not the
 // carried one, as before (reviewer X40). Tests only.
