@@ -129,7 +129,7 @@ func (t *Tracker) recreated(now time.Time, old *hostState) *hostState {
 		// of a Held rack's host, the hold ended and a Held host was
 		// declared (reviewer X38, TestX38DeleteEndsCountedCarry). The
 		// record that ends them must be newer than the carried one.
-		h.countedCarry, h.carried = old.countedCarry, old.carried
+		h.countedCarry, h.countFrom, h.carried = old.countedCarry, old.countFrom, old.carried
 	}
 	if t.counted(old, now) {
 		h.silentEnd = now

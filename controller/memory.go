@@ -208,6 +208,9 @@ type CarriedHost struct {
 	// Why says how the earlier tracker knew the host withdrawn, or why
 	// it may have (Withdrawals); empty for CountedSilent.
 	Why string
+	// From (CountedSilent): when the host counts silent if it writes
+	// nothing newer — zero: it counts already.
+	From time.Time
 }
 
 // CountedSilent lists the hosts the guard counts silent at now, with
@@ -216,19 +219,39 @@ type CarriedHost struct {
 func (t *Tracker) CountedSilent(now time.Time) []CarriedHost {
 	var out []CarriedHost
 	for _, name := range t.Hosts() {
-		if h := t.hosts[name]; t.counted(h, now) {
-			rec := h.rec
-			if h.countedCarry != nil {
-				// Counted on an earlier rollback's carry: hand that on —
-				// the listed (or empty) record would let an older copy end
-				// it after a second rollback (reviewer X38's note).
-				rec = *h.countedCarry
-			}
-			out = append(out, CarriedHost{Host: name, Record: rec})
+		h := t.hosts[name]
+		rec, from := h.rec, time.Time{}
+		switch {
+		case t.counted(h, now):
+		case h.countedCarry != nil && !countedFromMutation:
+			from = h.countFrom // an earlier carry, not counting yet
+		case h.rec.State == fencing.LeaseActive && h.trustedRev > 0 && h.silentAft > 0 && !countedFromMutation:
+			// Active here, not silent long enough to count yet: the
+			// rollback may have put an older withdrawal back in its key
+			// (or emptied it), which the fresh tracker never counts — a
+			// rack cut off seconds before the rollback was found was
+			// never counted, the hold never formed and its Held hosts
+			// were declared (reviewer X42,
+			// TestX42RecentCutOffNotCarriedEndsHold). It counts from when
+			// it would here, unless it writes something newer.
+			from = h.lastSeen.Add(h.silentAft)
+		default:
+			continue
 		}
+		if h.countedCarry != nil {
+			// Counted on an earlier rollback's carry: hand that on —
+			// the listed (or empty) record would let an older copy end
+			// it after a second rollback (reviewer X38's note).
+			rec = *h.countedCarry
+		}
+		out = append(out, CarriedHost{Host: name, Record: rec, From: from})
 	}
 	return out
 }
+
+// countedFromMutation: CountedSilent hands on only the hosts counted
+// already, as before (reviewer X42). Tests only.
+var countedFromMutation bool
 
 // KeepCounted: an earlier tracker counted c.Host silent when the lease
 // stream rolled back (rollback.go). This one counts it silent too until a
@@ -256,7 +279,7 @@ func (t *Tracker) KeepCounted(c CarriedHost) {
 	}
 	if h != nil {
 		rec := c.Record
-		h.countedCarry = &rec
+		h.countedCarry, h.countFrom = &rec, c.From
 	}
 }
 

@@ -201,6 +201,8 @@ type hostState struct {
 	// stopped on a rolled-back lease stream and counted it silent
 	// (Tracker.KeepCounted): counted silent until a newer record comes.
 	countedCarry *fencing.LeaseRecord
+	// countFrom: when countedCarry starts counting (zero: at once).
+	countFrom time.Time
 	// pin: what the memory says of the key's state (memory.go).
 	pin *MemoryPin
 	// hidden: a write the watch may have hidden from this tracker while
@@ -546,8 +548,12 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	wasSilent := t.silentNow(h, now)
 	if c := h.countedCarry; c != nil && (rec.Sig == "" || !notNewer(*rec, *c)) {
 		// Back with a record newer than the one it was counted silent
-		// on: one more guard window, as any host whose silence ends.
-		h.countedCarry, h.silentEnd = nil, now
+		// on: one more guard window, as any host whose silence ends —
+		// if the carry counted by then.
+		if !now.Before(h.countFrom) {
+			h.silentEnd = now
+		}
+		h.countedCarry, h.countFrom = nil, time.Time{}
 	}
 	t.ownAfterSkip(now, host, h, rev, rec) // beaconloss.go: before h.rev moves
 	h.rev, h.rec, h.trustedRev, h.regressed, h.carried = rev, *rec, rev, false, nil
@@ -784,7 +790,7 @@ var olderDeclEndsCarryMutation bool
 
 func (t *Tracker) counted(h *hostState, now time.Time) bool {
 	w := t.cfg.GuardWindow
-	if c := h.countedCarry; c != nil && !countedCarryMutation &&
+	if c := h.countedCarry; c != nil && !countedCarryMutation && !now.Before(h.countFrom) &&
 		(h.declaredAt.IsZero() || !notNewer(*c, h.rec) && !olderDeclEndsCarryMutation || declaredCarryMutation) {
 		// KeepCounted: counted silent when the stream rolled back —
 		// until it is declared by a record at least as new as the carried
