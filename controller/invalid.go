@@ -295,8 +295,20 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 // to compare a first value with.
 func (t *Tracker) NeedsWritten(host string) bool {
 	h := t.hosts[host]
-	return t.required && (h == nil || h.trustedRev == 0)
+	// And while a rollback's carry holds: revisions after a rollback say
+	// nothing of a copy once the stream has passed its prev_rev
+	// (StaleRecord compares it with the key's listed revision, older), and
+	// a copy of a hidden renewal, newer than the carried record, ended the
+	// count of a Held rack's hosts (reviewer X43,
+	// TestX43HiddenRenewalCopyEndsPendingCarry/copies-stream-passed). A
+	// genuine record was written by a compare-and-set on its prev_rev.
+	return t.required && (h == nil || h.trustedRev == 0 ||
+		(h.countedCarry != nil || h.carried != nil) && !carryWrittenMutation)
 }
+
+// carryWrittenMutation: a carried host's records need no fresh write, as
+// before (reviewer X43). Tests only.
+var carryWrittenMutation bool
 
 // ObserveWritten is Observe for a record whose stored message says w
 // about its write (fencing.Written, read by the runner when NeedsWritten).
@@ -339,10 +351,24 @@ func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fe
 // orderly stop, a declaration released since) kept a dead host
 // undeclared and, over a Held rack, ended the mass-failure hold while its
 // hosts' guests ran (reviewer X5).
+// prevRevMutation: a signed record landed at or below its own prev_rev
+// is not taken for a copy, as before (reviewer X43). Tests only.
+var prevRevMutation bool
+
 func replay(h *hostState, rev uint64, rec *fencing.LeaseRecord) bool {
 	switch {
 	case h == nil:
 		return false
+	case rec.Sig != "" && rec.PrevRev >= rev && !prevRevMutation:
+		// Written by a compare-and-set on revision PrevRev, a genuine
+		// record lands above it: this one landed at or below, a copy of
+		// a record from before a rollback whose revisions the stream
+		// hands out again (StaleRecord compares with the key's last
+		// revision, reused too). A hidden renewal's copy, newer than a
+		// rollback's carried record, ended the count of a Held rack's
+		// hosts, re-landed every second, and the hold ended (reviewer
+		// X43, TestX43HiddenRenewalCopyEndsPendingCarry).
+		return true
 	case h.carried != nil && rec.Sig != "" && notNewer(*rec, *h.carried) && !replayMutation:
 		// Not newer than the record an earlier tracker knew when the
 		// lease stream rolled back (Tracker.KeepWithdrawn): a copy of
