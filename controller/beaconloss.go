@@ -1286,22 +1286,21 @@ func (t *Tracker) replayEarly(now time.Time) {
 // trackedEarly: the tracked hosts something is kept for, sorted.
 func (t *Tracker) trackedEarly() []string {
 	var out []string
-	for _, m := range []map[string]bool{keysOf(t.early), keysOf(t.earlyWithdrawn), keysOf(t.carriedEarly)} {
-		for host := range m {
-			if t.hosts[host] != nil && !slices.Contains(out, host) {
-				out = append(out, host)
-			}
+	add := func(host string) {
+		if t.hosts[host] != nil && !slices.Contains(out, host) {
+			out = append(out, host)
 		}
 	}
-	slices.Sort(out)
-	return out
-}
-
-func keysOf[V any](m map[string]V) map[string]bool {
-	out := make(map[string]bool, len(m))
-	for k := range m {
-		out[k] = true
+	for host := range t.early {
+		add(host)
 	}
+	for host := range t.earlyWithdrawn {
+		add(host)
+	}
+	for host := range t.carriedEarly {
+		add(host)
+	}
+	slices.Sort(out)
 	return out
 }
 

@@ -779,7 +779,6 @@ func (t *Tracker) lowestNamer(base, th int) string {
 // Holding reports whether the mass-failure guard holds.
 func (t *Tracker) Holding() bool { return t.holding }
 
-// counted reports whether h counts toward the guard at now.
 // declaredCarryMutation: a declared host's counted-silent carry stands,
 // as before (reviewer X38). Tests only.
 var declaredCarryMutation bool
@@ -788,6 +787,7 @@ var declaredCarryMutation bool
 // f4e606d (reviewer X39). Tests only.
 var olderDeclEndsCarryMutation bool
 
+// counted reports whether h counts toward the guard at now.
 func (t *Tracker) counted(h *hostState, now time.Time) bool {
 	w := t.cfg.GuardWindow
 	if c := h.countedCarry; c != nil && !countedCarryMutation && !now.Before(h.countFrom) &&
