@@ -753,7 +753,7 @@ func (t *Tracker) afterSkip(now time.Time, host string, h *hostState, rev uint64
 			// The first since the host's last record of its own: a
 			// compromised node's later writes must not push the wait
 			// (HiddenWriteWait) on for ever.
-			h.hidden.seen, h.hidden.firstRev, h.hidden.firstBefore, h.hidden.anchor = now, rev, stored, stored
+			h.hidden.anchorAt(now, rev, stored)
 		case stored != 0 && !earlyAnchorMutation:
 			// A later one, after a skip: that skip may have hidden a
 			// write of the host's own — its withdrawal — stored after the
@@ -774,6 +774,13 @@ func (t *Tracker) afterSkip(now time.Time, host string, h *hostState, rev uint64
 		}
 		t.expectHidden(now, host, h, rev, prev, stored)
 	}
+}
+
+// anchorAt starts hw's wait at now, at its write rev stored at stored
+// (the first since the host was last alive, or the newest when a beacon
+// restarted the wait).
+func (hw *hiddenWrite) anchorAt(now time.Time, rev uint64, stored int64) {
+	hw.seen, hw.firstRev, hw.firstBefore, hw.anchor = now, rev, stored, stored
 }
 
 // lateSkip: values delivered after skips before the host's beacons bound
@@ -806,7 +813,7 @@ func (t *Tracker) bindLate(now time.Time, host string, h *hostState) {
 	first := h.hidden.rev == 0
 	t.noteHidden(host, h, l.rev, l.after, l.before)
 	if first {
-		h.hidden.seen, h.hidden.firstRev, h.hidden.firstBefore, h.hidden.anchor = now, l.rev, l.before, l.before
+		h.hidden.anchorAt(now, l.rev, l.before)
 	}
 	t.expectHidden(now, host, h, l.rev, l.after, l.before)
 }

@@ -108,7 +108,7 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 		// before its beacon came had the wait run out before the
 		// withdrawal it then hid (reviewer X29,
 		// TestX29HiddenWriteWaitAnchoredEarly).
-		hw.seen, hw.firstRev, hw.firstBefore, hw.anchor = now, hw.rev, hw.before, hw.before
+		hw.anchorAt(now, hw.rev, hw.before)
 	}
 	if b.at.IsZero() && !b.remembered {
 		t.rememberHost(host) // its beacons bind it from now on (memory.go)
