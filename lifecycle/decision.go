@@ -113,7 +113,7 @@ type Decision struct {
 	Check uint64
 	// RebootEvents is, on a rebooted report with ReasonRebootEvent, the
 	// number of libvirt REBOOT events it stands for (>= 1; one reset makes
-	// 2–3, more than RebootEventsPerReset means several resets within the
+	// 2–4, more than RebootEventsPerReset means several resets within the
 	// Window: a reboot loop); 0 on every other decision.
 	RebootEvents int
 }

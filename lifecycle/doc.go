@@ -60,7 +60,7 @@
 //     Resolve with any other token than the domain's outstanding one is
 //     ignored (counted in Counters.ChecksStale), so an answer about an
 //     older incarnation of the stop can never settle a newer one.
-//  8. One rebooted per reboot: a guest reset makes libvirt send 2–3 REBOOT
+//  8. One rebooted per reboot: a guest reset makes libvirt send 2–4 REBOOT
 //     events (measured 32 ms apart); they are held as one burst and
 //     reported as one rebooted (reboot-event) whose Decision.RebootEvents
 //     is their number. Every REBOOT is counted in exactly one report, at

@@ -22,8 +22,8 @@
 //     duplicates, which is what the field is for); a new consumer reads an
 //     absent incarnation as the empty one. Its Msg-Id change needs no
 //     reader's cooperation: JetStream only compares Msg-Ids for equality.
-//     "reboot_events" (issue 15) too: a guest reset makes libvirt send 2–3
-//     REBOOT events, which agents used to publish as 2–3 "rebooted"; they
+//     "reboot_events" (issue 15) too: a guest reset makes libvirt send 2–4
+//     REBOOT events, which agents used to publish as 2–4 "rebooted"; they
 //     now publish one "rebooted" (reason "reboot-event") per burst with
 //     the count in this optional field. "rebooted" keeps its meaning (the
 //     domain reset), an old consumer just sees fewer duplicates of it and

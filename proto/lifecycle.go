@@ -159,7 +159,7 @@ type LifecycleEvent struct {
 	ClassificationReason string         `json:"classification_reason,omitempty"`
 	// RebootEvents is, on a "rebooted" event with reason "reboot-event",
 	// the number of libvirt REBOOT events it stands for: one guest reset
-	// makes 2–3, which the agent reports as one "rebooted"; more than 3
+	// makes 2–4, which the agent reports as one "rebooted"; more than 4
 	// means several resets within the agent's window (a reset loop is
 	// reported once per window, with this count). Schema 1 optional field
 	// (issue 15): absent from older agents, which sent one "rebooted" per

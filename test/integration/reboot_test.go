@@ -12,7 +12,7 @@ import (
 
 // injectHV adds injected events to the agent's libvirt connection: the test
 // driver sends no REBOOT events (libvirt-events.md), a guest reset on real
-// QEMU sends 2–3 (test/realvirt covers those). Everything else is the real
+// QEMU sends 2–4 (test/realvirt covers those). Everything else is the real
 // test driver.
 type injectHV struct {
 	agent.Hypervisor

@@ -30,7 +30,7 @@ const agentWindow = 8 * time.Second
 // real QEMU/TCG guests and an embedded JetStream, and checks what a
 // controller receives: Nova's hard reboot (destroy + start) and soft reboot
 // (ACPI shutdown + start) and guest-initiated reboots are reported as
-// reboots, never as stops, each exactly once (a guest reset's 2–3 REBOOT
+// reboots, never as stops, each exactly once (a guest reset's 2–4 REBOOT
 // events are one rebooted, issue 15); a real destroy is reported as a stop
 // exactly once.
 func TestAgentQEMUReboots(t *testing.T) {
