@@ -1,11 +1,16 @@
 package controller
 
 import (
+	"bytes"
+	"crypto/ed25519"
+	"fmt"
 	"maps"
+	"strings"
 	"testing"
 	"time"
 
 	"hvguard/fencing"
+	"hvguard/fencing/natslease"
 )
 
 // Reviewer X44: a live host carried by a rollback (NeedsWritten while a
@@ -107,16 +112,22 @@ func TestX44DeleteBeforeRenewalCarriedLiveHost(t *testing.T) {
 // hides the last N renewals of h1, h2 and, after the rollback, lands each
 // copy by a compare-and-set on a garbage value it placed at exactly the
 // copy's prev_rev (filler writes advance the stream): Written.Fresh
-// passes, prev_rev < rev passes, each copy is newer than the last.
+// passes, prev_rev < rev passes, each copy is newer than the last. Closed
+// by the beacons' record identity (fencing.Beacon.Seq, Tracker.BeaconWrote):
+// the old tracker knew h1/h2 wrote seq 90, the carries' bar, and every
+// copy is older. With beaconBarMutation the Held host is declared again.
 func TestX44AlignedCopiesEndHold(t *testing.T) {
 	for _, c := range []struct {
 		name   string
 		copies bool
-	}{{"control-no-copies", false}, {"attack/aligned-copies", true}} {
+		muts   []*bool
+	}{
+		{"control-no-copies", false, nil},
+		{"attack/aligned-copies", true, nil},
+		{"attack/aligned-copies/beaconBarMutation", true, []*bool{&beaconBarMutation}},
+	} {
 		t.Run(c.name, func(t *testing.T) {
-			if c.name == "attack/aligned-copies" {
-				t.Skip("open (S, needs a rollback losing more revisions than the fresh stream rewrote, plus a compromised node lining up revisions): a copy of a hidden renewal landed by a compare-and-set the node aligned passes Written.Fresh and the prev_rev check — docs/security.md, reviewer X44")
-			}
+			x36Mutate(t, c.muts...)
 			b, hosts := x11Fleet(t, 60, 5)
 			rack := x10Names(1, 13)
 			targets := []string{"h1", "h2"}
@@ -142,6 +153,7 @@ func TestX44AlignedCopiesEndHold(t *testing.T) {
 					b.tr.Skipped(wRev + 1)
 					b.garbage(now.Add(600*time.Millisecond), h)
 					b.tr.ObserveBeacon(now.Add(600*time.Millisecond), h, wRev)
+					b.tr.BeaconWrote(h, wRev, r.Epoch, r.Incarnation, r.Seq) // the runner passes the beacon's record identity on
 					b.flush()
 				}
 				b.run(now, 1, x11Without(hosts, targets...), nil)
@@ -187,6 +199,10 @@ func TestX44AlignedCopiesEndHold(t *testing.T) {
 				host, _ := b.run(now, 1, live, protect)
 				now = now.Add(time.Second)
 				if host != "" {
+					if len(c.muts) > 0 {
+						t.Logf("with the mutation: the Held %s declared %v after the fresh start (copies landed %v)", host, now.Sub(start), next)
+						return
+					}
 					for _, h := range targets {
 						hs := b.tr.hosts[h]
 						t.Logf("%s: trustedRev %d rev %d seq %d countedCarry %t", h, hs.trustedRev, hs.rev, hs.rec.Seq, hs.countedCarry != nil)
@@ -194,7 +210,84 @@ func TestX44AlignedCopiesEndHold(t *testing.T) {
 					t.Fatalf("the Held %s (rack cut off, guests running) declared %v after the fresh start: the node landed copies of h1/h2's hidden renewals, each by a CAS on garbage it placed at the copy's prev_rev (Written.Fresh passes, prev_rev < rev), ending the counted carries and keeping h1/h2 fresh (copies landed %v; silent %d threshold %d)", host, now.Sub(start), next, b.tr.Silent(now), b.tr.Threshold())
 				}
 			}
+			if len(c.muts) > 0 {
+				t.Fatalf("with the mutation no Held host was declared: the test no longer shows the hole (copies landed %v)", next)
+			}
 			t.Logf("none declared; copies landed %v; holding %t", next, b.tr.Holding())
 		})
+	}
+}
+
+// TestBeaconRecordIdentityCarried: the runner's link for X44's bar. A
+// host's beacon, as its agent publishes it (natslease.BeaconMsg, signed
+// by the host key), names the record it wrote; the runner hands it to the
+// tracker (Runner.beacon, observeBeacons) and a rollback's carry takes it
+// as its bar (CountedSilent's Wrote, barOf). A beacon whose seq was raised
+// without the host's key is refused by the runner and sets no bar.
+func TestBeaconRecordIdentityCarried(t *testing.T) {
+	pub, priv, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer := fencing.Signer{ID: "h1-key", Key: priv}
+	ring := &fencing.Keyring{Mode: fencing.SigningRequired, Hosts: map[string][]fencing.PublicKey{"h1": {{ID: "h1-key", Key: pub}}}}
+	b, _ := x11Fleet(t, 3, 5)
+	r := &Runner{Tracker: b.tr, Store: &natslease.Store{Keys: ring}}
+	var refused []error
+	r.OnBeacon = func(_ string, _ fencing.Beacon, err error) {
+		if err != nil {
+			refused = append(refused, err)
+		}
+	}
+	listed := b.tr.hosts["h1"].rec
+	now := t0.Add(6 * time.Second)
+	beacon := func(seq uint64, tamper func([]byte) []byte) {
+		t.Helper()
+		w := listed
+		w.Seq = seq
+		m, err := natslease.BeaconMsg(signer, w, b.rev+1, 0, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tamper != nil {
+			m.Data = tamper(m.Data)
+		}
+		box := newBeaconBox()
+		r.beacon(m, box)
+		revs, _ := box.take()
+		r.observeBeacons(now, revs)
+	}
+	bar := func() fencing.LeaseRecord {
+		t.Helper()
+		for _, c := range b.tr.CountedSilent(now) {
+			if c.Host == "h1" {
+				return barOf(c.Record, c.Wrote)
+			}
+		}
+		t.Fatal("h1, active, not carried by CountedSilent")
+		return fencing.LeaseRecord{}
+	}
+	if got := bar().Seq; got != listed.Seq {
+		t.Fatalf("before any beacon with a seq: bar seq %d, want the trusted record's %d", got, listed.Seq)
+	}
+	beacon(listed.Seq+40, nil)
+	if len(refused) != 0 {
+		t.Fatalf("genuine beacon refused: %v", refused)
+	}
+	if got := bar(); got.Seq != listed.Seq+40 || got.Incarnation != listed.Incarnation || got.Epoch != listed.Epoch {
+		t.Fatalf("after h1's beacon naming seq %d: bar %d/%d/%d, want %d/%d/%d", listed.Seq+40, got.Epoch, got.Incarnation, got.Seq, listed.Epoch, listed.Incarnation, listed.Seq+40)
+	}
+	beacon(listed.Seq+10, nil) // an older one (a delayed or replayed beacon) lowers nothing
+	if got := bar().Seq; got != listed.Seq+40 {
+		t.Fatalf("an older beacon set the bar back to seq %d", got)
+	}
+	beacon(listed.Seq+41, func(d []byte) []byte {
+		return bytes.Replace(d, fmt.Appendf(nil, `"seq":%d`, listed.Seq+41), fmt.Appendf(nil, `"seq":%d`, listed.Seq+900), 1)
+	})
+	if len(refused) != 1 || !strings.Contains(refused[0].Error(), "not signed") {
+		t.Fatalf("a beacon whose seq was raised without h1's key: refused %v, want one 'not signed' refusal", refused)
+	}
+	if got := bar().Seq; got != listed.Seq+40 {
+		t.Fatalf("the tampered beacon moved the bar to seq %d", got)
 	}
 }

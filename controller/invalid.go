@@ -135,6 +135,31 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	}
 }
 
+// BeaconWrote reports that host's beacon named the record it wrote at
+// revision rev: epoch, incarnation and seq (fencing.Beacon; seq 0 from an
+// agent from before them, which is ignored). The newest one is carried
+// across a rollback as the bar a record must pass to end a carry
+// (CarriedHost.Wrote): the host wrote it before the rollback, so a copy
+// of it or of any older record is a replay whatever revision it landed
+// at — a compromised node that lined the rolled-back stream's revisions
+// up with its copies' prev_rev (filler writes, garbage on the key at
+// exactly the copy's prev_rev, then the copy by a compare-and-set on it)
+// passed Written.Fresh and the prev_rev check, ended the count carry of
+// a Held rack's hosts and a Held host was declared 22 s after the fresh
+// start (reviewer X44, TestX44AlignedCopiesEndHold). A beacon of a host
+// not tracked is not kept for this (its records' identity is carried
+// from what this tracker trusted).
+func (t *Tracker) BeaconWrote(host string, rev, epoch, inc, seq uint64) {
+	h := t.hosts[host]
+	w := writeID{epoch, inc, seq}
+	if h == nil || seq == 0 || rev == 0 {
+		return
+	}
+	if w.newer(h.beacons.wrote) {
+		h.beacons.wrote = w
+	}
+}
+
 // namedByBeacon: h's beacon named its write at rev, seen at at.
 func (h *hostState) namedByBeacon(rev uint64, at time.Time) {
 	h.beacons.corroboratedRev = max(h.beacons.corroboratedRev, rev)

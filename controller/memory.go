@@ -211,7 +211,31 @@ type CarriedHost struct {
 	// From (CountedSilent): when the host counts silent if it writes
 	// nothing newer — zero: it counts already.
 	From time.Time
+	// Wrote: the newest record the host's beacons said it wrote
+	// (Tracker.BeaconWrote; zero: none said). With Record it is the bar
+	// a record must pass to end the carry (barOf): a copy of a record
+	// the host wrote before the rollback is not newer than it, whatever
+	// revision the node landed it at (reviewer X44).
+	Wrote writeID
 }
+
+// barOf is the record a carry compares later records with (notNewer):
+// rec, with its epoch, incarnation and seq raised to w's when the host's
+// beacons said it wrote a newer record. It only ever stands as a carry's
+// bar (countedCarry, carried) and is handed on as a CarriedHost's Record:
+// never as the host's record, never verified again. A withdrawn record is
+// not raised (KeepWithdrawn makes it the host's record).
+func barOf(rec fencing.LeaseRecord, w writeID) fencing.LeaseRecord {
+	if w.zero() || !w.newer(idOf(rec)) || rec.State == fencing.LeaseWithdrawn || beaconBarMutation {
+		return rec
+	}
+	rec.Epoch, rec.Incarnation, rec.Seq = w.epoch, w.inc, w.seq
+	return rec
+}
+
+// beaconBarMutation: the carries' bar is the carried record alone, as
+// before (reviewer X44). Tests only.
+var beaconBarMutation bool
 
 // CountedSilent lists the hosts the guard counts silent at now, with
 // their last trusted records, for a fresh tracker to keep counting after a
@@ -244,7 +268,7 @@ func (t *Tracker) CountedSilent(now time.Time) []CarriedHost {
 			// it after a second rollback (reviewer X38's note).
 			rec = *h.countedCarry
 		}
-		out = append(out, CarriedHost{Host: name, Record: rec, From: from})
+		out = append(out, CarriedHost{Host: name, Record: rec, From: from, Wrote: h.beacons.wrote})
 	}
 	return out
 }
@@ -278,7 +302,7 @@ func (t *Tracker) KeepCounted(c CarriedHost) {
 		t.hosts[c.Host] = h
 	}
 	if h != nil {
-		rec := c.Record
+		rec := barOf(c.Record, c.Wrote)
 		h.countedCarry, h.countFrom = &rec, c.From
 	}
 }
@@ -328,7 +352,7 @@ func (t *Tracker) Withdrawals() []CarriedHost {
 				// X40, TestX40SecondRollbackDowngradesBeaconCarry).
 				rec = *c
 			}
-			out = append(out, CarriedHost{Host: name, Record: rec, Why: why})
+			out = append(out, CarriedHost{Host: name, Record: rec, Why: why, Wrote: h.beacons.wrote})
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(t.carriedEarly)) {
@@ -403,15 +427,16 @@ func (t *Tracker) KeepWithdrawn(w CarriedHost, rev uint64) []Decision {
 		// record between them was trusted and the withdrawn host declared
 		// (reviewer X41, TestX41ListedOlderWithdrawalDropsReplayBar).
 		if c := w.Record; c.Sig != "" && (h.rec.Sig == "" || notNewer(h.rec, c)) && !listedWithdrawnBarMutation {
-			h.carried = &c
+			bar := barOf(c, w.Wrote)
+			h.carried = &bar
 			if c.State == fencing.LeaseWithdrawn {
 				h.rec = c
 			}
 		}
 		return t.out
 	}
-	last := w.Record
-	h.carried = &last
+	last, bar := w.Record, barOf(w.Record, w.Wrote)
+	h.carried = &bar
 	if last.State == fencing.LeaseWithdrawn {
 		h.rec = last
 	} else {

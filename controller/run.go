@@ -198,16 +198,7 @@ func (r *Runner) Run(ctx context.Context) error {
 			case <-beacons.ready:
 				now := r.now()
 				revs, withdrawn := beacons.take()
-				var gaps []string
-				for host, revs := range revs {
-					for _, b := range revs {
-						if r.Tracker.BeaconChain(now, host, b.rev, b.prev) {
-							gaps = append(gaps, host)
-						}
-						r.Tracker.ObserveBeacon(now, host, b.rev)
-					}
-				}
-				if len(gaps) > 0 {
+				if gaps := r.observeBeacons(now, revs); len(gaps) > 0 {
 					// Beacons these hosts published never came (beaconloss.go,
 					// the chain): lost on the way.
 					slices.Sort(gaps)
@@ -402,11 +393,13 @@ func newBeaconBox() *beaconBox {
 }
 
 // beaconRef: what a beacon named: its revision and Prev
-// (fencing.Beacon.Prev).
-type beaconRef struct{ rev, prev uint64 }
+// (fencing.Beacon.Prev), and the written record's epoch, incarnation and
+// seq (zero from an agent from before them).
+type beaconRef struct{ rev, prev, epoch, inc, seq uint64 }
 
-// put adds host's beacon naming rev after prev (withdrawn: its withdrawal).
-func (b *beaconBox) put(host string, rev, prev uint64, withdrawn bool) error {
+// put adds host's beacon b (withdrawn: its withdrawal).
+func (b *beaconBox) put(host string, bc fencing.Beacon, withdrawn bool) error {
+	rev := bc.Revision
 	b.mu.Lock()
 	q, ok := b.hosts[host]
 	if !ok && len(b.hosts) >= MaxBeaconHosts {
@@ -420,7 +413,7 @@ func (b *beaconBox) put(host string, rev, prev uint64, withdrawn bool) error {
 	if len(q) == beaconMemory {
 		q = q[1:]
 	}
-	b.hosts[host] = append(q, beaconRef{rev, prev})
+	b.hosts[host] = append(q, beaconRef{rev: rev, prev: bc.Prev, epoch: bc.Epoch, inc: bc.Incarnation, seq: bc.Seq})
 	b.mu.Unlock()
 	select {
 	case b.ready <- struct{}{}:
@@ -436,6 +429,24 @@ func (b *beaconBox) take() (map[string][]beaconRef, map[string]uint64) {
 	m, w := b.hosts, b.withdrawn
 	b.hosts, b.withdrawn = map[string][]beaconRef{}, map[string]uint64{}
 	return m, w
+}
+
+// observeBeacons hands the beacons taken from the box to the tracker: the
+// chain (beaconloss.go), the revision each names and the record each says
+// its host wrote. It returns the hosts whose chain has a gap (a beacon
+// they published never came; a host once per gap).
+func (r *Runner) observeBeacons(now time.Time, revs map[string][]beaconRef) []string {
+	var gaps []string
+	for host, revs := range revs {
+		for _, b := range revs {
+			if r.Tracker.BeaconChain(now, host, b.rev, b.prev) {
+				gaps = append(gaps, host)
+			}
+			r.Tracker.ObserveBeacon(now, host, b.rev)
+			r.Tracker.BeaconWrote(host, b.rev, b.epoch, b.inc, b.seq)
+		}
+	}
+	return gaps
 }
 
 // beaconsLost says that beacons may have been lost (why) and the hosts
@@ -457,7 +468,7 @@ func (r *Runner) beacon(m *nats.Msg, box *beaconBox) {
 		err = r.Store.Keys.VerifyBeacon(b) // signed by its host's key (NATS permissions alone do not authenticate it)
 	}
 	if err == nil {
-		err = box.put(host, b.Revision, b.Prev, b.State == fencing.LeaseWithdrawn)
+		err = box.put(host, b, b.State == fencing.LeaseWithdrawn)
 	}
 	if r.OnBeacon != nil {
 		r.OnBeacon(host, b, err)

@@ -252,7 +252,30 @@ type beaconState struct {
 	// chainRev — the first beacon of its agent process, or the Prev of
 	// the first this tracker received (beaconloss.go, chainHolds).
 	chainFrom uint64
+	// wrote: the newest record its beacons said it wrote
+	// (fencing.Beacon's Epoch, Incarnation and Seq: BeaconWrote); zero
+	// when none said (an agent from before them).
+	wrote writeID
 }
+
+// writeID identifies a record a host wrote, ordered as notNewer orders
+// records: epoch, then incarnation, then seq.
+type writeID struct{ epoch, inc, seq uint64 }
+
+func (w writeID) zero() bool { return w == writeID{} }
+
+// newer reports whether w is newer than v.
+func (w writeID) newer(v writeID) bool {
+	switch {
+	case w.epoch != v.epoch:
+		return w.epoch > v.epoch
+	case w.inc != v.inc:
+		return w.inc > v.inc
+	}
+	return w.seq > v.seq
+}
+
+func idOf(r fencing.LeaseRecord) writeID { return writeID{r.Epoch, r.Incarnation, r.Seq} }
 
 // pendingValue is an unverifiable value of a host's key observed at at,
 // not (yet) named by a beacon of the host.

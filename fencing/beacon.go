@@ -44,6 +44,19 @@ type Beacon struct {
 	// a NATS route or leaf connection it cannot see (the chain,
 	// controller/beaconloss.go).
 	Prev uint64 `json:"prev,omitempty"`
+	// Epoch and Seq (with Incarnation) identify the record the agent wrote
+	// at Revision. A controller that received this beacon knows the host
+	// wrote that record: if the lease stream rolls back, a copy of it (or
+	// of any older record of the host) put back by a compromised node is
+	// not newer than what the controller carries across the rollback, so
+	// it ends no carry (controller/memory.go, CarriedHost.Wrote; reviewer
+	// X44). 0: an agent from before them.
+	Epoch uint64 `json:"epoch,omitempty"`
+	Seq   uint64 `json:"seq,omitempty"`
+	// RecSig signs Host, Revision, Epoch, Incarnation, Seq and Signer by
+	// the same key: outside Sig, as PrevSig (a controller from before
+	// them checks Sig over the fields it knows).
+	RecSig string `json:"rec_sig,omitempty"`
 	// PrevSig signs Prev (with Host, Revision and Signer) by the same key:
 	// outside Sig, which a controller from before Prev checks over the
 	// fields it knows (sign.go beaconPayload).

@@ -109,14 +109,17 @@ const (
 	guardDomain  = "hvguard guard v1\n"
 	beaconDomain = "hvguard beacon v1\n"
 	prevDomain   = "hvguard beacon prev v1\n"
+	recDomain    = "hvguard beacon record v1\n"
 )
 
 // beaconPayload is what a beacon's Sig signs: the beacon without Sig,
-// Prev and PrevSig — the bytes a controller from before Prev computes
-// from the fields it knows, so a new agent's beacon verifies there too
-// (agents and controllers of neighbouring releases work together).
+// Prev, PrevSig, Epoch, Seq and RecSig — the bytes a controller from
+// before them computes from the fields it knows, so a new agent's beacon
+// verifies there too (agents and controllers of neighbouring releases
+// work together).
 func beaconPayload(b Beacon) ([]byte, error) {
 	b.Sig, b.Prev, b.PrevSig = "", 0, ""
+	b.Epoch, b.Seq, b.RecSig = 0, 0, ""
 	out, err := json.Marshal(b)
 	if err != nil {
 		return nil, err
@@ -128,6 +131,12 @@ func beaconPayload(b Beacon) ([]byte, error) {
 // and signer.
 func prevPayload(b Beacon) []byte {
 	return fmt.Appendf([]byte(prevDomain), "%s\n%d\n%d\n%s", b.Host, b.Revision, b.Prev, b.Signer)
+}
+
+// recPayload is what a beacon's RecSig signs: its host, revision, the
+// written record's epoch, incarnation and seq, and signer.
+func recPayload(b Beacon) []byte {
+	return fmt.Appendf([]byte(recDomain), "%s\n%d\n%d\n%d\n%d\n%s", b.Host, b.Revision, b.Epoch, b.Incarnation, b.Seq, b.Signer)
 }
 
 // SealBeacon returns b signed by s, the host's key (the zero Signer
@@ -145,6 +154,10 @@ func (s Signer) SealBeacon(b Beacon) Beacon {
 	b.PrevSig = ""
 	if b.Prev != 0 {
 		b.PrevSig = base64.RawStdEncoding.EncodeToString(ed25519.Sign(s.Key, prevPayload(b)))
+	}
+	b.RecSig = ""
+	if b.Epoch != 0 || b.Seq != 0 {
+		b.RecSig = base64.RawStdEncoding.EncodeToString(ed25519.Sign(s.Key, recPayload(b)))
 	}
 	return b
 }
@@ -173,6 +186,9 @@ func (k *Keyring) VerifyBeacon(b Beacon) error {
 	}
 	if (b.Prev != 0 || b.PrevSig != "") && !verifySig(key, prevPayload(b), b.PrevSig) {
 		return fmt.Errorf("%w: beacon of %s: prev %d not signed by %q", ErrInvalidRecord, b.Host, b.Prev, b.Signer)
+	}
+	if (b.Epoch != 0 || b.Seq != 0 || b.RecSig != "") && !verifySig(key, recPayload(b), b.RecSig) {
+		return fmt.Errorf("%w: beacon of %s: record epoch %d seq %d not signed by %q", ErrInvalidRecord, b.Host, b.Epoch, b.Seq, b.Signer)
 	}
 	return nil
 }

@@ -266,3 +266,50 @@ func TestBeaconPrevSigned(t *testing.T) {
 		t.Fatal("a beacon of h0 signed by h1's key: verified")
 	}
 }
+
+// TestBeaconRecordSigned: a beacon's Epoch and Seq (the written record's
+// identity, reviewer X44) are signed by its host's key (RecSig) beside
+// Sig: a controller from before them still verifies the beacon; either
+// changed, or added, without the key is refused.
+func TestBeaconRecordSigned(t *testing.T) {
+	k, s := testKeyring(SigningRequired)
+	b := s["h0"].SealBeacon(Beacon{Schema: BeaconSchema, Host: "h0", Incarnation: 3, Revision: 42, Prev: 40, Epoch: 2, Seq: 77, At: time.Unix(1000, 0).UTC()})
+	if b.RecSig == "" {
+		t.Fatal("no rec_sig")
+	}
+	if err := k.VerifyBeacon(b); err != nil {
+		t.Fatalf("genuine beacon with its record's seq refused: %v", err)
+	}
+	enc, err := b.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(enc), `"seq":77`) || !strings.Contains(string(enc), `"epoch":2`) {
+		t.Fatalf("encoded beacon lacks epoch/seq: %s", enc)
+	}
+	old, err := DecodeBeacon(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old.Epoch, old.Seq, old.RecSig = 0, 0, ""
+	if err := k.VerifyBeacon(old); err != nil {
+		t.Fatalf("the beacon without epoch/seq (a controller from before them) refused: %v", err)
+	}
+	for name, mod := range map[string]func(*Beacon){
+		"seq raised":   func(b *Beacon) { b.Seq = 78 },
+		"epoch raised": func(b *Beacon) { b.Epoch = 3 },
+		"incarnation":  func(b *Beacon) { b.Incarnation = 4 },
+		"sig dropped":  func(b *Beacon) { b.RecSig = "" },
+	} {
+		f := b
+		mod(&f)
+		if err := k.VerifyBeacon(f); err == nil || !errors.Is(err, ErrInvalidRecord) {
+			t.Errorf("%s without the key: %v", name, err)
+		}
+	}
+	added := s["h0"].SealBeacon(Beacon{Schema: BeaconSchema, Host: "h0", Revision: 42, At: time.Unix(1000, 0).UTC()})
+	added.Seq = 99
+	if err := k.VerifyBeacon(added); err == nil || !strings.Contains(err.Error(), "seq 99") {
+		t.Fatalf("seq added to a beacon signed without it: %v", err)
+	}
+}

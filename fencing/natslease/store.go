@@ -958,7 +958,7 @@ func BeaconMsg(s fencing.Signer, rec fencing.LeaseRecord, rev, prev uint64, at t
 	if err != nil {
 		return nil, err
 	}
-	bc := fencing.Beacon{Schema: fencing.BeaconSchema, Host: rec.Host, BootID: rec.BootID, Incarnation: rec.Incarnation, Revision: rev, Prev: prev, At: at.UTC()}
+	bc := fencing.Beacon{Schema: fencing.BeaconSchema, Host: rec.Host, BootID: rec.BootID, Incarnation: rec.Incarnation, Revision: rev, Prev: prev, At: at.UTC(), Epoch: rec.Epoch, Seq: rec.Seq}
 	if rec.State == fencing.LeaseWithdrawn {
 		bc.State = fencing.LeaseWithdrawn
 	}
