@@ -30,6 +30,7 @@ func (b *x11Bucket) x24Write(now time.Time, host string, st fencing.LeaseState, 
 	b.land(now, host, x11Entry{rec: r, w: w})
 	if b.tr != nil && st == fencing.LeaseActive {
 		b.tr.ObserveBeacon(now, host, b.rev)
+		b.tr.BeaconWrote(host, b.rev, epoch, inc, seq) // as the runner does (observeBeacons)
 		b.flush()
 	}
 }
@@ -150,16 +151,23 @@ func TestX24ReimagedHostStuckWithdrawnByCarry(t *testing.T) {
 //
 // "control-no-rollback" (passes): the same replay against the running
 // tracker — PrevRev P below the key's revision: a replay; h3 stays
-// withdrawn. "attack" FAILS: the withdrawn h3 is declared.
+// withdrawn. "attack" failed (the withdrawn h3 declared) until reviewer
+// X43's checks (prev_rev, NeedsWritten while a carry holds) and now,
+// each alone, the beacons' record identity (reviewer X44's fix: the old
+// tracker knew h3 wrote seq k+2, its withdrawal, the carry's bar — A_{k+1}
+// is a replay). Only with all three defences mutated is h3 declared.
 func TestX24HiddenRenewalEndsBeaconOnlyCarry(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		rollback bool
+		muts     []*bool
 	}{
-		{"control-no-rollback", false},
-		// OPEN: {"attack", true} fails — docs/security.md, rollbacks and replays
+		{"control-no-rollback", false, nil},
+		{"attack", true, nil},
+		{"attack/beaconBar+prevRev+carryWrittenMutation", true, []*bool{&beaconBarMutation, &prevRevMutation, &carryWrittenMutation, &rollbackBarMutation}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			x36Mutate(t, c.muts...)
 			b, hosts := x11Fleet(t, 10, 10)
 			live := x11Without(hosts, "h3")
 			at := t0.Add(10 * time.Second)
@@ -181,6 +189,7 @@ func TestX24HiddenRenewalEndsBeaconOnlyCarry(t *testing.T) {
 			hiddenRev := b.rev
 			b.tr = tr
 			b.tr.ObserveBeacon(now, "h3", hiddenRev)
+			b.tr.BeaconWrote("h3", hiddenRev, 0, 5, hidden.Seq)
 			b.garbage(now.Add(time.Millisecond), "h3")
 			// Orderly stop: its withdrawal, hidden the same way; its beacon names it.
 			now = now.Add(200 * time.Millisecond)
@@ -190,6 +199,8 @@ func TestX24HiddenRenewalEndsBeaconOnlyCarry(t *testing.T) {
 			wRev := b.rev
 			b.tr = tr
 			b.garbage(now.Add(time.Millisecond), "h3")
+			b.tr.ObserveBeacon(now, "h3", wRev) // the runner: observeBeacons, then ObserveWithdrawal
+			b.tr.BeaconWrote("h3", wRev, 0, 5, seq)
 			b.tr.ObserveWithdrawal(now, "h3", wRev)
 			b.flush()
 			b.run(now, 3, live, nil)
@@ -207,6 +218,9 @@ func TestX24HiddenRenewalEndsBeaconOnlyCarry(t *testing.T) {
 			hs := b.tr.hosts["h3"]
 			t.Logf("replayed A_{k+1} at %d: state %s, trustedRev %d, beaconWithdrawn %v, carried %v", b.rev, hs.rec.State, hs.trustedRev, hs.beaconWithdrawn(), hs.carried != nil)
 			host, after := b.run(now, 120, live, map[string]bool{"h3": true})
+			if x36Mutated(t, c.muts, host != "", after) {
+				return
+			}
 			if host != "" {
 				t.Fatalf("the withdrawn h3 (orderly stop, guests running) declared %s after the re-put of its own hidden renewal A_{k+1} (seq %d, newer than the carried last-trusted record): not a carried replay, not stale after the rollback — the beacon-only carry ends", after, hidden.Seq)
 			}
@@ -234,19 +248,29 @@ func TestX24HiddenRenewalEndsBeaconOnlyCarry(t *testing.T) {
 // carry (and its notNewer check) never applies.
 //
 // "control-no-rollback" (passes): R's PrevRev is below the key's revision,
-// a replay. "attack" FAILS: the withdrawn h4 is declared.
-// Fix direction: compare (epoch, incarnation, seq) with h.rec for every
-// signed record in a tracker started after a rollback (or always: the
-// agent keeps them monotonic per boot), not only for carried hosts.
+// a replay. "attack" failed (the withdrawn h4 declared) until reviewer
+// X43's prev_rev check (R lands below its own prev_rev) and the rollback
+// bar (hostState.rollbackBar: the fresh tracker refuses any record of h4
+// not newer than the newest it carried, for as long as it runs); with
+// both mutated h4 is declared 22 s after it stopped. "attack/aligned":
+// X44's alignment (filler writes, garbage at R's prev_rev, R by a CAS on
+// it) defeats the prev_rev check; the bar alone refuses R
+// (rollbackBarMutation: declared).
 func TestX24ReusedRevisionReplayAfterRollbackNotCarried(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		rollback bool
+		muts     []*bool
+		aligned  bool // X44's alignment: the copy lands above its prev_rev
 	}{
-		{"control-no-rollback", false},
-		// OPEN: {"attack", true} fails — docs/security.md, rollbacks and replays
+		{"control-no-rollback", false, nil, false},
+		{"attack", true, nil, false},
+		{"attack/rollbackBar+prevRevMutation", true, []*bool{&rollbackBarMutation, &prevRevMutation}, false},
+		{"attack/aligned", true, nil, true},
+		{"attack/aligned/rollbackBarMutation", true, []*bool{&rollbackBarMutation}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			x36Mutate(t, c.muts...)
 			b, hosts := x11Fleet(t, 10, 10)
 			live := x11Without(hosts, "h4")
 			at := t0.Add(10 * time.Second)
@@ -274,11 +298,21 @@ func TestX24ReusedRevisionReplayAfterRollbackNotCarried(t *testing.T) {
 			b.tr.ObserveWithdrawal(now, "h4", w)
 			b.flush()
 			now = now.Add(100 * time.Millisecond)
+			if c.aligned {
+				if b.rev >= p {
+					t.Fatalf("rig: the stream (%d) passed R's prev_rev %d already", b.rev, p)
+				}
+				b.rev = p - 1 // filler writes
+				b.garbage(now.Add(-50*time.Millisecond), "h4")
+			}
 			cur := b.keys["h4"]
 			b.land(now, "h4", x11Entry{rec: &r, w: fencing.Written{Known: true, HasExpected: true, Expected: cur.rev}})
 			hs := b.tr.hosts["h4"]
 			t.Logf("R (seq %d) written on %d; withdrawal (seq %d) at %d; R re-put at %d: state %s", r.Seq, p, seq, w, b.rev, hs.rec.State)
 			host, after := b.run(now, 120, live, map[string]bool{"h4": true})
+			if x36Mutated(t, c.muts, host != "", after) {
+				return
+			}
 			if host != "" {
 				t.Fatalf("the withdrawn h4 (orderly stop at %d, seq %d, guests running) declared %s after a re-put of its pre-rollback renewal R (seq %d, written on %d ≥ the key's revision): StaleRecord only compares PrevRev, and the rollback lowered the key's revision", w, seq, after, r.Seq, p)
 			}
@@ -300,16 +334,21 @@ func TestX24ReusedRevisionReplayAfterRollbackNotCarried(t *testing.T) {
 // the fresh tracker holds (incarnation 6); nothing compares them.
 //
 // "control-no-rollback" (passes): W_old's PrevRev is below the key's: a
-// replay, h6 declared. "attack" FAILS: the dead h6 never declared (120 s).
+// replay, h6 declared. "attack" failed (the dead h6 never declared in
+// 120 s) until the rollback bar and X43's checks: each alone refuses
+// W_old; with all three mutated h6 stays undeclared.
 func TestX24ReusedRevisionWithdrawalReplayKeepsDeadHost(t *testing.T) {
 	for _, c := range []struct {
 		name     string
 		rollback bool
+		muts     []*bool
 	}{
-		{"control-no-rollback", false},
-		// OPEN: {"attack", true} fails — docs/security.md, rollbacks and replays
+		{"control-no-rollback", false, nil},
+		{"attack", true, nil},
+		{"attack/rollbackBar+prevRev+carryWrittenMutation", true, []*bool{&rollbackBarMutation, &prevRevMutation, &carryWrittenMutation}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			x36Mutate(t, c.muts...)
 			b, hosts := x11Fleet(t, 10, 10)
 			live := x11Without(hosts, "h6")
 			at := t0.Add(10 * time.Second)
@@ -346,6 +385,13 @@ func TestX24ReusedRevisionWithdrawalReplayKeepsDeadHost(t *testing.T) {
 			b.land(now, "h6", x11Entry{rec: &wOld, w: fencing.Written{Known: true, HasExpected: true, Expected: cur.rev}})
 			t.Logf("W_old written on %d; h6's key was at %d; re-put at %d: state %s", wOld.PrevRev, cur.rev, b.rev, b.tr.hosts["h6"].rec.State)
 			host, after := b.run(now, 120, live, map[string]bool{"h6": true})
+			if len(c.muts) > 0 {
+				if host != "" {
+					t.Fatalf("with the mutation the dead h6 was declared (%s): the test no longer shows the hole", after)
+				}
+				t.Logf("with the mutation: the dead h6 not declared in 120 s")
+				return
+			}
 			if host == "" {
 				t.Fatalf("the dead h6 was never declared (120 s): a re-put of its pre-rollback withdrawn record (incarnation 5, written on %d ≥ its key's revision %d after the rollback) is trusted though older than its last record (incarnation 6)", wOld.PrevRev, cur.rev)
 			}

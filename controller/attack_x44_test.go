@@ -124,7 +124,7 @@ func TestX44AlignedCopiesEndHold(t *testing.T) {
 	}{
 		{"control-no-copies", false, nil},
 		{"attack/aligned-copies", true, nil},
-		{"attack/aligned-copies/beaconBarMutation", true, []*bool{&beaconBarMutation}},
+		{"attack/aligned-copies/beaconBarMutation", true, []*bool{&beaconBarMutation, &rollbackBarMutation}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x36Mutate(t, c.muts...)

@@ -1263,7 +1263,7 @@ func (t *Tracker) keepEarly(e earlyBeacon) {
 // window of the time beacons were dropped at the bound. Per host kept,
 // not per beacon: a flood of one host's beacons costs a tick one lookup.
 func (t *Tracker) replayEarly(now time.Time) {
-	if len(t.early) == 0 && len(t.earlyWithdrawn) == 0 && t.earlyLost.IsZero() && len(t.carriedEarly) == 0 {
+	if len(t.early) == 0 && len(t.earlyWithdrawn) == 0 && t.earlyLost.IsZero() && len(t.carriedEarly) == 0 && len(t.earlyWrote) == 0 {
 		return
 	}
 	for host, es := range t.early {
@@ -1305,6 +1305,9 @@ func (t *Tracker) trackedEarly() []string {
 		add(host)
 	}
 	for host := range t.carriedEarly {
+		add(host)
+	}
+	for host := range t.earlyWrote {
 		add(host)
 	}
 	slices.Sort(out)
@@ -1354,8 +1357,15 @@ func (t *Tracker) replayHost(now time.Time, host string) {
 	es, kept := t.early[host]
 	w, withdrew := t.earlyWithdrawn[host]
 	c, carried := t.carriedEarly[host]
-	if !kept && !withdrew && !carried {
+	wrote, wroteKept := t.earlyWrote[host]
+	if !kept && !withdrew && !carried && !wroteKept {
 		return
+	}
+	if wroteKept {
+		delete(t.earlyWrote, host)
+		if h := t.hosts[host]; h != nil && wrote.newer(h.beacons.wrote) {
+			h.beacons.wrote = wrote
+		}
 	}
 	saved := t.out
 	t.out = nil

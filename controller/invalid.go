@@ -148,17 +148,41 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 // a Held rack's hosts and a Held host was declared 22 s after the fresh
 // start (reviewer X44, TestX44AlignedCopiesEndHold). A beacon of a host
 // not tracked is not kept for this (its records' identity is carried
-// from what this tracker trusted).
+// from what this tracker trusted) — a host not tracked yet keeps
+// it until it is (earlyWrote).
 func (t *Tracker) BeaconWrote(host string, rev, epoch, inc, seq uint64) {
 	h := t.hosts[host]
 	w := writeID{epoch, inc, seq}
-	if h == nil || seq == 0 || rev == 0 {
+	if seq == 0 || rev == 0 {
+		return
+	}
+	if h == nil {
+		// Its withdrawal beacon may come before its first record (a
+		// listing, a lagging watch: kept, replayHost); carried by a
+		// rollback then, with no record, its bar was 0 and a copy of a
+		// record it wrote before the withdrawal ended the carry: the
+		// withdrawn host was declared 22 s after the fresh start
+		// (reviewer X45, TestX45EarlyWithdrawalCarriedWithoutBar).
+		old, ok := t.earlyWrote[host]
+		if !ok && len(t.earlyWrote) >= maxEarlyBeacons || earlyWroteMutation {
+			return
+		}
+		if !ok || w.newer(old) {
+			if t.earlyWrote == nil {
+				t.earlyWrote = map[string]writeID{}
+			}
+			t.earlyWrote[host] = w
+		}
 		return
 	}
 	if w.newer(h.beacons.wrote) {
 		h.beacons.wrote = w
 	}
 }
+
+// earlyWroteMutation: BeaconWrote ignores a host not tracked, as before
+// (reviewer X45). Tests only.
+var earlyWroteMutation bool
 
 // namedByBeacon: h's beacon named its write at rev, seen at at.
 func (h *hostState) namedByBeacon(rev uint64, at time.Time) {
@@ -400,10 +424,65 @@ func replay(h *hostState, rev uint64, rec *fencing.LeaseRecord) bool {
 		// one of its records from before the rollback, whose revisions
 		// the rollback handed out again (reviewer X23).
 		return true
+	case h.rollbackBar != nil && rec.Sig != "" && hostWritten(rec.State) && !idOf(*rec).newer(*h.rollbackBar) && !rollbackBarMutation:
+		// Not newer than the newest record an earlier tracker knew the
+		// host wrote when the lease stream rolled back (rollbackBar): a
+		// copy from before the rollback, whatever carry ended since. A
+		// host that renewed on after the rollback and then stopped in
+		// order had its withdrawal ended by a copy of its pre-rollback
+		// renewal, landed on a revision the rollback handed out again
+		// (not stale), and was declared while its guests ran (reviewer
+		// X24, TestX24ReusedRevisionReplayAfterRollbackNotCarried); an
+		// old withdrawal's copy kept a dead host undeclared (c,
+		// TestX24ReusedRevisionWithdrawalReplayKeepsDeadHost). Only the
+		// host's own records: a declaration (expired, released) carries
+		// the host's identity and a re-declaration after the rollback
+		// has the lost one's (TestX38CountedCarryCountsForever).
+		return true
 	case !h.deleted:
 		return fencing.StaleRecord(*rec, rev, h.rev)
 	}
 	return replayedAfterDelete(h, rec) && !replayMutation
+}
+
+// hostWritten reports whether a record in state st is one its host
+// writes (active, withdrawn) rather than the controller (expired,
+// released).
+func hostWritten(st fencing.LeaseState) bool {
+	return st == fencing.LeaseActive || st == fencing.LeaseWithdrawn
+}
+
+// rollbackBarMutation: replay ignores rollbackBar, as before (reviewer
+// X24's reused-revision replays). Tests only.
+var rollbackBarMutation bool
+
+// raiseRollbackBar: h's newest record known when the lease stream rolled
+// back is at least c's record, or the newer one its beacons named
+// (replay refuses anything not newer from now on).
+func (h *hostState) raiseRollbackBar(c CarriedHost) {
+	var id writeID
+	if c.Record.Sig != "" {
+		id = idOf(c.Record) // unsigned (or no record): no identity to trust
+	}
+	if c.Wrote.newer(id) {
+		id = c.Wrote // what its signed beacons named (signing required)
+	}
+	if id.zero() {
+		return
+	}
+	if h.rollbackBar == nil || id.newer(*h.rollbackBar) {
+		h.rollbackBar = &id
+	}
+}
+
+// wroteBar is the newest record h is known to have written, for a
+// rollback's carry (CarriedHost.Wrote): what its beacons named, or an
+// earlier rollback's bar (a second rollback hands it on).
+func (h *hostState) wroteBar() writeID {
+	if b := h.rollbackBar; b != nil && b.newer(h.beacons.wrote) {
+		return *b
+	}
+	return h.beacons.wrote
 }
 
 // replayedAfterDelete: see replay.

@@ -131,6 +131,7 @@ func (t *Tracker) recreated(now time.Time, old *hostState) *hostState {
 		// record that ends them must be newer than the carried one.
 		h.countedCarry, h.countFrom, h.carried = old.countedCarry, old.countFrom, old.carried
 	}
+	h.rollbackBar = old.rollbackBar // a copy from before the rollback stays one after a delete
 	if t.counted(old, now) {
 		h.silentEnd = now
 	}

@@ -268,7 +268,7 @@ func (t *Tracker) CountedSilent(now time.Time) []CarriedHost {
 			// it after a second rollback (reviewer X38's note).
 			rec = *h.countedCarry
 		}
-		out = append(out, CarriedHost{Host: name, Record: rec, From: from, Wrote: h.beacons.wrote})
+		out = append(out, CarriedHost{Host: name, Record: rec, From: from, Wrote: h.wroteBar()})
 	}
 	return out
 }
@@ -304,6 +304,7 @@ func (t *Tracker) KeepCounted(c CarriedHost) {
 	if h != nil {
 		rec := barOf(c.Record, c.Wrote)
 		h.countedCarry, h.countFrom = &rec, c.From
+		h.raiseRollbackBar(c)
 	}
 }
 
@@ -352,7 +353,7 @@ func (t *Tracker) Withdrawals() []CarriedHost {
 				// X40, TestX40SecondRollbackDowngradesBeaconCarry).
 				rec = *c
 			}
-			out = append(out, CarriedHost{Host: name, Record: rec, Why: why, Wrote: h.beacons.wrote})
+			out = append(out, CarriedHost{Host: name, Record: rec, Why: why, Wrote: h.wroteBar()})
 		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(t.carriedEarly)) {
@@ -370,10 +371,19 @@ func (t *Tracker) Withdrawals() []CarriedHost {
 			if h := t.hosts[name]; h != nil {
 				rec = h.rec
 			}
-			out = append(out, CarriedHost{Host: name, Record: rec, Why: "it withdrew (its withdrawal beacon, kept before its first record was delivered)"})
+			out = append(out, CarriedHost{Host: name, Record: rec, Why: "it withdrew (its withdrawal beacon, kept before its first record was delivered)", Wrote: t.earlyWroteOf(name)})
 		}
 	}
 	return out
+}
+
+// earlyWroteOf: the newest record host's beacons named, tracked or not.
+func (t *Tracker) earlyWroteOf(host string) writeID {
+	w := t.earlyWrote[host]
+	if h := t.hosts[host]; h != nil && h.wroteBar().newer(w) {
+		w = h.wroteBar()
+	}
+	return w
 }
 
 // KeepWithdrawn: an earlier tracker knew w.Host withdrawn before the lease
@@ -409,6 +419,9 @@ func (t *Tracker) KeepWithdrawn(w CarriedHost, rev uint64) []Decision {
 			t.carriedEarly[w.Host] = carriedWithdrawal{w: w, rev: rev}
 		}
 		return t.out
+	}
+	if h != nil {
+		h.raiseRollbackBar(w)
 	}
 	// A record newer than w.Record in the rolled-back stream does not end
 	// the carry: the old tracker may never have trusted it (a renewal

@@ -235,6 +235,10 @@ var carryUnionMutation bool
 
 // mergeCarried: a's hosts and b's, one entry a host — the newer record
 // (a signed one over an unsigned or empty one).
+// mergeWroteMutation: mergeCarried keeps the newer record's entry whole,
+// as before (reviewer X45). Tests only.
+var mergeWroteMutation bool
+
 func mergeCarried(a, b []CarriedHost) []CarriedHost {
 	out := slices.Clone(a)
 	for _, x := range b {
@@ -243,7 +247,24 @@ func mergeCarried(a, b []CarriedHost) []CarriedHost {
 		case i < 0:
 			out = append(out, x)
 		case out[i].Record.Sig == "" && x.Record.Sig != "" || x.Record.Sig != "" && !notNewer(x.Record, out[i].Record):
-			out[i] = x
+			out[i], x = x, out[i]
+			fallthrough
+		default:
+			// Whichever record is kept, the newest write either says
+			// the host made stays the bar: the entry with the newer
+			// record kept whole lowered it to that record, and copies
+			// of the renewals between ended a Held rack's count carries
+			// (reviewer X45, TestX45MergeDropsWrote).
+			if mergeWroteMutation {
+				break
+			}
+			w := x.Wrote
+			if x.Record.Sig != "" && idOf(x.Record).newer(w) {
+				w = idOf(x.Record)
+			}
+			if w.newer(out[i].Wrote) {
+				out[i].Wrote = w
+			}
 		}
 	}
 	return out

@@ -201,6 +201,14 @@ type hostState struct {
 	// stopped on a rolled-back lease stream and counted it silent
 	// (Tracker.KeepCounted): counted silent until a newer record comes.
 	countedCarry *fencing.LeaseRecord
+	// rollbackBar: the newest record (epoch, incarnation, seq) an
+	// earlier tracker knew the host wrote when the lease stream rolled
+	// back (its last trusted record, or a newer one its beacons named:
+	// KeepCounted, KeepWithdrawn); nil: none carried. A signed record not
+	// newer is a copy from before the rollback (replay), for as long as
+	// this tracker runs — unlike the carries, it outlives the host's
+	// next record.
+	rollbackBar *writeID
 	// countFrom: when countedCarry starts counting (zero: at once).
 	countFrom time.Time
 	// pin: what the memory says of the key's state (memory.go).
@@ -413,6 +421,11 @@ type Tracker struct {
 	// hosts this tracker did not track yet, taken when it does
 	// (replayHost; reviewer X36).
 	carriedEarly map[string]carriedWithdrawal
+	// earlyWrote: the newest record the beacons of a host not tracked
+	// yet said it wrote (BeaconWrote), taken when it is tracked
+	// (replayHost) and carried with its early withdrawal (Withdrawals;
+	// reviewer X45). Bounded by maxEarlyBeacons.
+	earlyWrote map[string]writeID
 }
 
 // SetSigningRequired tells the tracker whether signed records are
