@@ -53,9 +53,10 @@ type Beacon struct {
 	// X44). 0: an agent from before them.
 	Epoch uint64 `json:"epoch,omitempty"`
 	Seq   uint64 `json:"seq,omitempty"`
-	// RecSig signs Host, Revision, Epoch, Incarnation, Seq and Signer by
-	// the same key: outside Sig, as PrevSig (a controller from before
-	// them checks Sig over the fields it knows).
+	// RecSig signs the whole beacon (every field above, Prev, Epoch and
+	// Seq included) by the same key: a controller that knows it checks
+	// this one signature; one from before it checks Sig over the fields
+	// it knows, and PrevSig.
 	RecSig string `json:"rec_sig,omitempty"`
 	// PrevSig signs Prev (with Host, Revision and Signer) by the same key:
 	// outside Sig, which a controller from before Prev checks over the

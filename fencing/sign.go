@@ -109,7 +109,7 @@ const (
 	guardDomain  = "hvguard guard v1\n"
 	beaconDomain = "hvguard beacon v1\n"
 	prevDomain   = "hvguard beacon prev v1\n"
-	recDomain    = "hvguard beacon record v1\n"
+	recDomain    = "hvguard beacon v2\n"
 )
 
 // beaconPayload is what a beacon's Sig signs: the beacon without Sig,
@@ -133,10 +133,16 @@ func prevPayload(b Beacon) []byte {
 	return fmt.Appendf([]byte(prevDomain), "%s\n%d\n%d\n%s", b.Host, b.Revision, b.Prev, b.Signer)
 }
 
-// recPayload is what a beacon's RecSig signs: its host, revision, the
-// written record's epoch, incarnation and seq, and signer.
-func recPayload(b Beacon) []byte {
-	return fmt.Appendf([]byte(recDomain), "%s\n%d\n%d\n%d\n%d\n%s", b.Host, b.Revision, b.Epoch, b.Incarnation, b.Seq, b.Signer)
+// recPayload is what a beacon's RecSig signs: the whole beacon but its
+// signatures (Prev, Epoch and Seq included), so a controller that knows
+// RecSig checks one signature where an older one checks Sig and PrevSig.
+func recPayload(b Beacon) ([]byte, error) {
+	b.Sig, b.PrevSig, b.RecSig = "", "", ""
+	out, err := json.Marshal(b)
+	if err != nil {
+		return nil, err
+	}
+	return append([]byte(recDomain), out...), nil
 }
 
 // SealBeacon returns b signed by s, the host's key (the zero Signer
@@ -157,7 +163,9 @@ func (s Signer) SealBeacon(b Beacon) Beacon {
 	}
 	b.RecSig = ""
 	if b.Epoch != 0 || b.Seq != 0 {
-		b.RecSig = base64.RawStdEncoding.EncodeToString(ed25519.Sign(s.Key, recPayload(b)))
+		if p, err := recPayload(b); err == nil {
+			b.RecSig = base64.RawStdEncoding.EncodeToString(ed25519.Sign(s.Key, p))
+		}
 	}
 	return b
 }
@@ -180,15 +188,24 @@ func (k *Keyring) VerifyBeacon(b Beacon) error {
 	if key == nil {
 		return fmt.Errorf("%w: beacon of %s signed by %q, not one of its keys", ErrInvalidRecord, b.Host, b.Signer)
 	}
+	if b.RecSig != "" {
+		// One signature over every field (a beacon from an agent that
+		// names its record); Sig and PrevSig are for older controllers.
+		p, err := recPayload(b)
+		if err != nil || !verifySig(key, p, b.RecSig) {
+			return fmt.Errorf("%w: beacon of %s: record epoch %d seq %d (rec_sig) not signed by %q", ErrInvalidRecord, b.Host, b.Epoch, b.Seq, b.Signer)
+		}
+		return nil
+	}
+	if b.Epoch != 0 || b.Seq != 0 {
+		return fmt.Errorf("%w: beacon of %s: record epoch %d seq %d not signed by %q (no rec_sig)", ErrInvalidRecord, b.Host, b.Epoch, b.Seq, b.Signer)
+	}
 	p, err := beaconPayload(b)
 	if err != nil || !verifySig(key, p, b.Sig) {
 		return fmt.Errorf("%w: beacon of %s: bad signature by %q", ErrInvalidRecord, b.Host, b.Signer)
 	}
 	if (b.Prev != 0 || b.PrevSig != "") && !verifySig(key, prevPayload(b), b.PrevSig) {
 		return fmt.Errorf("%w: beacon of %s: prev %d not signed by %q", ErrInvalidRecord, b.Host, b.Prev, b.Signer)
-	}
-	if (b.Epoch != 0 || b.Seq != 0 || b.RecSig != "") && !verifySig(key, recPayload(b), b.RecSig) {
-		return fmt.Errorf("%w: beacon of %s: record epoch %d seq %d not signed by %q", ErrInvalidRecord, b.Host, b.Epoch, b.Seq, b.Signer)
 	}
 	return nil
 }

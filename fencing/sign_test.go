@@ -300,6 +300,9 @@ func TestBeaconRecordSigned(t *testing.T) {
 		"epoch raised": func(b *Beacon) { b.Epoch = 3 },
 		"incarnation":  func(b *Beacon) { b.Incarnation = 4 },
 		"sig dropped":  func(b *Beacon) { b.RecSig = "" },
+		"prev changed": func(b *Beacon) { b.Prev = 41 },
+		"revision":     func(b *Beacon) { b.Revision = 43 },
+		"state added":  func(b *Beacon) { b.State = LeaseWithdrawn },
 	} {
 		f := b
 		mod(&f)
@@ -311,5 +314,28 @@ func TestBeaconRecordSigned(t *testing.T) {
 	added.Seq = 99
 	if err := k.VerifyBeacon(added); err == nil || !strings.Contains(err.Error(), "seq 99") {
 		t.Fatalf("seq added to a beacon signed without it: %v", err)
+	}
+}
+
+// BenchmarkVerifyBeacon: what a controller spends per beacon — an agent
+// that names its record (one rec_sig over every field) against one from
+// before it (Sig and, with Prev, PrevSig): the baseline, in the same run.
+func BenchmarkVerifyBeacon(b *testing.B) {
+	k, s := testKeyring(SigningRequired)
+	for _, c := range []struct {
+		name string
+		bc   Beacon
+	}{
+		{"sig+prev_sig(older-agent)", Beacon{Schema: BeaconSchema, Host: "h0", Incarnation: 3, Revision: 42, Prev: 40, At: time.Unix(1000, 0).UTC()}},
+		{"rec_sig", Beacon{Schema: BeaconSchema, Host: "h0", Incarnation: 3, Revision: 42, Prev: 40, Epoch: 2, Seq: 77, At: time.Unix(1000, 0).UTC()}},
+	} {
+		bc := s["h0"].SealBeacon(c.bc)
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if err := k.VerifyBeacon(bc); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

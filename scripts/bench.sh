@@ -109,6 +109,9 @@ bench debounce.txt -tags bench -bench '^BenchmarkDebounce$' -benchmem -count "$C
 # ---- 2. reboot storm (deterministic simulation: fixed seeds) -----------------
 bench storm.txt -bench '^BenchmarkRebootStorm' -benchtime 1x -count 3 ./lifecycle/
 
+# ---- issue 11: a controller's cost per beacon (rec_sig against sig+prev_sig) --
+bench beacon.txt -bench '^BenchmarkVerifyBeacon$' -count "$COUNT" ./fencing/
+
 # ---- 3. real-stop latency ----------------------------------------------------
 bench stoplatency.txt -tags bench -bench '^BenchmarkStopLatency$' -benchtime 1x -count "$COUNT_E2E" -timeout 20m ./test/bench/
 
