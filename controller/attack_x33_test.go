@@ -198,53 +198,65 @@ func TestX33SlowCompanionBeyondCompanionDelay(t *testing.T) {
 		{name: "held/h5-default", h5Renew: 2 * time.Second, r2After: time.Second},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			W := t0.Add(60 * time.Second)
-			R2 := W.Add(c.r2After)
 			s := newX32Sim(t, func(time.Time) time.Duration { return 0 })
-			r5 := *s.recs["h5"]
-			if c.h5Renew > 2*time.Second {
-				r5.Timing.RenewInterval, r5.Timing.LeaseTTL = c.h5Renew, 45*time.Second
-			}
-			s.recs["h5"] = &r5
-			h5Next := t0.Add(R2.Sub(t0) % c.h5Renew)
-			if h5Next.Before(t0.Add(time.Second)) {
-				h5Next = h5Next.Add(c.h5Renew)
-			}
-			lostR2 := false
-			var declared time.Duration
-			for ms := 1000; ms <= 150000 && declared == 0; ms += 10 {
-				now := t0.Add(time.Duration(ms) * time.Millisecond)
-				if ms%1000 == 0 {
-					for i := range 10 {
-						if name := fmt.Sprintf("h%d", i); name != "h3" && name != "h5" {
-							s.renew(now.Add(time.Duration(i)*10*time.Millisecond), name, false)
-						}
-					}
-				}
-				if !now.Before(h5Next) {
-					s.renew(now, "h5", now.Equal(R2)) // R2's beacon lost with W's
-					lostR2 = lostR2 || now.Equal(R2)
-					h5Next = h5Next.Add(c.h5Renew)
-				}
-				if now.Before(W) && ms%200 == 0 {
-					s.renew(now, "h3", false) // ×0.1 timing
-				}
-				if now.Equal(W) {
-					w := *s.recs["h3"]
-					w.State = fencing.LeaseWithdrawn
-					s.prev["h3"] = s.write(now, "h3", &w)            // its beacon lost on the route…
-					s.write(now.Add(30*time.Millisecond), "h3", nil) // …hidden by the node
-				}
-				if ms%100 == 0 && s.step(now, set()) {
-					declared = now.Sub(W)
-				}
-			}
-			if !lostR2 {
-				t.Fatal("R2 not written")
-			}
+			declared := x33SlowCompanion(t, s, c.h5Renew, 45*time.Second, c.r2After)
 			s.verdict(declared, c.wantDeclared, "the withdrawal", fmt.Sprintf("h5 (renew_interval %s) wrote the renewal lost with the withdrawal's beacon %s after it: beyond companionDelay", c.h5Renew, c.r2After))
 		})
 	}
+}
+
+// x33SlowCompanion runs TestX33SlowCompanionBeyondCompanionDelay's
+// scenario on s: h5 renews every h5Renew (lease_ttl h5TTL when longer
+// than the default 2 s); h3 withdraws at W = t0+60 s, its beacon lost on
+// a route that also drops h5's renewal R2, written r2After after W; the
+// compromised node hides W with garbage. It returns how long after W h3
+// was declared (0: not within 90 s after it).
+func x33SlowCompanion(t *testing.T, s *x32Sim, h5Renew, h5TTL, r2After time.Duration) time.Duration {
+	t.Helper()
+	W := t0.Add(60 * time.Second)
+	R2 := W.Add(r2After)
+	r5 := *s.recs["h5"]
+	if h5Renew > 2*time.Second {
+		r5.Timing.RenewInterval, r5.Timing.LeaseTTL = h5Renew, h5TTL
+	}
+	s.recs["h5"] = &r5
+	h5Next := t0.Add(R2.Sub(t0) % h5Renew)
+	if h5Next.Before(t0.Add(time.Second)) {
+		h5Next = h5Next.Add(h5Renew)
+	}
+	lostR2 := false
+	var declared time.Duration
+	for ms := 1000; ms <= 150000 && declared == 0; ms += 10 {
+		now := t0.Add(time.Duration(ms) * time.Millisecond)
+		if ms%1000 == 0 {
+			for i := range 10 {
+				if name := fmt.Sprintf("h%d", i); name != "h3" && name != "h5" {
+					s.renew(now.Add(time.Duration(i)*10*time.Millisecond), name, false)
+				}
+			}
+		}
+		if !now.Before(h5Next) {
+			s.renew(now, "h5", now.Equal(R2)) // R2's beacon lost with W's
+			lostR2 = lostR2 || now.Equal(R2)
+			h5Next = h5Next.Add(h5Renew)
+		}
+		if now.Before(W) && ms%200 == 0 {
+			s.renew(now, "h3", false) // ×0.1 timing
+		}
+		if now.Equal(W) {
+			w := *s.recs["h3"]
+			w.State = fencing.LeaseWithdrawn
+			s.prev["h3"] = s.write(now, "h3", &w)            // its beacon lost on the route…
+			s.write(now.Add(30*time.Millisecond), "h3", nil) // …hidden by the node
+		}
+		if ms%100 == 0 && s.step(now, set()) {
+			declared = now.Sub(W)
+		}
+	}
+	if !lostR2 {
+		t.Fatal("R2 not written")
+	}
+	return declared
 }
 
 // TestX33WithdrawalBeaconDuringListing (S, conditional: a withdrawal

@@ -107,7 +107,9 @@ type hiddenWrite struct {
 // a hidden write — a compromised node's doing — declared up to 22 s
 // later. Counted from the noting alone it is not enough when the watch
 // stalls: companionsChecked bounds it from the host's last sign of life.
-const HiddenWriteWait = BeaconExpectWindow + companionDelay
+// This is its value at the default Config.NATSWriteDeadline
+// (Tracker.hiddenWriteWait: BeaconExpectWindow + companionDelay).
+const HiddenWriteWait = BeaconExpectWindow + DefaultNATSWriteDeadline + companionSlack
 
 // companionDelay: how far apart a withdrawal and a companion's renewal
 // whose beacon the same loss dropped were written: both were in the
@@ -118,8 +120,32 @@ const HiddenWriteWait = BeaconExpectWindow + companionDelay
 // renewing every 10 s wrote its renewal 7 s after the withdrawal within
 // an 8 s stall, found missing after the host was declared (reviewer X33,
 // TestX33SlowCompanionBeyondCompanionDelay). An operator raising
-// write_deadline on routes or leaf nodes widens it (docs/security.md).
-const companionDelay = 12 * time.Second
+// write_deadline on routes or leaf nodes widens it: Config.NATSWriteDeadline
+// (tracker.nats_write_deadline) must say so (docs/security.md;
+// TestWriteDeadlineWidensCompanionDelay).
+func (t *Tracker) companionDelay() time.Duration {
+	d := t.cfg.NATSWriteDeadline
+	if d <= 0 {
+		d = DefaultNATSWriteDeadline
+	}
+	return d + companionSlack
+}
+
+// hiddenWriteWait is HiddenWriteWait at this tracker's write deadline.
+func (t *Tracker) hiddenWriteWait() time.Duration { return BeaconExpectWindow + t.companionDelay() }
+
+// DefaultNATSWriteDeadline is nats-server's default write_deadline: a
+// route or leaf connection whose writes block that long is closed as a
+// slow consumer, dropping what it buffered (Config.NATSWriteDeadline).
+const DefaultNATSWriteDeadline = 10 * time.Second
+
+// MaxNATSWriteDeadline bounds Config.NATSWriteDeadline: every hidden write
+// waits the deadline, so a dead host with one is declared that much later.
+const MaxNATSWriteDeadline = 2 * time.Minute
+
+// companionSlack: companionDelay's margin beyond the write deadline (a
+// renewal written just after the stall began, the closing itself).
+const companionSlack = 2 * time.Second
 
 // noteHidden records that h's value at rev (stored at before, its
 // previous one at after; 0: unknown) came after a watch skip and no
@@ -1099,9 +1125,9 @@ func (t *Tracker) companionsChecked(now time.Time, h *hostState) bool {
 	// its key keeps its compare-and-set failing — goes on without fencing
 	// that long (reviewer X32, TestX32BlockedWithdrawerOutlivesRenewInterval:
 	// with renew_interval, a withdrawal 9.5 s after the last renewal).
-	need := alive + (max(h.rec.Timing.FenceBy(), h.rec.Timing.RenewInterval) + companionDelay).Nanoseconds()
+	need := alive + (max(h.rec.Timing.FenceBy(), h.rec.Timing.RenewInterval) + t.companionDelay()).Nanoseconds()
 	if fenceByMutation {
-		need = alive + (h.rec.Timing.RenewInterval + companionDelay).Nanoseconds()
+		need = alive + (h.rec.Timing.RenewInterval + t.companionDelay()).Nanoseconds()
 	}
 	if fb := h.hidden.firstBefore; fb != 0 && !firstBeforeMutation {
 		// And the withdrawal was stored before the hidden write that hid
@@ -1112,7 +1138,7 @@ func (t *Tracker) companionsChecked(now time.Time, h *hostState) bool {
 		// beacon, and the node hid the relayed records; back on NATS, it
 		// withdrew 30 s after its last beacon (reviewer X33,
 		// TestX33RelayedWithdrawerStaleAlive).
-		need = max(need, fb+companionDelay.Nanoseconds())
+		need = max(need, fb+t.companionDelay().Nanoseconds())
 	}
 	d, ok := f.passed(need)
 	if !ok {

@@ -57,6 +57,13 @@ type Config struct {
 	// agent fences nothing and such a host is declared while its domains
 	// run. Turn it on only if that risk is accepted.
 	AcceptAgentDependentBackstop bool
+	// NATSWriteDeadline is the longest write_deadline of the NATS routes
+	// and leaf nodes between the agents and this controller (0: the
+	// default, DefaultNATSWriteDeadline, 10 s): a beacon lost when such a
+	// connection is closed as a slow consumer is found only through a
+	// companion's renewal written up to this long after it
+	// (companionDelay, HiddenWriteWait). Set it if the servers raise it.
+	NATSWriteDeadline time.Duration
 }
 
 // DefaultConfig returns the defaults.
@@ -65,6 +72,7 @@ func DefaultConfig() Config {
 		GuardCount: fencing.DefaultGuardCount, GuardShare: fencing.DefaultGuardShare,
 		GuardWindow: fencing.DefaultGuardWindow, Drift: fencing.MaxClockDrift,
 		MaxHostDrift: DefaultMaxHostDrift, MaxGrace: DefaultMaxGrace,
+		NATSWriteDeadline: DefaultNATSWriteDeadline,
 	}
 }
 
@@ -82,6 +90,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxGrace <= 0 {
 		errs = append(errs, fmt.Errorf("%w: max grace must be > 0", ErrInvalidConfig))
+	}
+	if c.NATSWriteDeadline < 0 || c.NATSWriteDeadline > MaxNATSWriteDeadline {
+		errs = append(errs, fmt.Errorf("%w: nats write deadline %s outside [0, %s]", ErrInvalidConfig, c.NATSWriteDeadline, MaxNATSWriteDeadline))
 	}
 	return errors.Join(errs...)
 }
@@ -942,7 +953,7 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 					"silent for %s but not declared: beacons were lost while the watch may have hidden a write of this host before revision %d — its withdrawal may be among them (beaconloss.go); declared only after a trusted record of it or its beacon names revision %d or later",
 					now.Sub(h.lastSeen), h.lostBeacon, h.lostBeacon)})
 			}
-		case h.hidden.rev != 0 && !beaconMissMutation && (now.Before(h.hidden.seen.Add(HiddenWriteWait)) || !t.companionsChecked(now, h)):
+		case h.hidden.rev != 0 && !beaconMissMutation && (now.Before(h.hidden.seen.Add(t.hiddenWriteWait())) || !t.companionsChecked(now, h)):
 			// A beacon lost with its hidden write may still be found
 			// missing (beaconloss.go, HiddenWriteWait, companionsChecked):
 			// not yet.

@@ -142,6 +142,10 @@ type TrackerConfig struct {
 	// a reset by their agent (allow_reset without a watchdog): a crashed
 	// or hung agent there fences nothing (controller.Config).
 	AcceptAgentDependentBackstop bool `yaml:"accept_agent_dependent_backstop"`
+	// NATSWriteDeadline: the longest write_deadline of the NATS routes
+	// and leaf nodes between agents and controllers (nats-server's
+	// default 10s); raise it with them (controller.Config).
+	NATSWriteDeadline Duration `yaml:"nats_write_deadline"`
 }
 
 // OpenStackConfig is the cloud host and instance recovery call (the
@@ -226,7 +230,8 @@ func DefaultConfig() Config {
 			WriteTimeout: Duration(lc.WriteTimeout), ActMargin: Duration(lc.ActMargin)},
 		Guard: GuardConfig{Count: tc.GuardCount, Share: tc.GuardShare, Window: Duration(tc.GuardWindow)},
 		Tracker: TrackerConfig{Drift: tc.Drift, MaxHostDrift: tc.MaxHostDrift, MaxGrace: Duration(tc.MaxGrace),
-			AcceptNoBackstop: tc.AcceptNoBackstop, AcceptAgentDependentBackstop: tc.AcceptAgentDependentBackstop},
+			AcceptNoBackstop: tc.AcceptNoBackstop, AcceptAgentDependentBackstop: tc.AcceptAgentDependentBackstop,
+			NATSWriteDeadline: Duration(tc.NATSWriteDeadline)},
 		Recovery:         DefaultRecovery(),
 		OpenStack:        OpenStackConfig{OpenStackConfig: daemonkit.DefaultOpenStack()},
 		Metrics:          MetricsConfig{Listen: DefaultListen},
@@ -309,6 +314,9 @@ func (c *Config) Validate() error {
 		bad("tracker.max_host_drift", c.Tracker.MaxHostDrift, fmt.Sprintf("must be between 0 and %g", fencing.MaxSupportedDrift))
 	}
 	daemonkit.Positive(bad, "tracker.max_grace", c.Tracker.MaxGrace)
+	if d := c.Tracker.NATSWriteDeadline.D(); d <= 0 || d > controller.MaxNATSWriteDeadline {
+		bad("tracker.nats_write_deadline", d, fmt.Sprintf("must be > 0 and at most %s (nats-server's write_deadline on routes and leaf nodes; default 10s)", controller.MaxNATSWriteDeadline))
+	}
 	if err := c.TrackerCore().Validate(); err != nil && p.Err() == nil {
 		// Every field above passed: a rule only the core knows.
 		bad("tracker", fmt.Sprintf("%+v", c.Tracker), err.Error())
@@ -365,7 +373,8 @@ func (c *Config) LeaderCore() controller.LeaderConfig {
 func (c *Config) TrackerCore() controller.Config {
 	return controller.Config{GuardCount: c.Guard.Count, GuardShare: c.Guard.Share, GuardWindow: c.Guard.Window.D(),
 		Drift: c.Tracker.Drift, MaxHostDrift: c.Tracker.MaxHostDrift, MaxGrace: c.Tracker.MaxGrace.D(),
-		AcceptNoBackstop: c.Tracker.AcceptNoBackstop, AcceptAgentDependentBackstop: c.Tracker.AcceptAgentDependentBackstop}
+		AcceptNoBackstop: c.Tracker.AcceptNoBackstop, AcceptAgentDependentBackstop: c.Tracker.AcceptAgentDependentBackstop,
+		NATSWriteDeadline: c.Tracker.NATSWriteDeadline.D()}
 }
 
 // NewLogger builds the controller's structured logger.

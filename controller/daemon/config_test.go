@@ -85,6 +85,7 @@ func TestConfigErrorsNameFieldAndValue(t *testing.T) {
 		{"drift", "tracker:\n  drift: 0.2\n", []string{"tracker.drift", "0.2"}},
 		{"host drift", "tracker:\n  max_host_drift: -0.1\n", []string{"tracker.max_host_drift", "-0.1"}},
 		{"max grace", "tracker:\n  max_grace: 0s\n", []string{"tracker.max_grace", "0s"}},
+		{"nats write deadline", "tracker:\n  nats_write_deadline: 5m\n", []string{"tracker.nats_write_deadline", "5m0s", "at most 2m0s"}},
 		{"openstack interface", "openstack:\n  interface: private\n", []string{"openstack.interface", `"private"`}},
 		{"openstack timeout", "openstack:\n  request_timeout: 0s\n", []string{"openstack.request_timeout", "0s"}},
 		{"openstack cloud not loadable", "openstack:\n  cloud: nope\n  clouds_file: /nonexistent/clouds.yaml\n", []string{"openstack", `cloud "nope"`, "/nonexistent/clouds.yaml"}},
