@@ -1289,7 +1289,7 @@ func (t *Tracker) keepEarly(e earlyBeacon) {
 // window of the time beacons were dropped at the bound. Per host kept,
 // not per beacon: a flood of one host's beacons costs a tick one lookup.
 func (t *Tracker) replayEarly(now time.Time) {
-	if len(t.early) == 0 && len(t.earlyWithdrawn) == 0 && t.earlyLost.IsZero() && len(t.carriedEarly) == 0 && len(t.earlyWrote) == 0 {
+	if len(t.early) == 0 && len(t.earlyWithdrawn) == 0 && t.earlyLost.IsZero() && len(t.carriedEarly) == 0 && len(t.earlyWrote) == 0 && len(t.barEarly) == 0 {
 		return
 	}
 	for host, es := range t.early {
@@ -1334,6 +1334,9 @@ func (t *Tracker) trackedEarly() []string {
 		add(host)
 	}
 	for host := range t.earlyWrote {
+		add(host)
+	}
+	for host := range t.barEarly {
 		add(host)
 	}
 	slices.Sort(out)
@@ -1384,8 +1387,15 @@ func (t *Tracker) replayHost(now time.Time, host string) {
 	w, withdrew := t.earlyWithdrawn[host]
 	c, carried := t.carriedEarly[host]
 	wrote, wroteKept := t.earlyWrote[host]
-	if !kept && !withdrew && !carried && !wroteKept {
+	bar, barKept := t.barEarly[host]
+	if !kept && !withdrew && !carried && !wroteKept && !barKept {
 		return
+	}
+	if barKept {
+		delete(t.barEarly, host)
+		if h := t.hosts[host]; h != nil {
+			h.raiseRollbackBar(CarriedHost{Host: host, Wrote: bar})
+		}
 	}
 	if wroteKept {
 		delete(t.earlyWrote, host)

@@ -152,7 +152,7 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 // it until it is (earlyWrote).
 func (t *Tracker) BeaconWrote(host string, rev, epoch, inc, seq uint64) {
 	h := t.hosts[host]
-	w := writeID{epoch, inc, seq}
+	w := writeID{epoch: epoch, inc: inc, seq: seq}
 	if seq == 0 || rev == 0 {
 		return
 	}
@@ -424,7 +424,8 @@ func replay(h *hostState, rev uint64, rec *fencing.LeaseRecord) bool {
 		// one of its records from before the rollback, whose revisions
 		// the rollback handed out again (reviewer X23).
 		return true
-	case h.rollbackBar != nil && rec.Sig != "" && hostWritten(rec.State) && !idOf(*rec).newer(*h.rollbackBar) && !rollbackBarMutation:
+	case h.rollbackBar != nil && rec.Sig != "" && !rollbackBarMutation &&
+		(hostWritten(rec.State) && !idOf(*rec).newer(*h.rollbackBar) || !hostWritten(rec.State) && h.rollbackBar.newer(idOf(*rec)) && !rollbackDeclMutation):
 		// Not newer than the newest record an earlier tracker knew the
 		// host wrote when the lease stream rolled back (rollbackBar): a
 		// copy from before the rollback, whatever carry ended since. A
@@ -434,10 +435,15 @@ func replay(h *hostState, rev uint64, rec *fencing.LeaseRecord) bool {
 		// (not stale), and was declared while its guests ran (reviewer
 		// X24, TestX24ReusedRevisionReplayAfterRollbackNotCarried); an
 		// old withdrawal's copy kept a dead host undeclared (c,
-		// TestX24ReusedRevisionWithdrawalReplayKeepsDeadHost). Only the
-		// host's own records: a declaration (expired, released) carries
-		// the host's identity and a re-declaration after the rollback
-		// has the lost one's (TestX38CountedCarryCountsForever).
+		// TestX24ReusedRevisionWithdrawalReplayKeepsDeadHost). A
+		// controller's record (expired, released) only when strictly
+		// older: a re-declaration after the rollback has the lost one's
+		// identity (TestX38CountedCarryCountsForever) — and a copy of an
+		// old declaration of a host released and back since was taken
+		// (the live host declared 10.6 s after the fresh start), of an
+		// old release kept a dead host undeclared (reviewer X46,
+		// TestX46ReplayedDeclarationOfLiveHostAfterRollback,
+		// TestX46ReplayedReleaseKeepsDeadHostUndeclared).
 		return true
 	case !h.deleted:
 		return fencing.StaleRecord(*rec, rev, h.rev)
@@ -455,6 +461,10 @@ func hostWritten(st fencing.LeaseState) bool {
 // rollbackBarMutation: replay ignores rollbackBar, as before (reviewer
 // X24's reused-revision replays). Tests only.
 var rollbackBarMutation bool
+
+// rollbackDeclMutation: the bar judges only the host's own records, as
+// before (reviewer X46). Tests only.
+var rollbackDeclMutation bool
 
 // raiseRollbackBar: h's newest record known when the lease stream rolled
 // back is at least c's record, or the newer one its beacons named

@@ -377,6 +377,73 @@ func (t *Tracker) Withdrawals() []CarriedHost {
 	return out
 }
 
+// Bars lists every host this tracker knows a signed record or a beacon's
+// record identity of — Wrote: the newest of its trusted record, what its
+// beacons named and an earlier rollback's bar; Record: its trusted
+// record, if signed — for a fresh tracker after a rollback (KeepBar).
+func (t *Tracker) Bars() []CarriedHost {
+	var out []CarriedHost
+	for _, name := range t.Hosts() {
+		h := t.hosts[name]
+		c := CarriedHost{Host: name, Wrote: h.wroteBar()}
+		if h.rec.Sig != "" && h.trustedRev > 0 {
+			c.Record = h.rec
+			if id := idOf(h.rec); id.newer(c.Wrote) {
+				c.Wrote = id
+			}
+		}
+		for _, b := range []*fencing.LeaseRecord{h.countedCarry, h.carried} {
+			if b != nil && b.Sig != "" && idOf(*b).newer(c.Wrote) {
+				c.Wrote = idOf(*b)
+			}
+		}
+		if !c.Wrote.zero() {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// KeepBar: an earlier tracker knew c.Host wrote (or a controller wrote
+// for it) c.Wrote when the lease stream rolled back. This one refuses
+// older copies of its records from now on (hostState.rollbackBar,
+// replay) — every host's, not only the carried ones': a host declared
+// more than a guard window before the rollback was neither, and a copy
+// of its old withdrawal kept it undeclared for good (reviewer X46,
+// TestX46DeclaredBeforeGuardWindowNotCarried). A record this tracker
+// listed before the bar was set (the listing comes first) that is older
+// than c.Record — a copy landed between the rollback and the listing, or
+// the backup's own, an old withdrawal — gives way to c.Record when that
+// is the host's own: the dead host stayed withdrawn on the listed copy
+// (TestX46CopyListedBeforeCarryApplied).
+func (t *Tracker) KeepBar(c CarriedHost) {
+	h := t.hosts[c.Host]
+	if h == nil {
+		if c.Wrote.zero() {
+			return
+		}
+		if old, ok := t.barEarly[c.Host]; !ok || c.Wrote.newer(old) {
+			if t.barEarly == nil {
+				t.barEarly = map[string]writeID{}
+			}
+			t.barEarly[c.Host] = c.Wrote
+		}
+		return
+	}
+	h.raiseRollbackBar(c)
+	if r := c.Record; r.Sig != "" && hostWritten(r.State) && !h.deleted && h.carried == nil && !listedBarMutation &&
+		h.rec.Sig != "" && hostWritten(h.rec.State) && idOf(r).newer(idOf(h.rec)) {
+		if h.rec.State == fencing.LeaseWithdrawn && r.State == fencing.LeaseActive {
+			h.beacons.withdrawnRev = 0
+		}
+		h.rec = r
+	}
+}
+
+// listedBarMutation: KeepBar leaves a listed record older than the
+// carried one, as before (reviewer X46). Tests only.
+var listedBarMutation bool
+
 // earlyWroteOf: the newest record host's beacons named, tracked or not.
 func (t *Tracker) earlyWroteOf(host string) writeID {
 	w := t.earlyWrote[host]

@@ -174,7 +174,12 @@ type rollbackCarry struct {
 	// (Tracker.KeepCounted) — a rollback that put a host's old withdrawn
 	// record back ended a hold (reviewer X25).
 	counted []CarriedHost
-	rev     uint64
+	// bars: every host the stopped tracker knew a signed record or a
+	// beacon's identity of (Tracker.Bars): the fresh one refuses older
+	// copies of the host's records (Tracker.KeepBar) — not only of the
+	// hosts carried above (reviewer X46).
+	bars []CarriedHost
+	rev  uint64
 	// applied: handed to the fresh tracker at its first listing's end
 	// (applyTo), not again at a re-watch's.
 	applied bool
@@ -199,8 +204,17 @@ func (c *rollbackCarry) applyTo(t *Tracker) []Decision {
 	for _, h := range c.counted {
 		t.KeepCounted(h)
 	}
+	if !barsMutation {
+		for _, h := range c.bars {
+			t.KeepBar(h)
+		}
+	}
 	return out
 }
+
+// barsMutation: only the hosts carried as withdrawn or counted get a
+// rollback bar, as before (reviewer X46). Tests only.
+var barsMutation bool
 
 // carryOnceMutation: the carry is applied at every listing, as before
 // (reviewer X40). Tests only.
@@ -216,7 +230,7 @@ var carryOnceMutation bool
 // TestX40RollbackDuringCarriedListingDropsCarry). The revision never goes
 // down (AfterRollback: pins trusted below it are not taken).
 func carryOn(prev *rollbackCarry, t *Tracker, now time.Time, maxRv uint64) *rollbackCarry {
-	c := &rollbackCarry{withdrawn: t.Withdrawals(), counted: t.CountedSilent(now), rev: maxRv}
+	c := &rollbackCarry{withdrawn: t.Withdrawals(), counted: t.CountedSilent(now), bars: t.Bars(), rev: maxRv}
 	if prev == nil || carryUnionMutation {
 		return c
 	}
@@ -224,6 +238,7 @@ func carryOn(prev *rollbackCarry, t *Tracker, now time.Time, maxRv uint64) *roll
 	if !prev.applied {
 		c.withdrawn = mergeCarried(c.withdrawn, prev.withdrawn)
 		c.counted = mergeCarried(c.counted, prev.counted)
+		c.bars = mergeCarried(c.bars, prev.bars)
 	}
 	return c
 }
@@ -233,12 +248,12 @@ func carryOn(prev *rollbackCarry, t *Tracker, now time.Time, maxRv uint64) *roll
 // only.
 var carryUnionMutation bool
 
-// mergeCarried: a's hosts and b's, one entry a host — the newer record
-// (a signed one over an unsigned or empty one).
 // mergeWroteMutation: mergeCarried keeps the newer record's entry whole,
 // as before (reviewer X45). Tests only.
 var mergeWroteMutation bool
 
+// mergeCarried: a's hosts and b's, one entry a host — the newer record
+// (a signed one over an unsigned or empty one).
 func mergeCarried(a, b []CarriedHost) []CarriedHost {
 	out := slices.Clone(a)
 	for _, x := range b {

@@ -277,9 +277,16 @@ type beaconState struct {
 	wrote writeID
 }
 
-// writeID identifies a record a host wrote, ordered as notNewer orders
-// records: epoch, then incarnation, then seq.
-type writeID struct{ epoch, inc, seq uint64 }
+// writeID identifies a record of a host, ordered as notNewer orders
+// records: epoch, then incarnation, then seq — and, for the controller's
+// records, which carry the identity of the host's record they declare
+// (epoch + 1) or release (the declaration's), rank: a declaration
+// (rank 1) before its release (rank 2); the host's own records and its
+// beacons' are rank 0 (they never share an identity with those).
+type writeID struct {
+	epoch, inc, seq uint64
+	rank            uint8
+}
 
 func (w writeID) zero() bool { return w == writeID{} }
 
@@ -290,11 +297,22 @@ func (w writeID) newer(v writeID) bool {
 		return w.epoch > v.epoch
 	case w.inc != v.inc:
 		return w.inc > v.inc
+	case w.seq != v.seq:
+		return w.seq > v.seq
 	}
-	return w.seq > v.seq
+	return w.rank > v.rank
 }
 
-func idOf(r fencing.LeaseRecord) writeID { return writeID{r.Epoch, r.Incarnation, r.Seq} }
+func idOf(r fencing.LeaseRecord) writeID {
+	id := writeID{epoch: r.Epoch, inc: r.Incarnation, seq: r.Seq}
+	switch r.State {
+	case fencing.LeaseExpired:
+		id.rank = 1
+	case fencing.LeaseReleased:
+		id.rank = 2
+	}
+	return id
+}
 
 // pendingValue is an unverifiable value of a host's key observed at at,
 // not (yet) named by a beacon of the host.
@@ -437,6 +455,9 @@ type Tracker struct {
 	// (replayHost) and carried with its early withdrawal (Withdrawals;
 	// reviewer X45). Bounded by maxEarlyBeacons.
 	earlyWrote map[string]writeID
+	// barEarly: rollback bars (KeepBar) of hosts not tracked yet — the
+	// rollback emptied their keys —, taken when they are (replayHost).
+	barEarly map[string]writeID
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -973,6 +994,13 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 		default:
 			h.declaring = now
 			rec := h.rec
+			if b := h.rollbackBar; b != nil && b.epoch >= rec.Epoch && !rollbackBarMutation {
+				// After a rollback the listed record may be older than
+				// what the host (or a controller, declaring or releasing
+				// it) wrote before: the declaration must be newer than
+				// all of it, or the bar refuses it as a replay (replay).
+				rec.Epoch = b.epoch
+			}
 			rec.Epoch++
 			rec.State = fencing.LeaseExpired
 			rec.Reason = fmt.Sprintf("no renewal for %s (lease_ttl %s + grace %s)", now.Sub(h.declClock()), ttl, h.grace)
