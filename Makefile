@@ -63,6 +63,7 @@ fuzz: ## run each fuzzer for 30 s
 	$(GO) test -run '^$$' -fuzz FuzzSchemaAgreesWithDecoder -fuzztime 30s ./proto/schema/
 	$(GO) test -run '^$$' -fuzz FuzzSubjectHost -fuzztime 30s ./proto/
 	$(GO) test -run '^$$' -fuzz FuzzVerifyEvent -fuzztime 30s ./fencing/
+	$(GO) test -run '^$$' -fuzz FuzzVerifyBeacon -fuzztime 30s ./fencing/
 
 clean: ## remove build outputs
 	rm -rf $(BIN) dist

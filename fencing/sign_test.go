@@ -339,3 +339,62 @@ func BenchmarkVerifyBeacon(b *testing.B) {
 		})
 	}
 }
+
+// FuzzVerifyBeacon: no beacon verifies (signing required) unless h0's key
+// signed exactly its meaningful fields — host, revision, prev, state,
+// incarnation, epoch, seq — as one of the genuine beacons the corpus
+// starts from: rec_sig (every field) or sig + prev_sig (an older agent's,
+// without epoch and seq). `go test -run '^$' -fuzz FuzzVerifyBeacon
+// -fuzztime 20s ./fencing/` (make fuzz).
+func FuzzVerifyBeacon(f *testing.F) {
+	k, s := testKeyring(SigningRequired)
+	type key struct {
+		host                       string
+		rev, prev, inc, epoch, seq uint64
+		state                      LeaseState
+	}
+	keyOf := func(b Beacon) key {
+		return key{b.Host, b.Revision, b.Prev, b.Incarnation, b.Epoch, b.Seq, b.State}
+	}
+	genuine := map[key]bool{}
+	for _, bc := range []Beacon{
+		{Schema: BeaconSchema, Host: "h0", Incarnation: 3, Revision: 42, Prev: 40, Epoch: 2, Seq: 77, At: time.Unix(1000, 0).UTC()},
+		{Schema: BeaconSchema, Host: "h0", Incarnation: 3, Revision: 43, Prev: 42, Epoch: 2, Seq: 78, State: LeaseWithdrawn, At: time.Unix(1001, 0).UTC()},
+		{Schema: BeaconSchema, Host: "h0", Incarnation: 3, Revision: 44, Prev: 43, At: time.Unix(1002, 0).UTC()},
+		{Schema: BeaconSchema, Host: "h0", Incarnation: 3, Revision: 45, At: time.Unix(1003, 0).UTC()},
+	} {
+		sealed := s["h0"].SealBeacon(bc)
+		genuine[keyOf(sealed)] = true
+		if bc.Seq != 0 { // what an older controller verifies of it
+			old := sealed
+			old.Epoch, old.Seq, old.RecSig = 0, 0, ""
+			genuine[keyOf(old)] = true
+			if old.Prev != 0 {
+				old.Prev, old.PrevSig = 0, ""
+				genuine[keyOf(old)] = true
+			}
+		} else if bc.Prev != 0 {
+			old := sealed
+			old.Prev, old.PrevSig = 0, ""
+			genuine[keyOf(old)] = true
+		}
+		enc, _ := sealed.Encode()
+		f.Add(enc)
+	}
+	f.Add([]byte(`{"schema":1,"host":"h0","revision":9,"seq":5,"signer":"Kh0","rec_sig":"!!"}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, err := DecodeBeacon(data)
+		if err != nil {
+			return
+		}
+		if err := k.VerifyBeacon(b); err != nil {
+			if !errors.Is(err, ErrInvalidRecord) {
+				t.Fatalf("error %v does not wrap ErrInvalidRecord", err)
+			}
+			return
+		}
+		if !genuine[keyOf(b)] {
+			t.Fatalf("verified a beacon h0's key never signed: %+v", keyOf(b))
+		}
+	})
+}
