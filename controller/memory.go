@@ -431,11 +431,10 @@ func (t *Tracker) KeepBar(c CarriedHost) {
 		return
 	}
 	h.raiseRollbackBar(c)
-	if r := c.Record; r.Sig != "" && hostWritten(r.State) && !h.deleted && h.carried == nil && !listedBarMutation &&
+	if r := c.Record; r.Sig != "" && hostWritten(r.State) && !h.deleted && h.carried == nil && !h.beaconWithdrawn() && !listedBarMutation &&
 		h.rec.Sig != "" && hostWritten(h.rec.State) && idOf(r).newer(idOf(h.rec)) {
-		if h.rec.State == fencing.LeaseWithdrawn && r.State == fencing.LeaseActive {
-			h.beacons.withdrawnRev = 0
-		}
+		// Not over a withdrawal this tracker knows by the host's own
+		// beacon (it withdrew since), nor over a carry (KeepWithdrawn).
 		h.rec = r
 	}
 }
