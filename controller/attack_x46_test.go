@@ -473,3 +473,86 @@ func TestX46CopyListedBeforeCarryApplied(t *testing.T) {
 		})
 	}
 }
+
+// TestKeepBarAfterHiddenWithdrawal (S, needs a rollback; found reading
+// KeepBar): h3 is back from maintenance (incarnation 2, renewing) when
+// the lease stream rolls back to before its maintenance. Before the fresh
+// tracker's listing, h3 stops in order: its withdrawal W2 lands, and the
+// node lands an aligned copy of h3's OLD withdrawal W1 over it (X44's
+// alignment), which the listing trusts. W2's beacon reaches the fresh
+// tracker during its listing. KeepBar must not put back the stopped
+// tracker's active record (incarnation 2, seq 20) over the listed W1: the
+// host wrote something newer since (its beacons said so) — its
+// withdrawal — and made active again it never renews and is declared
+// while its guests run (keepBarBeaconMutation: declared 15 s after the
+// fresh start).
+func TestKeepBarAfterHiddenWithdrawal(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		muts []*bool
+	}{
+		{"attack/withdrawal-under-copy", nil},
+		{"attack/withdrawal-under-copy/keepBarBeaconMutation", []*bool{&keepBarBeaconMutation}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			x36Mutate(t, c.muts...)
+			b, others, backup, backupRev, seq, w1, at := x46Maintained(t)
+			const victim = "h3"
+			seq = 0
+			for s := 0; s < 20; s++ { // back: incarnation 2
+				now := at.Add(time.Duration(s) * time.Second)
+				seq++
+				x39Put(b, now.Add(500*time.Millisecond), victim, 0, 2, seq)
+				b.run(now, 1, others, nil)
+			}
+			at = at.Add(20 * time.Second)
+			b.rollBack(backup, backupRev)
+			c1 := b.tr
+			b.tr = nil // none of this reaches the stopped tracker's watch
+			seq++
+			w2 := x38Put(b, at.Add(200*time.Millisecond), victim, fencing.LeaseWithdrawn, 2, seq)
+			w2Rev := b.rev
+			if !x45Align(b, at.Add(400*time.Millisecond), victim, w1, 0) {
+				t.Fatalf("rig: copy not landed (stream at %d, W1's prev_rev %d)", b.rev, w1.PrevRev)
+			}
+			b.tr = c1
+			// The runner: the rollback found, a fresh tracker lists the
+			// stream; W2's beacon comes during the listing.
+			start := at.Add(2 * time.Second)
+			carry := carryOn(b.carry, c1, at.Add(1500*time.Millisecond), b.delivered)
+			b.carry = carry
+			c1.StreamRolledBack(at.Add(1500*time.Millisecond), "test")
+			b.flush()
+			b.stop()
+			tr := x10Tracker(t)
+			names := x11Without(sortedKeys(b))
+			sortByRev(names, b)
+			for _, h := range names {
+				tr.Skipped(b.keys[h].rev)
+				deliver(tr, start, h, b.keys[h])
+			}
+			tr.ObserveBeacon(start, victim, w2Rev)
+			tr.BeaconWrote(victim, w2Rev, w2.Epoch, w2.Incarnation, w2.Seq)
+			tr.ObserveWithdrawal(start, victim, w2Rev)
+			tr.WatchStarted(start)
+			tr.AfterRollback(carry.rev)
+			carry.applyTo(tr)
+			tr.RestoreGuard(b.guard)
+			b.tr = tr
+			b.flush()
+			hs := tr.hosts[victim]
+			t.Logf("fresh tracker: %s listed %s inc %d seq %d (W1's copy), beacon-withdrawn %t", victim, hs.rec.State, hs.rec.Incarnation, hs.rec.Seq, hs.beaconWithdrawn())
+			h, after := b.run(start, 120, others, x10Set([]string{victim}))
+			if len(c.muts) > 0 {
+				if h == "" {
+					t.Fatal("with the mutation h3 was not declared: the test no longer shows the hole")
+				}
+				t.Logf("with the mutation: the withdrawn %s declared %v after the fresh start", h, after)
+				return
+			}
+			if h != "" {
+				t.Fatalf("the withdrawn %s (stopped in order after the rollback, guests running) declared %v after the fresh start: KeepBar put its older active record back over the listed copy although its beacons named a newer write (its withdrawal)", h, after)
+			}
+		})
+	}
+}

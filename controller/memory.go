@@ -431,10 +431,14 @@ func (t *Tracker) KeepBar(c CarriedHost) {
 		return
 	}
 	h.raiseRollbackBar(c)
-	if r := c.Record; r.Sig != "" && hostWritten(r.State) && !h.deleted && h.carried == nil && !h.beaconWithdrawn() && !listedBarMutation &&
-		h.rec.Sig != "" && hostWritten(h.rec.State) && idOf(r).newer(idOf(h.rec)) {
-		// Not over a withdrawal this tracker knows by the host's own
-		// beacon (it withdrew since), nor over a carry (KeepWithdrawn).
+	if r := c.Record; r.Sig != "" && hostWritten(r.State) && !h.deleted && h.carried == nil && !listedBarMutation &&
+		h.rec.Sig != "" && hostWritten(h.rec.State) && idOf(r).newer(idOf(h.rec)) &&
+		(!h.beaconWithdrawn() && !h.beacons.wrote.newer(idOf(r)) || keepBarBeaconMutation) {
+		// Not over a carry (KeepWithdrawn), nor where this tracker knows
+		// by the host's own beacons of a write newer than r: it wrote
+		// since — its withdrawal, hidden under the listed copy, and r
+		// put back made the withdrawn host active, declared 15 s after
+		// the fresh start (TestKeepBarAfterHiddenWithdrawal).
 		h.rec = r
 	}
 }
@@ -442,6 +446,10 @@ func (t *Tracker) KeepBar(c CarriedHost) {
 // listedBarMutation: KeepBar leaves a listed record older than the
 // carried one, as before (reviewer X46). Tests only.
 var listedBarMutation bool
+
+// keepBarBeaconMutation: KeepBar puts the carried record back whatever
+// the host's beacons said since. Tests only.
+var keepBarBeaconMutation bool
 
 // earlyWroteOf: the newest record host's beacons named, tracked or not.
 func (t *Tracker) earlyWroteOf(host string) writeID {
