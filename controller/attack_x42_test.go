@@ -295,13 +295,7 @@ func TestX42HeldBeaconBranchCounting(t *testing.T) {
 			b.stop()
 			b.rollBack(maps.Clone(backup), backupRev)
 			start := at.Add(time.Second)
-			tr := x10Tracker(t)
-			names := x11Without(sortedKeys(b))
-			sortByRev(names, b)
-			for _, h := range names {
-				tr.Skipped(b.keys[h].rev)
-				deliver(tr, start, h, b.keys[h])
-			}
+			tr := x46List(t, b, start)
 			wr := b.keys[target].rev + 100 // h3's withdrawal beacon, during the listing
 			tr.ObserveBeacon(start, target, wr)
 			tr.ObserveWithdrawal(start, target, wr)

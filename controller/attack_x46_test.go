@@ -313,19 +313,12 @@ func TestX46DeclaredBeforeGuardWindowNotCarried(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x36Mutate(t, c.muts...)
-			b, others, backup, backupRev, seq, w, at := x46Maintained(t)
+			b, others, backup, backupRev, _, w, at := x46Maintained(t)
 			const victim = "h3"
 			if r := b.tr.hosts[victim].rec; r.State != fencing.LeaseWithdrawn {
 				t.Fatalf("rig: W not trusted: %+v", r)
 			}
-			seq = 0
-			for s := 0; s < 20; s++ { // back: incarnation 2
-				now := at.Add(time.Duration(s) * time.Second)
-				seq++
-				x39Put(b, now.Add(500*time.Millisecond), victim, 0, 2, seq)
-				b.run(now, 1, others, nil)
-			}
-			at = at.Add(20 * time.Second)
+			_, at = x46Back(b, others, at)
 			h, after := b.run(at, 60, others, x10Set([]string{victim})) // dies
 			if h != victim {
 				t.Fatalf("rig: %s not declared", victim)
@@ -413,19 +406,12 @@ func TestX46CopyListedBeforeCarryApplied(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x36Mutate(t, c.muts...)
-			b, others, backup, backupRev, seq, w, at := x46Maintained(t)
+			b, others, backup, backupRev, _, w, at := x46Maintained(t)
 			const victim = "h3"
 			if c.during {
 				backup, backupRev = maps.Clone(b.keys), b.rev
 			}
-			seq = 0
-			for s := 0; s < 20; s++ { // back: incarnation 2
-				now := at.Add(time.Duration(s) * time.Second)
-				seq++
-				x39Put(b, now.Add(500*time.Millisecond), victim, 0, 2, seq)
-				b.run(now, 1, others, nil)
-			}
-			at = at.Add(20 * time.Second)
+			_, at = x46Back(b, others, at)
 			died := at
 			b.run(at, 5, others, nil) // h3 dead for 5 s
 			at = at.Add(5 * time.Second)
@@ -498,14 +484,7 @@ func TestKeepBarAfterHiddenWithdrawal(t *testing.T) {
 			x36Mutate(t, c.muts...)
 			b, others, backup, backupRev, seq, w1, at := x46Maintained(t)
 			const victim = "h3"
-			seq = 0
-			for s := 0; s < 20; s++ { // back: incarnation 2
-				now := at.Add(time.Duration(s) * time.Second)
-				seq++
-				x39Put(b, now.Add(500*time.Millisecond), victim, 0, 2, seq)
-				b.run(now, 1, others, nil)
-			}
-			at = at.Add(20 * time.Second)
+			seq, at = x46Back(b, others, at)
 			b.rollBack(backup, backupRev)
 			c1 := b.tr
 			b.tr = nil // none of this reaches the stopped tracker's watch
@@ -524,13 +503,7 @@ func TestKeepBarAfterHiddenWithdrawal(t *testing.T) {
 			c1.StreamRolledBack(at.Add(1500*time.Millisecond), "test")
 			b.flush()
 			b.stop()
-			tr := x10Tracker(t)
-			names := x11Without(sortedKeys(b))
-			sortByRev(names, b)
-			for _, h := range names {
-				tr.Skipped(b.keys[h].rev)
-				deliver(tr, start, h, b.keys[h])
-			}
+			tr := x46List(t, b, start)
 			tr.ObserveBeacon(start, victim, w2Rev)
 			tr.BeaconWrote(victim, w2Rev, w2.Epoch, w2.Incarnation, w2.Seq)
 			tr.ObserveWithdrawal(start, victim, w2Rev)
@@ -555,4 +528,31 @@ func TestKeepBarAfterHiddenWithdrawal(t *testing.T) {
 			}
 		})
 	}
+}
+
+// x46Back: h3, back from maintenance, renews 20 times (incarnation 2,
+// seq 1..20) from at; it returns its last seq and the time reached.
+func x46Back(b *x11Bucket, others []string, at time.Time) (uint64, time.Time) {
+	var seq uint64
+	for s := 0; s < 20; s++ {
+		now := at.Add(time.Duration(s) * time.Second)
+		seq++
+		x39Put(b, now.Add(500*time.Millisecond), "h3", 0, 2, seq)
+		b.run(now, 1, others, nil)
+	}
+	return seq, at.Add(20 * time.Second)
+}
+
+// x46List: a fresh tracker's listing of the bucket at now (as
+// startCarry, without the carry: the caller applies it).
+func x46List(t *testing.T, b *x11Bucket, now time.Time) *Tracker {
+	t.Helper()
+	tr := x10Tracker(t)
+	names := x11Without(sortedKeys(b))
+	sortByRev(names, b)
+	for _, h := range names {
+		tr.Skipped(b.keys[h].rev)
+		deliver(tr, now, h, b.keys[h])
+	}
+	return tr
 }
