@@ -19,12 +19,20 @@ import (
 // notNewer() compare. It returns a copy of the record (the bytes a
 // compromised node that reads the bucket keeps).
 func x38Put(b *x11Bucket, now time.Time, host string, st fencing.LeaseState, inc, seq uint64) fencing.LeaseRecord {
+	return x38PutMod(b, now, host, st, inc, seq, nil)
+}
+
+// x38PutMod is x38Put with the record's constants set by mod (nil: none).
+func x38PutMod(b *x11Bucket, now time.Time, host string, st fencing.LeaseState, inc, seq uint64, mod func(*fencing.LeaseRecord)) fencing.LeaseRecord {
 	r := rec(host, fencing.BackstopReset)
 	r.Signer, r.Guard, r.State = host+"-key", b.guard.Ref(), st
 	r.Sig = fmt.Sprintf("sig-%s-%d-%d", host, inc, seq)
 	r.Incarnation, r.Seq = inc, seq
 	if st == fencing.LeaseWithdrawn {
 		r.Reason = "orderly-stop"
+	}
+	if mod != nil {
+		mod(r)
 	}
 	return x38Land(b, now, r)
 }

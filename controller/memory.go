@@ -416,11 +416,12 @@ func (t *Tracker) Bars() []CarriedHost {
 // the backup's own, an old withdrawal — gives way to c.Record when that
 // is the host's own: the dead host stayed withdrawn on the listed copy
 // (TestX46CopyListedBeforeCarryApplied).
-func (t *Tracker) KeepBar(c CarriedHost) {
+func (t *Tracker) KeepBar(c CarriedHost) []Decision {
+	t.out = t.out[:0]
 	h := t.hosts[c.Host]
 	if h == nil {
 		if c.Wrote.zero() {
-			return
+			return t.out
 		}
 		if old, ok := t.barEarly[c.Host]; !ok || c.Wrote.newer(old) {
 			if t.barEarly == nil {
@@ -428,20 +429,39 @@ func (t *Tracker) KeepBar(c CarriedHost) {
 			}
 			t.barEarly[c.Host] = c.Wrote
 		}
-		return
+		return t.out
 	}
 	h.raiseRollbackBar(c)
 	if r := c.Record; r.Sig != "" && hostWritten(r.State) && !h.deleted && h.carried == nil && !listedBarMutation &&
-		h.rec.Sig != "" && hostWritten(h.rec.State) && idOf(r).newer(idOf(h.rec)) &&
+		h.rec.Sig != "" && (hostWritten(h.rec.State) || !listedDeclMutation) && idOf(r).newer(idOf(h.rec)) &&
 		(!h.beaconWithdrawn() && !h.beacons.wrote.newer(idOf(r)) || keepBarBeaconMutation) {
 		// Not over a carry (KeepWithdrawn), nor where this tracker knows
 		// by the host's own beacons of a write newer than r: it wrote
 		// since — its withdrawal, hidden under the listed copy, and r
 		// put back made the withdrawn host active, declared 15 s after
-		// the fresh start (TestKeepBarAfterHiddenWithdrawal).
+		// the fresh start (TestKeepBarAfterHiddenWithdrawal). Over a
+		// listed declaration too (a backup taken while the host was
+		// declared; it was released and came back since: the live host
+		// was taken as declared from the start, reviewer X47,
+		// TestX47ListedDeclarationOfLiveHostNotGivenWay). The record put
+		// back is judged as Observe judges one (its grace, refusal and
+		// silence): unjudged, a monitor-only host was declared 15 s
+		// after the fresh start, and a host with a watchdog before its
+		// grace (reviewer X47, TestX47ListedWithdrawal*).
+		prev := h.rec
 		h.rec = r
+		if r.State == fencing.LeaseActive && !judgeBarMutation {
+			h.declaredAt, h.declaring = time.Time{}, time.Time{}
+			t.judge(c.Host, h, prev)
+		}
 	}
+	return t.out
 }
+
+// judgeBarMutation: KeepBar puts a record back without judging it, as
+// before (reviewer X47); listedDeclMutation: only over a listed record of
+// the host's own. Tests only.
+var judgeBarMutation, listedDeclMutation bool
 
 // listedBarMutation: KeepBar leaves a listed record older than the
 // carried one, as before (reviewer X46). Tests only.

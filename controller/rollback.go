@@ -206,7 +206,7 @@ func (c *rollbackCarry) applyTo(t *Tracker) []Decision {
 	}
 	if !barsMutation {
 		for _, h := range c.bars {
-			t.KeepBar(h)
+			out = append(out, t.KeepBar(h)...)
 		}
 	}
 	return out
