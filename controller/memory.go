@@ -410,12 +410,20 @@ func (t *Tracker) Bars() []CarriedHost {
 // replay) — every host's, not only the carried ones': a host declared
 // more than a guard window before the rollback was neither, and a copy
 // of its old withdrawal kept it undeclared for good (reviewer X46,
-// TestX46DeclaredBeforeGuardWindowNotCarried). A record this tracker
-// listed before the bar was set (the listing comes first) that is older
-// than c.Record — a copy landed between the rollback and the listing, or
-// the backup's own, an old withdrawal — gives way to c.Record when that
-// is the host's own: the dead host stayed withdrawn on the listed copy
-// (TestX46CopyListedBeforeCarryApplied).
+// TestX46DeclaredBeforeGuardWindowNotCarried). A declaration or release
+// this tracker listed before the bar was set (the listing comes first)
+// that is older than c.Record, the host's own — a backup taken while the
+// host was declared; it was released and came back since — gives way to
+// c.Record: the live host was taken as declared from the start (reviewer
+// X47, TestX47ListedDeclarationOfLiveHostNotGivenWay). A listed record of
+// the host's own is left as it is, even an older one: putting c.Record
+// back over it (be52f8c) declared withdrawn hosts whose genuine newest
+// record only looked older — an agent restarted with its state lost, a
+// withdrawal whose beacon reached the stopped tracker — and applied the
+// wrong constants (reviewers X47, X48: TestX48*, listedHostMutation). The
+// price (c): a dead host listed on an older withdrawal (a copy landed
+// before the listing, or the backup's own from a maintenance stop) stays
+// withdrawn (TestX46CopyListedBeforeCarryApplied, skipped).
 func (t *Tracker) KeepBar(c CarriedHost) []Decision {
 	t.out = t.out[:0]
 	h := t.hosts[c.Host]
@@ -433,7 +441,7 @@ func (t *Tracker) KeepBar(c CarriedHost) []Decision {
 	}
 	h.raiseRollbackBar(c)
 	if r := c.Record; r.Sig != "" && hostWritten(r.State) && !h.deleted && h.carried == nil && !listedBarMutation &&
-		h.rec.Sig != "" && (hostWritten(h.rec.State) || !listedDeclMutation) && idOf(r).newer(idOf(h.rec)) &&
+		h.rec.Sig != "" && (!hostWritten(h.rec.State) && !listedDeclMutation || hostWritten(h.rec.State) && listedHostMutation) && idOf(r).newer(idOf(h.rec)) &&
 		(!h.beaconWithdrawn() && !h.beacons.wrote.newer(idOf(r)) || keepBarBeaconMutation) {
 		// Not over a carry (KeepWithdrawn), nor where this tracker knows
 		// by the host's own beacons of a write newer than r: it wrote
@@ -457,6 +465,11 @@ func (t *Tracker) KeepBar(c CarriedHost) []Decision {
 	}
 	return t.out
 }
+
+// listedHostMutation: KeepBar also puts the record back over a listed
+// record of the host's own (an older withdrawal or renewal), as be52f8c
+// did (reviewers X47, X48). Tests only.
+var listedHostMutation bool
 
 // judgeBarMutation: KeepBar puts a record back without judging it, as
 // before (reviewer X47); listedDeclMutation: only over a listed record of
