@@ -379,7 +379,8 @@ func (t *Tracker) Withdrawals() []CarriedHost {
 
 // Bars lists every host this tracker knows a signed record or a beacon's
 // record identity of — Wrote: the newest of its trusted record, what its
-// beacons named and an earlier rollback's bar; Record: its trusted
+// beacons named and an earlier rollback's bar (which covers its carries'
+// bars: KeepCounted and KeepWithdrawn raise it); Record: its trusted
 // record, if signed — for a fresh tracker after a rollback (KeepBar).
 func (t *Tracker) Bars() []CarriedHost {
 	var out []CarriedHost
@@ -390,11 +391,6 @@ func (t *Tracker) Bars() []CarriedHost {
 			c.Record = h.rec
 			if id := idOf(h.rec); id.newer(c.Wrote) {
 				c.Wrote = id
-			}
-		}
-		for _, b := range []*fencing.LeaseRecord{h.countedCarry, h.carried} {
-			if b != nil && b.Sig != "" && idOf(*b).newer(c.Wrote) {
-				c.Wrote = idOf(*b)
 			}
 		}
 		if !c.Wrote.zero() {
@@ -487,8 +483,10 @@ var keepBarBeaconMutation bool
 // earlyWroteOf: the newest record host's beacons named, tracked or not.
 func (t *Tracker) earlyWroteOf(host string) writeID {
 	w := t.earlyWrote[host]
-	if h := t.hosts[host]; h != nil && h.wroteBar().newer(w) {
-		w = h.wroteBar()
+	if h := t.hosts[host]; h != nil {
+		if hw := h.wroteBar(); hw.newer(w) {
+			w = hw
+		}
 	}
 	return w
 }
