@@ -36,6 +36,7 @@ import (
 // record newer than it comes (Tracker.KeepWithdrawn), not until a revision
 // past carry.rev.
 func TestX23RestartedHostStuckWithdrawnAfterBehindRollback(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name  string
 		renew int // seconds h3's restarted agent renews before it dies
@@ -98,6 +99,7 @@ func TestX23RestartedHostStuckWithdrawnAfterBehindRollback(t *testing.T) {
 // Fixed: a host carried by its withdrawn record gets that record back
 // (uncounted by the guard, as before the rollback).
 func TestX23CarriedWithdrawalsHoldGuardForever(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name             string
 		rollback, detect bool

@@ -157,6 +157,7 @@ func TestX24ReimagedHostStuckWithdrawnByCarry(t *testing.T) {
 // tracker knew h3 wrote seq k+2, its withdrawal, the carry's bar — A_{k+1}
 // is a replay). Only with all three defences mutated is h3 declared.
 func TestX24HiddenRenewalEndsBeaconOnlyCarry(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name     string
 		rollback bool
@@ -257,6 +258,7 @@ func TestX24HiddenRenewalEndsBeaconOnlyCarry(t *testing.T) {
 // it) defeats the prev_rev check; the bar alone refuses R
 // (rollbackBarMutation: declared).
 func TestX24ReusedRevisionReplayAfterRollbackNotCarried(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name     string
 		rollback bool

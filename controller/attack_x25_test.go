@@ -190,6 +190,7 @@ func TestX25OtherControllersPinAboveCarry(t *testing.T) {
 // hold) too; a carried host's trusted record newer than the listed one
 // (epoch, incarnation, seq) wins over a listed withdrawn record.
 func TestX25RollbackResurrectedWithdrawalsEndHeldRackHold(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name      string
 		withdrawn bool

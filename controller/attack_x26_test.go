@@ -142,6 +142,7 @@ func TestX26OutageLongerThanTrustWindow(t *testing.T) {
 // still waits for its evidence and no loss was found yet — carried too
 // (carryHiddenMutation shows the hole).
 func TestX26RollbackDropsLostBeaconRefusal(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name          string
 		beaconArrived bool

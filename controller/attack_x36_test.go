@@ -285,6 +285,7 @@ func TestX36StartLossBeforeMemoryRestore(t *testing.T) {
 // Closed: the former (Tracker.carriedEarly, taken by replayHost;
 // carryUntrackedMutation).
 func TestX36RollbackBeforeHostExistedDropsCarry(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name       string
 		early      bool // the stopped tracker knew the withdrawal by its kept (early) beacon only

@@ -36,6 +36,7 @@ import (
 // carry's sake). Checked by hand: a `case h.lateSkip.rev != 0` in
 // Withdrawals makes the attack case pass (reverted).
 func TestX37LateSkipNotCarriedAcrossRollback(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name           string
 		memoryRestored bool
@@ -130,6 +131,7 @@ func TestX37LateSkipNotCarriedAcrossRollback(t *testing.T) {
 // only one delivered live after the listing (a returning agent renews
 // within renew_interval), or a beacon naming a later write.
 func TestX37RollbackRestoresUnseenNewerRecord(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name    string
 		how     string // "beacon": W's beacon came; "lost": lost, window seen; "pending": rollback before the loss is found

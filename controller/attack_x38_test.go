@@ -100,6 +100,7 @@ func x38Land(b *x11Bucket, now time.Time, r *fencing.LeaseRecord) fencing.LeaseR
 // Checked by hand: `h.countedCarry = old.countedCarry` in recreated makes
 // both attack cases pass (reverted).
 func TestX38DeleteEndsCountedCarry(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name        string
 		del, replay bool
@@ -250,6 +251,7 @@ func TestX38DeleteEndsCountedCarry(t *testing.T) {
 // Control: the same death, no rollback: declared, uncounted one guard
 // window later.
 func TestX38CountedCarryCountsForever(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name string
 		mode string

@@ -73,6 +73,7 @@ func x39Declare(b *x11Bucket, now time.Time, host string) fencing.LeaseRecord {
 // or on a record newer than the carry — never on declaredAt set by a
 // listed or replayed expired record not newer than c.
 func TestX39ExpiredRecordEndsCountedCarry(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name     string
 		rollback bool

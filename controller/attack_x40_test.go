@@ -63,6 +63,7 @@ func x40Rewatch(b *x11Bucket, now time.Time, carry *rollbackCarry) {
 // whose trusted record is newer than the carried one and was delivered
 // to this tracker live.
 func TestX40RewatchReappliesStaleWithdrawalCarry(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name              string
 		rollback, rewatch bool
@@ -186,6 +187,7 @@ func TestX40RewatchReappliesStaleWithdrawalCarry(t *testing.T) {
 // Fix direction: Withdrawals must hand on h.carried when set (the newer
 // of h.carried and h.rec), as CountedSilent hands on countedCarry.
 func TestX40SecondRollbackDowngradesBeaconCarry(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name      string
 		rollbacks int
@@ -323,6 +325,7 @@ func TestX40SecondRollbackDowngradesBeaconCarry(t *testing.T) {
 // the max of the revs); or apply the carry before/while listing
 // (KeepWithdrawn already copes with untracked hosts via carriedEarly).
 func TestX40RollbackDuringCarriedListingDropsCarry(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name       string
 		midListing bool

@@ -37,6 +37,7 @@ import (
 // newer of the listed and carried records also when the listed one is
 // withdrawn / beacon-withdrawn.
 func TestX41ListedOlderWithdrawalDropsReplayBar(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name         string
 		rollback     bool

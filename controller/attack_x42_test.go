@@ -36,6 +36,7 @@ import (
 // counted once silent, until a newer record comes — or count a listed
 // withdrawal older than a carried active record as that record's host.
 func TestX42RecentCutOffNotCarriedEndsHold(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name      string
 		withdrawn bool // the backup holds h1..h5's old withdrawals
@@ -120,6 +121,7 @@ func TestX42RecentCutOffNotCarriedEndsHold(t *testing.T) {
 // listedWithdrawnBarMutation: the copy of R5 gets the withdrawn h3
 // declared (the bar is what holds).
 func TestX42HeldListedOlderWithdrawalCarriedActive(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name  string
 		alive bool

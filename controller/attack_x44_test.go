@@ -117,6 +117,7 @@ func TestX44DeleteBeforeRenewalCarriedLiveHost(t *testing.T) {
 // the old tracker knew h1/h2 wrote seq 90, the carries' bar, and every
 // copy is older. With beaconBarMutation the Held host is declared again.
 func TestX44AlignedCopiesEndHold(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name   string
 		copies bool
@@ -125,9 +126,19 @@ func TestX44AlignedCopiesEndHold(t *testing.T) {
 		{"control-no-copies", false, nil},
 		{"attack/aligned-copies", true, nil},
 		{"attack/aligned-copies/beaconBarMutation", true, []*bool{&beaconBarMutation, &rollbackBarMutation}},
+		// The rollback gate alone holds the hole the mutations reopen:
+		// the cut-off rack's hosts publish no beacon after the rollback.
+		{"attack/aligned-copies/beaconBarMutation/gated", true, []*bool{&beaconBarMutation, &rollbackBarMutation}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			gated := strings.HasSuffix(c.name, "/gated")
+			if gated {
+				gateOn(t)
+			}
 			x36Mutate(t, c.muts...)
+			if gated {
+				c.muts = nil // expect nothing declared: the gate holds
+			}
 			b, hosts := x11Fleet(t, 60, 5)
 			rack := x10Names(1, 13)
 			targets := []string{"h1", "h2"}

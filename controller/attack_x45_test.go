@@ -93,6 +93,7 @@ func x45Align(b *x11Bucket, now time.Time, host string, cp fencing.LeaseRecord, 
 // carry's Wrote whatever the record's state): every copy is refused as a
 // replay; with rollbackBarMutation h1 is declared 22 s after the start.
 func TestX45WithdrawnCarryNotRaised(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name   string
 		seen   bool // the incarnation-3 renewals delivered to the old tracker
@@ -199,6 +200,7 @@ func TestX45WithdrawnCarryNotRaised(t *testing.T) {
 // (earlyWrote), applied when it is tracked and carried with its early
 // withdrawal; with earlyWroteMutation h1 is declared 22 s after the start.
 func TestX45EarlyWithdrawalCarriedWithoutBar(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name        string
 		afterListed bool
@@ -316,6 +318,7 @@ func TestX45EarlyWithdrawalCarriedWithoutBar(t *testing.T) {
 // identity) whichever record it keeps; with mergeWroteMutation h10 is
 // declared 22 s after the start.
 func TestX45MergeDropsWrote(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name   string
 		second bool
@@ -485,6 +488,7 @@ func TestX45MergeDropsWrote(t *testing.T) {
 // before any branch); with rollbackBarMutation h1 is declared 22 s after
 // the start.
 func TestX45ListedWithdrawalDropsBar(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name   string
 		snapAt int // lag second whose state the rollback restores

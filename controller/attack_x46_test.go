@@ -186,6 +186,7 @@ func TestX46ReplayedDeclarationOfLiveHostAfterRollback(t *testing.T) {
 // "control/no-rollback": the same copy with no rollback is refused.
 // Closed as above (rollbackDeclMutation: never declared).
 func TestX46ReplayedReleaseKeepsDeadHostUndeclared(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name           string
 		rollback, copy bool
@@ -300,6 +301,7 @@ func x46Maintained(t *testing.T) (*x11Bucket, []string, map[string]x11Entry, uin
 // Closed: every host gets a bar (Tracker.Bars/KeepBar); with
 // barsMutation h3 is never declared again.
 func TestX46DeclaredBeforeGuardWindowNotCarried(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name  string
 		since int // seconds between the declaration and the rollback
@@ -390,6 +392,7 @@ func TestX46DeclaredBeforeGuardWindowNotCarried(t *testing.T) {
 // Closed: KeepBar puts back the stopped tracker's newer record over an
 // older listed one; with listedBarMutation h3 is never declared.
 func TestX46CopyListedBeforeCarryApplied(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name   string
 		copy   bool
@@ -476,6 +479,7 @@ func TestX46CopyListedBeforeCarryApplied(t *testing.T) {
 // while its guests run (keepBarBeaconMutation: declared 15 s after the
 // fresh start).
 func TestKeepBarAfterHiddenWithdrawal(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name string
 		muts []*bool

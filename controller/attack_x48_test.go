@@ -3,6 +3,7 @@ package controller
 import (
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,14 +110,17 @@ func x48Write(b *x11Bucket, now time.Time, inc, seq uint64, st fencing.LeaseStat
 // "control/listedBarMutation": KeepBar leaves the listed W (as before
 // X46's fix) — never declared.
 func TestX48LostStateWithdrawalUnderOldIncarnation(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []x48Case{
 		{"control/state-kept", 4, true, nil},
 		{"control/lost-state/listedBarMutation", 2, true, []*bool{&listedBarMutation}},
 		{"fault/lost-state", 2, true, nil},
 		{"fault/lost-state/listedHostMutation", 2, true, []*bool{&listedHostMutation}},
+		{"fault/lost-state/listedHostMutation/gated", 2, true, []*bool{&listedHostMutation}},
 		{"fault/lost-state/no-beacons-to-old", 2, false, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			x48Gated(t, c.name)
 			x36Mutate(t, c.muts...)
 			b, others, bk, at := x48Rig(t)
 			b.rollBack(maps.Clone(bk.keys), bk.rev)
@@ -162,6 +166,7 @@ func TestX48LostStateLiveHostRenewsUnderBar(t *testing.T) {
 		{"fault/lost-state", 2, true, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			x48Gated(t, c.name)
 			x36Mutate(t, c.muts...)
 			b, others, bk, at := x48Rig(t)
 			b.rollBack(maps.Clone(bk.keys), bk.rev)
@@ -202,13 +207,16 @@ func TestX48LostStateLiveHostRenewsUnderBar(t *testing.T) {
 // "control/state-kept": incarnation 4, newer than the carried record:
 // the listed watchdog record stays — declared at lease_ttl + 15.5 s.
 func TestX48LostStateReconfiguredGraceFromOldRecord(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []x48Case{
 		{"control/state-kept", 4, true, nil},
 		{"control/lost-state/listedBarMutation", 2, true, []*bool{&listedBarMutation}},
 		{"fault/lost-state", 2, true, nil},
 		{"fault/lost-state/listedHostMutation", 2, true, []*bool{&listedHostMutation}},
+		{"fault/lost-state/listedHostMutation/gated", 2, true, []*bool{&listedHostMutation}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			x48Gated(t, c.name)
 			x36Mutate(t, c.muts...)
 			b, others, bk, at := x48Rig(t)
 			b.rollBack(maps.Clone(bk.keys), bk.rev)
@@ -238,6 +246,15 @@ func TestX48LostStateReconfiguredGraceFromOldRecord(t *testing.T) {
 			}
 			from := start.Add(10 * time.Second)
 			h, d := b.run(from, 120, others, x10Set([]string{"h3"}))
+			if strings.HasSuffix(c.name, "/gated") {
+				// Under the gate h3's records (below the bar) never prove
+				// themselves: not declared before an operator confirms —
+				// not early either.
+				if h != "" {
+					t.Fatalf("under the rollback gate the hung h3 was declared %v after its last renewal", from.Add(d).Sub(last))
+				}
+				return
+			}
 			if h == "" {
 				t.Fatal("the hung h3 never declared")
 			}
@@ -272,6 +289,7 @@ func TestX48LostStateReconfiguredGraceFromOldRecord(t *testing.T) {
 // "control/beacon-to-fresh": the beacon reaches the fresh tracker during
 // its listing (X46's case) — not declared.
 func TestX48HiddenWithdrawalBeaconToStoppedTracker(t *testing.T) {
+	gateOff(t) // the layers beneath the rollback gate (rollbackgate_test.go)
 	for _, c := range []struct {
 		name    string
 		toFresh bool
@@ -280,8 +298,10 @@ func TestX48HiddenWithdrawalBeaconToStoppedTracker(t *testing.T) {
 		{"control/beacon-to-fresh", true, nil},
 		{"attack/beacon-to-stopped", false, nil},
 		{"attack/beacon-to-stopped/listedHostMutation", false, []*bool{&listedHostMutation}},
+		{"attack/beacon-to-stopped/listedHostMutation/gated", false, []*bool{&listedHostMutation}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			x48Gated(t, c.name)
 			x36Mutate(t, c.muts...)
 			b, others, backup, backupRev, seq, w1, at := x46Maintained(t)
 			const victim = "h3"
@@ -337,7 +357,7 @@ func TestX48HiddenWithdrawalBeaconToStoppedTracker(t *testing.T) {
 			hs := tr.hosts[victim]
 			t.Logf("fresh tracker: %s rec %s inc %d seq %d, bar %v, beacon-withdrawn %t", victim, hs.rec.State, hs.rec.Incarnation, hs.rec.Seq, hs.rollbackBar, hs.beaconWithdrawn())
 			h, after := b.run(start, 120, others, x10Set([]string{victim}))
-			if len(c.muts) > 0 {
+			if len(c.muts) > 0 && !strings.HasSuffix(c.name, "/gated") {
 				if h == "" {
 					t.Fatal("with listedHostMutation h3 was not declared: the test no longer shows the hole")
 				}
@@ -354,4 +374,14 @@ func TestX48HiddenWithdrawalBeaconToStoppedTracker(t *testing.T) {
 
 // x48Mutated: the case runs with listedHostMutation (KeepBar puts the
 // record back over the host's own listed one, as be52f8c did).
-func x48Mutated(c x48Case) bool { return slices.Contains(c.muts, &listedHostMutation) }
+func x48Mutated(c x48Case) bool {
+	return slices.Contains(c.muts, &listedHostMutation) && !strings.HasSuffix(c.name, "/gated")
+}
+
+// x48Gated: a "/gated" case runs with the rollback gate on: it alone
+// must hold the hole the case's mutation reopens.
+func x48Gated(t *testing.T, name string) {
+	if strings.HasSuffix(name, "/gated") {
+		gateOn(t)
+	}
+}

@@ -1,9 +1,13 @@
 package controller
 
 import (
+	"context"
 	"flag"
+	"log/slog"
 	"os"
 	"testing"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // SetPinMutation lets the external tests (package controller_test) turn
@@ -59,4 +63,13 @@ func SetBeaconMissMutation(on bool) func() {
 func SetBeaconChainMutation(on bool) func() {
 	beaconChainMutation = on
 	return func() { beaconChainMutation = false }
+}
+
+// ConfirmPoll exposes the runner's confirmation poll (rollbackconfirm.go).
+type ConfirmPoll struct{ p confirmPoll }
+
+func NewConfirmPoll() *ConfirmPoll { return &ConfirmPoll{} }
+
+func (c *ConfirmPoll) Read(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger, gated []string) []string {
+	return c.p.readConfirmations(ctx, kv, log, gated)
 }

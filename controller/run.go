@@ -178,6 +178,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	var lastCheck time.Time
 	checked := make(chan rollbackCheck, 1)
 	checking := false
+	// The rollback gate's confirmations (rollbackconfirm.go): one poll at
+	// a time, off the loop, only on a tracker started after a rollback.
+	var poll confirmPoll
+	confirmed := make(chan []string, 1)
+	polling := false
+	var lastPoll time.Time
 	for ctx.Err() == nil {
 		updates := make(chan natslease.Update, 1024)
 		wctx, cancel := context.WithCancel(ctx)
@@ -249,6 +255,11 @@ func (r *Runner) Run(ctx context.Context) error {
 				for _, d := range ds {
 					r.perform(ctx, log, d)
 				}
+			case hosts := <-confirmed:
+				polling = false
+				for _, h := range hosts {
+					r.Tracker.ConfirmRollback(h) // declared at its next due Tick
+				}
 			case c := <-checked:
 				checking = false
 				err := c.err
@@ -287,6 +298,12 @@ func (r *Runner) Run(ctx context.Context) error {
 						reconnects, lastCheck, checking = rc, r.now(), true
 						samples, last := ring.snapshot()
 						go func() { checked <- r.checkRollback(ctx, samples, last) }()
+					}
+				}
+				if kv := r.Store.Control; kv != nil && r.rolledBack != nil && !polling && r.now().Sub(lastPoll) >= ConfirmPollInterval {
+					if gated := r.Tracker.RollbackGated(); len(gated) > 0 || !poll.read {
+						polling, lastPoll = true, r.now()
+						go func() { confirmed <- poll.readConfirmations(ctx, kv, log, gated) }()
 					}
 				}
 				if !watching {

@@ -234,6 +234,10 @@ type hostState struct {
 	// bound it (afterSkip), noted as its hidden write if they bind it
 	// before a write of its own (bindLate).
 	lateSkip lateSkip
+	// rollbackOK: the rollback gate (rollbackgate.go) let h go — its
+	// beacon named its record, newer than its bar, or an operator
+	// confirmed it; saidGate: it was due while gated (OpRefusedDue said).
+	rollbackOK, saidGate bool
 }
 
 // beaconState is what a host's beacons said (ObserveBeacon, invalid.go):
@@ -458,6 +462,9 @@ type Tracker struct {
 	// barEarly: rollback bars (KeepBar) of hosts not tracked yet — the
 	// rollback emptied their keys —, taken when they are (replayHost).
 	barEarly map[string]writeID
+	// confirmed: the hosts an operator confirmed after a rollback
+	// (ConfirmRollback, rollbackgate.go).
+	confirmed map[string]bool
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -989,6 +996,14 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 				hth := t.hostThreshold(base, h)
 				t.out = append(t.out, Decision{Op: OpHeldBack, Host: name, Silent: silent, Threshold: hth, Reason: fmt.Sprintf(
 					"due but held by the mass-failure guard: %d hosts silent > %d, the lowest threshold of any guard this host may act on", silent, hth)})
+			}
+		case t.rollbackGated(name, h):
+			// The lease stream rolled back: declared only on evidence
+			// that this record is the host's own and newest, or an
+			// operator's word (rollbackgate.go).
+			if !h.saidGate {
+				h.saidGate = true
+				t.out = append(t.out, Decision{Op: OpRefusedDue, Host: name, Reason: t.gateReason(name, h, now)})
 			}
 		case !h.declaring.IsZero() && now.Sub(h.declaring) < DeclareRetry:
 		default:

@@ -64,6 +64,11 @@ type LeaseView struct {
 	// (recovery.WhyGuardHolding). Per host: another member's guard
 	// cannot pause this host's recovery.
 	GuardHolds bool `json:"guard_holds,omitempty"`
+	// RollbackGated: the host fell due after the lease stream rolled back
+	// and is not declared until its beacon names its record or an
+	// operator confirms it (rollbackgate.go, hvguard-controller
+	// confirm-rollback).
+	RollbackGated bool `json:"rollback_gated,omitempty"`
 }
 
 // TrackerView is the tracker's state at one instant.
@@ -90,6 +95,7 @@ func (t *Tracker) View(now time.Time) TrackerView {
 			Signer: h.rec.Signer, TrustedRevision: h.trustedRev, DeclarationStands: t.declarationStands(h, now),
 			SilentFor: t.silentFor(h, now), Due: h.rec.Timing.LeaseTTL + h.grace, GuardHolds: v.Silent > t.hostThreshold(base, h),
 		}
+		lv.RollbackGated = h.saidGate && t.rollbackGated(name, h)
 		if !h.untrusted.IsZero() {
 			lv.InvalidRecord, lv.InvalidAgeSeconds = h.untrustedWhy, now.Sub(h.untrusted).Seconds()
 		}

@@ -13,9 +13,11 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"os/user"
 	"syscall"
 	"time"
 
+	"hvguard/controller"
 	"hvguard/controller/daemon"
 	"hvguard/controller/natsperm"
 	"hvguard/daemonkit"
@@ -49,6 +51,10 @@ Usage:
                                         print the running controller's view
   hvguard-controller nats-accounts --keys DIR USER...
                                         print the NATS server accounts block
+  hvguard-controller confirm-rollback [--config PATH] [--reason TEXT] HOST...
+                                        after the lease stream rolled back:
+                                        let the controllers declare HOST
+                                        (check it is down first)
   hvguard-controller keygen [--show] [PATH]
                                         write this controller's signing key
                                         for signed lease records (default
@@ -109,6 +115,19 @@ Run it again with the whole fleet whenever a host or controller is added.
 Exit status: 0 printed, 2 bad command line or user, 1 a key could not be
 read or written.
 
+confirm-rollback: after the lease stream rolled back (the alert
+HvguardControllerLeaseRevisionsRegressed), a controller declares a silent
+host only once a beacon of the host has proved its record is its own and
+newer than what it wrote before, or an operator confirms it: status shows
+such hosts as NOT DECLARED, the metric hvguard_controller_hosts_rollback_gated
+counts them. Check the host is down (powered off, or its guests gone), then
+confirm it: the command writes the confirmation to the controllers' control
+bucket with --config's NATS user (nats.control when set), and every running
+controller takes it within 2 s — only if written after its tracker started
+afresh on the rolled-back stream. Exit status: 0 written, 2 bad command
+line or host name, 78 bad configuration, 1 NATS refused or timed out.
+docs/security.md, "The rollback gate".
+
 Exit status: 0 stopped cleanly, 1 failed at run time, 2 bad command line,
 78 unreadable or invalid configuration (systemd does not restart it).
 
@@ -139,6 +158,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "status" {
 		return runStatus(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "confirm-rollback" {
+		return runConfirmRollback(args[1:], stdout, stderr)
 	}
 	if len(args) > 0 && args[0] == "nats-accounts" {
 		return runNATSAccounts(args[1:], stdout, stderr)
@@ -174,9 +196,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 func runStatus(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("hvguard-controller status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprintf(stderr, usage, daemon.DefaultConfigPath, daemon.DefaultListen) }
+	fs := subcommand("status", stderr)
 	cfgPath := fs.String("config", daemon.DefaultConfigPath, "")
 	addr := fs.String("addr", "", "")
 	asJSON := fs.Bool("json", false, "")
@@ -235,9 +255,7 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 }
 
 func runNATSAccounts(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("hvguard-controller nats-accounts", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprintf(stderr, usage, daemon.DefaultConfigPath, daemon.DefaultListen) }
+	fs := subcommand("nats-accounts", stderr)
 	keys := fs.String("keys", "", "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -285,4 +303,66 @@ func runNATSAccounts(args []string, stdout, stderr io.Writer) int {
 	}
 	_, _ = io.WriteString(stdout, out)
 	return 0
+}
+
+func runConfirmRollback(args []string, stdout, stderr io.Writer) int {
+	fs := subcommand("confirm-rollback", stderr)
+	cfgPath := fs.String("config", daemon.DefaultConfigPath, "")
+	reason := fs.String("reason", "", "")
+	var hosts []string
+	rest := args
+	for {
+		// Flags may follow the hosts.
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
+			return 2
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		hosts = append(hosts, fs.Arg(0))
+		rest = fs.Args()[1:]
+	}
+	if len(hosts) == 0 {
+		fmt.Fprintln(stderr, "hvguard-controller confirm-rollback: at least one HOST is required (see --help)")
+		return 2
+	}
+	for _, h := range hosts {
+		if _, err := controller.ConfirmKey(h); err != nil {
+			fmt.Fprintf(stderr, "hvguard-controller confirm-rollback: host %q: %v\n", h, err)
+			return 2
+		}
+	}
+	cfg, err := daemon.LoadConfig(*cfgPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller confirm-rollback: %v\n", err)
+		return ExitConfig
+	}
+	by := "unknown"
+	if u, err := user.Current(); err == nil {
+		by = u.Username
+	}
+	if hn, err := os.Hostname(); err == nil {
+		by += "@" + hn
+	}
+	revs, err := daemon.ConfirmRollback(context.Background(), cfg, hosts, by, *reason, time.Now())
+	for i, rev := range revs {
+		fmt.Fprintf(stdout, "%s: confirmed (control bucket revision %d): the controllers declare it when due, within %s\n", hosts[i], rev, controller.ConfirmPollInterval)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller confirm-rollback: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// subcommand is the flag set of `hvguard-controller NAME` (its usage is
+// the whole --help).
+func subcommand(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("hvguard-controller "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprintf(stderr, usage, daemon.DefaultConfigPath, daemon.DefaultListen) }
+	return fs
 }

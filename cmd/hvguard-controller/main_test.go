@@ -18,6 +18,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"hvguard/agent/delivery/deliverytest"
+	"hvguard/controller"
 	"hvguard/controller/daemon"
 )
 
@@ -187,5 +188,46 @@ func TestNATSAccounts(t *testing.T) {
 	}
 	if code, _, errOut := runCLI("nats-accounts", "--keys", dir, "agent:bad_host"); code != 2 || !strings.Contains(errOut, "agent:bad_host") {
 		t.Fatalf("bad host: exit %d, err %q", code, errOut)
+	}
+}
+
+// TestConfirmRollbackCommand: confirm-rollback refuses a bad command line
+// (2), a bad host name (2) and a bad configuration (78); on a real NATS it
+// writes each host's confirmation to the control bucket (0), where the
+// controllers' rollback gate reads it (controller/rollbackconfirm.go).
+func TestConfirmRollbackCommand(t *testing.T) {
+	if code, _, errOut := runCLI("confirm-rollback"); code != 2 || !strings.Contains(errOut, "at least one HOST") {
+		t.Fatalf("no host: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := runCLI("confirm-rollback", "bad*host"); code != 2 || !strings.Contains(errOut, `host "bad*host"`) {
+		t.Fatalf("bad host: exit %d, %q", code, errOut)
+	}
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("guard:\n  share: 7\n"), 0o600)
+	if code, _, errOut := runCLI("confirm-rollback", "--config", bad, "h1"); code != 78 || !strings.Contains(errOut, "guard.share") {
+		t.Fatalf("bad config: exit %d, %q", code, errOut)
+	}
+	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	nc, js, ctx := deliverytest.JetStream(t, srv)
+	defer nc.Close()
+	kv, err := controller.EnsureControlBucket(ctx, js, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte("id: ctl-1\nnats:\n  urls: ["+srv.ClientURL()+"]\n"), 0o600)
+	code, out, errOut := runCLI("confirm-rollback", "--config", good, "h1.example.org", "h2.example.org", "--reason", "powered off")
+	if code != 0 || !strings.Contains(out, "h1.example.org: confirmed") || !strings.Contains(out, "h2.example.org: confirmed") {
+		t.Fatalf("confirm-rollback: exit %d, %q, %q", code, out, errOut)
+	}
+	k, _ := controller.ConfirmKey("h2.example.org")
+	e, err := kv.Get(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c controller.RollbackConfirmation
+	if err := json.Unmarshal(e.Value(), &c); err != nil || c.Host != "h2.example.org" || c.Reason != "powered off" || c.By == "" {
+		t.Fatalf("stored confirmation %s (%v)", e.Value(), err)
 	}
 }

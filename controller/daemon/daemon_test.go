@@ -391,7 +391,10 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 
 	var mu sync.Mutex
 	var rolled, kept []controller.Decision
-	c := startCtlWith(t, url, "ctl-rb", nil, func(o *daemon.Options) {
+	// The mass-failure guard off in effect (every host may be silent):
+	// the rollback's outage counts every host silent for a guard window,
+	// and h1's death must meet the rollback gate, not a hold.
+	c := startCtlWith(t, url, "ctl-rb", func(c *daemon.Config) { c.Guard.Share = 1 }, func(o *daemon.Options) {
 		prev := o.OnDecision
 		o.OnDecision = func(d controller.Decision, err error) {
 			mu.Lock()
@@ -407,9 +410,13 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	})
 	waitLeader(t, 5*time.Second, c)
 	var stopped atomic.Bool // h2 withdrew: its agent writes no more
+	var died atomic.Bool    // h1's host died (after the rollback)
 	go func() {
 		for ctx.Err() == nil {
-			renew(hosts[:2]...)
+			renew(hosts[0])
+			if !died.Load() {
+				renew(hosts[1])
+			}
 			if !stopped.Load() {
 				renew(hosts[2])
 			}
@@ -447,6 +454,12 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	wb, _ := w.Encode()
 	tok2, _ := proto.HostToken(hosts[2])
 	if _, err := kv.Put(ctx, tok2, wb); err != nil {
+		t.Fatal(err)
+	}
+	// An operator's confirmation of h1 left from before this rollback
+	// (rollbackgate.go: taken only if written after the fresh start).
+	cfg := fastConfig(t, url, "ctl-rb")
+	if _, err := daemon.ConfirmRollback(ctx, cfg, []string{hosts[1]}, "test", "an earlier rollback", time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * controller.RollbackCheckInterval) // delivered; checks passed
@@ -513,7 +526,6 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 		t.Fatalf("after the rollback the controller is %s, want leader", r)
 	}
 	mu.Lock()
-	defer mu.Unlock()
 	if len(rolled) != 1 {
 		t.Fatalf("%d revision-regressed decisions, want 1 (the fresh tracker must not find the rollback again): %+v", len(rolled), rolled)
 	}
@@ -521,4 +533,50 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 		t.Fatalf("no withdrawn decision keeping %s withdrawn across the rollback: %+v", hosts[2], kept)
 	}
 	t.Logf("%s", kept[0].Reason)
+	mu.Unlock()
+
+	// The rollback gate: h1 dies now. Nothing since the rollback proved
+	// its record (no beacon named it): not declared, shown gated, the
+	// stale confirmation ignored — until an operator confirms it.
+	died.Store(true)
+	declaredH1 := func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, d := range c.written {
+			if d.Host == hosts[1] {
+				return true
+			}
+		}
+		return false
+	}
+	time.Sleep(3050*time.Millisecond + 3*controller.ConfirmPollInterval)
+	if declaredH1() {
+		t.Fatalf("the dead %s declared after the rollback with nothing proving its record (the rollback gate), or on a confirmation from before the rollback", hosts[1])
+	}
+	sctx, scancel := context.WithTimeout(ctx, time.Second)
+	st, err := daemon.FetchStatus(sctx, c.addr, "")
+	scancel()
+	gated := false
+	for _, h := range st.Tracker.Hosts {
+		gated = gated || h.Host == hosts[1] && h.RollbackGated
+	}
+	if err != nil || !gated {
+		t.Fatalf("status does not show %s rollback-gated: %+v (%v)", hosts[1], st.Tracker, err)
+	}
+	var text strings.Builder
+	daemon.PrintStatus(&text, st)
+	if !strings.Contains(text.String(), "confirm-rollback "+hosts[1]) {
+		t.Fatalf("status text does not name the command for %s:\n%s", hosts[1], text.String())
+	}
+	confirmed := time.Now()
+	if _, err := daemon.ConfirmRollback(ctx, cfg, []string{hosts[1]}, "test", "checked: powered off", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for !declaredH1() {
+		if time.Since(confirmed) > 3*controller.ConfirmPollInterval {
+			t.Fatalf("the confirmed %s not declared %v after the operator's confirmation", hosts[1], time.Since(confirmed))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("%s declared %v after the operator's confirmation", hosts[1], time.Since(confirmed).Round(10*time.Millisecond))
 }

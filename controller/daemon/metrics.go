@@ -91,6 +91,7 @@ var (
 	descRefusedDue       = prometheus.NewDesc("hvguard_controller_refused_hosts_due_total", "Refused hosts that fell silent and were NOT declared.", nil, nil)
 	descHosts            = prometheus.NewDesc("hvguard_controller_hosts", "Hosts in the lease bucket, by lease state (active, expired, released, withdrawn).", []string{"state"}, nil)
 	descRefused          = prometheus.NewDesc("hvguard_controller_hosts_refused", "Hosts currently refused.", nil, nil)
+	descRollbackGated    = prometheus.NewDesc("hvguard_controller_hosts_rollback_gated", "Hosts that fell due after the lease stream rolled back and are NOT declared until their beacon proves their record or an operator runs hvguard-controller confirm-rollback HOST (docs/security.md, \"The rollback gate\").", nil, nil)
 	descSilent           = prometheus.NewDesc("hvguard_controller_hosts_silent", "Hosts the guard counts silent now.", nil, nil)
 	descEvents           = prometheus.NewDesc("hvguard_controller_lifecycle_messages_total", "Lifecycle messages consumed from the event stream, by what the fleet view did with them: applied, duplicate, old-incarnation (dropped), missing (applied after a hole: the host's view went stale), new-incarnation (applied: the host's view went stale), poison (undecodable: terminated, never redelivered).", []string{"verdict"}, nil)
 	descEventsRefused    = prometheus.NewDesc("hvguard_controller_events_refused_total", "Events refused by their signature (signing optional or required; docs/security.md, \"Signed events\"): terminated, never applied to the fleet view nor seen by instance recovery, logged at most every 10 s. By reason: unsigned (signing: required), foreign-key (another host's key), unknown-signer, bad-signature.", []string{"reason"}, nil)
@@ -201,7 +202,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	g(descSilent, float64(v.Silent))
 	g(descThreshold, float64(v.Threshold))
 	by := map[fencing.LeaseState]int{fencing.LeaseActive: 0, fencing.LeaseExpired: 0, fencing.LeaseReleased: 0, fencing.LeaseWithdrawn: 0}
-	refused, deleted := 0, 0
+	refused, deleted, gated := 0, 0, 0
 	for _, h := range v.Hosts {
 		if h.KeyDeleted {
 			deleted++
@@ -211,7 +212,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		if h.Refused != "" {
 			refused++
 		}
+		if h.RollbackGated {
+			gated++
+		}
 	}
+	g(descRollbackGated, float64(gated))
 	g(descHostsDeleted, float64(deleted))
 	for s, n := range by {
 		g(descHosts, float64(n), string(s))

@@ -363,6 +363,8 @@ func printLeases(w io.Writer, st Status) {
 			note = "UNPROTECTED (agent withdrew; not declared, not recovered): " + h.Reason
 		case h.Refused != "":
 			note = "REFUSED: " + h.Refused
+		case h.RollbackGated:
+			note = "NOT DECLARED (the lease stream rolled back; no beacon of it proved its record since): check the host is down, then hvguard-controller confirm-rollback " + h.Host
 		case h.Silent:
 			note = strings.TrimSpace("silent " + note)
 		}
