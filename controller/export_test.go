@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -65,11 +66,22 @@ func SetBeaconChainMutation(on bool) func() {
 	return func() { beaconChainMutation = false }
 }
 
-// ConfirmPoll exposes the runner's confirmation poll (rollbackconfirm.go).
+// ConfirmPoll exposes the runner's marker and confirmation poll
+// (rollbackconfirm.go).
 type ConfirmPoll struct{ p confirmPoll }
 
-func NewConfirmPoll() *ConfirmPoll { return &ConfirmPoll{} }
+// PollResult is one poll's result: the hosts confirmed, whether the
+// marker was read and stands.
+type PollResult struct {
+	Confirmed     []string
+	Known, Marker bool
+}
 
-func (c *ConfirmPoll) Read(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger, gated []string) []string {
-	return c.p.readConfirmations(ctx, kv, log, gated)
+func (c *ConfirmPoll) Poll(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger, gated []string, now time.Time) PollResult {
+	r := c.p.poll(ctx, kv, log, gated, now)
+	out := PollResult{Known: r.known, Marker: r.marker}
+	for _, t := range r.confirmed {
+		out.Confirmed = append(out.Confirmed, t.host)
+	}
+	return out
 }

@@ -196,8 +196,12 @@ func (t *Tracker) StreamRolledBack(now time.Time, why string) []Decision {
 // AfterRollback tells a fresh tracker that an earlier one stopped on a
 // rolled-back lease stream after its watch was delivered revision rev
 // (rollback.go): RestoreMemory takes no pin whose record was trusted at or
-// below it.
-func (t *Tracker) AfterRollback(rev uint64) { t.rolledBackRev = rev }
+// below it. It also turns the rollback gate on (rollbackgate.go) for the
+// tracker's life.
+func (t *Tracker) AfterRollback(rev uint64) {
+	t.rolledBackRev = rev
+	t.gate, t.gateWhy = true, fmt.Sprintf("the lease stream rolled back (this controller's watch had reached revision %d)", rev)
+}
 
 // CarriedHost is a host and its last trusted record in a tracker that
 // stopped on a rolled-back lease stream, carried to the fresh one

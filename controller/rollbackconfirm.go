@@ -2,6 +2,8 @@ package controller
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,27 +19,47 @@ import (
 // undeclared (rollbackgate.go) may be declared: written by
 // `hvguard-controller confirm-rollback HOST` to the control bucket
 // (ControlBucket, the controllers' own account: no agent can write it) as
-// ConfirmKeyPrefix+HOST. A running controller takes one only if it was
-// written after its tracker started afresh on the rolled-back stream (its
-// revision is above the bucket's last one then): a confirmation left from
-// an earlier rollback confirms nothing now.
+// ConfirmKeyPrefix+HOST. It names the rollback marker that stood when the
+// operator confirmed (RollbackMarker.ID): a running controller takes it
+// only while that marker stands — one left from an earlier rollback, or
+// brought back by a restore of the control bucket, names another marker
+// and confirms nothing (reviewer X50).
 const ConfirmKeyPrefix = "_confirm."
 
 // Confirmation polling. ConfirmPollInterval: how often the runner reads
-// the confirmations of the hosts the gate holds (only after a rollback,
-// only while a host is gated and due): an operator's command takes effect
-// within it. ConfirmPollBatch bounds the reads of one poll (a rack gated
-// at once is read in turns), ConfirmReadTimeout the whole poll: it runs
-// off the tracker's loop.
+// the rollback marker and the confirmations of the hosts the gate holds
+// (only while the gate is on and a host is gated and due, or the marker
+// was not read yet): an operator's command takes effect within it.
+// ConfirmPollBatch bounds the reads of one poll (a rack gated at once is
+// read in turns), ConfirmReadTimeout the whole poll: it runs off the
+// tracker's loop.
 const (
 	ConfirmPollInterval = 2 * time.Second
 	ConfirmPollBatch    = 32
 	ConfirmReadTimeout  = 2 * time.Second
 )
 
+// ConfirmMaxAge and ConfirmClockSkew: a confirmation is taken only if it
+// says it was written at most ConfirmMaxAge before the controller's clock
+// (and at most ConfirmClockSkew after it). A restore of the control bucket
+// brings back whatever it held — an earlier incident's marker with its
+// confirmations, which name it — and a months-old "h3 is down" must not
+// declare h3 now (reviewer X50). 10 minutes: a running controller takes a
+// confirmation within ConfirmPollInterval, and keeps it until the host
+// shows signs of life; an operator who confirms ahead of time, or a
+// controller restarted later, needs the command run again (the price, c).
+// The command's machine and the controllers keep NTP time (as the
+// controllers and the NATS servers must: docs/security.md).
+const (
+	ConfirmMaxAge    = 10 * time.Minute
+	ConfirmClockSkew = time.Minute
+)
+
 // RollbackConfirmation is the value of ConfirmKeyPrefix+Host.
 type RollbackConfirmation struct {
-	Host   string    `json:"host"`
+	Host string `json:"host"`
+	// Marker is the ID of the rollback marker it confirms against.
+	Marker string    `json:"marker"`
 	By     string    `json:"by"`
 	Reason string    `json:"reason,omitempty"`
 	At     time.Time `json:"at"`
@@ -53,13 +75,24 @@ func ConfirmKey(host string) (string, error) {
 	return ConfirmKeyPrefix + t, nil
 }
 
+// ErrNoRollbackMarker: confirm-rollback found no rollback marker — no
+// controller found a rollback (or an operator cleared it): nothing to
+// confirm.
+var ErrNoRollbackMarker = errors.New("no rollback marker in the control bucket: no controller is gated by a rollback (if one found a rollback and could not write the marker, its log says so: write it with hvguard-controller mark-rollback, then confirm)")
+
 // WriteRollbackConfirmation writes c to the control bucket kv (the
-// command's side) and returns the revision it landed at.
+// command's side), naming the rollback marker that stands, and returns
+// the revision it landed at.
 func WriteRollbackConfirmation(ctx context.Context, kv jetstream.KeyValue, c RollbackConfirmation) (uint64, error) {
 	k, err := ConfirmKey(c.Host)
 	if err != nil {
 		return 0, err
 	}
+	m, _, err := ReadRollbackMarker(ctx, kv)
+	if err != nil {
+		return 0, err
+	}
+	c.Marker = m.ID
 	b, err := json.Marshal(c)
 	if err != nil {
 		return 0, err
@@ -71,38 +104,103 @@ func WriteRollbackConfirmation(ctx context.Context, kv jetstream.KeyValue, c Rol
 	return rev, nil
 }
 
-// confirmPoll is the runner's reading of confirmations (one poll at a
-// time, off the loop: the fields are the polling goroutine's).
-type confirmPoll struct {
-	// baseline: the control bucket's last revision when this Run started
-	// (read at its first poll); read: it was.
-	baseline uint64
-	read     bool
-	next     int
-	ignored  map[string]uint64 // host: the old revision said
+// RollbackMarkerKey is the controllers' rollback marker in the control
+// bucket: written by the controller that finds the lease stream rolled
+// back (Runner.Run) — or by hand, hvguard-controller mark-rollback, after
+// a restore made while no controller ran —, it makes every controller
+// that (re)starts while it stands run its tracker behind the rollback
+// gate: a controller restarted by hand after a rollback had none, and
+// judged hosts by whatever the rolled-back stream listed. Only an
+// operator deletes it (hvguard-controller mark-rollback --clear), once
+// the fleet's host keys are rotated: copies of records from before the
+// rollback then fail their signature, which is what the gate stands in
+// for.
+const RollbackMarkerKey = "_rollback"
+
+// RollbackMarker is the value of RollbackMarkerKey. ID is random: what
+// confirmations name.
+type RollbackMarker struct {
+	ID     string    `json:"id"`
+	By     string    `json:"by"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
 }
 
-// readConfirmations reads the confirmations of gated (at most
-// ConfirmPollBatch, in turns) from kv and returns the hosts confirmed
-// after the baseline. The first call reads the baseline only.
-func (p *confirmPoll) readConfirmations(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger, gated []string) []string {
+// WriteRollbackMarker writes m with a fresh ID and returns its revision.
+func WriteRollbackMarker(ctx context.Context, kv jetstream.KeyValue, m RollbackMarker) (uint64, error) {
+	var id [12]byte
+	if _, err := rand.Read(id[:]); err != nil {
+		return 0, err
+	}
+	m.ID = hex.EncodeToString(id[:])
+	b, err := json.Marshal(m)
+	if err != nil {
+		return 0, err
+	}
+	rev, err := kv.Put(ctx, RollbackMarkerKey, b)
+	if err != nil {
+		return 0, fmt.Errorf("write %s to the control bucket %s: %w", RollbackMarkerKey, ControlBucket, err)
+	}
+	return rev, nil
+}
+
+// ReadRollbackMarker reads the marker: ErrNoRollbackMarker when there is
+// none; an unreadable one is an error too (the gate stays on).
+func ReadRollbackMarker(ctx context.Context, kv jetstream.KeyValue) (RollbackMarker, uint64, error) {
+	e, err := kv.Get(ctx, RollbackMarkerKey)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return RollbackMarker{}, 0, ErrNoRollbackMarker
+	}
+	if err != nil {
+		return RollbackMarker{}, 0, fmt.Errorf("read %s in the control bucket %s: %w", RollbackMarkerKey, ControlBucket, err)
+	}
+	var m RollbackMarker
+	if err := json.Unmarshal(e.Value(), &m); err != nil || m.ID == "" {
+		return RollbackMarker{}, e.Revision(), fmt.Errorf("the rollback marker at revision %d is unreadable or has no id (%v)", e.Revision(), err)
+	}
+	return m, e.Revision(), nil
+}
+
+// confirmPoll is the runner's reading of the rollback marker and the
+// operators' confirmations (one poll at a time, off the loop: the fields
+// are the polling goroutine's).
+type confirmPoll struct {
+	next    int
+	ignored map[string]uint64 // host: the confirmation's revision said
+}
+
+// taken is one confirmation a poll found: host, its revision.
+type taken struct {
+	host string
+	rev  uint64
+}
+
+// pollResult is what one poll found.
+type pollResult struct {
+	confirmed []taken
+	// known: the marker was read now: marker says whether it stands
+	// (why: its description).
+	known, marker bool
+	why           string
+}
+
+// poll reads the marker, then — while it stands — the confirmations of
+// gated (at most ConfirmPollBatch, in turns) that name it and were
+// written within ConfirmMaxAge of wall (the wall clock now).
+func (p *confirmPoll) poll(ctx context.Context, kv jetstream.KeyValue, log *slog.Logger, gated []string, wall time.Time) (res pollResult) {
 	ctx, cancel := context.WithTimeout(ctx, ConfirmReadTimeout)
 	defer cancel()
-	if !p.read {
-		st, err := kv.Status(ctx)
-		if err != nil {
-			log.Warn("rollback gate: reading the control bucket's last revision failed; operators' confirmations are taken once it is read", "err", err)
-			return nil
-		}
-		bs, ok := st.(*jetstream.KeyValueBucketStatus)
-		if !ok || bs.StreamInfo() == nil {
-			log.Warn("rollback gate: the control bucket's status has no stream info; operators' confirmations cannot be taken")
-			return nil
-		}
-		p.baseline, p.read = bs.StreamInfo().State.LastSeq, true
-		return nil
+	m, rev, err := ReadRollbackMarker(ctx, kv)
+	switch {
+	case errors.Is(err, ErrNoRollbackMarker):
+		res.known = true
+		return res
+	case err != nil:
+		log.Warn("rollback gate: reading the control bucket's rollback marker failed; retried (declaring no host this controller cannot prove meanwhile)", "err", err)
+		return res
 	}
-	var out []string
+	res.known, res.marker = true, true
+	res.why = fmt.Sprintf("the lease stream rolled back (the controllers' rollback marker %s, revision %d: %s, at %s: %s)", m.ID, rev, m.By, m.At.UTC().Format(time.RFC3339), m.Reason)
 	n := min(len(gated), ConfirmPollBatch)
 	for i := range n {
 		host := gated[(p.next+i)%len(gated)]
@@ -120,23 +218,44 @@ func (p *confirmPoll) readConfirmations(ctx context.Context, kv jetstream.KeyVal
 		}
 		var c RollbackConfirmation
 		switch err := json.Unmarshal(e.Value(), &c); {
-		case e.Revision() <= p.baseline:
+		case err != nil || c.Host != host || c.Marker != m.ID || c.At.Before(wall.Add(-ConfirmMaxAge)) || c.At.After(wall.Add(ConfirmClockSkew)):
 			if p.ignored[host] != e.Revision() {
 				if p.ignored == nil {
 					p.ignored = map[string]uint64{}
 				}
 				p.ignored[host] = e.Revision()
-				log.Warn("rollback gate: the confirmation on record predates this rollback (written before the fresh tracker started): ignored — run hvguard-controller confirm-rollback again", "host", host, "revision", e.Revision(), "baseline", p.baseline)
+				log.Warn("rollback gate: a confirmation that names another host or another rollback marker (an earlier rollback's, or restored with the control bucket), or written more than 10 minutes ago (or in the future: clocks), is ignored — run hvguard-controller confirm-rollback again", "host", host, "revision", e.Revision(), "names", c.Host, "marker", c.Marker, "standing_marker", m.ID, "written_at", c.At, "err", err)
 			}
-		case err != nil || c.Host != host:
-			log.Warn("rollback gate: an unreadable confirmation, or one naming another host: ignored", "host", host, "revision", e.Revision(), "err", err, "names", c.Host)
 		default:
+			res.confirmed = append(res.confirmed, taken{host, e.Revision()})
 			log.Warn("rollback gate: an operator confirmed the host may be declared", "host", host, "by", c.By, "reason", c.Reason, "at", c.At, "revision", e.Revision())
-			out = append(out, host)
 		}
 	}
 	if len(gated) > 0 {
 		p.next = (p.next + n) % len(gated)
 	}
-	return out
+	return res
+}
+
+// markRollback writes the controllers' rollback marker (any controller
+// that finds the rollback: a standby's tracker is gated too, and any
+// controller started while it stands). A failed write leaves the gate to
+// this process (logged).
+func (r *Runner) markRollback(ctx context.Context, log *slog.Logger, found error) {
+	kv := r.Store.Control
+	if kv == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, ConfirmReadTimeout)
+	defer cancel()
+	by := "a controller"
+	if r.Signature != nil {
+		by = r.Signature()
+	}
+	rev, err := WriteRollbackMarker(ctx, kv, RollbackMarker{By: by, At: r.now(), Reason: found.Error()})
+	if err != nil {
+		log.Error("writing the rollback marker failed: a controller restarted now declares hosts the rollback gate would hold, and no operator can confirm a gated host until it is written (hvguard-controller mark-rollback)", "err", err)
+		return
+	}
+	log.Warn("rollback marker written: every controller declares only hosts whose beacon proves their record, or that an operator confirms, until an operator clears it (hvguard-controller mark-rollback --clear, after rotating the host keys)", "revision", rev)
 }

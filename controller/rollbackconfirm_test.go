@@ -2,18 +2,21 @@ package controller_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
 )
 
 // TestReadConfirmationsNATS: on a real control bucket, the runner's poll
-// takes an operator's confirmation only if written after its first read
-// of the bucket's last revision (the fresh tracker's start): one left
-// from an earlier rollback, or one naming another host, confirms nothing.
+// reads the controllers' rollback marker, and takes an operator's
+// confirmation only while the marker it names stands: one naming an
+// earlier marker, or another host, confirms nothing; with no marker there
+// is nothing to confirm (the command says so).
 func TestReadConfirmationsNATS(t *testing.T) {
 	_, _, js := controllertest.JetStream(t)
 	ctx := context.Background()
@@ -21,39 +24,47 @@ func TestReadConfirmationsNATS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	put := func(host, names string) {
+	confirm := func(host string) {
 		t.Helper()
-		c := controller.RollbackConfirmation{Host: names, By: "test"}
-		if names == host {
-			if _, err := controller.WriteRollbackConfirmation(ctx, kv, c); err != nil {
-				t.Fatal(err)
-			}
-			return
+		if _, err := controller.WriteRollbackConfirmation(ctx, kv, controller.RollbackConfirmation{Host: host, By: "test", At: time.Now()}); err != nil {
+			t.Fatal(err)
 		}
-		k, _ := controller.ConfirmKey(host)
-		if _, err := kv.Put(ctx, k, []byte(`{"host":"`+names+`","by":"test"}`)); err != nil {
+	}
+	mark := func() {
+		t.Helper()
+		if _, err := controller.WriteRollbackMarker(ctx, kv, controller.RollbackMarker{By: "test", At: time.Now(), Reason: "rolled back"}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	put("h1.example.org", "h1.example.org") // an earlier rollback's
-	p := controller.NewConfirmPoll()
 	gated := []string{"h1.example.org", "h2.example.org", "h3.example.org"}
-	if got := p.Read(ctx, kv, log, gated); len(got) != 0 {
-		t.Fatalf("the first poll (the baseline) confirmed %v", got)
+	var p controller.ConfirmPoll
+	if r := p.Poll(ctx, kv, log, gated, time.Now()); !r.Known || r.Marker {
+		t.Fatalf("no marker: poll %+v, want known, no marker", r)
 	}
-	if got := p.Read(ctx, kv, log, gated); len(got) != 0 {
-		t.Fatalf("a confirmation from before the fresh start taken: %v", got)
+	if _, err := controller.WriteRollbackConfirmation(ctx, kv, controller.RollbackConfirmation{Host: "h1.example.org"}); !errors.Is(err, controller.ErrNoRollbackMarker) {
+		t.Fatalf("a confirmation with no marker: %v, want ErrNoRollbackMarker", err)
 	}
-	put("h2.example.org", "h3.example.org") // names another host
-	put("h3.example.org", "h3.example.org")
-	got := p.Read(ctx, kv, log, gated)
-	if len(got) != 1 || got[0] != "h3.example.org" {
-		t.Fatalf("confirmed %v, want h3.example.org alone (h1's predates the start, h2's names h3)", got)
+	mark() // an earlier rollback
+	confirm("h1.example.org")
+	mark() // this one
+	if r := p.Poll(ctx, kv, log, gated, time.Now()); !r.Known || !r.Marker || len(r.Confirmed) != 0 {
+		t.Fatalf("poll: %+v, want the marker read, nothing confirmed (h1's names the earlier marker)", r)
 	}
-	put("h1.example.org", "h1.example.org") // written again, after the start
-	if got := p.Read(ctx, kv, log, gated); len(got) < 1 || got[0] != "h1.example.org" {
-		t.Fatalf("h1's confirmation written after the start not taken: %v", got)
+	k, _ := controller.ConfirmKey("h2.example.org")
+	if _, err := kv.Put(ctx, k, []byte(`{"host":"h3.example.org","by":"test"}`)); err != nil { // names another host
+		t.Fatal(err)
+	}
+	confirm("h3.example.org")
+	if r := p.Poll(ctx, kv, log, gated, time.Now()); len(r.Confirmed) != 1 || r.Confirmed[0] != "h3.example.org" {
+		t.Fatalf("confirmed %v, want h3.example.org alone", r.Confirmed)
+	}
+	confirm("h1.example.org") // again, naming this marker
+	if r := p.Poll(ctx, kv, log, gated, time.Now()); len(r.Confirmed) != 2 || r.Confirmed[0] != "h1.example.org" {
+		t.Fatalf("h1's confirmation naming the standing marker not taken: %v", r.Confirmed)
+	}
+	if r := p.Poll(ctx, kv, log, gated, time.Now().Add(controller.ConfirmMaxAge+time.Minute)); len(r.Confirmed) != 0 {
+		t.Fatalf("confirmations older than ConfirmMaxAge taken: %v", r.Confirmed)
 	}
 	if _, err := controller.ConfirmKey("bad host"); err == nil {
 		t.Fatal("ConfirmKey took an invalid host name")

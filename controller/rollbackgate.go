@@ -26,67 +26,99 @@ import (
 // the rollback is not declared by itself; the alert
 // (OpRefusedDue, "rollback gate") names the command.
 //
-// A live host leaves the gate at its first beacon naming a record newer
-// than its bar (a renewal: lease_ttl/3 or so). What stays gated: dead
-// hosts, hosts withdrawn before the rollback, cut-off hosts, hosts whose
-// agent lost its state (its records fall below the bar: reviewer X49),
-// agents without beacon identities (before seq). The gate lives with the
-// tracker: a controller restarted by hand after a rollback has none (as
-// it has no carry: docs/security.md).
+// A live host passes while the record it is judged by is the newest its
+// beacons named since the fresh start — exactly that one, re-checked at
+// every tick: a record older than what the host announced is not its
+// newest (a copy a compromised node put back: reviewer X50), and a pass
+// that stuck let a later copy through. What stays gated: dead hosts, hosts
+// withdrawn before the rollback, cut-off hosts, a host whose last beacon
+// was lost, hosts whose agent lost its state (their records fall below
+// the bar: reviewer X49), agents without beacon identities (before seq).
+//
+// The gate lives with the tracker and, through the controllers' rollback
+// marker (rollbackconfirm.go), with every controller started while the
+// marker stands: an operator clears it (hvguard-controller mark-rollback
+// --clear), after rotating the fleet's host keys.
 
 // rollbackGateMutation: no gate, as before. Tests only.
 var rollbackGateMutation bool
 
-// rollbackGated reports whether h may not be declared because the lease
-// stream rolled back under this tracker's predecessor and nothing since
-// shows h's record is its own (see above). Once it holds no more it never
-// holds again for h (rollbackOK).
+// rollbackGated reports whether h may not be declared now because the
+// lease stream rolled back and nothing since shows that the record h is
+// judged by is its own newest (see above), nor has an operator confirmed
+// it (since it last showed signs of life: expireConfirmation). No side
+// effects (View calls it).
 func (t *Tracker) rollbackGated(name string, h *hostState) bool {
-	if t.rolledBackRev == 0 || h.rollbackOK || rollbackGateMutation {
+	if !t.gate || rollbackGateMutation {
 		return false
 	}
-	if t.confirmed[name] {
-		h.rollbackOK = true
+	if c, ok := t.confirmed[name]; ok && !h.lastSeen.After(c.at) {
 		return false
 	}
 	if h.trustedRev == 0 || h.beacons.wrote.zero() {
 		return true // no record of its own, or no beacon named one
 	}
 	id := idOf(h.rec)
-	if id.newer(h.beacons.wrote) {
-		return true // its beacons named an older record: this one is unproven
+	if id != h.beacons.wrote && !rollbackExactMutation {
+		return true // not the newest record its beacons named: unproven
+	}
+	if rollbackExactMutation && id.newer(h.beacons.wrote) {
+		return true
 	}
 	if b := h.rollbackBar; b != nil && !id.newer(*b) {
 		return true // not newer than what it wrote before the rollback
 	}
-	h.rollbackOK = true
 	return false
 }
 
+// rollbackExactMutation: a record not newer than the beacons' newest
+// passes, as the gate's first version did (reviewer X50). Tests only.
+var rollbackExactMutation bool
+
+// expireConfirmation drops host's confirmation once the host showed signs
+// of life after it was taken (a renewal, a beacon): the operator confirmed
+// a dead host, and it is not dead — a later copy would pass the gate on
+// an old word (reviewer X50). The same confirmation is not taken again
+// (ConfirmRollback: its revision).
+func (t *Tracker) expireConfirmation(name string, h *hostState) {
+	if c, ok := t.confirmed[name]; ok && h.lastSeen.After(c.at) {
+		delete(t.confirmed, name)
+	}
+}
+
+// confirmation is an operator's confirmation the tracker took: when, and
+// its revision in the control bucket.
+type confirmation struct {
+	at  time.Time
+	rev uint64
+}
+
 // ConfirmRollback records an operator's confirmation (hvguard-controller
-// confirm-rollback, written to the control bucket after this tracker
-// started: Runner.pollConfirmations) that host may be declared although
-// the lease stream rolled back: they checked it is down, or its
-// guests are gone. Known or not yet tracked, it holds for this tracker's
-// life, a re-created key's too. It reports whether it changed anything.
-func (t *Tracker) ConfirmRollback(host string) bool {
-	if t.rolledBackRev == 0 || t.confirmed[host] {
+// confirm-rollback, naming the rollback marker that stands:
+// Runner's poll) that host may be declared although the lease stream
+// rolled back: they checked it is down, or its guests are gone. It holds
+// until the host shows signs of life (expireConfirmation); a confirmation
+// at a revision not above the last one taken for host is not taken again.
+// It reports whether it changed anything.
+func (t *Tracker) ConfirmRollback(host string, rev uint64, now time.Time) bool {
+	if !t.gate || rev <= t.confirmedRev[host] {
 		return false
 	}
 	if t.confirmed == nil {
-		t.confirmed = map[string]bool{}
+		t.confirmed, t.confirmedRev = map[string]confirmation{}, map[string]uint64{}
 	}
-	t.confirmed[host] = true
+	t.confirmed[host] = confirmation{at: now, rev: rev}
+	t.confirmedRev[host] = rev
 	return true
 }
 
-// RollbackGated lists the hosts the gate keeps undeclared now (they are
-// due: Tick said so, OpRefusedDue): the runner looks for an operator's
-// confirmation of each.
+// RollbackGated lists the hosts the gate kept undeclared at the last Tick
+// (they were due: OpRefusedDue said so): the runner looks for an
+// operator's confirmation of each.
 func (t *Tracker) RollbackGated() []string {
 	var out []string
 	for name, h := range t.hosts {
-		if h.saidGate && !h.rollbackOK && !t.confirmed[name] {
+		if h.saidGate {
 			out = append(out, name)
 		}
 	}
@@ -96,6 +128,21 @@ func (t *Tracker) RollbackGated() []string {
 
 // gateReason says why a due host is not declared (OpRefusedDue).
 func (t *Tracker) gateReason(name string, h *hostState, now time.Time) string {
-	return fmt.Sprintf("silent for %s but not declared: the lease stream rolled back (this controller's watch had reached revision %d), and no beacon of this host since named its record (epoch %d, incarnation %d, seq %d) newer than what it wrote before — the record may be a copy or a lost write's predecessor. Declared only once an operator has checked the host is down: hvguard-controller confirm-rollback %s",
-		now.Sub(h.lastSeen).Round(time.Millisecond), t.rolledBackRev, h.rec.Epoch, h.rec.Incarnation, h.rec.Seq, name)
+	return fmt.Sprintf("silent for %s but not declared: %s, and no beacon of this host since named the record it is judged by (epoch %d, incarnation %d, seq %d) as its newest, newer than what it wrote before — the record may be a copy or a lost write's predecessor. Declared only once an operator has checked the host is down: hvguard-controller confirm-rollback %s",
+		now.Sub(h.lastSeen).Round(time.Millisecond), t.gateWhy, h.rec.Epoch, h.rec.Incarnation, h.rec.Seq, name)
 }
+
+// SetRollbackGate turns the rollback gate on (why: the controllers'
+// rollback marker stands, or could not be read) or off (no marker). A
+// gate AfterRollback turned on stays on.
+func (t *Tracker) SetRollbackGate(on bool, why string) {
+	switch {
+	case on:
+		t.gate, t.gateWhy = true, why
+	case t.rolledBackRev == 0:
+		t.gate, t.gateWhy = false, ""
+	}
+}
+
+// RollbackGateOn reports whether the rollback gate is on.
+func (t *Tracker) RollbackGateOn() bool { return t.gate }

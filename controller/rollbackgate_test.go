@@ -49,7 +49,7 @@ func gateRun(t *testing.T, secs int, steps map[int]gateStep, confirmAt int) (sta
 func gateRunEach(t *testing.T, secs int, steps map[int]gateStep, confirmAt int, each func(b *x11Bucket, s int, now time.Time)) (start time.Time, out []gateDecision, b *x11Bucket) {
 	t.Helper()
 	b, others, bk, at := x48Rig(t)
-	if b.tr.ConfirmRollback("h3") {
+	if b.tr.ConfirmRollback("h3", 1, at) {
 		t.Fatal("ConfirmRollback changed something on a tracker that saw no rollback")
 	}
 	b.rollBack(maps.Clone(bk.keys), bk.rev)
@@ -64,7 +64,7 @@ func gateRunEach(t *testing.T, secs int, steps map[int]gateStep, confirmAt int, 
 			}
 		}
 		if s == confirmAt && confirmAt > 0 {
-			if !b.tr.ConfirmRollback("h3") {
+			if !b.tr.ConfirmRollback("h3", 7, now) {
 				t.Fatalf("ConfirmRollback(h3) changed nothing")
 			}
 		}
@@ -168,21 +168,14 @@ func TestRollbackGate(t *testing.T) {
 }
 
 // TestRollbackGateLists: RollbackGated lists the gated due hosts (the
-// runner polls their confirmations), the view marks them, a confirmation
-// before a host is tracked holds once it is, and without a rollback
-// ConfirmRollback changes nothing (gateRunEach checks).
+// runner polls their confirmations), the view marks them; a confirmation
+// is taken once per revision and spent when the host shows signs of life
+// after it (a beacon, a renewal); without a rollback ConfirmRollback
+// changes nothing (gateRunEach checks).
 func TestRollbackGateLists(t *testing.T) {
 	var gated []string
 	var first int
 	_, _, b := gateRunEach(t, 60, nil, 0, func(b *x11Bucket, s int, now time.Time) {
-		if s == 0 {
-			if !b.tr.ConfirmRollback("h99") {
-				t.Fatal("ConfirmRollback of a host not tracked yet changed nothing")
-			}
-			if b.tr.ConfirmRollback("h99") {
-				t.Fatal("a second ConfirmRollback changed something")
-			}
-		}
 		if g := b.tr.RollbackGated(); len(g) > 0 && gated == nil {
 			gated, first = g, s
 			for _, h := range b.tr.View(now).Hosts {
@@ -196,10 +189,21 @@ func TestRollbackGateLists(t *testing.T) {
 		t.Fatalf("RollbackGated %v, want the dead h3 alone (the others renew)", gated)
 	}
 	t.Logf("h3 gated from %d s after the fresh start", first)
-	// h99 appears now: confirmed before it was tracked, it is not gated.
-	x38PutMod(b, t0.Add(time.Hour), "h99", fencing.LeaseActive, 1, 1, nil)
-	if h := b.tr.hosts["h99"]; h == nil || b.tr.rollbackGated("h99", h) {
-		t.Fatal("h99, confirmed before it was tracked, is gated (or not tracked)")
+	now := b.tr.hosts["h3"].lastSeen.Add(time.Minute)
+	if !b.tr.ConfirmRollback("h3", 5, now) || b.tr.ConfirmRollback("h3", 5, now) {
+		t.Fatal("a confirmation not taken once per revision")
+	}
+	if b.tr.rollbackGated("h3", b.tr.hosts["h3"]) {
+		t.Fatal("h3 gated although confirmed")
+	}
+	// h3 shows signs of life (its beacon): the confirmation is spent.
+	b.tr.ObserveBeacon(now.Add(time.Second), "h3", b.rev)
+	b.tr.Tick(now.Add(2 * time.Second))
+	if !b.tr.rollbackGated("h3", b.tr.hosts["h3"]) {
+		t.Fatal("h3's confirmation not spent by its beacon after it")
+	}
+	if b.tr.ConfirmRollback("h3", 5, now.Add(3*time.Second)) {
+		t.Fatal("the spent confirmation (revision 5) taken again")
 	}
 	if !b.tr.rollbackGated("h0", b.tr.hosts["h0"]) {
 		t.Fatal("h0, renewing without beacon identities, is not gated: nothing proved its record")

@@ -180,10 +180,16 @@ func (r *Runner) Run(ctx context.Context) error {
 	checking := false
 	// The rollback gate's confirmations (rollbackconfirm.go): one poll at
 	// a time, off the loop, only on a tracker started after a rollback.
+	// The controllers' rollback marker (rollbackconfirm.go): until it is
+	// read, a tracker that may follow a rollback found by another
+	// controller is gated too.
 	var poll confirmPoll
-	confirmed := make(chan []string, 1)
-	polling := false
+	confirmed := make(chan pollResult, 1)
+	polling, markerKnown := false, false
 	var lastPoll time.Time
+	if r.Store.Control != nil && r.rolledBack == nil {
+		r.Tracker.SetRollbackGate(true, "the controllers' rollback marker (control bucket) is not read yet")
+	}
 	for ctx.Err() == nil {
 		updates := make(chan natslease.Update, 1024)
 		wctx, cancel := context.WithCancel(ctx)
@@ -255,10 +261,17 @@ func (r *Runner) Run(ctx context.Context) error {
 				for _, d := range ds {
 					r.perform(ctx, log, d)
 				}
-			case hosts := <-confirmed:
+			case res := <-confirmed:
 				polling = false
-				for _, h := range hosts {
-					r.Tracker.ConfirmRollback(h) // declared at its next due Tick
+				if res.known {
+					if res.marker && !r.Tracker.RollbackGateOn() {
+						log.Warn("ROLLBACK GATE: the controllers' rollback marker stands: this controller declares only hosts whose beacon proves their record, or that an operator confirms (hvguard-controller confirm-rollback HOST)", "why", res.why)
+					}
+					markerKnown = true
+					r.Tracker.SetRollbackGate(res.marker, res.why) // off: unless this runner found the rollback
+				}
+				for _, c := range res.confirmed {
+					r.Tracker.ConfirmRollback(c.host, c.rev, r.now()) // declared at its next due Tick
 				}
 			case c := <-checked:
 				checking = false
@@ -273,6 +286,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					// What the fresh tracker must not lose (rollback.go):
 					// the withdrawals this one saw.
 					r.rolledBack = carryOn(r.rolledBack, r.Tracker, r.now(), ring.maxRv)
+					r.markRollback(ctx, log, err)
 					for _, d := range r.Tracker.StreamRolledBack(r.now(), err.Error()) {
 						r.perform(ctx, log, d)
 					}
@@ -300,10 +314,13 @@ func (r *Runner) Run(ctx context.Context) error {
 						go func() { checked <- r.checkRollback(ctx, samples, last) }()
 					}
 				}
-				if kv := r.Store.Control; kv != nil && r.rolledBack != nil && !polling && r.now().Sub(lastPoll) >= ConfirmPollInterval {
-					if gated := r.Tracker.RollbackGated(); len(gated) > 0 || !poll.read {
+				if kv := r.Store.Control; kv != nil && !polling && r.now().Sub(lastPoll) >= ConfirmPollInterval {
+					if gated := r.Tracker.RollbackGated(); !markerKnown || len(gated) > 0 {
 						polling, lastPoll = true, r.now()
-						go func() { confirmed <- poll.readConfirmations(ctx, kv, log, gated) }()
+						// Wall time: a confirmation's age is judged against the
+						// command's clock (RollbackConfirmation.At), not the
+						// controller's boot clock (r.now).
+						go func() { confirmed <- poll.poll(ctx, kv, log, gated, time.Now()) }()
 					}
 				}
 				if !watching {

@@ -234,10 +234,9 @@ type hostState struct {
 	// bound it (afterSkip), noted as its hidden write if they bind it
 	// before a write of its own (bindLate).
 	lateSkip lateSkip
-	// rollbackOK: the rollback gate (rollbackgate.go) let h go — its
-	// beacon named its record, newer than its bar, or an operator
-	// confirmed it; saidGate: it was due while gated (OpRefusedDue said).
-	rollbackOK, saidGate bool
+	// saidGate: it was due and gated at the last Tick (rollbackgate.go;
+	// OpRefusedDue said so when it became so).
+	saidGate bool
 }
 
 // beaconState is what a host's beacons said (ObserveBeacon, invalid.go):
@@ -463,8 +462,12 @@ type Tracker struct {
 	// rollback emptied their keys —, taken when they are (replayHost).
 	barEarly map[string]writeID
 	// confirmed: the hosts an operator confirmed after a rollback
-	// (ConfirmRollback, rollbackgate.go).
-	confirmed map[string]bool
+	// (ConfirmRollback, rollbackgate.go); gate: the rollback gate is on
+	// (AfterRollback, SetRollbackGate), gateWhy says why.
+	confirmed    map[string]confirmation
+	confirmedRev map[string]uint64
+	gate         bool
+	gateWhy      string
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -957,6 +960,9 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 	}
 	for _, name := range t.Hosts() {
 		h := t.hosts[name]
+		t.expireConfirmation(name, h)
+		saidGate := h.saidGate
+		h.saidGate = false // set again below while it is due and gated
 		if h.beaconWithdrawn() {
 			continue // withdrawn, by its own beacon (ObserveWithdrawal): never declared
 		}
@@ -1001,10 +1007,10 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 			// The lease stream rolled back: declared only on evidence
 			// that this record is the host's own and newest, or an
 			// operator's word (rollbackgate.go).
-			if !h.saidGate {
-				h.saidGate = true
+			if !saidGate {
 				t.out = append(t.out, Decision{Op: OpRefusedDue, Host: name, Reason: t.gateReason(name, h, now)})
 			}
+			h.saidGate = true
 		case !h.declaring.IsZero() && now.Sub(h.declaring) < DeclareRetry:
 		default:
 			h.declaring = now

@@ -95,7 +95,7 @@ func (t *Tracker) View(now time.Time) TrackerView {
 			Signer: h.rec.Signer, TrustedRevision: h.trustedRev, DeclarationStands: t.declarationStands(h, now),
 			SilentFor: t.silentFor(h, now), Due: h.rec.Timing.LeaseTTL + h.grace, GuardHolds: v.Silent > t.hostThreshold(base, h),
 		}
-		lv.RollbackGated = h.saidGate && t.rollbackGated(name, h)
+		lv.RollbackGated = h.saidGate
 		if !h.untrusted.IsZero() {
 			lv.InvalidRecord, lv.InvalidAgeSeconds = h.untrustedWhy, now.Sub(h.untrusted).Seconds()
 		}

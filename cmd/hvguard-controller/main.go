@@ -55,6 +55,10 @@ Usage:
                                         after the lease stream rolled back:
                                         let the controllers declare HOST
                                         (check it is down first)
+  hvguard-controller mark-rollback [--config PATH] [--reason TEXT] [--clear]
+                                        the lease stream was restored while
+                                        no controller ran: gate them all
+                                        (--clear: open the gates again)
   hvguard-controller keygen [--show] [PATH]
                                         write this controller's signing key
                                         for signed lease records (default
@@ -123,10 +127,17 @@ such hosts as NOT DECLARED, the metric hvguard_controller_hosts_rollback_gated
 counts them. Check the host is down (powered off, or its guests gone), then
 confirm it: the command writes the confirmation to the controllers' control
 bucket with --config's NATS user (nats.control when set), and every running
-controller takes it within 2 s — only if written after its tracker started
-afresh on the rolled-back stream. Exit status: 0 written, 2 bad command
-line or host name, 78 bad configuration, 1 NATS refused or timed out.
-docs/security.md, "The rollback gate".
+controller takes it within 2 s. The controller that finds a rollback
+writes a rollback marker to the control bucket; a confirmation names the
+marker that stands (none: nothing to confirm, exit 1) and counts only
+while it stands. While the marker stands every controller that
+(re)starts is gated too. mark-rollback writes it by hand: run it after
+restoring the lease stream while no controller ran (none can find that
+rollback), before starting them. mark-rollback --clear deletes it and the
+gates open: do it once the fleet's host keys are rotated (copies of
+records from before the rollback then fail their signature). Exit status: 0 written, 2 bad command line or host name,
+78 bad configuration, 1 NATS refused or timed out. docs/security.md, "The
+rollback gate".
 
 Exit status: 0 stopped cleanly, 1 failed at run time, 2 bad command line,
 78 unreadable or invalid configuration (systemd does not restart it).
@@ -161,6 +172,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(args) > 0 && args[0] == "confirm-rollback" {
 		return runConfirmRollback(args[1:], stdout, stderr)
+	}
+	if len(args) > 0 && args[0] == "mark-rollback" {
+		return runMarkRollback(args[1:], stdout, stderr)
 	}
 	if len(args) > 0 && args[0] == "nats-accounts" {
 		return runNATSAccounts(args[1:], stdout, stderr)
@@ -340,14 +354,7 @@ func runConfirmRollback(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "hvguard-controller confirm-rollback: %v\n", err)
 		return ExitConfig
 	}
-	by := "unknown"
-	if u, err := user.Current(); err == nil {
-		by = u.Username
-	}
-	if hn, err := os.Hostname(); err == nil {
-		by += "@" + hn
-	}
-	revs, err := daemon.ConfirmRollback(context.Background(), cfg, hosts, by, *reason, time.Now())
+	revs, err := daemon.ConfirmRollback(context.Background(), cfg, hosts, operator(), *reason, time.Now())
 	for i, rev := range revs {
 		fmt.Fprintf(stdout, "%s: confirmed (control bucket revision %d): the controllers declare it when due, within %s\n", hosts[i], rev, controller.ConfirmPollInterval)
 	}
@@ -365,4 +372,49 @@ func subcommand(name string, stderr io.Writer) *flag.FlagSet {
 	fs.SetOutput(stderr)
 	fs.Usage = func() { fmt.Fprintf(stderr, usage, daemon.DefaultConfigPath, daemon.DefaultListen) }
 	return fs
+}
+
+// operator names who runs the command: user@host.
+func operator() string {
+	by := "unknown"
+	if u, err := user.Current(); err == nil {
+		by = u.Username
+	}
+	if hn, err := os.Hostname(); err == nil {
+		by += "@" + hn
+	}
+	return by
+}
+
+func runMarkRollback(args []string, stdout, stderr io.Writer) int {
+	fs := subcommand("mark-rollback", stderr)
+	cfgPath := fs.String("config", daemon.DefaultConfigPath, "")
+	reason := fs.String("reason", "marked by hand: the lease stream was restored while no controller ran", "")
+	clear := fs.Bool("clear", false, "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "hvguard-controller mark-rollback: unexpected argument %q (see --help)\n", fs.Arg(0))
+		return 2
+	}
+	cfg, err := daemon.LoadConfig(*cfgPath)
+	if err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller mark-rollback: %v\n", err)
+		return ExitConfig
+	}
+	rev, err := daemon.MarkRollback(context.Background(), cfg, operator(), *reason, time.Now(), *clear)
+	if err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller mark-rollback: %v\n", err)
+		return 1
+	}
+	if *clear {
+		fmt.Fprintf(stdout, "rollback marker (revision %d) deleted: the controllers' rollback gates open (a controller that found the rollback itself keeps its gate until it restarts)\n", rev)
+		return 0
+	}
+	fmt.Fprintf(stdout, "rollback marker written (control bucket revision %d): every controller declares only hosts whose beacon proves their record, or that an operator confirms, until it is cleared (--clear)\n", rev)
+	return 0
 }

@@ -191,7 +191,7 @@ func TestNATSAccounts(t *testing.T) {
 	}
 }
 
-// TestConfirmRollbackCommand: confirm-rollback refuses a bad command line
+// TestConfirmRollbackCommand: confirm-rollback (and mark-rollback) refuses a bad command line
 // (2), a bad host name (2) and a bad configuration (78); on a real NATS it
 // writes each host's confirmation to the control bucket (0), where the
 // controllers' rollback gate reads it (controller/rollbackconfirm.go).
@@ -217,9 +217,28 @@ func TestConfirmRollbackCommand(t *testing.T) {
 	}
 	good := filepath.Join(dir, "good.yaml")
 	os.WriteFile(good, []byte("id: ctl-1\nnats:\n  urls: ["+srv.ClientURL()+"]\n"), 0o600)
+	if code, _, errOut := runCLI("confirm-rollback", "--config", good, "h1.example.org"); code != 1 || !strings.Contains(errOut, "no rollback marker") {
+		t.Fatalf("confirm with no marker: exit %d, %q", code, errOut)
+	}
+	if code, out, errOut := runCLI("mark-rollback", "--config", good, "--reason", "restored"); code != 0 || !strings.Contains(out, "rollback marker written") {
+		t.Fatalf("mark-rollback: exit %d, %q, %q", code, out, errOut)
+	}
+	if e, err := kv.Get(ctx, controller.RollbackMarkerKey); err != nil || !strings.Contains(string(e.Value()), `"reason":"restored"`) {
+		t.Fatalf("the marker: %v", err)
+	}
 	code, out, errOut := runCLI("confirm-rollback", "--config", good, "h1.example.org", "h2.example.org", "--reason", "powered off")
 	if code != 0 || !strings.Contains(out, "h1.example.org: confirmed") || !strings.Contains(out, "h2.example.org: confirmed") {
 		t.Fatalf("confirm-rollback: exit %d, %q, %q", code, out, errOut)
+	}
+	if code, _, errOut := runCLI("mark-rollback", "--config", good, "extra"); code != 2 || !strings.Contains(errOut, `unexpected argument "extra"`) {
+		t.Fatalf("mark-rollback extra: exit %d, %q", code, errOut)
+	}
+	code, out, errOut = runCLI("mark-rollback", "--config", good, "--clear")
+	if code != 0 || !strings.Contains(out, "deleted") {
+		t.Fatalf("mark-rollback --clear: exit %d, %q, %q", code, out, errOut)
+	}
+	if _, err := kv.Get(ctx, controller.RollbackMarkerKey); err == nil {
+		t.Fatal("the marker is still there after --clear")
 	}
 	k, _ := controller.ConfirmKey("h2.example.org")
 	e, err := kv.Get(ctx, k)
@@ -227,7 +246,7 @@ func TestConfirmRollbackCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	var c controller.RollbackConfirmation
-	if err := json.Unmarshal(e.Value(), &c); err != nil || c.Host != "h2.example.org" || c.Reason != "powered off" || c.By == "" {
+	if err := json.Unmarshal(e.Value(), &c); err != nil || c.Host != "h2.example.org" || c.Reason != "powered off" || c.By == "" || c.Marker == "" {
 		t.Fatalf("stored confirmation %s (%v)", e.Value(), err)
 	}
 }

@@ -456,10 +456,16 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	if _, err := kv.Put(ctx, tok2, wb); err != nil {
 		t.Fatal(err)
 	}
-	// An operator's confirmation of h1 left from before this rollback
-	// (rollbackgate.go: taken only if written after the fresh start).
+	// An operator's confirmation of h1 left from an earlier rollback: it
+	// names that rollback's marker (cleared since), not this one's.
 	cfg := fastConfig(t, url, "ctl-rb")
+	if _, err := daemon.MarkRollback(ctx, cfg, "test", "an earlier rollback", time.Now(), false); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := daemon.ConfirmRollback(ctx, cfg, []string{hosts[1]}, "test", "an earlier rollback", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := daemon.MarkRollback(ctx, cfg, "test", "", time.Now(), true); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * controller.RollbackCheckInterval) // delivered; checks passed
@@ -579,4 +585,42 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Logf("%s declared %v after the operator's confirmation", hosts[1], time.Since(confirmed).Round(10*time.Millisecond))
+
+	// The controller is restarted by hand: it has no carry, and h2's key
+	// holds its older active record (the rollback lost its withdrawal).
+	// The rollback marker stands (h0 and h2 never proved themselves):
+	// the restarted controller is gated too, and does not declare the
+	// withdrawn h2. With the marker cleared (mark-rollback --clear, too
+	// early: the keys were not rotated) a restarted controller declares
+	// h2 — the hole the marker closes.
+	c.stop()
+	declaredBy := func(c *ctl, host string) bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, d := range c.written {
+			if d.Host == host {
+				return true
+			}
+		}
+		return false
+	}
+	guardOff := func(c *daemon.Config) { c.Guard.Share = 1 }
+	c2 := startCtlWith(t, url, "ctl-rb2", guardOff, nil)
+	waitLeader(t, 5*time.Second, c2)
+	time.Sleep(3050*time.Millisecond + 3*controller.ConfirmPollInterval)
+	if declaredBy(c2, hosts[2]) {
+		t.Fatalf("the controller restarted after the rollback declared the withdrawn %s (its withdrawal lost in the rollback): the rollback marker did not gate it", hosts[2])
+	}
+	c2.stop()
+	if _, err := daemon.MarkRollback(ctx, cfg, "test", "", time.Now(), true); err != nil {
+		t.Fatalf("clearing the rollback marker: %v", err)
+	}
+	c3 := startCtlWith(t, url, "ctl-rb3", guardOff, nil)
+	waitLeader(t, 5*time.Second, c3)
+	for end := time.Now().Add(3050*time.Millisecond + 3*controller.ConfirmPollInterval); !declaredBy(c3, hosts[2]); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("with the marker cleared the restarted controller did not declare %s either: the test no longer shows what the marker closes", hosts[2])
+		}
+	}
+	t.Logf("with the marker cleared, a restarted controller declared the withdrawn %s (the hole the marker closes)", hosts[2])
 }
