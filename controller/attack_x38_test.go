@@ -24,6 +24,15 @@ func x38Put(b *x11Bucket, now time.Time, host string, st fencing.LeaseState, inc
 
 // x38PutMod is x38Put with the record's constants set by mod (nil: none).
 func x38PutMod(b *x11Bucket, now time.Time, host string, st fencing.LeaseState, inc, seq uint64, mod func(*fencing.LeaseRecord)) fencing.LeaseRecord {
+	r := x38Rec(b, host, st, inc, seq)
+	if mod != nil {
+		mod(r)
+	}
+	return x38Land(b, now, r)
+}
+
+// x38Rec is the record x38PutMod writes.
+func x38Rec(b *x11Bucket, host string, st fencing.LeaseState, inc, seq uint64) *fencing.LeaseRecord {
 	r := rec(host, fencing.BackstopReset)
 	r.Signer, r.Guard, r.State = host+"-key", b.guard.Ref(), st
 	r.Sig = fmt.Sprintf("sig-%s-%d-%d", host, inc, seq)
@@ -31,16 +40,18 @@ func x38PutMod(b *x11Bucket, now time.Time, host string, st fencing.LeaseState, 
 	if st == fencing.LeaseWithdrawn {
 		r.Reason = "orderly-stop"
 	}
-	if mod != nil {
-		mod(r)
-	}
-	return x38Land(b, now, r)
+	return r
 }
 
 // x38Land: r's host's agent writes r by a compare-and-set on its key's
 // revision (prev_rev, the stored message's expected sequence), and its
 // beacon (its withdrawal's, for a withdrawn record) reaches the tracker.
 func x38Land(b *x11Bucket, now time.Time, r *fencing.LeaseRecord) fencing.LeaseRecord {
+	return x38LandBeacon(b, now, r, true)
+}
+
+// x38LandBeacon is x38Land; without beacon, the host's beacon is lost.
+func x38LandBeacon(b *x11Bucket, now time.Time, r *fencing.LeaseRecord, beacon bool) fencing.LeaseRecord {
 	host, st := r.Host, r.State
 	cur, ok := b.keys[host]
 	w := fencing.Written{Known: true, HasExpected: true, Expected: cur.rev}
@@ -52,7 +63,7 @@ func x38Land(b *x11Bucket, now time.Time, r *fencing.LeaseRecord) fencing.LeaseR
 		w.Expected = 0
 	}
 	b.land(now, host, x11Entry{rec: r, w: w})
-	if b.tr != nil {
+	if b.tr != nil && beacon {
 		if st == fencing.LeaseWithdrawn {
 			b.tr.ObserveWithdrawal(now, host, b.rev)
 		} else {

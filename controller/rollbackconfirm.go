@@ -55,6 +55,16 @@ const (
 	ConfirmClockSkew = time.Minute
 )
 
+// MarkerRecheckInterval: how often a controller with no gated host reads
+// the rollback marker again. A controller that read "no marker" once
+// never looked again, and one started after a restore but before the
+// detecting controller wrote it — or before an operator ran mark-rollback
+// because that write failed — judged hosts without the gate for good
+// (reviewer X51). 10 s: one message get; a host falls due no sooner than
+// lease_ttl + grace after the rollback's outage, and the rollback check
+// finds it within RollbackCheckInterval.
+const MarkerRecheckInterval = 10 * time.Second
+
 // RollbackConfirmation is the value of ConfirmKeyPrefix+Host.
 type RollbackConfirmation struct {
 	Host string `json:"host"`
@@ -169,10 +179,11 @@ type confirmPoll struct {
 	ignored map[string]uint64 // host: the confirmation's revision said
 }
 
-// taken is one confirmation a poll found: host, its revision.
+// taken is one confirmation a poll found: host, the marker it names, its
+// revision.
 type taken struct {
-	host string
-	rev  uint64
+	host, marker string
+	rev          uint64
 }
 
 // pollResult is what one poll found.
@@ -227,7 +238,7 @@ func (p *confirmPoll) poll(ctx context.Context, kv jetstream.KeyValue, log *slog
 				log.Warn("rollback gate: a confirmation that names another host or another rollback marker (an earlier rollback's, or restored with the control bucket), or written more than 10 minutes ago (or in the future: clocks), is ignored — run hvguard-controller confirm-rollback again", "host", host, "revision", e.Revision(), "names", c.Host, "marker", c.Marker, "standing_marker", m.ID, "written_at", c.At, "err", err)
 			}
 		default:
-			res.confirmed = append(res.confirmed, taken{host, e.Revision()})
+			res.confirmed = append(res.confirmed, taken{host, m.ID, e.Revision()})
 			log.Warn("rollback gate: an operator confirmed the host may be declared", "host", host, "by", c.By, "reason", c.Reason, "at", c.At, "revision", e.Revision())
 		}
 	}

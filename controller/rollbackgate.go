@@ -52,11 +52,18 @@ func (t *Tracker) rollbackGated(name string, h *hostState) bool {
 	if !t.gate || rollbackGateMutation {
 		return false
 	}
-	if c, ok := t.confirmed[name]; ok && !h.lastSeen.After(c.at) {
+	if c, ok := t.confirmed[name]; ok && !c.spent(h) {
 		return false
 	}
 	if h.trustedRev == 0 || h.beacons.wrote.zero() {
 		return true // no record of its own, or no beacon named one
+	}
+	if h.beacons.maxRev > h.trustedRev && !rollbackLaterMutation {
+		// A beacon named a later write than the record it is judged by:
+		// the host wrote since (an agent restarted with its state lost
+		// writes identities below the newest it named before, which
+		// stays beacons.wrote: reviewer X51) — not its newest.
+		return true
 	}
 	id := idOf(h.rec)
 	if id != h.beacons.wrote && !rollbackExactMutation {
@@ -72,43 +79,64 @@ func (t *Tracker) rollbackGated(name string, h *hostState) bool {
 }
 
 // rollbackExactMutation: a record not newer than the beacons' newest
-// passes, as the gate's first version did (reviewer X50). Tests only.
-var rollbackExactMutation bool
+// passes, as the gate's first version did (reviewer X50);
+// rollbackLaterMutation: a beacon naming a later revision than the
+// judged record does not keep it gated (reviewer X51). Tests only.
+var rollbackExactMutation, rollbackLaterMutation bool
 
 // expireConfirmation drops host's confirmation once the host showed signs
-// of life after it was taken (a renewal, a beacon): the operator confirmed
-// a dead host, and it is not dead — a later copy would pass the gate on
-// an old word (reviewer X50). The same confirmation is not taken again
-// (ConfirmRollback: its revision).
+// of life after it was taken (a trusted record, a beacon): the operator
+// confirmed a dead host, and it is not dead — a later copy would pass the
+// gate on an old word (reviewer X50). The same confirmation is not taken
+// again (ConfirmRollback: its marker and revision).
 func (t *Tracker) expireConfirmation(name string, h *hostState) {
-	if c, ok := t.confirmed[name]; ok && h.lastSeen.After(c.at) {
+	if c, ok := t.confirmed[name]; ok && c.spent(h) {
 		delete(t.confirmed, name)
 	}
 }
 
-// confirmation is an operator's confirmation the tracker took: when, and
-// its revision in the control bucket.
+// confirmation is an operator's confirmation the tracker took: when, the
+// host's trusted revision then, and its marker and revision in the
+// control bucket.
 type confirmation struct {
-	at  time.Time
-	rev uint64
+	at         time.Time
+	trustedRev uint64
+	marker     string
+	rev        uint64
+}
+
+// spent: h showed signs of life since c was taken — a trusted record or a
+// beacon of its own (not a watch restart, which moves lastSeen for every
+// host and spent a confirmation whose declaration's write had failed:
+// reviewer X51).
+func (c confirmation) spent(h *hostState) bool {
+	return h.trustedRev != c.trustedRev || h.beacons.at.After(c.at)
 }
 
 // ConfirmRollback records an operator's confirmation (hvguard-controller
-// confirm-rollback, naming the rollback marker that stands:
-// Runner's poll) that host may be declared although the lease stream
-// rolled back: they checked it is down, or its guests are gone. It holds
-// until the host shows signs of life (expireConfirmation); a confirmation
-// at a revision not above the last one taken for host is not taken again.
-// It reports whether it changed anything.
-func (t *Tracker) ConfirmRollback(host string, rev uint64, now time.Time) bool {
-	if !t.gate || rev <= t.confirmedRev[host] {
+// confirm-rollback, naming the rollback marker that stands — marker —,
+// at rev in the control bucket: Runner's poll) that host may be declared
+// although the lease stream rolled back: they checked it is down, or its
+// guests are gone. It holds until the host shows signs of life
+// (expireConfirmation); one of the same marker at a revision not above
+// the last one taken for host is not taken again (a re-created control
+// bucket restarts its revisions under a new marker: reviewer X51). It
+// reports whether it changed anything.
+func (t *Tracker) ConfirmRollback(host, marker string, rev uint64, now time.Time) bool {
+	if !t.gate {
+		return false
+	}
+	if c, ok := t.confirmedRev[host]; ok && c.marker == marker && rev <= c.rev {
 		return false
 	}
 	if t.confirmed == nil {
-		t.confirmed, t.confirmedRev = map[string]confirmation{}, map[string]uint64{}
+		t.confirmed, t.confirmedRev = map[string]confirmation{}, map[string]confirmation{}
 	}
-	t.confirmed[host] = confirmation{at: now, rev: rev}
-	t.confirmedRev[host] = rev
+	c := confirmation{at: now, marker: marker, rev: rev}
+	if h := t.hosts[host]; h != nil {
+		c.trustedRev = h.trustedRev
+	}
+	t.confirmed[host], t.confirmedRev[host] = c, c
 	return true
 }
 

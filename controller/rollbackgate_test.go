@@ -49,7 +49,7 @@ func gateRun(t *testing.T, secs int, steps map[int]gateStep, confirmAt int) (sta
 func gateRunEach(t *testing.T, secs int, steps map[int]gateStep, confirmAt int, each func(b *x11Bucket, s int, now time.Time)) (start time.Time, out []gateDecision, b *x11Bucket) {
 	t.Helper()
 	b, others, bk, at := x48Rig(t)
-	if b.tr.ConfirmRollback("h3", 1, at) {
+	if b.tr.ConfirmRollback("h3", "m1", 1, at) {
 		t.Fatal("ConfirmRollback changed something on a tracker that saw no rollback")
 	}
 	b.rollBack(maps.Clone(bk.keys), bk.rev)
@@ -64,7 +64,7 @@ func gateRunEach(t *testing.T, secs int, steps map[int]gateStep, confirmAt int, 
 			}
 		}
 		if s == confirmAt && confirmAt > 0 {
-			if !b.tr.ConfirmRollback("h3", 7, now) {
+			if !b.tr.ConfirmRollback("h3", "m1", 7, now) {
 				t.Fatalf("ConfirmRollback(h3) changed nothing")
 			}
 		}
@@ -82,6 +82,17 @@ func gateRunEach(t *testing.T, secs int, steps map[int]gateStep, confirmAt int, 
 		}
 	}
 	return start, out, b
+}
+
+// gateDeclared: when h3 was declared, after start.
+func gateDeclared(out []gateDecision, start time.Time) []time.Duration {
+	var decl []time.Duration
+	for _, d := range out {
+		if d.d.Op == OpDeclare {
+			decl = append(decl, d.at.Sub(start))
+		}
+	}
+	return decl
 }
 
 func gateFirst(out []gateDecision, op Op) (gateDecision, bool) {
@@ -190,7 +201,7 @@ func TestRollbackGateLists(t *testing.T) {
 	}
 	t.Logf("h3 gated from %d s after the fresh start", first)
 	now := b.tr.hosts["h3"].lastSeen.Add(time.Minute)
-	if !b.tr.ConfirmRollback("h3", 5, now) || b.tr.ConfirmRollback("h3", 5, now) {
+	if !b.tr.ConfirmRollback("h3", "m1", 5, now) || b.tr.ConfirmRollback("h3", "m1", 5, now) {
 		t.Fatal("a confirmation not taken once per revision")
 	}
 	if b.tr.rollbackGated("h3", b.tr.hosts["h3"]) {
@@ -202,7 +213,7 @@ func TestRollbackGateLists(t *testing.T) {
 	if !b.tr.rollbackGated("h3", b.tr.hosts["h3"]) {
 		t.Fatal("h3's confirmation not spent by its beacon after it")
 	}
-	if b.tr.ConfirmRollback("h3", 5, now.Add(3*time.Second)) {
+	if b.tr.ConfirmRollback("h3", "m1", 5, now.Add(3*time.Second)) {
 		t.Fatal("the spent confirmation (revision 5) taken again")
 	}
 	if !b.tr.rollbackGated("h0", b.tr.hosts["h0"]) {

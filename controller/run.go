@@ -271,7 +271,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					r.Tracker.SetRollbackGate(res.marker, res.why) // off: unless this runner found the rollback
 				}
 				for _, c := range res.confirmed {
-					r.Tracker.ConfirmRollback(c.host, c.rev, r.now()) // declared at its next due Tick
+					r.Tracker.ConfirmRollback(c.host, c.marker, c.rev, r.now()) // declared at its next due Tick
 				}
 			case c := <-checked:
 				checking = false
@@ -315,7 +315,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					}
 				}
 				if kv := r.Store.Control; kv != nil && !polling && r.now().Sub(lastPoll) >= ConfirmPollInterval {
-					if gated := r.Tracker.RollbackGated(); !markerKnown || len(gated) > 0 {
+					if gated := r.Tracker.RollbackGated(); !markerKnown || len(gated) > 0 || r.now().Sub(lastPoll) >= MarkerRecheckInterval {
 						polling, lastPoll = true, r.now()
 						// Wall time: a confirmation's age is judged against the
 						// command's clock (RollbackConfirmation.At), not the

@@ -465,7 +465,7 @@ type Tracker struct {
 	// (ConfirmRollback, rollbackgate.go); gate: the rollback gate is on
 	// (AfterRollback, SetRollbackGate), gateWhy says why.
 	confirmed    map[string]confirmation
-	confirmedRev map[string]uint64
+	confirmedRev map[string]confirmation
 	gate         bool
 	gateWhy      string
 }

@@ -545,16 +545,7 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	// its record (no beacon named it): not declared, shown gated, the
 	// stale confirmation ignored — until an operator confirms it.
 	died.Store(true)
-	declaredH1 := func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, d := range c.written {
-			if d.Host == hosts[1] {
-				return true
-			}
-		}
-		return false
-	}
+	declaredH1 := func() bool { return c.declared(hosts[1]) }
 	time.Sleep(3050*time.Millisecond + 3*controller.ConfirmPollInterval)
 	if declaredH1() {
 		t.Fatalf("the dead %s declared after the rollback with nothing proving its record (the rollback gate), or on a confirmation from before the rollback", hosts[1])
@@ -574,17 +565,7 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	if !strings.Contains(text.String(), "confirm-rollback "+hosts[1]) {
 		t.Fatalf("status text does not name the command for %s:\n%s", hosts[1], text.String())
 	}
-	confirmed := time.Now()
-	if _, err := daemon.ConfirmRollback(ctx, cfg, []string{hosts[1]}, "test", "checked: powered off", time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	for !declaredH1() {
-		if time.Since(confirmed) > 3*controller.ConfirmPollInterval {
-			t.Fatalf("the confirmed %s not declared %v after the operator's confirmation", hosts[1], time.Since(confirmed))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Logf("%s declared %v after the operator's confirmation", hosts[1], time.Since(confirmed).Round(10*time.Millisecond))
+	confirmDeclares(t, ctx, cfg, c, hosts[1])
 
 	// The controller is restarted by hand: it has no carry, and h2's key
 	// holds its older active record (the rollback lost its withdrawal).
@@ -594,16 +575,7 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	// early: the keys were not rotated) a restarted controller declares
 	// h2 — the hole the marker closes.
 	c.stop()
-	declaredBy := func(c *ctl, host string) bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, d := range c.written {
-			if d.Host == host {
-				return true
-			}
-		}
-		return false
-	}
+	declaredBy := func(c *ctl, host string) bool { return c.declared(host) }
 	guardOff := func(c *daemon.Config) { c.Guard.Share = 1 }
 	c2 := startCtlWith(t, url, "ctl-rb2", guardOff, nil)
 	waitLeader(t, 5*time.Second, c2)
@@ -623,4 +595,80 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 		}
 	}
 	t.Logf("with the marker cleared, a restarted controller declared the withdrawn %s (the hole the marker closes)", hosts[2])
+}
+
+// TestControllerPicksUpRollbackMarker: a running controller that read "no
+// rollback marker" at its start reads it again (MarkerRecheckInterval):
+// an operator's mark-rollback (a restore made while no controller ran, or
+// the detecting controller's write failed) gates it without a restart —
+// h1, dying after the mark, is not declared (no beacon proves its record)
+// until the operator confirms it (reviewer X51: it never looked again).
+func TestControllerPicksUpRollbackMarker(t *testing.T) {
+	url, nc, js := controllertest.JetStream(t)
+	_ = nc
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	kv, err := natslease.EnsureBucket(ctx, js, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hosts := []string{"h0.example.org", "h1.example.org"}
+	var died atomic.Bool
+	go func() {
+		for ctx.Err() == nil {
+			for i, h := range hosts {
+				if i == 1 && died.Load() {
+					continue
+				}
+				tok, _ := proto.HostToken(h)
+				b, _ := controllertest.HostRecord(h).Encode()
+				pctx, c := context.WithTimeout(ctx, time.Second)
+				_, _ = kv.Put(pctx, tok, b)
+				c()
+			}
+			time.Sleep(150 * time.Millisecond)
+		}
+	}()
+	c := startCtlWith(t, url, "ctl-mark", func(c *daemon.Config) { c.Guard.Share = 1 }, nil)
+	waitLeader(t, 5*time.Second, c)
+	cfg := fastConfig(t, url, "ctl-mark")
+	if _, err := daemon.MarkRollback(ctx, cfg, "test", "restored while no controller ran", time.Now(), false); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(controller.MarkerRecheckInterval + controller.ConfirmPollInterval)
+	died.Store(true)
+	time.Sleep(3050*time.Millisecond + 2*controller.ConfirmPollInterval)
+	if c.declared(hosts[1]) {
+		t.Fatalf("%s declared although the rollback marker stands and nothing proved its record: the running controller did not pick the marker up", hosts[1])
+	}
+	confirmDeclares(t, ctx, cfg, c, hosts[1])
+}
+
+// declared: c wrote a declaration of host.
+func (c *ctl) declared(host string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, d := range c.written {
+		if d.Host == host {
+			return true
+		}
+	}
+	return false
+}
+
+// confirmDeclares: an operator confirms host (hvguard-controller
+// confirm-rollback); c declares it within 3 polls.
+func confirmDeclares(t *testing.T, ctx context.Context, cfg daemon.Config, c *ctl, host string) {
+	t.Helper()
+	confirmed := time.Now()
+	if _, err := daemon.ConfirmRollback(ctx, cfg, []string{host}, "test", "checked: powered off", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for !c.declared(host) {
+		if time.Since(confirmed) > 3*controller.ConfirmPollInterval {
+			t.Fatalf("the confirmed %s not declared %v after the operator's confirmation", host, time.Since(confirmed))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("%s declared %v after the operator's confirmation", host, time.Since(confirmed).Round(10*time.Millisecond))
 }
