@@ -340,6 +340,10 @@ func TestX24ReusedRevisionReplayAfterRollbackNotCarried(t *testing.T) {
 // 120 s) until the rollback bar and X43's checks: each alone refuses
 // W_old; with all three mutated h6 stays undeclared.
 func TestX24ReusedRevisionWithdrawalReplayKeepsDeadHost(t *testing.T) {
+	// The layers beneath the rollback gate (rollbackgate_test.go). Under the
+	// gate the re-put W_old, refused, keeps the dead h6 gated until an
+	// operator confirms it: the gate's (c), docs/security.md.
+	gateOff(t)
 	for _, c := range []struct {
 		name     string
 		rollback bool

@@ -101,11 +101,9 @@ func TestX50CopyOlderThanBeaconPassesGate(t *testing.T) {
 				now := start.Add(time.Duration(s) * time.Second)
 				switch {
 				case s < 5 || s == 5 && !c.withdraw:
-					r := x38PutMod(b, now.Add(500*time.Millisecond), "h3", fencing.LeaseActive, 3, uint64(22+s), nil)
-					b.tr.BeaconWrote("h3", b.rev, r.Epoch, r.Incarnation, r.Seq)
+					gatePut(b, now.Add(500*time.Millisecond), fencing.LeaseActive, 3, uint64(22+s))
 				case s == 5:
-					r := x38PutMod(b, now.Add(500*time.Millisecond), "h3", fencing.LeaseWithdrawn, 3, 27, nil)
-					b.tr.BeaconWrote("h3", b.rev, r.Epoch, r.Incarnation, r.Seq)
+					gatePut(b, now.Add(500*time.Millisecond), fencing.LeaseWithdrawn, 3, 27)
 					wd = now.Add(500 * time.Millisecond)
 				}
 				for _, h := range others {
@@ -380,15 +378,13 @@ func TestX50StickyProofThenCopy(t *testing.T) {
 		now := start.Add(time.Duration(s) * time.Second)
 		switch {
 		case s >= 23 && s <= 25:
-			r := x38PutMod(b, now.Add(300*time.Millisecond), "h3", fencing.LeaseActive, 3, uint64(22+s-23), nil)
-			b.tr.BeaconWrote("h3", b.rev, r.Epoch, r.Incarnation, r.Seq)
+			gatePut(b, now.Add(300*time.Millisecond), fencing.LeaseActive, 3, uint64(22+s-23))
 		case s == 26:
 			b.tr.View(now) // a scrape
 			if h := b.tr.hosts["h3"]; !b.tr.rollbackGated("h3", h) {
 				viewed = now
 			}
-			r := x38PutMod(b, now.Add(300*time.Millisecond), "h3", fencing.LeaseWithdrawn, 3, 25, nil)
-			b.tr.BeaconWrote("h3", b.rev, r.Epoch, r.Incarnation, r.Seq)
+			gatePut(b, now.Add(300*time.Millisecond), fencing.LeaseWithdrawn, 3, 25)
 			wd = now.Add(300 * time.Millisecond)
 		}
 		for _, h := range others {

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"testing"
 	"time"
 
@@ -45,16 +44,13 @@ func TestX51ProvedThenLostStateWithdrawal(t *testing.T) {
 		muts     []*bool
 	}{
 		{name: "withdrawn/beacon-lost", withdraw: true},
-		{name: "withdrawn/beacon-lost/rollbackLaterMutation", withdraw: true, muts: []*bool{&rollbackLaterMutation}},
+		{name: "withdrawn/beacon-lost/rollbackLaterMutation+rollbackRefusedMutation", withdraw: true, muts: []*bool{&rollbackLaterMutation, &rollbackRefusedMutation, &rollbackUnvouchedMutation}},
 		{name: "control/withdrawn/beacon-came", withdraw: true, beacon: true},
 		{name: "control/dead"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x36Mutate(t, c.muts...)
-			b, others, bk, at := x48Rig(t)
-			b.rollBack(maps.Clone(bk.keys), bk.rev)
-			start := at.Add(1500 * time.Millisecond)
-			b.detectRollback(at.Add(time.Second), start)
+			b, others, start := gateFresh(t)
 			var wd, lastLive time.Time
 			var declared bool
 			for s := 0; s < 200; s++ {
@@ -62,25 +58,19 @@ func TestX51ProvedThenLostStateWithdrawal(t *testing.T) {
 				w := now.Add(500 * time.Millisecond)
 				switch {
 				case s < 5: // proved: (3,22..26), beacons naming each
-					r := x38PutMod(b, w, "h3", fencing.LeaseActive, 3, uint64(22+s), nil)
-					b.tr.BeaconWrote("h3", b.rev, r.Epoch, r.Incarnation, r.Seq)
+					gatePut(b, w, fencing.LeaseActive, 3, uint64(22+s))
 					lastLive = w
 				case s >= 10 && s < 20: // state lost: (2,1..10), beacons naming each
-					r := x38PutMod(b, w, "h3", fencing.LeaseActive, 2, uint64(s-9), nil)
-					b.tr.BeaconWrote("h3", b.rev, r.Epoch, r.Incarnation, r.Seq)
+					gatePut(b, w, fencing.LeaseActive, 2, uint64(s-9))
 					lastLive = w
 				case s == 20 && c.withdraw && c.beacon:
-					r := x38PutMod(b, w, "h3", fencing.LeaseWithdrawn, 2, 11, nil)
-					b.tr.BeaconWrote("h3", b.rev, r.Epoch, r.Incarnation, r.Seq)
+					gatePut(b, w, fencing.LeaseWithdrawn, 2, 11)
 					wd = w
 				case s == 20 && c.withdraw:
 					x51LandNoBeacon(b, w, "h3", fencing.LeaseWithdrawn, 2, 11)
 					wd = w
 				}
-				for _, h := range others {
-					b.write(now, h, fencing.LeaseActive, b.guard.Ref())
-				}
-				b.publish()
+				gateOthers(b, now, others)
 				for _, d := range b.tr.Tick(now) {
 					if d.Host != "h3" || d.Op != OpDeclare {
 						continue
@@ -182,10 +172,7 @@ func TestX51UnreadableControlGatesNormalController(t *testing.T) {
 			}
 			for s := 0; s < 300; s++ {
 				now := at.Add(time.Duration(s) * time.Second)
-				for _, h := range others {
-					b.write(now, h, fencing.LeaseActive, b.guard.Ref())
-				}
-				b.publish()
+				gateOthers(b, now, others)
 				for _, d := range b.tr.Tick(now) {
 					if d.Host == "h3" && d.Op == OpDeclare {
 						if !readable {

@@ -383,6 +383,7 @@ func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fe
 			t.out = t.out[:0]
 			defer t.whenTracked(now, host, t.hosts[host] != nil) // beaconloss.go
 			t.observeInvalid(now, host, rev, fmt.Sprintf("a %s record not verified as written fresh: possibly a replay (%s)", rec.State, why), false)
+			t.ownRefused(now, host, rev, rec) // rollbackgate.go
 			return t.out
 		}
 	}

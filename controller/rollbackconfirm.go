@@ -39,9 +39,15 @@ const (
 	ConfirmReadTimeout  = 2 * time.Second
 )
 
-// ConfirmMaxAge and ConfirmClockSkew: a confirmation is taken only if it
-// says it was written at most ConfirmMaxAge before the controller's clock
-// (and at most ConfirmClockSkew after it). A restore of the control bucket
+// ConfirmMaxAge and ConfirmClockSkew: a confirmation is taken only if the
+// NATS server stored it, and the command says it wrote it, at most
+// ConfirmMaxAge before the controller's wall clock (and at most
+// ConfirmClockSkew after it). ConfirmClockSkew also moves
+// its stamp earlier (confirmStamp): a server clock behind the
+// controller's, or the poll's own delay, would make it look written later
+// than it was, and signs of life in between would not spend it. 10 s: NTP keeps clocks within
+// milliseconds; the price is that signs of life up to 10 s before the
+// command spend it — confirm a host that has been silent longer. A restore of the control bucket
 // brings back whatever it held — an earlier incident's marker with its
 // confirmations, which name it — and a months-old "h3 is down" must not
 // declare h3 now (reviewer X50). 10 minutes: a running controller takes a
@@ -52,7 +58,7 @@ const (
 // controllers and the NATS servers must: docs/security.md).
 const (
 	ConfirmMaxAge    = 10 * time.Minute
-	ConfirmClockSkew = time.Minute
+	ConfirmClockSkew = 10 * time.Second
 )
 
 // MarkerRecheckInterval: how often a controller with no gated host reads
@@ -180,10 +186,12 @@ type confirmPoll struct {
 }
 
 // taken is one confirmation a poll found: host, the marker it names, its
-// revision.
+// revision, and how long before the poll's wall clock it was written (0
+// if its clock is ahead).
 type taken struct {
 	host, marker string
 	rev          uint64
+	age          time.Duration
 }
 
 // pollResult is what one poll found.
@@ -229,7 +237,7 @@ func (p *confirmPoll) poll(ctx context.Context, kv jetstream.KeyValue, log *slog
 		}
 		var c RollbackConfirmation
 		switch err := json.Unmarshal(e.Value(), &c); {
-		case err != nil || c.Host != host || c.Marker != m.ID || c.At.Before(wall.Add(-ConfirmMaxAge)) || c.At.After(wall.Add(ConfirmClockSkew)):
+		case err != nil || c.Host != host || c.Marker != m.ID || !confirmFresh(wall, e.Created(), c.At):
 			if p.ignored[host] != e.Revision() {
 				if p.ignored == nil {
 					p.ignored = map[string]uint64{}
@@ -238,7 +246,12 @@ func (p *confirmPoll) poll(ctx context.Context, kv jetstream.KeyValue, log *slog
 				log.Warn("rollback gate: a confirmation that names another host or another rollback marker (an earlier rollback's, or restored with the control bucket), or written more than 10 minutes ago (or in the future: clocks), is ignored — run hvguard-controller confirm-rollback again", "host", host, "revision", e.Revision(), "names", c.Host, "marker", c.Marker, "standing_marker", m.ID, "written_at", c.At, "err", err)
 			}
 		default:
-			res.confirmed = append(res.confirmed, taken{host, m.ID, e.Revision()})
+			// Its age: the older of the NATS server's stored time and
+			// the command's clock — a command running 50 s fast made it
+			// look written at the take (reviewer X53); a restore keeps
+			// the stored time of what it brings back, the command's says
+			// when it was written (X50).
+			res.confirmed = append(res.confirmed, taken{host, m.ID, e.Revision(), confirmAge(wall, e.Created(), c.At)})
 			log.Warn("rollback gate: an operator confirmed the host may be declared", "host", host, "by", c.By, "reason", c.Reason, "at", c.At, "revision", e.Revision())
 		}
 	}
@@ -269,4 +282,43 @@ func (r *Runner) markRollback(ctx context.Context, log *slog.Logger, found error
 		return
 	}
 	log.Warn("rollback marker written: every controller declares only hosts whose beacon proves their record, or that an operator confirms, until an operator clears it (hvguard-controller mark-rollback --clear, after rotating the host keys)", "revision", rev)
+}
+
+// confirmCommandClockMutation: a confirmation's age by the command's
+// clock (RollbackConfirmation.At), as before (reviewer X53). Tests only.
+var confirmCommandClockMutation bool
+
+// confirmStamp is when the operator wrote c, at the earliest, in the
+// tracker's clock (now: the poll's result arrived): its age by the wall
+// clocks, and ConfirmClockSkew earlier — signs of life since then spend
+// it (confirmation.spent, reviewer X52).
+func confirmStamp(now time.Time, c taken) time.Time {
+	if confirmTakenMutation {
+		return now
+	}
+	return now.Add(-c.age - ConfirmClockSkew)
+}
+
+// fresh: at (a confirmation's time) is within ConfirmMaxAge before wall
+// and at most ConfirmClockSkew after it.
+func fresh(wall, at time.Time) bool {
+	return !at.Before(wall.Add(-ConfirmMaxAge)) && !at.After(wall.Add(ConfirmClockSkew))
+}
+
+// confirmFresh: a confirmation the NATS server stored at created, which
+// says it was written at at, is taken at wall: both fresh. A command's
+// clock more than ConfirmClockSkew ahead is refused (logged): its age
+// would be wrong.
+func confirmFresh(wall, created, at time.Time) bool {
+	return fresh(wall, created) && (fresh(wall, at) || confirmCommandClockMutation)
+}
+
+// confirmAge is a confirmation's age at wall (0 if ahead): the older of
+// the server's stored time and the command's clock.
+func confirmAge(wall, created, at time.Time) time.Duration {
+	age := max(wall.Sub(created), wall.Sub(at))
+	if confirmCommandClockMutation {
+		age = wall.Sub(at)
+	}
+	return max(age, 0)
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"hvguard/fencing"
 )
 
 // The rollback gate. A tracker started afresh because the lease stream
@@ -58,6 +60,22 @@ func (t *Tracker) rollbackGated(name string, h *hostState) bool {
 	if h.trustedRev == 0 || h.beacons.wrote.zero() {
 		return true // no record of its own, or no beacon named one
 	}
+	if h.rev > h.trustedRev && !h.beacons.revs.has(h.rev) && !rollbackUnvouchedMutation {
+		// The key holds a later value than the record it is judged by,
+		// and no beacon of the host names it: garbage over a withdrawal
+		// the watch skipped, a delete and a create, a value refused for
+		// any reason — its newest write may be under it (reviewer X53).
+		// A compromised node's garbage keeps a dead host gated: (c).
+		return true
+	}
+	if h.barRefusedRev > h.trustedRev {
+		// A record of the host's own, refused by the bar, was written on
+		// the key since its trusted record: an agent restarted with its
+		// state lost wrote it (its first write a withdrawal whose beacon
+		// was lost: reviewer X52) — or a compromised node's copy aligned
+		// to the key's revision, which costs only this (c).
+		return true
+	}
 	if h.beacons.maxRev > h.trustedRev && !rollbackLaterMutation {
 		// A beacon named a later write than the record it is judged by:
 		// the host wrote since (an agent restarted with its state lost
@@ -84,6 +102,28 @@ func (t *Tracker) rollbackGated(name string, h *hostState) bool {
 // judged record does not keep it gated (reviewer X51). Tests only.
 var rollbackExactMutation, rollbackLaterMutation bool
 
+// rollbackRefusedMutation: a record refused by the bar but written on the
+// key's revision does not keep the host gated (reviewer X52);
+// rollbackUnvouchedMutation: a later value of the key no beacon names
+// does not (reviewer X53). Tests only.
+var rollbackRefusedMutation, rollbackUnvouchedMutation bool
+
+// ownRefused: a signed record host writes (active, withdrawn), refused
+// as a replay — or as not verified written fresh — landed at rev,
+// observed at now. While the gate is on it is taken for the host's own:
+// written since by an agent restarted with its state lost, or a copy
+// (then it costs only the gate's c). The host stays gated, and it spends a
+// confirmation — after a delete and a create too, which the first-value
+// check refuses (reviewer X53).
+func (t *Tracker) ownRefused(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord) {
+	if h := t.hosts[host]; h != nil && t.gate && rec.Sig != "" && hostWritten(rec.State) && !rollbackRefusedMutation {
+		h.barRefusedRev = max(h.barRefusedRev, rev)
+		if t.listed {
+			h.ownAt = now // not the first listing's (Observe)
+		}
+	}
+}
+
 // expireConfirmation drops host's confirmation once the host showed signs
 // of life after it was taken (a trusted record, a beacon): the operator
 // confirmed a dead host, and it is not dead — a later copy would pass the
@@ -105,13 +145,21 @@ type confirmation struct {
 	rev        uint64
 }
 
-// spent: h showed signs of life since c was taken — a trusted record or a
-// beacon of its own (not a watch restart, which moves lastSeen for every
-// host and spent a confirmation whose declaration's write had failed:
-// reviewer X51).
+// spent: h showed signs of life since c was written — a record of its
+// own (trusted, or refused by the bar but written on the key) or a beacon
+// (not a watch restart, which moves lastSeen for every host and spent a
+// confirmation whose declaration's write had failed: reviewer X51). c.at
+// is when the operator wrote it, in the tracker's clock, not when a poll
+// took it: signs of life between the two (a control bucket unreadable for
+// a while, a mass-failure hold that kept the host off the polled list)
+// were missed and a withdrawn host declared (reviewer X52).
 func (c confirmation) spent(h *hostState) bool {
-	return h.trustedRev != c.trustedRev || h.beacons.at.After(c.at)
+	return h.trustedRev != c.trustedRev || h.ownAt.After(c.at) || h.beacons.at.After(c.at)
 }
+
+// confirmTakenMutation: a confirmation is stamped when taken, not when
+// written, as before (reviewer X52). Tests only (Runner).
+var confirmTakenMutation bool
 
 // ConfirmRollback records an operator's confirmation (hvguard-controller
 // confirm-rollback, naming the rollback marker that stands — marker —,

@@ -84,6 +84,33 @@ func gateRunEach(t *testing.T, secs int, steps map[int]gateStep, confirmAt int, 
 	return start, out, b
 }
 
+// gateFresh: x48Rig's h3 (incarnation 3, seq 20 trusted); the lease
+// stream rolls back to the backup, the fresh tracker starts at start.
+func gateFresh(t *testing.T) (b *x11Bucket, others []string, start time.Time) {
+	t.Helper()
+	b, others, bk, at := x48Rig(t)
+	b.rollBack(maps.Clone(bk.keys), bk.rev)
+	start = at.Add(1500 * time.Millisecond)
+	b.detectRollback(at.Add(time.Second), start)
+	return b, others, start
+}
+
+// gateOthers: the other hosts renew at now, the guard is published.
+func gateOthers(b *x11Bucket, now time.Time, others []string) {
+	for _, h := range others {
+		b.write(now, h, fencing.LeaseActive, b.guard.Ref())
+	}
+	b.publish()
+}
+
+// gatePut: h3's agent writes (inc, seq, st) at now, its beacon naming the
+// record reaching the tracker (BeaconWrote, as Runner.observeBeacons).
+func gatePut(b *x11Bucket, now time.Time, st fencing.LeaseState, inc, seq uint64) fencing.LeaseRecord {
+	r := x38PutMod(b, now, "h3", st, inc, seq, nil)
+	b.tr.BeaconWrote("h3", b.rev, r.Epoch, r.Incarnation, r.Seq)
+	return r
+}
+
 // gateDeclared: when h3 was declared, after start.
 func gateDeclared(out []gateDecision, start time.Time) []time.Duration {
 	var decl []time.Duration

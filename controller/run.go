@@ -271,7 +271,9 @@ func (r *Runner) Run(ctx context.Context) error {
 					r.Tracker.SetRollbackGate(res.marker, res.why) // off: unless this runner found the rollback
 				}
 				for _, c := range res.confirmed {
-					r.Tracker.ConfirmRollback(c.host, c.marker, c.rev, r.now()) // declared at its next due Tick
+					// Stamped when the operator wrote it, in the tracker's
+					// clock: signs of life since then spend it (reviewer X52).
+					r.Tracker.ConfirmRollback(c.host, c.marker, c.rev, confirmStamp(r.now(), c)) // declared at its next due Tick
 				}
 			case c := <-checked:
 				checking = false

@@ -235,8 +235,13 @@ type hostState struct {
 	// before a write of its own (bindLate).
 	lateSkip lateSkip
 	// saidGate: it was due and gated at the last Tick (rollbackgate.go;
-	// OpRefusedDue said so when it became so).
-	saidGate bool
+	// OpRefusedDue said so when it became so). ownAt: when a record of its
+	// own was last observed (trusted, or refused by the rollback bar but
+	// written on the key's revision); barRefusedRev: the last such refused
+	// one's revision.
+	saidGate      bool
+	ownAt         time.Time
+	barRefusedRev uint64
 }
 
 // beaconState is what a host's beacons said (ObserveBeacon, invalid.go):
@@ -612,6 +617,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		return t.out // stale delivery
 	case replay(h, rev, rec) && !invalidMutation:
 		t.observeInvalid(now, host, rev, fmt.Sprintf("replay of a %s record written on revision %d, after revision %d", rec.State, rec.PrevRev, h.rev), true)
+		t.ownRefused(now, host, rev, rec) // rollbackgate.go
 		return t.out
 	case h != nil && h.deleted:
 		h = t.recreated(now, h)
@@ -635,6 +641,13 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	}
 	t.ownAfterSkip(now, host, h, rev, rec) // beaconloss.go: before h.rev moves
 	h.rev, h.rec, h.trustedRev, h.regressed, h.carried = rev, *rec, rev, false, nil
+	if t.listed {
+		// rollbackgate.go: a sign of life that spends a confirmation —
+		// not the first listing's, which shows what was there when the
+		// controller started (a confirmation written before a restart
+		// counted as spent by it: reviewer X53).
+		h.ownAt = now
+	}
 	h.clearHidden(rev) // a record of its own after the hidden write (beaconloss.go)
 	if h.pin != nil {
 		h.pin = nil // a trusted value: the key moved on; the memory is rewritten without the pin

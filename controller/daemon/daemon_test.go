@@ -546,7 +546,7 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	// stale confirmation ignored — until an operator confirms it.
 	died.Store(true)
 	declaredH1 := func() bool { return c.declared(hosts[1]) }
-	time.Sleep(3050*time.Millisecond + 3*controller.ConfirmPollInterval)
+	time.Sleep(controller.ConfirmClockSkew + 3*controller.ConfirmPollInterval)
 	if declaredH1() {
 		t.Fatalf("the dead %s declared after the rollback with nothing proving its record (the rollback gate), or on a confirmation from before the rollback", hosts[1])
 	}
@@ -579,7 +579,7 @@ func TestControllerTrackerRestartsOnRollback(t *testing.T) {
 	guardOff := func(c *daemon.Config) { c.Guard.Share = 1 }
 	c2 := startCtlWith(t, url, "ctl-rb2", guardOff, nil)
 	waitLeader(t, 5*time.Second, c2)
-	time.Sleep(3050*time.Millisecond + 3*controller.ConfirmPollInterval)
+	time.Sleep(controller.ConfirmClockSkew + 3*controller.ConfirmPollInterval)
 	if declaredBy(c2, hosts[2]) {
 		t.Fatalf("the controller restarted after the rollback declared the withdrawn %s (its withdrawal lost in the rollback): the rollback marker did not gate it", hosts[2])
 	}
@@ -637,7 +637,7 @@ func TestControllerPicksUpRollbackMarker(t *testing.T) {
 	}
 	time.Sleep(controller.MarkerRecheckInterval + controller.ConfirmPollInterval)
 	died.Store(true)
-	time.Sleep(3050*time.Millisecond + 2*controller.ConfirmPollInterval)
+	time.Sleep(controller.ConfirmClockSkew + 2*controller.ConfirmPollInterval)
 	if c.declared(hosts[1]) {
 		t.Fatalf("%s declared although the rollback marker stands and nothing proved its record: the running controller did not pick the marker up", hosts[1])
 	}
