@@ -9,13 +9,15 @@ import (
 )
 
 // The rollback gate. A tracker started afresh because the lease stream
-// rolled back (AfterRollback) declares a host only once it has positive
-// evidence that the record it judges the host by is the host's own and
-// written since the rollback — a beacon the host published to this tracker
-// names that record or a newer one, and that record is newer than
-// everything the stopped tracker knew the host wrote (its rollback bar) —
-// or once an operator confirmed the host (ConfirmRollback,
-// `hvguard-controller confirm-rollback HOST`).
+// rolled back (AfterRollback), or running while the controllers' rollback
+// marker stands, declares a host only on positive evidence that the
+// record it judges the host by is the host's own newest, written since
+// the rollback — the host's beacons to this tracker name exactly that
+// record as the newest, nothing later of the host's (a beacon's revision,
+// a refused record of its own, a later value of its key) is there, and
+// the record is newer than everything the stopped tracker knew the host
+// wrote (its rollback bar) — or on an operator's confirmation
+// (ConfirmRollback, `hvguard-controller confirm-rollback HOST`).
 //
 // Why: after a rollback the stream may hold anything a backup, or a
 // compromised node's aligned copies, put back; revisions prove nothing.
@@ -69,11 +71,11 @@ func (t *Tracker) rollbackGated(name string, h *hostState) bool {
 		return true
 	}
 	if h.barRefusedRev > h.trustedRev {
-		// A record of the host's own, refused by the bar, was written on
-		// the key since its trusted record: an agent restarted with its
+		// A record of the host's own, refused as a replay, landed since
+		// its trusted record (ownRefused): an agent restarted with its
 		// state lost wrote it (its first write a withdrawal whose beacon
-		// was lost: reviewer X52) — or a compromised node's copy aligned
-		// to the key's revision, which costs only this (c).
+		// was lost: reviewer X52) — or a compromised node's copy, which
+		// costs only this (c).
 		return true
 	}
 	if h.beacons.maxRev > h.trustedRev && !rollbackLaterMutation {
@@ -102,8 +104,8 @@ func (t *Tracker) rollbackGated(name string, h *hostState) bool {
 // judged record does not keep it gated (reviewer X51). Tests only.
 var rollbackExactMutation, rollbackLaterMutation bool
 
-// rollbackRefusedMutation: a record refused by the bar but written on the
-// key's revision does not keep the host gated (reviewer X52);
+// rollbackRefusedMutation: a record of the host's own refused as a
+// replay neither keeps it gated nor spends a confirmation (reviewer X52);
 // rollbackUnvouchedMutation: a later value of the key no beacon names
 // does not (reviewer X53). Tests only.
 var rollbackRefusedMutation, rollbackUnvouchedMutation bool

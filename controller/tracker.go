@@ -236,9 +236,9 @@ type hostState struct {
 	lateSkip lateSkip
 	// saidGate: it was due and gated at the last Tick (rollbackgate.go;
 	// OpRefusedDue said so when it became so). ownAt: when a record of its
-	// own was last observed (trusted, or refused by the rollback bar but
-	// written on the key's revision); barRefusedRev: the last such refused
-	// one's revision.
+	// own was last observed after the first listing (trusted, or refused
+	// as a replay while gated: ownRefused); barRefusedRev: the last such
+	// refused one's revision.
 	saidGate      bool
 	ownAt         time.Time
 	barRefusedRev uint64
