@@ -85,6 +85,17 @@ func (t *Tracker) rollbackGated(name string, h *hostState) bool {
 		// stays beacons.wrote: reviewer X51) — not its newest.
 		return true
 	}
+	if !h.beacons.revs.has(h.trustedRev) && !rollbackLandedMutation {
+		// No beacon of the host named the revision the judged record
+		// landed at: a compromised node's copy of its newest record,
+		// landed as a create after a delete (which the first-value check
+		// cannot tell from the host's own), has the right identity at
+		// the wrong revision — a withdrawn host was declared 23.5 s
+		// after withdrawing (reviewer X54). The price (c): a host whose
+		// last beacon was lost, or named a revision the ring no longer
+		// holds, is gated.
+		return true
+	}
 	id := idOf(h.rec)
 	if id != h.beacons.wrote && !rollbackExactMutation {
 		return true // not the newest record its beacons named: unproven
@@ -109,6 +120,10 @@ var rollbackExactMutation, rollbackLaterMutation bool
 // rollbackUnvouchedMutation: a later value of the key no beacon names
 // does not (reviewer X53). Tests only.
 var rollbackRefusedMutation, rollbackUnvouchedMutation bool
+
+// rollbackLandedMutation: the judged record's revision need not be one a
+// beacon of the host named (reviewer X54). Tests only.
+var rollbackLandedMutation bool
 
 // ownRefused: a signed record host writes (active, withdrawn), refused
 // as a replay — or as not verified written fresh — landed at rev,
