@@ -178,11 +178,10 @@ func (r *Runner) Run(ctx context.Context) error {
 	var lastCheck time.Time
 	checked := make(chan rollbackCheck, 1)
 	checking := false
-	// The rollback gate's confirmations (rollbackconfirm.go): one poll at
-	// a time, off the loop, only on a tracker started after a rollback.
-	// The controllers' rollback marker (rollbackconfirm.go): until it is
-	// read, a tracker that may follow a rollback found by another
-	// controller is gated too.
+	// The controllers' rollback marker and the operators' confirmations
+	// (rollbackconfirm.go): one poll at a time, off the loop. Until the
+	// marker is read, a tracker that may follow a rollback found by
+	// another controller is gated.
 	var poll confirmPoll
 	confirmed := make(chan pollResult, 1)
 	polling, markerKnown := false, false
