@@ -152,14 +152,18 @@ func (t *Tracker) expireConfirmation(name string, h *hostState) {
 	}
 }
 
-// confirmation is an operator's confirmation the tracker took: when, the
-// host's trusted revision then, and its marker and revision in the
-// control bucket.
+// confirmation is an operator's confirmation the tracker took: when it
+// was written, and the host's trusted revision then.
 type confirmation struct {
 	at         time.Time
 	trustedRev uint64
-	marker     string
-	rev        uint64
+}
+
+// confirmRef names a confirmation in the control bucket: the rollback
+// marker it names and its revision.
+type confirmRef struct {
+	marker string
+	rev    uint64
 }
 
 // spent: h showed signs of life since c was written — a record of its
@@ -195,13 +199,13 @@ func (t *Tracker) ConfirmRollback(host, marker string, rev uint64, now time.Time
 		return false
 	}
 	if t.confirmed == nil {
-		t.confirmed, t.confirmedRev = map[string]confirmation{}, map[string]confirmation{}
+		t.confirmed, t.confirmedRev = map[string]confirmation{}, map[string]confirmRef{}
 	}
-	c := confirmation{at: now, marker: marker, rev: rev}
+	c := confirmation{at: now}
 	if h := t.hosts[host]; h != nil {
 		c.trustedRev = h.trustedRev
 	}
-	t.confirmed[host], t.confirmedRev[host] = c, c
+	t.confirmed[host], t.confirmedRev[host] = c, confirmRef{marker, rev}
 	return true
 }
 

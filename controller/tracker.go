@@ -467,10 +467,12 @@ type Tracker struct {
 	// rollback emptied their keys —, taken when they are (replayHost).
 	barEarly map[string]writeID
 	// confirmed: the hosts an operator confirmed after a rollback
-	// (ConfirmRollback, rollbackgate.go); gate: the rollback gate is on
-	// (AfterRollback, SetRollbackGate), gateWhy says why.
+	// (ConfirmRollback, rollbackgate.go), until spent; confirmedRev: the
+	// last confirmation taken of each host, kept after it is spent (not
+	// taken again). gate: the rollback gate is on (AfterRollback,
+	// SetRollbackGate), gateWhy says why.
 	confirmed    map[string]confirmation
-	confirmedRev map[string]confirmation
+	confirmedRev map[string]confirmRef
 	gate         bool
 	gateWhy      string
 }
