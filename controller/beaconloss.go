@@ -72,7 +72,20 @@ type lossWindow struct {
 	// must stay declarable. "": any host's (merged windows of different
 	// hosts, the runner's counters, the chain).
 	by string
+	// open: a runner's window placed while no stream info had said the
+	// server's clock (serverWindow): its end in the server's clock is not
+	// known — a controller clock behind the server's puts it later than
+	// any delivery shows (reviewer X28) — so it covers every write after
+	// its start until a measure places its end (closeOpen: rawTo, the
+	// runner's clock, less the least lead measured then).
+	open  bool
+	rawTo time.Time
 }
+
+// openWindowMutation: a window placed without a measure of the server's
+// clock ends where the deliveries' delay puts it, as before (reviewer
+// X28's no-server-time hole). Tests only.
+var openWindowMutation bool
 
 // hiddenWrite: a write of the host's key the watch may have hidden: rev is
 // the newest value delivered after a skip (untrusted or a marker, not
@@ -185,7 +198,7 @@ func covers(w lossWindow, hw hiddenWrite, host string) bool {
 		return false // its own missing beacon: says nothing of its own loss
 	}
 	slack := BeaconLossSlack.Nanoseconds()
-	if hw.after != 0 && w.to.UnixNano()+slack < hw.after {
+	if !w.open && hw.after != 0 && w.to.UnixNano()+slack < hw.after {
 		return false // lost before the hidden write was made
 	}
 	return hw.before == 0 || w.from.UnixNano()-slack <= hw.before+slack
@@ -236,6 +249,7 @@ func (t *Tracker) addWindow(w lossWindow) {
 		if last.by != w.by {
 			last.by = "" // evidence of different hosts: counts for all
 		}
+		mergeOpen(last, w)
 		return
 	}
 	if len(t.lossWindows) == maxLossWindows {
@@ -252,9 +266,44 @@ func (t *Tracker) addWindow(w lossWindow) {
 		if b.by != a.by {
 			b.by = ""
 		}
+		mergeOpen(b, a)
 		t.lossWindows = t.lossWindows[1:]
 	}
 	t.lossWindows = append(t.lossWindows, w)
+}
+
+// mergeOpen: a window merged with an open one is open, to the later raw
+// end of the two.
+func mergeOpen(into *lossWindow, w lossWindow) {
+	if !w.open {
+		return
+	}
+	if !into.open {
+		into.open, into.rawTo = true, into.to
+	}
+	if w.rawTo.After(into.rawTo) {
+		into.rawTo = w.rawTo
+	}
+}
+
+// closeOpen places the end of every open window in the server's clock
+// once a stream info measured it (ServerTime): its raw end less the least
+// lead the measures allow now — a window only widens.
+func (t *Tracker) closeOpen(now time.Time) {
+	lo, _, ok := t.lag.estimates(now)
+	if !ok {
+		return
+	}
+	for i := range t.lossWindows {
+		w := &t.lossWindows[i]
+		if !w.open {
+			continue
+		}
+		if e := w.rawTo.Add(-lo); e.After(w.to) {
+			w.to = e
+		}
+		w.open, w.rawTo = false, time.Time{}
+	}
 }
 
 // RefuseCovered refuses the hosts whose hidden write a loss window now
@@ -656,6 +705,7 @@ func (t *Tracker) ServerTime(sent, got, ts time.Time, last uint64) {
 		sl.hi = hi
 	}
 	sl.measured = true
+	t.closeOpen(got)
 }
 
 // estimates returns the least and the greatest lead the last lagMinutes
@@ -688,7 +738,18 @@ func (c *clockLag) estimates(now time.Time) (lo, hi time.Duration, ok bool) {
 // serverWindow is the window from..to of the runner's clock, widened to
 // hold it in the server's clock too: shifted back by every estimated
 // lead, and not shifted (the union).
+//
+// Without a measure of the server's clock (no stream info with "ts" in
+// the last lagMinutes: nats-server before 2.10, or none read yet), the
+// deliveries bound the lead only from above — a controller behind the
+// server's clock needs the window moved later by more than they show
+// (reviewer X28, TestX28LaggingWatchSkew/no-server-time: 2 min behind,
+// every delivery 90 s late, the window ended 60 s before the hidden
+// write) — so the window is open: it covers every later write until a
+// measure places its end (closeOpen). The price (c), with an old server
+// only: a host whose write is hidden after such a loss is refused-due.
 func (t *Tracker) serverWindow(from, to time.Time) lossWindow {
+	raw := to
 	if lo, hi, ok := t.lag.estimates(to); ok {
 		if f := from.Add(-hi); f.Before(from) {
 			from = f
@@ -696,6 +757,9 @@ func (t *Tracker) serverWindow(from, to time.Time) lossWindow {
 		if e := to.Add(-lo); e.After(to) {
 			to = e
 		}
+	}
+	if _, ok := t.lag.leastMeasured(raw); !ok && !openWindowMutation {
+		return lossWindow{from: from, to: to, open: true, rawTo: raw}
 	}
 	return lossWindow{from: from, to: to}
 }

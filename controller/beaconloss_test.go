@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -28,7 +29,12 @@ import (
 //   - "lost/beaconLossMutation": the hole, as before (declared);
 //   - "control-loss-long-before": the only loss ended minutes before h3's
 //     last renewal was stored: h3 (dead, garbage in its key) is declared
-//     as before — a loss does not make every later skip undeclarable;
+//     as before — a loss does not make every later skip undeclarable
+//     (once a stream info measured the server's clock: the runner reads
+//     one every 2 s);
+//   - "loss-long-before/no-server-time": the same with a server that
+//     never says its clock (nats-server before 2.10): the window is open
+//     (serverWindow) and h3 is refused-due — the price (c) of X28's fix;
 //   - "control-back": after the refusal h3's new agent renews (a trusted
 //     record), then dies: declared lease_ttl + grace later.
 func TestHiddenWithdrawalBeaconLost(t *testing.T) {
@@ -43,6 +49,7 @@ func TestHiddenWithdrawalBeaconLost(t *testing.T) {
 		{name: "lost/long-outage", loss: "outage"},
 		{name: "lost/beaconLossMutation", loss: "after", mutation: true, wantDeclared: true},
 		{name: "control-loss-long-before", loss: "long-before", wantDeclared: true},
+		{name: "loss-long-before/no-server-time", loss: "long-before-unmeasured"},
 		{name: "control-back", loss: "after", back: true, wantDeclared: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -50,8 +57,15 @@ func TestHiddenWithdrawalBeaconLost(t *testing.T) {
 			defer func() { beaconLossMutation = false }()
 			tr, rev := beaconFleet(t)
 			at := t0.Add(10 * time.Minute)
-			if c.loss == "long-before" {
+			if strings.HasPrefix(c.loss, "long-before") {
 				tr.BeaconsLost(t0.Add(time.Minute), t0.Add(time.Minute+time.Second))
+			}
+			if c.loss == "long-before" {
+				// The runner's next rollback check: a stream info with
+				// the server's clock (5 ms into a 10 ms round trip) and the
+				// stream's last revision then (the pinned fleet's, 10).
+				sent := t0.Add(time.Minute + 2*time.Second)
+				tr.ServerTime(sent, sent.Add(10*time.Millisecond), sent.Add(5*time.Millisecond), 10)
 			}
 			// h3's last renewal, stored and delivered at `at`.
 			renewOthers(tr, at, &rev)

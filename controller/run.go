@@ -281,7 +281,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					r.Tracker.ServerTime(c.sent, c.got, c.ts, c.last) // beaconloss.go
 				} else if c.read && !r.saidNoClock {
 					r.saidNoClock = true
-					log.Warn("the NATS server's stream info does not say its clock (no \"ts\"; nats-server before 2.10?): loss windows are placed in its clock by the delivery lag alone, which a lagging watch overstates — keep this controller's clock NTP-synced with the server's (docs/security.md, \"The controller's clock\")")
+					log.Warn("the NATS server's stream info does not say its clock (no \"ts\"; nats-server before 2.10?): every loss window of this runner stays open (a host whose write is hidden after one is refused-due, not declared) — run nats-server 2.10 or later (docs/security.md, \"The controller's clock\")")
 				}
 				if errors.Is(err, ErrLeaseStreamRolledBack) {
 					// What the fresh tracker must not lose (rollback.go):
