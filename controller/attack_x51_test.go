@@ -166,9 +166,9 @@ func TestX51UnreadableControlGatesNormalController(t *testing.T) {
 	for _, readable := range []bool{false, true} {
 		t.Run(fmt.Sprintf("control-readable=%t", readable), func(t *testing.T) {
 			b, others, _, at := x48Rig(t)
-			b.tr.SetRollbackGate(true, "the controllers' rollback marker (control bucket) is not read yet")
+			b.tr.SetRollbackGate(MarkerUnread, "the controllers' rollback marker (control bucket) is not read yet")
 			if readable {
-				b.tr.SetRollbackGate(false, "") // the first poll: no marker
+				b.tr.SetRollbackGate(MarkerAbsent, "") // the first poll: no marker
 			}
 			for s := 0; s < 300; s++ {
 				now := at.Add(time.Duration(s) * time.Second)

@@ -289,7 +289,7 @@ func (r *Runner) markRollback(ctx context.Context, log *slog.Logger, found error
 var confirmCommandClockMutation bool
 
 // confirmStamp is when the operator wrote c, at the earliest, in the
-// tracker's clock (now: the poll's result arrived): its age by the wall
+// tracker's clock (now: when the poll that found it started): its age by the wall
 // clocks, and ConfirmClockSkew earlier — signs of life since then spend
 // it (confirmation.spent, reviewer X52).
 func confirmStamp(now time.Time, c taken) time.Time {

@@ -192,7 +192,7 @@ var confirmTakenMutation bool
 // bucket restarts its revisions under a new marker: reviewer X51). It
 // reports whether it changed anything.
 func (t *Tracker) ConfirmRollback(host, marker string, rev uint64, now time.Time) bool {
-	if !t.gate {
+	if !t.gate || t.ConfirmTooEarly(now) {
 		return false
 	}
 	if c, ok := t.confirmedRev[host]; ok && c.marker == marker && rev <= c.rev {
@@ -208,6 +208,25 @@ func (t *Tracker) ConfirmRollback(host, marker string, rev uint64, now time.Time
 	t.confirmed[host], t.confirmedRev[host] = c, confirmRef{marker, rev}
 	return true
 }
+
+// ConfirmTooEarly reports whether a confirmation written at at (its
+// stamp, confirmStamp) is before this tracker's watch ended its first
+// listing: signs of life before then — a record listed, a beacon before
+// the subscription — are not the tracker's to see, and one may have spent
+// it already. A controller started after an operator confirmed, or after
+// the host it confirmed came back, took the confirmation again, and a
+// copy of the host's old record (or a second restore) got a withdrawn
+// host declared 27.5 s after it withdrew (reviewer X55,
+// TestX55ConfirmationRetakenAfterRestart). The price (c): a confirmation
+// counts only for the controllers running when it was written — after a
+// restart or a takeover the operator confirms again (said at WARN).
+func (t *Tracker) ConfirmTooEarly(at time.Time) bool {
+	return !confirmStartMutation && (t.listedAt.IsZero() || at.Before(t.listedAt))
+}
+
+// confirmStartMutation: a confirmation written before the tracker's first
+// listing is taken, as before (reviewer X55). Tests only.
+var confirmStartMutation bool
 
 // RollbackGated lists the hosts the gate kept undeclared at the last Tick
 // (they were due: OpRefusedDue said so): the runner looks for an
@@ -229,17 +248,59 @@ func (t *Tracker) gateReason(name string, h *hostState, now time.Time) string {
 		now.Sub(h.lastSeen).Round(time.Millisecond), t.gateWhy, h.rec.Epoch, h.rec.Incarnation, h.rec.Seq, name)
 }
 
+// MarkerReading is what the runner read of the controllers' rollback
+// marker (SetRollbackGate).
+type MarkerReading int
+
+const (
+	// MarkerUnread: not read yet, or unreadable — the gate is on until
+	// it is read.
+	MarkerUnread MarkerReading = iota
+	// MarkerStands: the marker stands — the gate is on for the tracker's
+	// life.
+	MarkerStands
+	// MarkerAbsent: no marker — the gate is off, unless a marker stood
+	// when read before (markerSeen) or this tracker started afresh on a
+	// rolled-back stream (AfterRollback).
+	MarkerAbsent
+)
+
 // SetRollbackGate turns the rollback gate on (why: the controllers'
 // rollback marker stands, or could not be read) or off (no marker). A
-// gate AfterRollback turned on stays on.
-func (t *Tracker) SetRollbackGate(on bool, why string) {
+// gate AfterRollback turned on, or one a standing marker turned on, stays
+// on for the tracker's life: a marker gone (cleared by an operator, or
+// the control bucket re-created or restored from before it) is not
+// evidence that the stream is sound again, and a tracker started behind
+// the marker has none of the carries and bars the controller that found
+// the rollback kept — the gate alone held its hosts, and a withdrawn
+// host lost in the rollback was declared the moment the marker
+// vanished (reviewer X55, TestX55MarkerLossOpensRestartedGate). A
+// cleared marker ends the gate of controllers started since. It reports
+// whether a standing marker's gate outlived the marker now (said once by
+// the runner).
+func (t *Tracker) SetRollbackGate(m MarkerReading, why string) (kept bool) {
 	switch {
-	case on:
-		t.gate, t.gateWhy = true, why
+	case m == MarkerStands:
+		t.gate, t.gateWhy, t.markerSeen = true, why, !markerStickyMutation
+	case m == MarkerUnread:
+		if !t.markerSeen {
+			t.gate, t.gateWhy = true, why
+		}
+	case t.markerSeen:
+		kept = !t.markerGone
+		t.markerGone = true
 	case t.rolledBackRev == 0:
 		t.gate, t.gateWhy = false, ""
 	}
+	if m == MarkerStands {
+		t.markerGone = false
+	}
+	return kept
 }
+
+// markerStickyMutation: a standing marker's gate ends when the marker is
+// gone, as before (reviewer X55). Tests only.
+var markerStickyMutation bool
 
 // RollbackGateOn reports whether the rollback gate is on.
 func (t *Tracker) RollbackGateOn() bool { return t.gate }

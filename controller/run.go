@@ -183,11 +183,12 @@ func (r *Runner) Run(ctx context.Context) error {
 	// marker is read, a tracker that may follow a rollback found by
 	// another controller is gated.
 	var poll confirmPoll
+	earlySaid := map[string]uint64{} // host: a confirmation's revision said too early (ConfirmTooEarly)
 	confirmed := make(chan pollResult, 1)
 	polling, markerKnown := false, false
 	var lastPoll time.Time
 	if r.Store.Control != nil && r.rolledBack == nil {
-		r.Tracker.SetRollbackGate(true, "the controllers' rollback marker (control bucket) is not read yet")
+		r.Tracker.SetRollbackGate(MarkerUnread, "the controllers' rollback marker (control bucket) is not read yet")
 	}
 	for ctx.Err() == nil {
 		updates := make(chan natslease.Update, 1024)
@@ -267,12 +268,32 @@ func (r *Runner) Run(ctx context.Context) error {
 						log.Warn("ROLLBACK GATE: the controllers' rollback marker stands: this controller declares only hosts whose beacon proves their record, or that an operator confirms (hvguard-controller confirm-rollback HOST)", "why", res.why)
 					}
 					markerKnown = true
-					r.Tracker.SetRollbackGate(res.marker, res.why) // off: unless this runner found the rollback
+					m := MarkerAbsent
+					if res.marker {
+						m = MarkerStands
+					}
+					// Off: unless this runner found the rollback, or a
+					// marker stood when it read it before.
+					if r.Tracker.SetRollbackGate(m, res.why) {
+						log.Warn("ROLLBACK GATE KEPT: the controllers' rollback marker is gone (cleared, or the control bucket re-created or restored), but it stood when this controller read it: it keeps its gate until it restarts (an operator who cleared it after rotating the host keys restarts the controllers)")
+					}
 				}
 				for _, c := range res.confirmed {
 					// Stamped when the operator wrote it, in the tracker's
 					// clock: signs of life since then spend it (reviewer X52).
-					r.Tracker.ConfirmRollback(c.host, c.marker, c.rev, confirmStamp(r.now(), c)) // declared at its next due Tick
+					// Its age was measured against the wall clock when the
+					// poll started (lastPoll, in this clock): a loop busy
+					// with declarations' writes when the result came would
+					// stamp it later (reviewer X55).
+					at := confirmStamp(lastPoll, c)
+					if r.Tracker.ConfirmTooEarly(at) {
+						if earlySaid[c.host] != c.rev {
+							earlySaid[c.host] = c.rev
+							log.Warn("rollback gate: a confirmation written before this controller started (or less than 10 s after) is not taken: the host may have shown signs of life this controller could not see — check it again and run hvguard-controller confirm-rollback again", "host", c.host, "revision", c.rev, "written_ago", c.age)
+						}
+						continue
+					}
+					r.Tracker.ConfirmRollback(c.host, c.marker, c.rev, at) // declared at its next due Tick
 				}
 			case c := <-checked:
 				checking = false

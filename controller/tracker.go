@@ -475,6 +475,12 @@ type Tracker struct {
 	confirmedRev map[string]confirmRef
 	gate         bool
 	gateWhy      string
+	// markerSeen: the controllers' rollback marker stood when read; the
+	// gate stays on (SetRollbackGate). markerGone: it has gone since.
+	markerSeen, markerGone bool
+	// listedAt: when the watch's first listing ended (WatchStarted); a
+	// confirmation written before it is not taken (ConfirmTooEarly).
+	listedAt time.Time
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -574,6 +580,9 @@ func (c Config) Grace(r fencing.LeaseRecord) (time.Duration, error) {
 // silence is only measured while watching, so every host's clock restarts.
 func (t *Tracker) WatchStarted(now time.Time) {
 	t.listed = true
+	if t.listedAt.IsZero() {
+		t.listedAt = now // rollbackgate.go: confirmations written before it are not taken
+	}
 	defer t.replayEarly(now) // beaconloss.go: beacons of hosts listed since
 	for _, h := range t.hosts {
 		// A deleted host renews nothing that a watch could show: its

@@ -58,7 +58,8 @@ Usage:
   hvguard-controller mark-rollback [--config PATH] [--reason TEXT] [--clear]
                                         the lease stream was restored while
                                         no controller ran: gate them all
-                                        (--clear: open the gates again)
+                                        (--clear: delete it, then restart
+                                        the controllers)
   hvguard-controller keygen [--show] [PATH]
                                         write this controller's signing key
                                         for signed lease records (default
@@ -127,15 +128,18 @@ such hosts as NOT DECLARED, the metric hvguard_controller_hosts_rollback_gated
 counts them. Check the host is down (powered off, or its guests gone), then
 confirm it: the command writes the confirmation to the controllers' control
 bucket with --config's NATS user (nats.control when set), and every running
-controller takes it within 2 s. The controller that finds a rollback
+controller takes it within 2 s — a controller started after it (or less
+than 10 s before it) does not: confirm again after restarting one. The
+controller that finds a rollback
 writes a rollback marker to the control bucket; a confirmation names the
 marker that stands (none: nothing to confirm, exit 1) and counts only
 while it stands. While the marker stands every controller that
 (re)starts is gated too. mark-rollback writes it by hand: run it after
 restoring the lease stream while no controller ran (none can find that
-rollback), before starting them. mark-rollback --clear deletes it and the
-gates open: do it once the fleet's host keys are rotated (copies of
-records from before the rollback then fail their signature). Exit status: 0 written, 2 bad command line or host name,
+rollback), before starting them. mark-rollback --clear deletes it: do it
+once the fleet's host keys are rotated (copies of records from before the
+rollback then fail their signature), then restart the controllers — a
+running controller that read the marker keeps its gate until it restarts. Exit status: 0 written, 2 bad command line or host name,
 78 bad configuration, 1 NATS refused or timed out. docs/security.md, "The
 rollback gate".
 
@@ -412,7 +416,7 @@ func runMarkRollback(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if *clear {
-		fmt.Fprintf(stdout, "rollback marker (revision %d) deleted: the controllers' rollback gates open (a controller that found the rollback itself keeps its gate until it restarts)\n", rev)
+		fmt.Fprintf(stdout, "rollback marker (revision %d) deleted: controllers started from now on run without the rollback gate; restart the running ones (each keeps its gate until it restarts)\n", rev)
 		return 0
 	}
 	fmt.Fprintf(stdout, "rollback marker written (control bucket revision %d): every controller declares only hosts whose beacon proves their record, or that an operator confirms, until it is cleared (--clear)\n", rev)

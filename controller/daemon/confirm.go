@@ -68,7 +68,8 @@ func ConfirmRollback(ctx context.Context, cfg Config, hosts []string, by, reason
 // MarkRollback writes the controllers' rollback marker by hand (a lease
 // stream restored while no controller ran: none found it) and returns
 // its revision; with clear it deletes the marker instead (returning the
-// revision of the marker deleted): the controllers' rollback gates open.
+// revision of the marker deleted): controllers started from now on run
+// without the gate (running ones keep theirs until they restart).
 func MarkRollback(ctx context.Context, cfg Config, by, reason string, now time.Time, clear bool) (uint64, error) {
 	ctx, cancel := context.WithTimeout(ctx, ConfirmTimeout)
 	defer cancel()
