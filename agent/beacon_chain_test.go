@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -9,8 +10,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"hvguard/agent/delivery/deliverytest"
 	"hvguard/controller/controllertest"
 	"hvguard/fencing"
+	"hvguard/fencing/natslease"
 	"hvguard/proto"
 )
 
@@ -126,4 +129,33 @@ func beaconSub(t *testing.T, host string) (*nats.Conn, *nats.Subscription) {
 		t.Fatal(err)
 	}
 	return nc, sub
+}
+
+// TestWithdrawalReceiptStored: the withdrawal that landed (the beacon
+// queued for it, fencer.beacon) is stored as a receipt in the receipts
+// stream at the orderly stop (publishReceipt), read back by a
+// controller's LastReceipt; a later renewal's beacon does not replace it;
+// without a withdrawal nothing is stored; with the stream missing the
+// stop logs and goes on.
+func TestWithdrawalReceiptStored(t *testing.T) {
+	const host = "h0.example.org"
+	nc, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	f := &fencer{nc: nc, host: host, beacons: make(chan pendingBeacon, 1), log: log}
+	f.publishReceipt() // no withdrawal, no stream: nothing, no panic
+	st, err := natslease.EnsureWithdrawalStream(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.beacon(fencing.LeaseRecord{Host: host, State: fencing.LeaseActive, Seq: 1}, 30)
+	f.publishReceipt()
+	if _, err := natslease.LastReceipt(ctx, st, host); !errors.Is(err, natslease.ErrNoReceipt) {
+		t.Fatalf("a receipt stored without a withdrawal: %v", err)
+	}
+	f.beacon(fencing.LeaseRecord{Host: host, State: fencing.LeaseWithdrawn, Seq: 2}, 33)
+	f.publishReceipt()
+	b, err := natslease.LastReceipt(ctx, st, host)
+	if err != nil || b.Revision != 33 || b.Seq != 2 || b.State != fencing.LeaseWithdrawn {
+		t.Fatalf("the withdrawal's receipt: %+v, %v", b, err)
+	}
 }

@@ -282,6 +282,9 @@ type fencer struct {
 	// process published named (publishBeacon: the next one's Prev).
 	beaconMu   sync.Mutex
 	lastBeacon uint64
+	// withdrawal: the last withdrawal of ours that landed (its receipt:
+	// publishReceipt), under beaconMu.
+	withdrawal *pendingBeacon
 	sem        chan struct{}
 	view       atomic.Pointer[fencing.PeerView]
 	progress   atomic.Int64 // wall unix nanos of the last loop iteration
@@ -946,6 +949,11 @@ func (f *fencer) beacon(rec fencing.LeaseRecord, rev uint64) {
 		return
 	}
 	m := pendingBeacon{rec: rec, rev: rev, at: time.Now()}
+	if rec.State == fencing.LeaseWithdrawn {
+		f.beaconMu.Lock()
+		f.withdrawal = &m
+		f.beaconMu.Unlock()
+	}
 	for range 2 {
 		select {
 		case f.beacons <- m:
@@ -1127,6 +1135,7 @@ func (f *fencer) checkStop() {
 	case fencing.StopWithdrawn:
 		f.log.Warn("lease withdrawn: the controller will not declare this host; it is UNPROTECTED until the agent runs again", "host", f.host)
 		f.flushBeacon()
+		f.publishReceipt()
 	case fencing.StopFenced:
 		if f.wd != nil && !o.MagicClose() {
 			f.log.Error(fmt.Sprintf("withdrawal not confirmed: domains fenced, the hardware watchdog stays armed: this host resets in %s unless hvguard-agent starts again",
@@ -1172,6 +1181,42 @@ func (f *fencer) flushBeacon() {
 	if err := f.nc.FlushTimeout(withdrawalBeaconFlush); err != nil {
 		f.log.Warn("withdrawal beacon not flushed", "host", f.host, "err", err)
 	}
+}
+
+// receiptTimeout bounds the wait for the withdrawal receipt's publish
+// ack at an orderly stop (publishReceipt): the stop's budget (stopWait,
+// systemd's TimeoutStopSec) has room for it after the beacon's flush.
+const receiptTimeout = 2 * time.Second
+
+// publishReceipt publishes the receipt of the withdrawal that landed
+// (natslease.ReceiptMsg) into the withdrawal receipts stream and waits for
+// its publish ack, on the loop at an orderly stop: a controller reads a
+// host's last receipt before it declares the host, so the withdrawal
+// counts even if its record was overwritten before the controller's watch
+// delivered it and its beacon was lost on the way (docs/security.md,
+// "Withdrawal receipts"). Not acknowledged: logged at ERROR — the beacon
+// and the record remain the only evidence.
+func (f *fencer) publishReceipt() {
+	f.beaconMu.Lock()
+	w := f.withdrawal
+	f.beaconMu.Unlock()
+	if f.nc == nil || w == nil {
+		return
+	}
+	msg, err := natslease.ReceiptMsg(f.signer, w.rec, w.rev, w.at)
+	if err == nil {
+		var js jetstream.JetStream
+		if js, err = jetstream.New(f.nc); err == nil {
+			ctx, cancel := context.WithTimeout(context.Background(), receiptTimeout)
+			_, err = js.PublishMsg(ctx, msg, jetstream.WithExpectStream(proto.WithdrawalStream))
+			cancel()
+		}
+	}
+	if err != nil {
+		f.log.Error("withdrawal receipt not stored: a controller that missed the withdrawn record and its beacon could still declare this host (provision the stream "+proto.WithdrawalStream+": docs/operations.md)", "host", f.host, "revision", w.rev, "err", err)
+		return
+	}
+	f.log.Info("withdrawal receipt stored", "host", f.host, "revision", w.rev)
 }
 
 // publishBeacon seals m, naming the revision of the last beacon this

@@ -200,6 +200,18 @@ func (l *leaseStore) get(ctx context.Context, timeout time.Duration) (*natslease
 	if err != nil {
 		return nil, err
 	}
+	if l.create && l.log != nil {
+		// The withdrawal receipts' stream (fencer.publishReceipt), with the
+		// bucket when this user may create it (not with the shipped
+		// permissions: provisioned, docs/operations.md).
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), natslease.ReadTimeout)
+			defer cancel()
+			if _, err := natslease.EnsureWithdrawalStream(ctx, js); err != nil {
+				l.log.Warn("withdrawal receipts stream not found and not created: an orderly stop's receipt will not be stored", "err", err)
+			}
+		}()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.st == nil {

@@ -49,10 +49,10 @@ func TestX53OperatorClockAheadStampsAtTake(t *testing.T) {
 				if s == 90 {
 					// The poll's acceptance and age (wall == now; the server
 					// stored it at 45 s).
-					if !confirmFresh(now, written, claimed) {
+					if !confirmFresh(now, now, written, claimed) {
 						t.Logf("the poll refuses the confirmation (its clock %v ahead)", c.skew)
 					} else {
-						tk := taken{"h3", "m1", 7, confirmAge(now, written, claimed)}
+						tk := taken{"h3", "m1", 7, confirmAge(now, now, written, claimed)}
 						if !b.tr.ConfirmRollback("h3", "m1", 7, confirmStamp(now, tk)) {
 							t.Fatal("the confirmation not taken at 90 s")
 						}

@@ -72,20 +72,22 @@ type lossWindow struct {
 	// must stay declarable. "": any host's (merged windows of different
 	// hosts, the runner's counters, the chain).
 	by string
-	// open: a runner's window placed while no stream info had said the
-	// server's clock (serverWindow): its end in the server's clock is not
-	// known — a controller clock behind the server's puts it later than
-	// any delivery shows (reviewer X28) — so it covers every write after
-	// its start until a measure places its end (closeOpen: rawTo, the
-	// runner's clock, less the least lead measured then).
+	// open: a runner's window (serverWindow) until a stream info sent
+	// after its end measured the server's clock: its end in the server's
+	// clock is not known before — a controller clock behind the server's
+	// puts it later than any delivery shows (reviewer X28), a measure from
+	// before a clock step says the old lead (reviewer X56) — so it covers
+	// every write after its start until then (closeOpen: rawTo, the
+	// runner's clock, less the least lead the measures allow then).
 	open  bool
 	rawTo time.Time
 }
 
-// openWindowMutation: a window placed without a measure of the server's
-// clock ends where the deliveries' delay puts it, as before (reviewer
-// X28's no-server-time hole). Tests only.
-var openWindowMutation bool
+// openWindowMutation: a runner's window ends where the measures so far
+// put it, as before (reviewer X28's no-server-time hole, X56's
+// back-step hole); stepMutation: a forward step of the runner's clock
+// does not move open windows' raw ends (reviewer X56). Tests only.
+var openWindowMutation, stepMutation bool
 
 // hiddenWrite: a write of the host's key the watch may have hidden: rev is
 // the newest value delivered after a skip (untrusted or a marker, not
@@ -286,23 +288,44 @@ func mergeOpen(into *lossWindow, w lossWindow) {
 	}
 }
 
-// closeOpen places the end of every open window in the server's clock
-// once a stream info measured it (ServerTime): its raw end less the least
-// lead the measures allow now — a window only widens.
-func (t *Tracker) closeOpen(now time.Time) {
-	lo, _, ok := t.lag.estimates(now)
+// closeOpen places the end of every open window whose raw end is no later
+// than sent — a stream info sent after it measured the server's clock
+// (ServerTime, at got) — at its raw end less the least lead the measures
+// allow now (the new one among them): a window only widens.
+func (t *Tracker) closeOpen(sent, got time.Time) {
+	lo, _, ok := t.lag.estimates(got)
 	if !ok {
 		return
 	}
 	for i := range t.lossWindows {
 		w := &t.lossWindows[i]
-		if !w.open {
+		if !w.open || w.rawTo.After(sent) {
 			continue
 		}
 		if e := w.rawTo.Add(-lo); e.After(w.to) {
 			w.to = e
 		}
 		w.open, w.rawTo = false, time.Time{}
+	}
+}
+
+// ClockStepped tells the tracker that the runner's clock stepped by d
+// (its wall reading moved d more than its monotonic one: NTP's makestep,
+// an operator): the raw ends of open windows, readings of the old clock,
+// move with it, so the next measure (in the new clock) places them right
+// — a window placed before a 2-minute forward step was closed 90 s short
+// (reviewer X56, TestX56StepThenMeasureClosesOpenWindowShort). Only a
+// forward step moves them: a backward one leaves them later than they
+// need be, which only widens them (and a spurious detection then costs
+// nothing but the (c) side).
+func (t *Tracker) ClockStepped(d time.Duration) {
+	if d <= 0 || stepMutation {
+		return
+	}
+	for i := range t.lossWindows {
+		if w := &t.lossWindows[i]; w.open {
+			w.rawTo = w.rawTo.Add(d)
+		}
 	}
 }
 
@@ -696,6 +719,12 @@ func (t *Tracker) ServerTime(sent, got, ts time.Time, last uint64) {
 		return
 	}
 	t.frontier.streamAt(got, last, ts.UnixNano())
+	t.measureLead(sent, got, ts)
+	t.closeOpen(sent, got)
+}
+
+// measureLead keeps the lead a stream info allowed (ServerTime).
+func (t *Tracker) measureLead(sent, got, ts time.Time) {
 	sl := t.lag.slot(got)
 	lo, hi := sent.Sub(ts), got.Sub(ts)
 	if !sl.measured || lo < sl.lo {
@@ -705,7 +734,6 @@ func (t *Tracker) ServerTime(sent, got, ts time.Time, last uint64) {
 		sl.hi = hi
 	}
 	sl.measured = true
-	t.closeOpen(got)
 }
 
 // estimates returns the least and the greatest lead the last lagMinutes
@@ -739,15 +767,17 @@ func (c *clockLag) estimates(now time.Time) (lo, hi time.Duration, ok bool) {
 // hold it in the server's clock too: shifted back by every estimated
 // lead, and not shifted (the union).
 //
-// Without a measure of the server's clock (no stream info with "ts" in
-// the last lagMinutes: nats-server before 2.10, or none read yet), the
-// deliveries bound the lead only from above — a controller behind the
-// server's clock needs the window moved later by more than they show
-// (reviewer X28, TestX28LaggingWatchSkew/no-server-time: 2 min behind,
-// every delivery 90 s late, the window ended 60 s before the hidden
-// write) — so the window is open: it covers every later write until a
-// measure places its end (closeOpen). The price (c), with an old server
-// only: a host whose write is hidden after such a loss is refused-due.
+// The window is open until a stream info sent after its end measures the
+// server's clock (closeOpen; the runner reads one every 2 s): deliveries
+// bound the lead only from above — a controller behind the server's
+// clock needs the window moved later by more than they show (reviewer
+// X28, TestX28LaggingWatchSkew/no-server-time: 2 min behind, every
+// delivery 90 s late, the window ended 60 s before the hidden write) —
+// and measures from before a clock step say the old lead (reviewer X56,
+// TestX56BackStepStaleMeasureClosesWindow: closed 120 s short at once).
+// The price (c): a write hidden within the ~2 s a window stays open is
+// refused-due; with a server that never says its clock (nats-server
+// before 2.10), every write hidden after a loss.
 func (t *Tracker) serverWindow(from, to time.Time) lossWindow {
 	raw := to
 	if lo, hi, ok := t.lag.estimates(to); ok {
@@ -758,10 +788,10 @@ func (t *Tracker) serverWindow(from, to time.Time) lossWindow {
 			to = e
 		}
 	}
-	if _, ok := t.lag.leastMeasured(raw); !ok && !openWindowMutation {
-		return lossWindow{from: from, to: to, open: true, rawTo: raw}
+	if openWindowMutation {
+		return lossWindow{from: from, to: to}
 	}
-	return lossWindow{from: from, to: to}
+	return lossWindow{from: from, to: to, open: true, rawTo: raw}
 }
 
 // beaconLosses is the runner's side: it compares, at each tick, what may

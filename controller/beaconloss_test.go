@@ -130,3 +130,23 @@ func TestHiddenWithdrawalBeaconLost(t *testing.T) {
 		})
 	}
 }
+
+// TestStepWatch: the runner's step detection (Tracker.ClockStepped's
+// input): a wall clock moving with the monotonic one is no step; one
+// moving 2 min more is a 2-minute step, one moving back a negative one.
+func TestStepWatch(t *testing.T) {
+	var s stepWatch
+	w := t0
+	if d := s.observe(w, 10*time.Second); d != 0 {
+		t.Fatalf("first reading: %v", d)
+	}
+	if d := s.observe(w.Add(time.Second), 11*time.Second); d != 0 {
+		t.Fatalf("no step: %v", d)
+	}
+	if d := s.observe(w.Add(2*time.Second+2*time.Minute), 12*time.Second); d != 2*time.Minute {
+		t.Fatalf("forward step: %v", d)
+	}
+	if d := s.observe(w.Add(3*time.Second), 13*time.Second); d != -2*time.Minute {
+		t.Fatalf("backward step: %v", d)
+	}
+}

@@ -85,3 +85,18 @@ func (c *ConfirmPoll) Poll(ctx context.Context, kv jetstream.KeyValue, log *slog
 	}
 	return out
 }
+
+// SetReceiptMutation turns receiptMutation on until the returned func is
+// called (sequential tests only).
+func SetReceiptMutation(on bool) func() {
+	receiptMutation = on
+	return func() { receiptMutation = false }
+}
+
+// SetBeaconLossMutation turns beaconLossMutation on (the tracker ignores
+// lost beacons: a loss no counter sees) until the returned func is called
+// (sequential tests only).
+func SetBeaconLossMutation(on bool) func() {
+	beaconLossMutation = on
+	return func() { beaconLossMutation = false }
+}

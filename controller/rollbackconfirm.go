@@ -219,6 +219,7 @@ func (p *confirmPoll) poll(ctx context.Context, kv jetstream.KeyValue, log *slog
 		return res
 	}
 	res.known, res.marker = true, true
+	server := serverClock(ctx, kv) // the confirmations' ages in the server's clock
 	res.why = fmt.Sprintf("the lease stream rolled back (the controllers' rollback marker %s, revision %d: %s, at %s: %s)", m.ID, rev, m.By, m.At.UTC().Format(time.RFC3339), m.Reason)
 	n := min(len(gated), ConfirmPollBatch)
 	for i := range n {
@@ -237,7 +238,7 @@ func (p *confirmPoll) poll(ctx context.Context, kv jetstream.KeyValue, log *slog
 		}
 		var c RollbackConfirmation
 		switch err := json.Unmarshal(e.Value(), &c); {
-		case err != nil || c.Host != host || c.Marker != m.ID || !confirmFresh(wall, e.Created(), c.At):
+		case err != nil || c.Host != host || c.Marker != m.ID || !confirmFresh(server, wall, e.Created(), c.At):
 			if p.ignored[host] != e.Revision() {
 				if p.ignored == nil {
 					p.ignored = map[string]uint64{}
@@ -251,7 +252,7 @@ func (p *confirmPoll) poll(ctx context.Context, kv jetstream.KeyValue, log *slog
 			// look written at the take (reviewer X53); a restore keeps
 			// the stored time of what it brings back, the command's says
 			// when it was written (X50).
-			res.confirmed = append(res.confirmed, taken{host, m.ID, e.Revision(), confirmAge(wall, e.Created(), c.At)})
+			res.confirmed = append(res.confirmed, taken{host, m.ID, e.Revision(), confirmAge(server, wall, e.Created(), c.At)})
 			log.Warn("rollback gate: an operator confirmed the host may be declared", "host", host, "by", c.By, "reason", c.Reason, "at", c.At, "revision", e.Revision())
 		}
 	}
@@ -259,6 +260,20 @@ func (p *confirmPoll) poll(ctx context.Context, kv jetstream.KeyValue, log *slog
 		p.next = (p.next + n) % len(gated)
 	}
 	return res
+}
+
+// serverClock is the NATS server's clock as the control bucket's stream
+// info says (zero if it does not: a server before 2.10, or the read
+// failed — the poll then judges ages by the controller's wall clock).
+func serverClock(ctx context.Context, kv jetstream.KeyValue) time.Time {
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return time.Time{}
+	}
+	if s, ok := st.(*jetstream.KeyValueBucketStatus); ok && s.StreamInfo() != nil {
+		return s.StreamInfo().TimeStamp
+	}
+	return time.Time{}
 }
 
 // markRollback writes the controllers' rollback marker (any controller
@@ -306,19 +321,40 @@ func fresh(wall, at time.Time) bool {
 }
 
 // confirmFresh: a confirmation the NATS server stored at created, which
-// says it was written at at, is taken at wall: both fresh. A command's
-// clock more than ConfirmClockSkew ahead is refused (logged): its age
-// would be wrong.
-func confirmFresh(wall, created, at time.Time) bool {
-	return fresh(wall, created) && (fresh(wall, at) || confirmCommandClockMutation)
+// says it was written at at, is taken when the server's clock reads
+// server (its stream info's, at the poll; zero: unknown — wall then) and
+// the controller's wall clock wall: created fresh by the server's clock,
+// at by the controller's. A command's clock more than ConfirmClockSkew
+// ahead is refused (logged): its age would be wrong.
+func confirmFresh(server, wall, created, at time.Time) bool {
+	return fresh(serverOr(server, wall), created) && (fresh(wall, at) || confirmCommandClockMutation)
 }
 
-// confirmAge is a confirmation's age at wall (0 if ahead): the older of
-// the server's stored time and the command's clock.
-func confirmAge(wall, created, at time.Time) time.Duration {
-	age := max(wall.Sub(created), wall.Sub(at))
+// confirmAge is a confirmation's age at the poll (0 if ahead): the older
+// of its age by the server's clock (server − created: one clock, whatever
+// the controller's reads) and by the command's (wall − at). By the
+// controller's wall clock alone, a controller 20 s behind the server's
+// took a confirmation as written 20 s later than it was: one written
+// before its start, which the host's signs of life had spent (reviewer
+// X56, TestX56ControllerBehindTakesConfirmationBeforeListing;
+// serverAgeMutation).
+func confirmAge(server, wall, created, at time.Time) time.Duration {
+	age := max(serverOr(server, wall).Sub(created), wall.Sub(at))
 	if confirmCommandClockMutation {
 		age = wall.Sub(at)
 	}
 	return max(age, 0)
+}
+
+// serverAgeMutation: a confirmation's age by the controller's wall clock,
+// as before (reviewer X56). Tests only.
+var serverAgeMutation bool
+
+// serverOr: the server's clock at the poll, or wall when unknown (a
+// server before 2.10: its stream info says no time).
+func serverOr(server, wall time.Time) time.Time {
+	if server.IsZero() || serverAgeMutation {
+		return wall
+	}
+	return server
 }

@@ -54,6 +54,10 @@ const (
 type Runner struct {
 	Store   *natslease.Store
 	Tracker *Tracker
+	// Receipts, if set, is the agents' withdrawal receipts stream
+	// (natslease.EnsureWithdrawalStream): before a declaration is written
+	// the host's last receipt is read (receipt.go). Nil: none is read.
+	Receipts jetstream.Stream
 	// Memory, if set, is the controllers' memory bucket (MemoryBucket,
 	// memory.go): the leader writes each host's memory there when it
 	// changes, and a (re)started controller or a new leader restores it
@@ -183,6 +187,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	// marker is read, a tracker that may follow a rollback found by
 	// another controller is gated.
 	var poll confirmPoll
+	var steps stepWatch
 	earlySaid := map[string]uint64{} // host: a confirmation's revision said too early (ConfirmTooEarly)
 	confirmed := make(chan pollResult, 1)
 	polling, markerKnown := false, false
@@ -325,6 +330,14 @@ func (r *Runner) Run(ctx context.Context) error {
 			case <-tick.C:
 				if r.Heartbeat != nil {
 					r.Heartbeat()
+				}
+				// The runner's clock against the monotonic one: the
+				// daemon's boot clock steps only by a suspend (forward:
+				// windows only widen); a wall clock (r.Now nil) steps with
+				// NTP or an operator.
+				if d := steps.observe(r.now().Round(0), time.Since(monoStart)); d > ClockStepMin {
+					log.Warn("the controller's clock stepped forward: open beacon loss windows moved with it (docs/security.md, \"The controller's clock\")", "step", d)
+					r.Tracker.ClockStepped(d) // beaconloss.go
 				}
 				if from, why := losses.check(r.now()); why != "" {
 					r.beaconsLost(log, why, r.Tracker.BeaconsLost(from, r.now()), "from", from)
@@ -567,6 +580,13 @@ func (r *Runner) perform(ctx context.Context, log *slog.Logger, d Decision) {
 	}
 	switch d.Op {
 	case OpDeclare:
+		if err := r.checkReceipt(ctx, log, d); err != nil {
+			r.Tracker.NotPerformed(d)
+			if r.OnDecision != nil {
+				r.OnDecision(d, err)
+			}
+			return
+		}
 		if r.Signature != nil {
 			d.Record.Reason += " (" + r.Signature() + ")"
 		}
@@ -633,4 +653,33 @@ func StreamID(ctx context.Context, kv jetstream.KeyValue) (string, error) {
 		return "", errors.New("no stream info in the bucket's status")
 	}
 	return b.StreamInfo().Created.UTC().Format(time.RFC3339Nano), nil
+}
+
+// monoStart anchors the monotonic readings of stepWatch: time.Since of it
+// is the process's monotonic clock.
+var monoStart = time.Now()
+
+// ClockStepMin: a difference between the wall and the monotonic clock's
+// progress between two ticks above it is a step (Tracker.ClockStepped).
+// NTP slews at most 0.5 ms/s; 1 s is far above that and below any
+// lease's timing.
+const ClockStepMin = time.Second
+
+// stepWatch finds steps of the wall clock between two readings.
+type stepWatch struct {
+	wall time.Time
+	mono time.Duration
+	set  bool
+}
+
+// observe takes a reading (the wall clock, without its monotonic reading;
+// the monotonic one) and returns how much more the wall clock moved than
+// the monotonic one since the last reading (0 at the first).
+func (s *stepWatch) observe(wall time.Time, mono time.Duration) time.Duration {
+	var d time.Duration
+	if s.set {
+		d = wall.Sub(s.wall) - (mono - s.mono)
+	}
+	s.wall, s.mono, s.set = wall, mono, true
+	return d
 }

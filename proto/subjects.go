@@ -30,6 +30,13 @@ const (
 	// with the shipped permissions only the host itself publishes on its
 	// beacon subject (docs/security.md, "Beacons").
 	KindBeacon = "beacon"
+	// KindWithdrawn: agent -> controllers, the receipt of an orderly
+	// withdrawal (the withdrawal's fencing.Beacon, state withdrawn),
+	// published with a JetStream publish ack into the WithdrawalStream
+	// stream: a controller reads a host's last one before it declares the
+	// host (docs/security.md, "Withdrawal receipts"). With the shipped
+	// permissions only the host itself publishes on its subject.
+	KindWithdrawn = "withdrawn"
 
 	// ControllerDecisionSubject carries the leading controller's decisions
 	// (controller.DecisionEvent: declarations, releases, guard holds,
@@ -57,6 +64,17 @@ const (
 	ReconcileWildcard = SubjectPrefix + ".*." + KindReconcile
 	// BeaconWildcard matches the beacon subjects of every host.
 	BeaconWildcard = SubjectPrefix + ".*." + KindBeacon
+	// WithdrawnWildcard matches the withdrawal receipt subjects of every
+	// host: what WithdrawalStream captures.
+	WithdrawnWildcard = SubjectPrefix + ".*." + KindWithdrawn
+
+	// WithdrawalStream is the JetStream stream of the agents' withdrawal
+	// receipts (KindWithdrawn), in the agents' account: the last
+	// WithdrawalReceiptsKept of each host.
+	WithdrawalStream = "hvguard-withdrawals"
+	// WithdrawalReceiptsKept: receipts kept per host — the controller reads
+	// only the last; a few more show an operator the history.
+	WithdrawalReceiptsKept = 4
 )
 
 // MaxHostLen is the longest RFC 1123 host name (in its textual form).
@@ -133,6 +151,11 @@ func FenceSubject(host string) (string, error) {
 // BeaconSubject returns hvguard.v1.<HostToken(host)>.beacon.
 func BeaconSubject(host string) (string, error) {
 	return hostSubject(host, KindBeacon)
+}
+
+// WithdrawnSubject returns hvguard.v1.<HostToken(host)>.withdrawn.
+func WithdrawnSubject(host string) (string, error) {
+	return hostSubject(host, KindWithdrawn)
 }
 
 // ReconcileSubject returns hvguard.v1.<HostToken(host)>.reconcile.

@@ -236,7 +236,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 		log.Warn("lease records are NOT signed (signing.mode: off): any holder of NATS credentials can forge a host's record (docs/security.md)")
 	}
 	st := &natslease.Store{KV: kv, Control: cb.Control, NC: d.nc, Signer: signer, Keys: keys}
-	d.run = &controller.Runner{Store: st, Tracker: tracker, Memory: cb.Memory, Log: log.With("component", "tracker"),
+	receipts, rerr := natslease.EnsureWithdrawalStream(ctx, js)
+	if rerr != nil {
+		log.Warn("withdrawal receipts are NOT read before a declaration: a host whose withdrawn record was overwritten and whose beacon was lost may be declared while its guests run — provision the stream (docs/operations.md, \"NATS provisioning\")", "err", rerr)
+		receipts = nil
+	}
+	d.run = &controller.Runner{Store: st, Tracker: tracker, Memory: cb.Memory, Log: log.With("component", "tracker"), Receipts: receipts,
 		Now: d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
 		OnSynced: func(int) { d.trackerSynced.Store(true); d.maybeReady() },
 		Beacons:  d.nc, OnBeacon: d.beacon, OnBeaconsLost: func(string, []string) { d.m.beaconLosses.Add(1) },

@@ -88,8 +88,9 @@ func (u User) HasControl() bool { return u.Role == RoleController || u.Role == R
 
 // Agent returns host's permissions.
 //
-// Publish: its own lifecycle, reconcile, fence and beacon subjects (only
-// the host itself may publish its beacon: fencing.Beacon); the lease
+// Publish: its own lifecycle, reconcile, fence, beacon and withdrawal
+// receipt subjects (only the host itself may publish its beacon and its
+// receipts: fencing.Beacon, natslease.ReceiptMsg); the lease
 // bucket's keys (its own record and relays of its peers' records — with
 // signed records a relay can only carry what the owner signed) except the
 // controller's keys; the JetStream API calls it makes: stream info of the
@@ -109,6 +110,7 @@ func Agent(host string) (Permissions, error) {
 			proto.SubjectPrefix + "." + tok + "." + proto.KindReconcile,
 			proto.SubjectPrefix + "." + tok + "." + proto.KindFence,
 			proto.SubjectPrefix + "." + tok + "." + proto.KindBeacon,
+			proto.SubjectPrefix + "." + tok + "." + proto.KindWithdrawn,
 			kvPrefix + "*",
 			jsAPI + "INFO",
 			jsAPI + "STREAM.INFO." + eventsStream,
@@ -166,13 +168,16 @@ func kvGet(bucket string) []string {
 // fetch, ack, delete: it starts a fresh one at start), its event subjects
 // hvguard.v1._controller.> (decisions, host and instance recovery),
 // replies on the default inbox prefix, the agents' beacons
-// (hvguard.v1.*.beacon). Its own state is in ControlAccount
-// (ControllerControl).
+// (hvguard.v1.*.beacon), the stream info and message gets of the
+// withdrawal receipts (natslease.LastReceipt). Its own state is in
+// ControlAccount (ControllerControl).
 func Controller() Permissions {
 	p := Permissions{
 		PubAllow: []string{
 			proto.SubjectPrefix + "._controller.>",
 			jsAPI + "INFO",
+			jsAPI + "STREAM.INFO." + proto.WithdrawalStream,
+			jsAPI + "STREAM.MSG.GET." + proto.WithdrawalStream,
 			jsAPI + "STREAM.INFO." + eventsStream,
 			jsAPI + "CONSUMER.CREATE." + eventsStream + ".>",
 			jsAPI + "CONSUMER.DURABLE.CREATE." + eventsStream + ".>",
@@ -241,6 +246,8 @@ func Reader(controllers []string) Permissions {
 			jsAPI + "INFO",
 			jsAPI + "STREAM.INFO." + eventsStream,
 			jsAPI + "STREAM.MSG.GET." + eventsStream,
+			jsAPI + "STREAM.INFO." + proto.WithdrawalStream,
+			jsAPI + "STREAM.MSG.GET." + proto.WithdrawalStream,
 			jsAPI + "CONSUMER.CREATE." + eventsStream + ".>",
 			"$JS.FC.>",
 		},

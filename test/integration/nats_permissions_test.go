@@ -314,6 +314,26 @@ func TestNATSPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("agent publishing another host's beacon: %s", a.denied(t, fmt.Sprintf("publish %q", obeacon)))
+	// Its own withdrawal receipt is stored (a publish ack on its own
+	// inbox), and the reader reads it back; another host's: refused (a
+	// receipt stops that host's declaration: docs/security.md,
+	// "Withdrawal receipts").
+	wsubj, _ := proto.WithdrawnSubject(h1)
+	c, cc = context.WithTimeout(context.Background(), 5*time.Second)
+	if _, err := ajs.Publish(c, wsubj, []byte(`{"receipt":"h1"}`), jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+		t.Errorf("agent could not store its withdrawal receipt: %v", err)
+	}
+	if rs, err := rjs.Stream(c, proto.WithdrawalStream); err != nil {
+		t.Errorf("reader: receipts stream: %v", err)
+	} else if m, err := rs.GetLastMsgForSubject(c, wsubj); err != nil || string(m.Data) != `{"receipt":"h1"}` {
+		t.Errorf("reader: h1's receipt: %v", err)
+	}
+	cc()
+	owsubj, _ := proto.WithdrawnSubject(h2)
+	if err := a.nc.Publish(owsubj, []byte("{}")); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("agent publishing another host's withdrawal receipt: %s", a.denied(t, fmt.Sprintf("publish %q", owsubj)))
 	// A marker: a refused publish after them. Refusals are reported in
 	// order, so once the marker's is in, theirs would be too.
 	marker, _ := proto.FenceSubject("compute-3.example.org")

@@ -46,8 +46,9 @@ func SeedsFile() string {
 const adminPassword = "admin-only-for-provisioning"
 
 // StartServer starts nats-server the way an operator provisions it: first
-// with an admin user in the HVGUARD account to create the event stream and
-// the buckets (lease, host recovery, instance recovery), then, on the same
+// with an admin user in the HVGUARD account to create the event stream,
+// the withdrawal receipts' stream and the buckets (lease, host recovery,
+// instance recovery), then, on the same
 // store, with only the shipped accounts file included (copied verbatim
 // next to the main configuration). It returns the client URL; the server
 // stops when the test ends.
@@ -94,6 +95,9 @@ func StartServer(t testing.TB) string {
 		t.Fatal(err)
 	}
 	if _, err := natslease.CreateBucket(ctx, j, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := natslease.EnsureWithdrawalStream(ctx, j); err != nil { // the agents' withdrawal receipts
 		t.Fatal(err)
 	}
 	cj := as("cadmin") // HVGUARD_CONTROL: the controllers' buckets

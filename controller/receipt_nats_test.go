@@ -1,0 +1,253 @@
+package controller_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/controller"
+	"hvguard/controller/controllertest"
+	"hvguard/controller/natsperm/natspermtest"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+	"hvguard/proto"
+	"hvguard/test/netcut"
+)
+
+// TestWithdrawalReceiptStopsDeclarationNATS (S; docs/security.md,
+// "Withdrawal receipts"), through a Runner on a real nats-server with the
+// shipped permissions: compute-3 withdraws in order (its guests run on)
+// while the controller's watch connection is cut, and compute-1
+// (compromised) overwrites the withdrawal with garbage before the watch
+// is back (a watch skip). compute-3's withdrawal beacon is lost on the
+// way — and only it (a leaf node serving compute-3 alone closed as a slow
+// consumer): the hole docs/security.md listed as "a loss the counters do
+// not see that drops only the withdrawing host's beacon". In this rig the
+// runner's own loss machinery still refuses compute-3 (the watch's
+// reconnection counts as a loss); a loss no counter sees is modelled by
+// switching that machinery off (beaconLossMutation) in every case, so the
+// receipt alone decides.
+//   - "receipt": compute-3's agent stored its withdrawal receipt
+//     (natslease.ReceiptMsg, a JetStream publish under its own user): the
+//     leader reads it before it writes the declaration, and compute-3 is
+//     not declared (OpWithdrawn said, the declaration reported with
+//     ErrWithdrawalReceipt);
+//   - "receipt/receiptMutation": the same with no receipt read: declared;
+//   - "no-receipt": the receipt not stored (the hole, as before):
+//     declared;
+//   - "old-receipt" (c side): compute-3 withdrew and stored its receipt,
+//     renewed again since, and then died without withdrawing: the old
+//     receipt names a revision before its last trusted record — declared.
+//
+// compute-1 cannot store a receipt in compute-3's name: the shipped
+// permissions refuse the publish (checked in every case).
+func TestWithdrawalReceiptStopsDeclarationNATS(t *testing.T) {
+	for _, c := range []struct {
+		name                   string
+		receipt, mut, old      bool
+		wantDeclared, wantWarn bool
+	}{
+		{name: "receipt", receipt: true, wantWarn: true},
+		{name: "receipt/receiptMutation", receipt: true, mut: true, wantDeclared: true},
+		{name: "no-receipt", wantDeclared: true},
+		{name: "old-receipt", receipt: true, old: true, wantDeclared: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			defer controller.SetBeaconLossMutation(true)()
+			if c.mut {
+				defer controller.SetReceiptMutation(true)()
+			}
+			withdrawalReceiptNATS(t, c.receipt, c.old, c.wantDeclared, c.wantWarn)
+		})
+	}
+}
+
+func withdrawalReceiptNATS(t *testing.T, receipt, old, wantDeclared, wantWithdrawn bool) {
+	const (
+		attacker  = "compute-1.example.org"
+		companion = "compute-2.example.org"
+		withdrawn = "compute-3.example.org"
+	)
+	srvURL := natspermtest.StartServer(t)
+	hosts := []string{attacker, companion, withdrawn}
+	f := newFleetOf(t, hosts)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	type sim struct {
+		st   *natslease.Store
+		nc   *nats.Conn
+		rev  uint64
+		seq  uint64
+		stop bool
+	}
+	var mu sync.Mutex
+	sims := map[string]*sim{}
+	for _, h := range hosts {
+		st, nc := permStore(t, srvURL, "agent:"+h, f, h)
+		sims[h] = &sim{st: st, nc: nc}
+	}
+	// renew writes h's record (state st) and publishes its beacon unless
+	// lost; a withdrawal's receipt is stored when receipt is set.
+	renew := func(h string, st fencing.LeaseState, beacon, storeReceipt bool) uint64 {
+		s := sims[h]
+		s.seq++
+		rec := controllertest.HostRecord(h)
+		rec.State, rec.Seq = st, s.seq
+		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+		if res.Outcome != fencing.RenewAcked {
+			t.Errorf("%s: renewal %s: %+v", h, st, res)
+			return 0
+		}
+		s.rev = res.Revision
+		if beacon {
+			m, err := natslease.BeaconMsg(f.signers[h], rec, res.Revision, 0, time.Now())
+			if err == nil {
+				err = s.nc.PublishMsg(m)
+			}
+			if err != nil {
+				t.Error(err)
+			}
+		}
+		if storeReceipt {
+			m, err := natslease.ReceiptMsg(f.signers[h], rec, res.Revision, time.Now())
+			if err != nil {
+				t.Fatal(err)
+			}
+			js, _ := jetstream.New(s.nc)
+			if _, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+				t.Errorf("%s: its withdrawal receipt not stored under its own user: %v", h, err)
+			}
+		}
+		return res.Revision
+	}
+	// The compromised compute-1 publishes a receipt in compute-3's name:
+	// the shipped permissions refuse it (no stream would ack it).
+	{
+		rec := controllertest.HostRecord(withdrawn)
+		rec.State = fencing.LeaseWithdrawn
+		m, err := natslease.ReceiptMsg(f.signers[attacker], rec, 999, time.Now())
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ := jetstream.New(sims[attacker].nc)
+		pctx, pcancel := context.WithTimeout(ctx, time.Second)
+		_, err = js.PublishMsg(pctx, m)
+		pcancel()
+		if err == nil {
+			t.Fatalf("%s stored a withdrawal receipt in %s's name", attacker, withdrawn)
+		}
+	}
+	if old {
+		// compute-3 withdrew once (a maintenance) and came back.
+		renew(withdrawn, fencing.LeaseActive, true, false)
+		renew(withdrawn, fencing.LeaseWithdrawn, true, true)
+	}
+	go func() {
+		for ctx.Err() == nil {
+			mu.Lock()
+			for _, h := range hosts {
+				if !sims[h].stop {
+					renew(h, fencing.LeaseActive, true, false)
+				}
+			}
+			mu.Unlock()
+			time.Sleep(200 * time.Millisecond)
+		}
+	}()
+
+	// The controller: its watch through the proxy, its beacons direct.
+	u, err := url.Parse(srvURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := netcut.New(t, u.Host)
+	cst, wnc := permStore(t, "nats://"+proxy.Addr(), "controller:ctl-1", f, "ctl")
+	bnc := natspermtest.Connect(t, srvURL, "controller:ctl-1")
+	cjs, _ := jetstream.New(bnc)
+	rs, err := natslease.EnsureWithdrawalStream(ctx, cjs) // provisioned: the controller only opens it
+	if err != nil {
+		t.Fatalf("the controller's user cannot open the receipts stream: %v", err)
+	}
+	cfg := controller.DefaultConfig()
+	cfg.GuardShare = 0.5
+	tr, err := controller.NewTracker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmu sync.Mutex
+	var declared time.Time
+	var stopped, withdrawnSaid bool
+	r := &controller.Runner{Store: cst, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: bnc, Receipts: rs,
+		OnDecision: func(d controller.Decision, err error) {
+			cmu.Lock()
+			defer cmu.Unlock()
+			switch {
+			case d.Op == controller.OpDeclare && d.Host != withdrawn:
+				t.Errorf("declared the live %s", d.Host)
+			case d.Op == controller.OpDeclare && errors.Is(err, controller.ErrWithdrawalReceipt):
+				stopped = true
+			case d.Op == controller.OpDeclare && err == nil && declared.IsZero():
+				declared = time.Now()
+			case d.Op == controller.OpWithdrawn && d.Host == withdrawn:
+				withdrawnSaid = true
+			}
+		}}
+	go r.Run(ctx)
+	time.Sleep(2 * time.Second) // renewing, beacons binding every host
+
+	// The watch connection cut; meanwhile compute-3 withdraws (its beacon
+	// lost: only its own) — or, "old", dies — and compute-1 overwrites
+	// its key.
+	mu.Lock()
+	proxy.Reset()
+	sims[withdrawn].stop = true
+	at := time.Now()
+	if !old {
+		renew(withdrawn, fencing.LeaseWithdrawn, false, receipt)
+	}
+	if _, err := sims[attacker].st.KV.Put(ctx, strings.ReplaceAll(withdrawn, ".", "_"), []byte("not a record")); err != nil {
+		mu.Unlock()
+		t.Fatal(err)
+	}
+	mu.Unlock()
+	for deadline := time.Now().Add(10 * time.Second); !(wnc.IsConnected() && wnc.Stats().Reconnects > 0); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the controller's watch connection not back within 10 s")
+		}
+	}
+	// Due ~3 s after its last renewal at ×0.1 timing (+ HiddenWriteWait
+	// for the garbage after a skip): 30 s is ample.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		cmu.Lock()
+		done := !declared.IsZero() || stopped
+		cmu.Unlock()
+		if done {
+			break
+		}
+	}
+	time.Sleep(2 * time.Second) // a declaration after the receipt stopped one
+	cmu.Lock()
+	defer cmu.Unlock()
+	switch {
+	case wantDeclared && declared.IsZero():
+		t.Fatalf("%s not declared within 30 s (stopped by a receipt: %t)", withdrawn, stopped)
+	case wantDeclared:
+		t.Logf("%s declared %s after it stopped", withdrawn, declared.Sub(at).Round(10*time.Millisecond))
+	case !declared.IsZero():
+		t.Fatalf("the withdrawn %s (withdrawal hidden, its beacon lost, its receipt stored) declared %s after its withdrawal", withdrawn, declared.Sub(at).Round(10*time.Millisecond))
+	case !stopped || withdrawnSaid != wantWithdrawn:
+		t.Fatalf("%s not declared, but the receipt's stop was not reported (stopped %t, withdrawn said %t)", withdrawn, stopped, withdrawnSaid)
+	default:
+		t.Logf("%s not declared: its declaration stopped by its withdrawal receipt", withdrawn)
+	}
+}
