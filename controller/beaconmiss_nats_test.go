@@ -4,21 +4,17 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
 	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
-	"hvguard/test/netcut"
 )
 
 // TestHiddenWithdrawalMissingBeaconNATS (S), through a Runner on a real
@@ -81,21 +77,8 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation, companionHidden, 
 
 	// The simulated agents: a signed renewal every 200 ms, each followed
 	// by its beacon unless lose says otherwise.
-	type sim struct {
-		st   *natslease.Store
-		nc   *nats.Conn
-		rev  uint64
-		seq  uint64
-		stop bool
-		// prev: the revision its last beacon named (fencing.Beacon.Prev).
-		prev uint64
-	}
 	var mu sync.Mutex
-	sims := map[string]*sim{}
-	for _, h := range hosts {
-		st, nc := permStore(t, srvURL, "agent:"+h, f, h)
-		sims[h] = &sim{st: st, nc: nc}
-	}
+	sims := natsSims(t, srvURL, f, hosts)
 	renew := func(h string, st fencing.LeaseState, beacon bool) uint64 {
 		s := sims[h]
 		s.seq++
@@ -126,27 +109,10 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation, companionHidden, 
 		s.prev = res.Revision
 		return res.Revision
 	}
-	go func() {
-		for ctx.Err() == nil {
-			mu.Lock()
-			for _, h := range hosts {
-				if !sims[h].stop {
-					renew(h, fencing.LeaseActive, true)
-				}
-			}
-			mu.Unlock()
-			time.Sleep(200 * time.Millisecond)
-		}
-	}()
+	renewEvery(ctx, &mu, hosts, sims, func(h string) { renew(h, fencing.LeaseActive, true) })
 
 	// The controller: its watch through the proxy, its beacons direct.
-	u, err := url.Parse(srvURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := netcut.New(t, u.Host)
-	cst, wnc := permStore(t, "nats://"+proxy.Addr(), "controller:ctl-1", f, "ctl")
-	bnc := natspermtest.Connect(t, srvURL, "controller:ctl-1")
+	cst, wnc, bnc, proxy := proxiedController(t, srvURL, f)
 	cfg := controller.DefaultConfig()
 	cfg.GuardShare = 0.5
 	tr, err := controller.NewTracker(cfg)

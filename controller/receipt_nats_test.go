@@ -5,13 +5,11 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net/url"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/controller"
@@ -20,7 +18,6 @@ import (
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 	"hvguard/proto"
-	"hvguard/test/netcut"
 )
 
 // TestWithdrawalReceiptStopsDeclarationNATS (S; docs/security.md,
@@ -83,19 +80,8 @@ func withdrawalReceiptNATS(t *testing.T, receipt, old, wantDeclared, wantWithdra
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	type sim struct {
-		st   *natslease.Store
-		nc   *nats.Conn
-		rev  uint64
-		seq  uint64
-		stop bool
-	}
 	var mu sync.Mutex
-	sims := map[string]*sim{}
-	for _, h := range hosts {
-		st, nc := permStore(t, srvURL, "agent:"+h, f, h)
-		sims[h] = &sim{st: st, nc: nc}
-	}
+	sims := natsSims(t, srvURL, f, hosts)
 	// renew writes h's record (state st) and publishes its beacon unless
 	// lost; a withdrawal's receipt is stored when receipt is set.
 	renew := func(h string, st fencing.LeaseState, beacon, storeReceipt bool) uint64 {
@@ -152,27 +138,10 @@ func withdrawalReceiptNATS(t *testing.T, receipt, old, wantDeclared, wantWithdra
 		renew(withdrawn, fencing.LeaseActive, true, false)
 		renew(withdrawn, fencing.LeaseWithdrawn, true, true)
 	}
-	go func() {
-		for ctx.Err() == nil {
-			mu.Lock()
-			for _, h := range hosts {
-				if !sims[h].stop {
-					renew(h, fencing.LeaseActive, true, false)
-				}
-			}
-			mu.Unlock()
-			time.Sleep(200 * time.Millisecond)
-		}
-	}()
+	renewEvery(ctx, &mu, hosts, sims, func(h string) { renew(h, fencing.LeaseActive, true, false) })
 
 	// The controller: its watch through the proxy, its beacons direct.
-	u, err := url.Parse(srvURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := netcut.New(t, u.Host)
-	cst, wnc := permStore(t, "nats://"+proxy.Addr(), "controller:ctl-1", f, "ctl")
-	bnc := natspermtest.Connect(t, srvURL, "controller:ctl-1")
+	cst, wnc, bnc, proxy := proxiedController(t, srvURL, f)
 	cjs, _ := jetstream.New(bnc)
 	rs, err := natslease.EnsureWithdrawalStream(ctx, cjs) // provisioned: the controller only opens it
 	if err != nil {
