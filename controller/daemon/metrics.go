@@ -22,6 +22,9 @@ type counters struct {
 	leaderChanges atomic.Int64
 	declared      atomic.Int64 // declarations written
 	declareFailed atomic.Int64 // declarations not written (CAS conflict: the host renewed; or NATS)
+	// declareReceipt: declarations not written because the host's
+	// withdrawal receipt names a withdrawal (controller.ErrWithdrawalReceipt).
+	declareReceipt atomic.Int64
 	notActing     atomic.Int64 // writes MayAct did not allow
 	released      atomic.Int64
 	holds         atomic.Int64 // guard holds started
@@ -57,6 +60,8 @@ func (c *counters) count(d controller.Decision, err error) {
 		c.notActing.Add(1)
 	case d.Op == controller.OpDeclare && err == nil:
 		c.declared.Add(1)
+	case d.Op == controller.OpDeclare && errors.Is(err, controller.ErrWithdrawalReceipt):
+		c.declareReceipt.Add(1)
 	case d.Op == controller.OpDeclare:
 		c.declareFailed.Add(1)
 	case d.Op == controller.OpRelease && err == nil:
@@ -82,7 +87,7 @@ var (
 	descLeader           = prometheus.NewDesc("hvguard_controller_leader", "1 while this controller holds the leader lock and may act.", nil, nil)
 	descTerm             = prometheus.NewDesc("hvguard_controller_leader_term", "Term of the leader lock as this controller's watch shows it (0: none).", nil, nil)
 	descLeaderChanges    = prometheus.NewDesc("hvguard_controller_leader_changes_total", "Times this controller was elected or deposed.", nil, nil)
-	descDeclarations     = prometheus.NewDesc("hvguard_controller_declarations_total", "Host declarations (lease expired), by result: written, failed (CAS conflict: the host renewed; or NATS), not-acting (decided while not allowed to act: not written).", []string{"result"}, nil)
+	descDeclarations     = prometheus.NewDesc("hvguard_controller_declarations_total", "Host declarations (lease expired), by result: written, failed (CAS conflict: the host renewed; or NATS; or its withdrawal receipt could not be read), withdrawal-receipt (not written: the host's stored withdrawal receipt names a withdrawal the tracker had missed), not-acting (decided while not allowed to act: not written).", []string{"result"}, nil)
 	descReleases         = prometheus.NewDesc("hvguard_controller_host_releases_total", "Declared hosts released.", nil, nil)
 	descHolds            = prometheus.NewDesc("hvguard_controller_guard_holds_total", "Mass-failure guard holds started (nothing declared while one lasts).", nil, nil)
 	descHolding          = prometheus.NewDesc("hvguard_controller_guard_holding", "1 while the mass-failure guard holds.", nil, nil)
@@ -138,6 +143,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ctr(descLeaderChanges, d.m.leaderChanges.Load())
 	ctr(descDeclarations, d.m.declared.Load(), "written")
 	ctr(descDeclarations, d.m.declareFailed.Load(), "failed")
+	ctr(descDeclarations, d.m.declareReceipt.Load(), "withdrawal-receipt")
 	ctr(descDeclarations, d.m.notActing.Load(), "not-acting")
 	ctr(descReleases, d.m.released.Load())
 	ctr(descHolds, d.m.holds.Load())
