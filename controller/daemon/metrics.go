@@ -25,18 +25,18 @@ type counters struct {
 	// declareReceipt: declarations not written because the host's
 	// withdrawal receipt names a withdrawal (controller.ErrWithdrawalReceipt).
 	declareReceipt atomic.Int64
-	notActing     atomic.Int64 // writes MayAct did not allow
-	released      atomic.Int64
-	holds         atomic.Int64 // guard holds started
-	heldBack      atomic.Int64
-	refusals      atomic.Int64 // hosts refused (per change)
-	refusedDue    atomic.Int64
-	keysDeleted   atomic.Int64 // lease keys deleted or purged (lease-deleted)
-	invalid       atomic.Int64 // untrusted values of lease keys (invalid-record)
-	regressed     atomic.Int64 // keys whose revisions went down (revision-regressed)
-	beacons       atomic.Int64 // agents' beacons passed to the tracker
-	beaconsBad    atomic.Int64 // beacons refused (undecodable, wrong host, queue full)
-	beaconLosses  atomic.Int64 // windows in which beacons may have been lost (controller/beaconloss.go)
+	notActing      atomic.Int64 // writes MayAct did not allow
+	released       atomic.Int64
+	holds          atomic.Int64 // guard holds started
+	heldBack       atomic.Int64
+	refusals       atomic.Int64 // hosts refused (per change)
+	refusedDue     atomic.Int64
+	keysDeleted    atomic.Int64 // lease keys deleted or purged (lease-deleted)
+	invalid        atomic.Int64 // untrusted values of lease keys (invalid-record)
+	regressed      atomic.Int64 // keys whose revisions went down (revision-regressed)
+	beacons        atomic.Int64 // agents' beacons passed to the tracker
+	beaconsBad     atomic.Int64 // beacons refused (undecodable, wrong host, queue full)
+	beaconLosses   atomic.Int64 // windows in which beacons may have been lost (controller/beaconloss.go)
 	// decisionsDropped: decision events not published (queue full, NATS
 	// refused the publish).
 	decisionsDropped atomic.Int64
