@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"io"
 	"log/slog"
 	"testing"
@@ -149,13 +148,17 @@ func TestWithdrawalReceiptStored(t *testing.T) {
 	}
 	f.beacon(fencing.LeaseRecord{Host: host, State: fencing.LeaseActive, Seq: 1}, 30)
 	f.publishReceipt()
-	if _, err := natslease.LastReceipt(ctx, st, host); !errors.Is(err, natslease.ErrNoReceipt) {
-		t.Fatalf("a receipt stored without a withdrawal: %v", err)
+	if rr, err := natslease.ReadReceipts(ctx, st, host); err != nil || len(rr.Msgs) != 0 {
+		t.Fatalf("a receipt stored without a withdrawal: %+v, %v", rr, err)
 	}
 	f.beacon(fencing.LeaseRecord{Host: host, State: fencing.LeaseWithdrawn, Seq: 2}, 33)
 	f.publishReceipt()
-	b, err := natslease.LastReceipt(ctx, st, host)
-	if err != nil || b.Revision != 33 || b.Seq != 2 || b.State != fencing.LeaseWithdrawn {
-		t.Fatalf("the withdrawal's receipt: %+v, %v", b, err)
+	f.waitReceipt()
+	rr, err := natslease.ReadReceipts(ctx, st, host)
+	if err != nil || len(rr.Msgs) != 1 {
+		t.Fatalf("the withdrawal's receipt: %+v, %v", rr, err)
+	}
+	if b := rr.Msgs[0].Beacon; rr.Msgs[0].Err != nil || b.Revision != 33 || b.Seq != 2 || b.State != fencing.LeaseWithdrawn {
+		t.Fatalf("the withdrawal's receipt: %+v", rr.Msgs[0])
 	}
 }

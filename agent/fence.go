@@ -283,16 +283,18 @@ type fencer struct {
 	beaconMu   sync.Mutex
 	lastBeacon uint64
 	// withdrawal: the last withdrawal of ours that landed (its receipt:
-	// publishReceipt), under beaconMu.
-	withdrawal *pendingBeacon
-	sem        chan struct{}
-	view       atomic.Pointer[fencing.PeerView]
-	progress   atomic.Int64 // wall unix nanos of the last loop iteration
-	stats      FenceStats
-	keys       *fencing.Keyring // nil: signing off
-	signer     fencing.Signer
-	wdLast     watchdog.State
-	wdOpen     func(path string) (watchdog.Device, error)
+	// publishReceipt), under beaconMu. receiptDone: closed when the
+	// receipt's publish ended (set on the loop before stopped closes).
+	withdrawal  *pendingBeacon
+	receiptDone chan struct{}
+	sem         chan struct{}
+	view        atomic.Pointer[fencing.PeerView]
+	progress    atomic.Int64 // wall unix nanos of the last loop iteration
+	stats       FenceStats
+	keys        *fencing.Keyring // nil: signing off
+	signer      fencing.Signer
+	wdLast      watchdog.State
+	wdOpen      func(path string) (watchdog.Device, error)
 	// fail ends the agent (Run's context, with the cause): a watchdog
 	// that cannot be armed late leaves the lease advertising a backstop
 	// that is not there, so the agent leaves through the stop path
@@ -1110,6 +1112,7 @@ func (f *fencer) stop(reason string) fencing.StopOutcome {
 	})
 	select {
 	case <-f.stopped:
+		f.waitReceipt() // off the loop: the watchdog is fed or closed meanwhile
 	case <-time.After(f.stopWait()):
 		f.log.Error("fencing stop did not complete in time: the hardware watchdog is LEFT ARMED (the host resets unless the agent comes back)",
 			"host", f.host, "waited", f.stopWait(), "state", *f.stats.State.Load())
@@ -1188,14 +1191,17 @@ func (f *fencer) flushBeacon() {
 // systemd's TimeoutStopSec) has room for it after the beacon's flush.
 const receiptTimeout = 2 * time.Second
 
-// publishReceipt publishes the receipt of the withdrawal that landed
-// (natslease.ReceiptMsg) into the withdrawal receipts stream and waits for
-// its publish ack, on the loop at an orderly stop: a controller reads a
-// host's last receipt before it declares the host, so the withdrawal
-// counts even if its record was overwritten before the controller's watch
-// delivered it and its beacon was lost on the way (docs/security.md,
-// "Withdrawal receipts"). Not acknowledged: logged at ERROR — the beacon
-// and the record remain the only evidence.
+// publishReceipt starts the publish of the receipt of the withdrawal
+// that landed (natslease.ReceiptMsg) into the withdrawal receipts stream,
+// off the loop — the loop feeds the watchdog until the magic close after
+// it, and an ack that does not come held it 2 s (reviewer X57) — and
+// sets receiptDone, closed when the publish ended; stop waits for it
+// (at most receiptTimeout). At an orderly stop, on the loop: a controller
+// reads a host's receipts before it declares the host, so the withdrawal
+// counts even if its record was overwritten before the controller's
+// watch delivered it and its beacon was lost on the way
+// (docs/security.md, "Withdrawal receipts"). Not acknowledged: logged at
+// ERROR — the beacon and the record remain the only evidence.
 func (f *fencer) publishReceipt() {
 	f.beaconMu.Lock()
 	w := f.withdrawal
@@ -1203,20 +1209,37 @@ func (f *fencer) publishReceipt() {
 	if f.nc == nil || w == nil {
 		return
 	}
-	msg, err := natslease.ReceiptMsg(f.signer, w.rec, w.rev, w.at)
-	if err == nil {
-		var js jetstream.JetStream
-		if js, err = jetstream.New(f.nc); err == nil {
-			ctx, cancel := context.WithTimeout(context.Background(), receiptTimeout)
-			_, err = js.PublishMsg(ctx, msg, jetstream.WithExpectStream(proto.WithdrawalStream))
-			cancel()
+	done := make(chan struct{})
+	f.receiptDone = done
+	go func() {
+		defer close(done)
+		msg, err := natslease.ReceiptMsg(f.signer, w.rec, w.rev, w.at)
+		if err == nil {
+			var js jetstream.JetStream
+			if js, err = jetstream.New(f.nc); err == nil {
+				ctx, cancel := context.WithTimeout(context.Background(), receiptTimeout)
+				_, err = js.PublishMsg(ctx, msg, jetstream.WithExpectStream(proto.WithdrawalStream))
+				cancel()
+			}
 		}
-	}
-	if err != nil {
-		f.log.Error("withdrawal receipt not stored: a controller that missed the withdrawn record and its beacon could still declare this host (provision the stream "+proto.WithdrawalStream+": docs/operations.md)", "host", f.host, "revision", w.rev, "err", err)
+		if err != nil {
+			f.log.Error("withdrawal receipt not stored: a controller that missed the withdrawn record and its beacon could still declare this host (provision the stream "+proto.WithdrawalStream+": docs/operations.md)", "host", f.host, "revision", w.rev, "err", err)
+			return
+		}
+		f.log.Info("withdrawal receipt stored", "host", f.host, "revision", w.rev)
+	}()
+}
+
+// waitReceipt waits for the receipt's publish (publishReceipt), at most
+// receiptTimeout and a little.
+func (f *fencer) waitReceipt() {
+	if f.receiptDone == nil {
 		return
 	}
-	f.log.Info("withdrawal receipt stored", "host", f.host, "revision", w.rev)
+	select {
+	case <-f.receiptDone:
+	case <-time.After(receiptTimeout + 100*time.Millisecond):
+	}
 }
 
 // publishBeacon seals m, naming the revision of the last beacon this

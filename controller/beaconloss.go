@@ -322,6 +322,10 @@ func (t *Tracker) ClockStepped(d time.Duration) {
 	if d <= 0 || stepMutation {
 		return
 	}
+	// A window placed before the next measure starts that much earlier:
+	// its start, a reading of the new clock, less the old lead, came out
+	// d late (reviewer X57's note; TestForwardStepMovesNextWindowStart).
+	t.steppedSince += d
 	for i := range t.lossWindows {
 		if w := &t.lossWindows[i]; w.open {
 			w.rawTo = w.rawTo.Add(d)
@@ -734,6 +738,7 @@ func (t *Tracker) measureLead(sent, got, ts time.Time) {
 		sl.hi = hi
 	}
 	sl.measured = true
+	t.steppedSince = 0
 }
 
 // estimates returns the least and the greatest lead the last lagMinutes
@@ -781,7 +786,7 @@ func (c *clockLag) estimates(now time.Time) (lo, hi time.Duration, ok bool) {
 func (t *Tracker) serverWindow(from, to time.Time) lossWindow {
 	raw := to
 	if lo, hi, ok := t.lag.estimates(to); ok {
-		if f := from.Add(-hi); f.Before(from) {
+		if f := from.Add(-hi - t.steppedSince); f.Before(from) {
 			from = f
 		}
 		if e := to.Add(-lo); e.After(to) {

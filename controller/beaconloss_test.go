@@ -150,3 +150,31 @@ func TestStepWatch(t *testing.T) {
 		t.Fatalf("backward step: %v", d)
 	}
 }
+
+// TestForwardStepMovesNextWindowStart (reviewer X57's note on X56's
+// fix): a window placed after a forward step of the runner's clock and
+// before the next measure of the server's starts as much earlier — its
+// start, read on the new clock, less the old lead, came out late by the
+// step; without ClockStepped it starts at the old lead only.
+func TestForwardStepMovesNextWindowStart(t *testing.T) {
+	for _, step := range []bool{false, true} {
+		tr, _ := beaconFleet(t)
+		at := t0.Add(10 * time.Minute)
+		tr.ServerTime(at, at.Add(10*time.Millisecond), at.Add(5*time.Millisecond), 10) // lead ~0
+		from := at.Add(30 * time.Second)
+		if step {
+			tr.ClockStepped(2 * time.Minute)
+		}
+		w := tr.serverWindow(from, from.Add(time.Second))
+		want := from.Add(-5 * time.Millisecond) // the measure's upper bound on the lead
+		if step {
+			want = from.Add(-2*time.Minute - 5*time.Millisecond)
+		}
+		if w.from.After(want) {
+			t.Fatalf("stepped %t: the window starts %s before the raw start, want at least %s", step, from.Sub(w.from), from.Sub(want))
+		}
+		if !step && w.from.Before(from.Add(-time.Second)) {
+			t.Fatalf("no step: the window starts %s early", from.Sub(w.from))
+		}
+	}
+}

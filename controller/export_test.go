@@ -100,3 +100,17 @@ func SetBeaconLossMutation(on bool) func() {
 	beaconLossMutation = on
 	return func() { beaconLossMutation = false }
 }
+
+// SetReceiptJunkMutation turns receiptJunkMutation on until the returned
+// func is called (sequential tests only).
+func SetReceiptJunkMutation(on bool) func() {
+	receiptJunkMutation = on
+	return func() { receiptJunkMutation = false }
+}
+
+// SetActRecheckMutation turns actRecheckMutation on until the returned
+// func is called (sequential tests only).
+func SetActRecheckMutation(on bool) func() {
+	actRecheckMutation = on
+	return func() { actRecheckMutation = false }
+}

@@ -30,6 +30,10 @@ import (
 // WriteTimeout).
 const ReceiptReadTimeout = 2 * time.Second
 
+// ReceiptReopenInterval: how often a runner without the receipts stream
+// tries to open it again before a declaration (Runner.OpenReceipts).
+const ReceiptReopenInterval = time.Minute
+
 // ErrWithdrawalReceipt is reported to OnDecision for a declaration not
 // written because the host's withdrawal receipt names a withdrawal the
 // tracker had not seen.
@@ -39,38 +43,85 @@ var ErrWithdrawalReceipt = errors.New("not declared: the host's withdrawal recei
 // Tests only.
 var receiptMutation bool
 
-// checkReceipt reads d.Host's last withdrawal receipt before its
-// declaration is written. It returns ErrWithdrawalReceipt when the receipt
-// (signed by the host's key) names a withdrawal the tracker takes as news
-// — after the host's last trusted record and its beacons' newest: the
-// tracker now has the host withdrawn — and an error when the receipt
-// could not be read (the declaration waits: the tracker decides it again
-// at its next tick). A receipt the tracker already knew, or older than
-// what the host wrote since, changes nothing: the declaration proceeds.
-// An undecodable or unverifiable receipt is not evidence of a withdrawal
-// (with the shipped permissions only the host publishes on its subject):
-// logged, the declaration proceeds.
+// Errors a declaration waits on (reported to OnDecision; the tracker
+// decides the host again at its next tick): the host's receipts were
+// tampered with, or the stream is full.
+var (
+	ErrReceiptsTampered = errors.New("not declared: a message that is not the host's withdrawal receipt was stored on its receipt subject after its last one (a reflected JetStream answer? docs/security.md, \"Withdrawal receipts\"): a withdrawal's receipt may be hidden")
+	ErrReceiptsFull     = errors.New("not declared: the withdrawal receipts stream is full and refuses new receipts: a withdrawal's may have been refused")
+)
+
+// receiptJunkMutation: junk on a host's receipt subject, and a full
+// stream, change nothing (reviewer X57's holes). Tests only.
+var receiptJunkMutation bool
+
+// checkReceipt reads d.Host's withdrawal receipts before its declaration
+// is written (natslease.ReadReceipts: every message kept on its subject).
+// It returns ErrWithdrawalReceipt when the newest one that is the host's
+// (decoded, signed by its key) names a withdrawal the tracker takes as
+// news — after the host's last trusted record and its beacons' newest:
+// the tracker now has the host withdrawn. It returns an error, and the
+// declaration waits, when the receipts could not be read; and — only for
+// a host whose key holds a later value than the record it is judged by,
+// which may hide a withdrawal (Tracker.MayHideWrite) — when anything
+// that is not the host's receipt was stored after its newest one (junk
+// can be published there by the JetStream API's reflection: one answer
+// after the receipt hid it from a reader of the last message, four
+// evicted it — reviewer X57) or the stream is full (it refuses new
+// receipts: a flood of junk on other subjects filled it). A receipt the
+// tracker already knew, or older than what the host wrote since,
+// changes nothing: the declaration proceeds.
 func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision) error {
-	if r.Receipts == nil || receiptMutation {
+	if receiptMutation {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, ReceiptReadTimeout)
 	defer cancel()
-	b, err := natslease.LastReceipt(ctx, r.Receipts, d.Host)
-	switch {
-	case errors.Is(err, natslease.ErrNoReceipt):
+	if r.Receipts == nil && r.OpenReceipts != nil && (r.receiptsTried.IsZero() || r.now().Sub(r.receiptsTried) >= ReceiptReopenInterval) {
+		r.receiptsTried = r.now()
+		st, err := r.OpenReceipts(ctx)
+		if err != nil {
+			log.Warn("withdrawal receipts are NOT read before this declaration: their stream cannot be opened (provision it: docs/operations.md)", "host", d.Host, "err", err)
+		} else {
+			r.Receipts = st
+			log.Info("withdrawal receipts stream opened: receipts are read before every declaration")
+		}
+	}
+	if r.Receipts == nil {
 		return nil
-	case isReadErr(err):
-		log.Warn("declaration waits: the host's withdrawal receipt could not be read (retried at the next tick)", "host", d.Host, "err", err)
+	}
+	rr, err := natslease.ReadReceipts(ctx, r.Receipts, d.Host)
+	if err != nil {
+		log.Warn("declaration waits: the host's withdrawal receipts could not be read (retried at the next tick)", "host", d.Host, "err", err)
 		return fmt.Errorf("declaration not written: %w", err)
-	case err != nil:
-		log.Error("INVALID WITHDRAWAL RECEIPT ignored (not evidence of a withdrawal)", "host", d.Host, "err", err)
+	}
+	var newest *natslease.StoredReceipt
+	var junk []string
+	for i := len(rr.Msgs) - 1; i >= 0; i-- {
+		m := &rr.Msgs[i]
+		if m.Err == nil {
+			m.Err = r.Store.Keys.VerifyBeacon(m.Beacon)
+		}
+		if m.Err == nil {
+			newest = m
+			break
+		}
+		junk = append(junk, fmt.Sprintf("sequence %d stored %s: %v", m.Seq, m.Stored.UTC().Format(time.RFC3339), m.Err))
+	}
+	if !receiptJunkMutation && r.Tracker.MayHideWrite(d.Host) {
+		if len(junk) > 0 {
+			log.Error("DECLARATION WAITS: the host's receipt subject holds messages that are not its withdrawal receipts after its last one — reflected JetStream answers, a compromised node's doing; the host is not declared until its next receipt or an operator removes them (docs/security.md, \"Withdrawal receipts\")", "host", d.Host, "junk", junk)
+			return ErrReceiptsTampered
+		}
+		if rr.Full {
+			log.Error("DECLARATION WAITS: the withdrawal receipts stream is full and refuses new receipts (a flood of junk?): a host whose key was overwritten is not declared until it has room (docs/security.md, \"Withdrawal receipts\")", "host", d.Host)
+			return ErrReceiptsFull
+		}
+	}
+	if newest == nil {
 		return nil
 	}
-	if err := r.Store.Keys.VerifyBeacon(b); err != nil {
-		log.Error("INVALID WITHDRAWAL RECEIPT ignored: not signed by the host's key", "host", d.Host, "revision", b.Revision, "err", err)
-		return nil
-	}
+	b := newest.Beacon
 	news := false
 	// A copy: the tracker reuses its decisions' slice, which the caller
 	// may be ranging over (Tick's).
@@ -86,11 +137,4 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 	}
 	log.Error("DECLARATION STOPPED by the host's withdrawal receipt: it withdrew after the record it was judged by", "host", d.Host, "receipt_revision", b.Revision, "judged_revision", d.Revision)
 	return ErrWithdrawalReceipt
-}
-
-// isReadErr: err is LastReceipt's failure to read the stream (as opposed
-// to a receipt it read and could not decode).
-func isReadErr(err error) bool {
-	var re natslease.ReceiptReadError
-	return errors.As(err, &re)
 }

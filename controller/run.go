@@ -56,8 +56,13 @@ type Runner struct {
 	Tracker *Tracker
 	// Receipts, if set, is the agents' withdrawal receipts stream
 	// (natslease.EnsureWithdrawalStream): before a declaration is written
-	// the host's last receipt is read (receipt.go). Nil: none is read.
-	Receipts jetstream.Stream
+	// the host's receipts are read (receipt.go). Nil: OpenReceipts, if
+	// set, is tried then (a stream provisioned after the start, a
+	// timeout at the start), at most every ReceiptReopenInterval; none is
+	// read until it succeeds.
+	Receipts      jetstream.Stream
+	OpenReceipts  func(context.Context) (jetstream.Stream, error)
+	receiptsTried time.Time
 	// Memory, if set, is the controllers' memory bucket (MemoryBucket,
 	// memory.go): the leader writes each host's memory there when it
 	// changes, and a (re)started controller or a new leader restores it
@@ -107,6 +112,10 @@ type Runner struct {
 	// saidNoClock: a stream info without the server's clock was said.
 	saidNoClock bool
 }
+
+// actRecheckMutation: MayAct is not checked again after the receipt read,
+// as before (reviewer X57). Tests only.
+var actRecheckMutation bool
 
 // ErrNotActing is reported to OnDecision for a write MayAct did not allow.
 var ErrNotActing = errors.New("not acting (standby, or the leader lock lapsed): nothing written")
@@ -584,6 +593,17 @@ func (r *Runner) perform(ctx context.Context, log *slog.Logger, d Decision) {
 			r.Tracker.NotPerformed(d)
 			if r.OnDecision != nil {
 				r.OnDecision(d, err)
+			}
+			return
+		}
+		if !r.mayAct() && !actRecheckMutation {
+			// Checked again: the receipt read (up to ReceiptReadTimeout)
+			// came between the first check and the write, and the lock's
+			// safety holds only for one write within ActMargin of the
+			// last check (leader.go; reviewer X57).
+			r.Tracker.NotPerformed(d)
+			if r.OnDecision != nil {
+				r.OnDecision(d, ErrNotActing)
 			}
 			return
 		}

@@ -478,9 +478,24 @@ type Tracker struct {
 	// markerSeen: the controllers' rollback marker stood when read; the
 	// gate stays on (SetRollbackGate). markerGone: it has gone since.
 	markerSeen, markerGone bool
+	// steppedSince: the forward steps of the runner's clock since the
+	// last measure of the server's (ClockStepped; beaconloss.go).
+	steppedSince time.Duration
 	// listedAt: when the watch's first listing ended (WatchStarted); a
 	// confirmation written before it is not taken (ConfirmTooEarly).
 	listedAt time.Time
+}
+
+// MayHideWrite reports whether host's key may hide a write of its own
+// after the record the tracker judges it by: the key holds a later value
+// (an untrusted one, a delete marker, a refused record) or a write of
+// the host was noted hidden after a watch skip (beaconloss.go) — what a
+// withdrawal receipt stands in for (receipt.go). A host whose key's last
+// value is its trusted record hides nothing: a withdrawal would be a
+// later value.
+func (t *Tracker) MayHideWrite(host string) bool {
+	h := t.hosts[host]
+	return h == nil || h.rev > h.trustedRev || h.deleted || h.hidden.rev != 0
 }
 
 // SetSigningRequired tells the tracker whether signed records are

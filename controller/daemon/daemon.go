@@ -236,12 +236,21 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 		log.Warn("lease records are NOT signed (signing.mode: off): any holder of NATS credentials can forge a host's record (docs/security.md)")
 	}
 	st := &natslease.Store{KV: kv, Control: cb.Control, NC: d.nc, Signer: signer, Keys: keys}
-	receipts, rerr := natslease.EnsureWithdrawalStream(ctx, js)
+	openReceipts := func(ctx context.Context) (jetstream.Stream, error) {
+		rs, err := natslease.EnsureWithdrawalStream(ctx, js)
+		if err == nil && rs.CachedInfo().Config.AllowDirect {
+			// nats.go would read it with direct gets, which the shipped
+			// permissions deny: every read fails and declarations wait.
+			log.Error("the withdrawal receipts stream allows direct gets: reads fail under the shipped permissions and no host whose key may hide a write is declared (fix: nats stream edit " + proto.WithdrawalStream + " --no-allow-direct -f)")
+		}
+		return rs, err
+	}
+	receipts, rerr := openReceipts(ctx)
 	if rerr != nil {
-		log.Warn("withdrawal receipts are NOT read before a declaration: a host whose withdrawn record was overwritten and whose beacon was lost may be declared while its guests run — provision the stream (docs/operations.md, \"NATS provisioning\")", "err", rerr)
+		log.Warn("withdrawal receipts are NOT read before a declaration until their stream can be opened (tried again before a declaration, at most every minute): a host whose withdrawn record was overwritten and whose beacon was lost may be declared while its guests run — provision the stream (docs/operations.md, \"NATS provisioning\")", "err", rerr)
 		receipts = nil
 	}
-	d.run = &controller.Runner{Store: st, Tracker: tracker, Memory: cb.Memory, Log: log.With("component", "tracker"), Receipts: receipts,
+	d.run = &controller.Runner{Store: st, Tracker: tracker, Memory: cb.Memory, Log: log.With("component", "tracker"), Receipts: receipts, OpenReceipts: openReceipts,
 		Now: d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
 		OnSynced: func(int) { d.trackerSynced.Store(true); d.maybeReady() },
 		Beacons:  d.nc, OnBeacon: d.beacon, OnBeaconsLost: func(string, []string) { d.m.beaconLosses.Add(1) },

@@ -52,8 +52,9 @@ const (
 )
 
 // WithdrawalStreamConfig is the stream of withdrawal receipts: every
-// host's WithdrawalReceiptsKept last, kept until replaced; no direct gets,
-// rollups, purges or deletes (HardenStream says why).
+// host's WithdrawalReceiptsKept last, kept until replaced; full, it
+// refuses new ones; no direct gets, rollups, purges or deletes
+// (HardenStream says why).
 func WithdrawalStreamConfig(replicas int) jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:              proto.WithdrawalStream,
@@ -64,9 +65,13 @@ func WithdrawalStreamConfig(replicas int) jetstream.StreamConfig {
 		MaxMsgsPerSubject: proto.WithdrawalReceiptsKept,
 		MaxBytes:          WithdrawalStreamMaxBytes,
 		MaxMsgSize:        ReceiptMaxBytes,
-		Discard:           jetstream.DiscardOld,
-		DenyDelete:        true,
-		DenyPurge:         true,
+		// Full, it refuses new receipts rather than dropping the oldest:
+		// a flood of junk (reflected API answers, reviewer X57) must not
+		// evict a host's receipt; a full stream makes every declaration
+		// wait (ReadReceipts.Full).
+		Discard:    jetstream.DiscardNew,
+		DenyDelete: true,
+		DenyPurge:  true,
 	}
 }
 
@@ -83,32 +88,75 @@ func EnsureWithdrawalStream(ctx context.Context, js jetstream.JetStream) (jetstr
 	return st, nil
 }
 
-// ErrNoReceipt: the host has published no withdrawal receipt (kept).
-var ErrNoReceipt = errors.New("no withdrawal receipt")
+// ReceiptRead is what ReadReceipts found on a host's receipt subject.
+type ReceiptRead struct {
+	// Msgs: the messages kept on the subject, oldest first.
+	Msgs []StoredReceipt
+	// Full: the stream is (nearly) full — it refuses new receipts, so a
+	// withdrawal's may have been refused.
+	Full bool
+}
 
-// ReceiptReadError: LastReceipt could not read the stream (as opposed to
-// a receipt it read and could not decode).
+// StoredReceipt is one message on a host's receipt subject: its stream
+// sequence and stored time, and its beacon — or why it is not one of
+// the host's withdrawal receipts (Err; the signature is the caller's to
+// check: fencing.Keyring.VerifyBeacon).
+type StoredReceipt struct {
+	Seq    uint64
+	Stored time.Time
+	Beacon fencing.Beacon
+	Err    error
+}
+
+// ReceiptReadError: ReadReceipts could not read the stream.
 type ReceiptReadError struct{ Err error }
 
 func (e ReceiptReadError) Error() string { return e.Err.Error() }
 func (e ReceiptReadError) Unwrap() error { return e.Err }
 
-// LastReceipt reads host's last withdrawal receipt in st (a message get:
-// no direct get) and decodes it; it checks that it is host's, not its
-// signature (the caller's keyring: fencing.Keyring.VerifyBeacon).
-// ErrNoReceipt when there is none.
-func LastReceipt(ctx context.Context, st jetstream.Stream, host string) (fencing.Beacon, error) {
+// ReadReceipts reads every message kept on host's receipt subject in st
+// (at most WithdrawalReceiptsKept, or what an operator's stream keeps:
+// one stream info and a message get each — no direct get) and whether the
+// stream is full. Not only the last: anything published on the subject
+// is stored — with the shipped permissions only the host publishes
+// there, but the JetStream API publishes its answers on whatever reply
+// subject a request names, with the server's rights ("reflection",
+// docs/security.md), and one reflected answer after a host's receipt hid
+// it from a reader of the last message only (reviewer X57).
+func ReadReceipts(ctx context.Context, st jetstream.Stream, host string) (ReceiptRead, error) {
 	subj, err := proto.WithdrawnSubject(host)
 	if err != nil {
-		return fencing.Beacon{}, err
+		return ReceiptRead{}, err
 	}
-	m, err := st.GetLastMsgForSubject(ctx, subj)
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fencing.Beacon{}, ErrNoReceipt
-	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subj))
 	if err != nil {
-		return fencing.Beacon{}, ReceiptReadError{fmt.Errorf("read the withdrawal receipt of %s: %w", host, err)}
+		return ReceiptRead{}, ReceiptReadError{fmt.Errorf("read the withdrawal receipts of %s: %w", host, err)}
 	}
+	var res ReceiptRead
+	if c := info.Config; c.MaxBytes > 0 && info.State.Bytes+2*uint64(max(c.MaxMsgSize, ReceiptMaxBytes)) > uint64(c.MaxBytes) ||
+		c.MaxMsgs > 0 && info.State.Msgs+2 > uint64(c.MaxMsgs) {
+		res.Full = true
+	}
+	n := info.State.Subjects[subj]
+	seq := info.State.FirstSeq
+	for range n {
+		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subj))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break // fewer left than the info said (a limit dropped one)
+		}
+		if err != nil {
+			return ReceiptRead{}, ReceiptReadError{fmt.Errorf("read the withdrawal receipts of %s: %w", host, err)}
+		}
+		r := StoredReceipt{Seq: m.Sequence, Stored: m.Time}
+		r.Beacon, r.Err = decodeReceipt(host, m)
+		res.Msgs = append(res.Msgs, r)
+		seq = m.Sequence + 1
+	}
+	return res, nil
+}
+
+// decodeReceipt decodes m as host's withdrawal receipt.
+func decodeReceipt(host string, m *jetstream.RawStreamMsg) (fencing.Beacon, error) {
 	b, err := fencing.DecodeBeacon(m.Data)
 	switch {
 	case err != nil:
