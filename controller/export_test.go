@@ -114,3 +114,10 @@ func SetActRecheckMutation(on bool) func() {
 	actRecheckMutation = on
 	return func() { actRecheckMutation = false }
 }
+
+// SetReceiptSealedMutation turns receiptSealedMutation on until the
+// returned func is called (sequential tests only).
+func SetReceiptSealedMutation(on bool) func() {
+	receiptSealedMutation = on
+	return func() { receiptSealedMutation = false }
+}

@@ -49,11 +49,16 @@ var receiptMutation bool
 var (
 	ErrReceiptsTampered = errors.New("not declared: a message that is not the host's withdrawal receipt was stored on its receipt subject after its last one (a reflected JetStream answer? docs/security.md, \"Withdrawal receipts\"): a withdrawal's receipt may be hidden")
 	ErrReceiptsFull     = errors.New("not declared: the withdrawal receipts stream is full and refuses new receipts: a withdrawal's may have been refused")
+	// ErrReceiptAfterSeal: the host's receipt names a withdrawal after the
+	// revision its trusted record was sealed for (Tracker.SealedBefore).
+	ErrReceiptAfterSeal = errors.New("not declared: the host's withdrawal receipt names a withdrawal after the revision its trusted record was sealed for: that record was written over the withdrawal by someone else (a withheld relay?)")
 )
 
 // receiptJunkMutation: junk on a host's receipt subject, and a full
-// stream, change nothing (reviewer X57's holes). Tests only.
-var receiptJunkMutation bool
+// stream, change nothing (reviewer X57's holes); receiptSealedMutation: a
+// receipt naming a revision between the trusted record's PrevRev and its
+// own changes nothing (reviewer X58's). Tests only.
+var receiptJunkMutation, receiptSealedMutation bool
 
 // checkReceipt reads d.Host's withdrawal receipts before its declaration
 // is written (natslease.ReadReceipts: every message kept on its subject).
@@ -122,6 +127,16 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 		return nil
 	}
 	b := newest.Beacon
+	if r.Tracker.SealedBefore(d.Host, b.Revision) && !receiptSealedMutation {
+		// The withdrawal landed between the revision the trusted record
+		// was sealed for and the one it landed at: that record was not
+		// the host's write on its key's state — a renewal it sealed and a
+		// compromised peer withheld, put back over the withdrawal (a
+		// withdrawn host was declared 5.25 s after withdrawing: reviewer
+		// X58, TestX58WithheldRelayLaundersHiddenWithdrawalNATS).
+		log.Error("DECLARATION WAITS: the host's withdrawal receipt names a withdrawal after the revision its trusted record was sealed for — that record was written over the withdrawal by someone else (a withheld relay?); the host is not declared until it writes again (docs/security.md, \"Withdrawal receipts\")", "host", d.Host, "receipt_revision", b.Revision, "judged_revision", d.Revision)
+		return ErrReceiptAfterSeal
+	}
 	news := false
 	// A copy: the tracker reuses its decisions' slice, which the caller
 	// may be ranging over (Tick's).

@@ -498,6 +498,21 @@ func (t *Tracker) MayHideWrite(host string) bool {
 	return h == nil || h.rev > h.trustedRev || h.deleted || h.hidden.rev != 0
 }
 
+// SealedBefore reports whether host's trusted record (the one it is judged
+// by, landed at trustedRev) was sealed for a revision before rev — a
+// revision of its key below trustedRev: a genuine record is written by a
+// compare-and-set on its PrevRev, the key's last revision then, so no
+// value of the key landed between PrevRev and the record's own revision;
+// a write of the host's at rev in between (its withdrawal receipt names
+// it) means the trusted record was written later by someone else: a
+// record the host sealed and a peer withheld, or a copy (reviewer X58).
+// Creates (PrevRev 0) and unsigned records say nothing.
+func (t *Tracker) SealedBefore(host string, rev uint64) bool {
+	h := t.hosts[host]
+	return h != nil && h.trustedRev != 0 && h.rec.Sig != "" && h.rec.PrevRev != 0 &&
+		rev > h.rec.PrevRev && rev < h.trustedRev
+}
+
 // SetSigningRequired tells the tracker whether signed records are
 // required (the Runner sets it from its Store's keyring).
 func (t *Tracker) SetSigningRequired(on bool) { t.required = on }
