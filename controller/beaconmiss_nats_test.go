@@ -86,7 +86,12 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation, companionHidden, 
 		rec.State, rec.Seq = st, s.seq
 		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
 		if res.Outcome != fencing.RenewAcked {
-			t.Errorf("%s: renewal %s: %+v", h, st, res)
+			if ctx.Err() == nil {
+				// Not the test ending (its context cancelled while the
+				// background loop renewed: a failed renewal then is no
+				// finding — it failed CI once so).
+				t.Errorf("%s: renewal %s: %+v", h, st, res)
+			}
 			return 0
 		}
 		s.rev = res.Revision
