@@ -133,7 +133,7 @@ func beaconSub(t *testing.T, host string) (*nats.Conn, *nats.Subscription) {
 // TestWithdrawalReceiptStored: the withdrawal that landed (the beacon
 // queued for it, fencer.beacon) is stored as a receipt in the receipts
 // stream at the orderly stop (publishReceipt), read back by a
-// controller's LastReceipt; a later renewal's beacon does not replace it;
+// controller's ReadReceipts; a later renewal's beacon does not replace it;
 // without a withdrawal nothing is stored; with the stream missing the
 // stop logs and goes on.
 func TestWithdrawalReceiptStored(t *testing.T) {

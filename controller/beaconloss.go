@@ -723,12 +723,6 @@ func (t *Tracker) ServerTime(sent, got, ts time.Time, last uint64) {
 		return
 	}
 	t.frontier.streamAt(got, last, ts.UnixNano())
-	t.measureLead(sent, got, ts)
-	t.closeOpen(sent, got)
-}
-
-// measureLead keeps the lead a stream info allowed (ServerTime).
-func (t *Tracker) measureLead(sent, got, ts time.Time) {
 	sl := t.lag.slot(got)
 	lo, hi := sent.Sub(ts), got.Sub(ts)
 	if !sl.measured || lo < sl.lo {
@@ -739,6 +733,7 @@ func (t *Tracker) measureLead(sent, got, ts time.Time) {
 	}
 	sl.measured = true
 	t.steppedSince = 0
+	t.closeOpen(sent, got)
 }
 
 // estimates returns the least and the greatest lead the last lagMinutes

@@ -169,7 +169,7 @@ func kvGet(bucket string) []string {
 // hvguard.v1._controller.> (decisions, host and instance recovery),
 // replies on the default inbox prefix, the agents' beacons
 // (hvguard.v1.*.beacon), the stream info and message gets of the
-// withdrawal receipts (natslease.LastReceipt). Its own state is in
+// withdrawal receipts (natslease.ReadReceipts). Its own state is in
 // ControlAccount (ControllerControl).
 func Controller() Permissions {
 	p := Permissions{

@@ -23,7 +23,7 @@ import (
 // its guests running, was declared. The receipt is the same signed beacon,
 // published with a JetStream publish ack into proto.WithdrawalStream, so
 // it is stored, not just sent: before a controller declares a host it
-// reads the host's last receipt (LastReceipt), and one naming a revision
+// reads the host's receipts (ReadReceipts), and one naming a revision
 // after the record it judges the host by stops the declaration
 // (controller.Runner, docs/security.md "Withdrawal receipts").
 
