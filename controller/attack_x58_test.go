@@ -2,23 +2,15 @@ package controller_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
-	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
-	"hvguard/proto"
 )
 
 // TestX58WithheldRelayLaundersHiddenWithdrawalNATS (S; reviewer X58). The
@@ -66,152 +58,10 @@ func TestX58WithheldRelayLaundersHiddenWithdrawalNATS(t *testing.T) {
 			if c.mut {
 				defer controller.SetReceiptSealedMutation(true)()
 			}
-			x58Rig(t, c.withheld, c.beacon, c.mut)
+			withdrawalReceiptNATS(t, receiptCase{receipt: true, withheld: c.withheld, beacon: c.beacon,
+				wantDeclared: c.mut, wantWithdrawn: !c.withheld || c.beacon})
 		})
 	}
-}
-
-func x58Rig(t *testing.T, withheld, beacon, wantDeclared bool) {
-	const (
-		attacker  = "compute-1.example.org"
-		companion = "compute-2.example.org"
-		withdrawn = "compute-3.example.org"
-	)
-	srvURL := natspermtest.StartServer(t)
-	hosts := []string{attacker, companion, withdrawn}
-	f := newFleetOf(t, hosts)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-
-	var mu sync.Mutex
-	sims := natsSims(t, srvURL, f, hosts)
-	renew := func(h string, st fencing.LeaseState, beacon, storeReceipt bool) uint64 {
-		s := sims[h]
-		s.seq++
-		rec := controllertest.HostRecord(h)
-		rec.State, rec.Seq = st, s.seq
-		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
-		if res.Outcome != fencing.RenewAcked {
-			t.Logf("%s: renewal %s: %+v", h, st, res)
-			return 0
-		}
-		s.rev = res.Revision
-		if beacon {
-			m, err := natslease.BeaconMsg(f.signers[h], rec, res.Revision, 0, time.Now())
-			if err == nil {
-				err = s.nc.PublishMsg(m)
-			}
-			if err != nil {
-				t.Error(err)
-			}
-		}
-		if storeReceipt {
-			m, err := natslease.ReceiptMsg(f.signers[h], rec, res.Revision, time.Now())
-			if err != nil {
-				t.Fatal(err)
-			}
-			js, _ := jetstream.New(s.nc)
-			if _, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
-				t.Errorf("%s: its withdrawal receipt not stored: %v", h, err)
-			}
-		}
-		return res.Revision
-	}
-	renewEvery(ctx, &mu, hosts, sims, func(h string) { renew(h, fencing.LeaseActive, true, false) })
-
-	cst, wnc, bnc, proxy := proxiedController(t, srvURL, f)
-	cjs, _ := jetstream.New(bnc)
-	rs, err := natslease.EnsureWithdrawalStream(ctx, cjs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := controller.DefaultConfig()
-	cfg.GuardShare = 0.5
-	tr, err := controller.NewTracker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var cmu sync.Mutex
-	var declared time.Time
-	var stopped bool
-	var errs []string
-	r := &controller.Runner{Store: cst, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: bnc, Receipts: rs,
-		OnDecision: func(d controller.Decision, err error) {
-			cmu.Lock()
-			defer cmu.Unlock()
-			if d.Host == withdrawn && err != nil {
-				errs = append(errs, err.Error())
-			}
-			switch {
-			case d.Op == controller.OpDeclare && d.Host != withdrawn:
-				t.Errorf("declared the live %s", d.Host)
-			case d.Op == controller.OpDeclare && (errors.Is(err, controller.ErrWithdrawalReceipt) || errors.Is(err, controller.ErrReceiptsTampered) || errors.Is(err, controller.ErrReceiptAfterSeal)):
-				stopped = true
-			case d.Op == controller.OpDeclare && err == nil && declared.IsZero():
-				declared = time.Now()
-			}
-		}}
-	go r.Run(ctx)
-	time.Sleep(2 * time.Second)
-
-	mu.Lock()
-	proxy.Reset()
-	sims[withdrawn].stop = true
-	at := time.Now()
-	v := sims[withdrawn]
-	// compute-3's relay question (its renewal for revision P, sealed by
-	// its key) reached compute-1, which withheld it.
-	v.seq++
-	held := controllertest.HostRecord(withdrawn)
-	held.Seq = v.seq
-	heldB, err := f.signers[withdrawn].Seal(held, v.rev).Encode()
-	if err != nil {
-		mu.Unlock()
-		t.Fatal(err)
-	}
-	p := v.rev
-	rw := renew(withdrawn, fencing.LeaseWithdrawn, beacon, true) // CAS on P, receipt stored
-	val := []byte("not a record")
-	if withheld {
-		val = heldB
-	}
-	wr, err := sims[attacker].st.KV.Put(ctx, strings.ReplaceAll(withdrawn, ".", "_"), val)
-	if err != nil {
-		mu.Unlock()
-		t.Fatal(err)
-	}
-	t.Logf("withheld record sealed for P=%d; withdrawal at %d; compute-1's write at %d", p, rw, wr)
-	mu.Unlock()
-	for deadline := time.Now().Add(10 * time.Second); !(wnc.IsConnected() && wnc.Stats().Reconnects > 0); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the controller's watch connection not back within 10 s")
-		}
-	}
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		cmu.Lock()
-		done := !declared.IsZero() || stopped
-		cmu.Unlock()
-		if done {
-			break
-		}
-	}
-	time.Sleep(2 * time.Second)
-	cmu.Lock()
-	defer cmu.Unlock()
-	rr, rerr := natslease.ReadReceipts(ctx, rs, withdrawn)
-	t.Logf("compute-3's receipt subject: %d message(s), err %v; MayHideWrite %t", len(rr.Msgs), rerr, tr.MayHideWrite(withdrawn))
-	if wantDeclared {
-		if declared.IsZero() {
-			t.Fatal("with receiptSealedMutation the withdrawn host was not declared: the test no longer shows the hole")
-		}
-		t.Logf("with receiptSealedMutation: declared %s after its withdrawal", declared.Sub(at).Round(10*time.Millisecond))
-		return
-	}
-	if !declared.IsZero() {
-		t.Fatalf("the withdrawn %s (withdrawal hidden, beacon lost, receipt stored and verifying) declared %s after its withdrawal: compute-1's withheld genuine relay record made MayHideWrite false and the receipt 'older than what the host wrote since' (errors seen: %v)",
-			withdrawn, declared.Sub(at).Round(10*time.Millisecond), errs)
-	}
-	t.Logf("%s not declared (stopped %t; errors %v)", withdrawn, stopped, errs)
 }
 
 // TestX58FullStreamShrunkAfterRefusal (S; reviewer X58). ReadReceipts'
