@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/controller/controllertest"
@@ -142,7 +143,7 @@ func TestWithdrawalReceiptStored(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	f := &fencer{nc: nc, host: host, beacons: make(chan pendingBeacon, 1), log: log}
 	f.publishReceipt() // no withdrawal, no stream: nothing, no panic
-	st, err := natslease.EnsureWithdrawalStream(ctx, js)
+	st, err := natslease.EnsureWithdrawalStream(ctx, js, host)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,5 +161,41 @@ func TestWithdrawalReceiptStored(t *testing.T) {
 	}
 	if b := rr.Msgs[0].Beacon; rr.Msgs[0].Err != nil || b.Revision != 33 || b.Seq != 2 || b.State != fencing.LeaseWithdrawn {
 		t.Fatalf("the withdrawal's receipt: %+v", rr.Msgs[0])
+	}
+}
+
+// TestLeaseStoreCreatesReceiptsStream: agents whose user may create the
+// lease bucket (create_bucket: make run) create the receipts stream with
+// their own subject, or add it to the stream another agent created: each
+// one's receipts are then vouched for (natslease.ReceiptsUnsound).
+func TestLeaseStoreCreatesReceiptsStream(t *testing.T) {
+	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	nc, js, ctx := deliverytest.JetStream(t, srv)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	hosts := []string{"h0.example.org", "h1.example.org"}
+	for _, h := range hosts {
+		l := &leaseStore{nc: nc, host: h, create: true, log: log}
+		if _, err := l.get(ctx, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+			var st jetstream.Stream
+			if st, err = js.Stream(ctx, proto.WithdrawalStream); err == nil {
+				if err = natslease.ReceiptsUnsound(st.CachedInfo().Config, h); err == nil {
+					break
+				}
+			}
+		}
+		if err != nil {
+			t.Fatalf("after %s's lease store opened: %v", h, err)
+		}
+	}
+	st, err := js.Stream(ctx, proto.WithdrawalStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := natslease.ReceiptsUnsound(st.CachedInfo().Config, hosts[0]); err != nil {
+		t.Fatalf("adding %s lost %s: %v", hosts[1], hosts[0], err)
 	}
 }

@@ -335,7 +335,7 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 	}
 	f := &fencer{
 		cfg: fc, core: fc.Core(cfg.Host, bootID), host: cfg.Host, log: log.With("component", "fencing"),
-		hv: hv, nc: nc, store: &leaseStore{nc: nc, create: fc.CreateBucket, signer: signer, keys: keys, log: log.With("component", "fencing")}, secret: secret, accepted: accepted,
+		hv: hv, nc: nc, store: &leaseStore{nc: nc, host: cfg.Host, create: fc.CreateBucket, signer: signer, keys: keys, log: log.With("component", "fencing")}, secret: secret, accepted: accepted,
 		keys: keys, signer: signer,
 		reset: opts.ResetHost, rec: opts.Reconciler, now: bootNow,
 		statePath: filepath.Join(cfg.StateDir, fenceStateFile), membPath: filepath.Join(cfg.StateDir, fenceMembersFile),

@@ -166,6 +166,7 @@ var errNATSDown = errors.New("nats not connected")
 // then is a natslease.Store. Safe for concurrent use.
 type leaseStore struct {
 	nc     *nats.Conn
+	host   string // this host: its receipt subject, added to the receipts stream it creates
 	create bool
 	// signer, keys, onInvalid: natslease.Store's (signed records).
 	signer    fencing.Signer
@@ -202,13 +203,19 @@ func (l *leaseStore) get(ctx context.Context, timeout time.Duration) (*natslease
 	}
 	if l.create && l.log != nil {
 		// The withdrawal receipts' stream (fencer.publishReceipt), with the
-		// bucket when this user may create it (not with the shipped
-		// permissions: provisioned, docs/operations.md).
+		// bucket when this user may create it, capturing this host's
+		// subject (not with the shipped permissions: provisioned with every
+		// enrolled host's, docs/operations.md).
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), natslease.ReadTimeout)
 			defer cancel()
-			if _, err := natslease.EnsureWithdrawalStream(ctx, js); err != nil {
+			st, err := natslease.EnsureWithdrawalStream(ctx, js, l.host)
+			if err != nil {
 				l.log.Warn("withdrawal receipts stream not found and not created: an orderly stop's receipt will not be stored", "err", err)
+				return
+			}
+			if err := natslease.ReceiptsUnsound(st.CachedInfo().Config, l.host); err != nil {
+				l.log.Warn("withdrawal receipts stream not changed to hold this host's receipts", "err", err)
 			}
 		}()
 	}

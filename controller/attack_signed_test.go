@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -288,8 +289,30 @@ func startControllerCfg(ctx context.Context, t *testing.T, st *natslease.Store, 
 				c.invalid[d.Host]++
 			}
 		}}
+	r.Receipts = receiptsOf(ctx, t, st)
 	go r.Run(ctx)
 	return c
+}
+
+// receiptsOf opens the withdrawal receipts stream on st's connection,
+// created for the hosts of st's keyring if missing and its user may (the
+// shipped permissions: provisioned) — the stream a controller needs to
+// declare a dead host whose key a compromised node overwrote
+// (controller.ErrReceiptsUnsound). Nil without a connection or a keyring.
+func receiptsOf(ctx context.Context, t *testing.T, st *natslease.Store) jetstream.Stream {
+	t.Helper()
+	if st.NC == nil || st.Keys == nil || len(st.Keys.Hosts) == 0 {
+		return nil
+	}
+	js, err := jetstream.New(st.NC)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := natslease.EnsureWithdrawalStream(ctx, js, slices.Sorted(maps.Keys(st.Keys.Hosts))...)
+	if err != nil {
+		t.Fatalf("the withdrawal receipts stream: %v", err)
+	}
+	return rs
 }
 
 func (c *controllerRun) declaredAt(host string) (time.Time, bool) {

@@ -67,25 +67,28 @@ func TestX57ReflectedJunkShadowsReceiptNATS(t *testing.T) {
 }
 
 // TestX57ReflectionFloodEvictsReceiptNATS (S; reviewer X57): the receipt
-// stream keeps every host's last 4 receipts inside ONE stream-wide limit
-// (MaxBytes 256 MiB, DiscardOld) and captures hvguard.v1.*.withdrawn —
+// stream kept every host's last 4 receipts inside ONE stream-wide limit
+// (MaxBytes 256 MiB, DiscardOld) and captured hvguard.v1.*.withdrawn —
 // any token, not only the fleet's hosts. A compromised compute-1 (shipped
-// permissions) reflects message get answers (a ~2.8 KB lease value of its
-// own: ~4 KB answers, under MaxMsgSize) onto ~70 000 fresh subjects
-// hvguard.v1.x57-<i>.withdrawn: the stream reaches MaxBytes and discards
-// its OLDEST messages — compute-3's genuine receipt among them.
-// LastReceipt then says ErrNoReceipt, and checkReceipt lets the
-// declaration of the withdrawn compute-3 proceed (as
-// TestWithdrawalReceiptStopsDeclarationNATS/no-receipt shows). This also
-// defeats a fix of TestX57ReflectedJunkShadowsReceiptNATS that only
-// treats a junk LAST message as "wait". Fails today: the receipt is gone.
+// permissions) reflected message get answers (a ~2.8 KB lease value of
+// its own: ~4 KB answers, under MaxMsgSize) onto ~70 000 fresh subjects
+// hvguard.v1.x57-<i>.withdrawn: the stream reached MaxBytes and discarded
+// its OLDEST messages — compute-3's genuine receipt among them — and the
+// withdrawn compute-3 was declared. First closed with DiscardNew (it
+// refused instead, and said full), which reviewer X58 defeated (a full
+// stream shrunk after it refused a receipt); now the stream names the
+// enrolled hosts' subjects and has no stream-wide limit
+// (natslease.WithdrawalStreamConfig): the same flood stores nothing, a
+// flood on an enrolled host's subject keeps its last 4 and touches no
+// other host's, and compute-3's receipt stays.
 func TestX57ReflectionFloodEvictsReceiptNATS(t *testing.T) {
 	const (
-		attacker = "compute-1.example.org"
-		victim   = "compute-3.example.org"
+		attacker  = "compute-1.example.org"
+		companion = "compute-2.example.org"
+		victim    = "compute-3.example.org"
 	)
 	srvURL := natspermtest.StartServer(t)
-	hosts := []string{attacker, "compute-2.example.org", victim}
+	hosts := []string{attacker, companion, victim}
 	f := newFleetOf(t, hosts)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
@@ -108,56 +111,73 @@ func TestX57ReflectionFloodEvictsReceiptNATS(t *testing.T) {
 	if _, err := vjs.PublishMsg(ctx, m, jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
 		t.Fatal(err)
 	}
-	if rr, err := natslease.ReadReceipts(ctx, rs, victim); err != nil || len(rr.Msgs) != 1 || rr.Full {
+	if rr, err := natslease.ReadReceipts(ctx, rs, victim); err != nil || len(rr.Msgs) != 1 || rr.Unsound != nil {
 		t.Fatalf("the receipt not readable before the flood: %+v, %v", rr, err)
 	}
 	// The flood: a message get of compute-1's own lease key, its answer on
-	// fresh withdrawn subjects.
+	// fresh withdrawn subjects, then on compute-2's.
 	if _, err := ast.KV.Put(ctx, reflectKey, []byte(strings.Repeat("x", 2800))); err != nil {
 		t.Fatal(err)
 	}
 	msgGet := "$JS.API.STREAM.MSG.GET." + natslease.StreamName
 	body := []byte(`{"last_by_subj":"$KV.` + fencing.Bucket + `.` + reflectKey + `"}`)
+	csubj, _ := proto.WithdrawnSubject(companion)
+	const fresh, onCompanion = 20000, 2000
 	start := time.Now()
-	sent := 0
-	for ctx.Err() == nil {
-		for i := 0; i < 2000; i++ {
-			sent++
-			if err := anc.PublishMsg(&nats.Msg{Subject: msgGet, Reply: "hvguard.v1.x57-" + strconv.Itoa(sent) + ".withdrawn", Data: body}); err != nil {
-				t.Fatal(err)
-			}
+	for i := range fresh + onCompanion {
+		reply := "hvguard.v1.x57-" + strconv.Itoa(i) + ".withdrawn"
+		if i >= fresh {
+			reply = csubj
 		}
-		if err := anc.Flush(); err != nil {
+		if err := anc.PublishMsg(&nats.Msg{Subject: msgGet, Reply: reply, Data: body}); err != nil {
 			t.Fatal(err)
 		}
-		// pace on the stream (the server's JetStream API queue is bounded)
-		var info *jetstream.StreamInfo
-		for j := 0; j < 100; j++ {
-			if info, err = rs.Info(ctx); err != nil {
+		if i%500 == 499 {
+			if err := anc.Flush(); err != nil {
 				t.Fatal(err)
 			}
-			if info.State.LastSeq+50 >= uint64(sent) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // the server's JetStream API queue is bounded
 		}
-		if info.State.FirstSeq > 1 || info.State.LastSeq+50 < uint64(sent) || sent > 120000 {
-			// Evicting (DiscardOld), or refusing (DiscardNew: full).
-			t.Logf("after %d reflections in %s: stream %d msgs, %d MiB, first seq %d", sent, time.Since(start).Round(time.Second), info.State.Msgs, info.State.Bytes>>20, info.State.FirstSeq)
+	}
+	if err := anc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Wait for compute-2's subject to fill (the answers are asynchronous).
+	var info *jetstream.StreamInfo
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if info, err = rs.Info(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if info.State.LastSeq >= 1+onCompanion/2 || time.Now().After(deadline) {
 			break
 		}
+	}
+	time.Sleep(time.Second)
+	if info, err = rs.Info(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after %d reflections on fresh subjects and %d on compute-2's in %s: stream %d msgs, %d bytes, last seq %d", fresh, onCompanion, time.Since(start).Round(time.Second), info.State.Msgs, info.State.Bytes, info.State.LastSeq)
+	if info.State.LastSeq < 2 {
+		t.Fatal("rig: no reflected answer reached compute-2's subject")
+	}
+	if info.State.Msgs > 1+proto.WithdrawalReceiptsKept {
+		t.Fatalf("the stream holds %d messages after the flood: more than compute-3's receipt and compute-2's last %d (the flood on fresh subjects was stored)", info.State.Msgs, proto.WithdrawalReceiptsKept)
 	}
 	rr, err := natslease.ReadReceipts(ctx, rs, victim)
 	if err != nil {
 		t.Fatalf("compute-3's receipt unreadable after the flood: %v", err)
 	}
-	if len(rr.Msgs) != 1 || rr.Msgs[0].Err != nil {
-		t.Fatalf("compute-3's genuine withdrawal receipt EVICTED by a reflection flood of a compromised node (%d reflected answers): %+v — checkReceipt lets the withdrawn host's declaration proceed", sent, rr.Msgs)
+	if len(rr.Msgs) != 1 || rr.Msgs[0].Err != nil || rr.Unsound != nil {
+		t.Fatalf("compute-3's genuine withdrawal receipt lost to a reflection flood of a compromised node, or the stream no longer vouches for it: %+v, %v", rr.Msgs, rr.Unsound)
 	}
-	if !rr.Full {
-		t.Fatalf("after the flood the stream refuses new receipts but ReadReceipts does not say it is full: a withdrawal's receipt refused now would go unnoticed")
+	// And a receipt after the flood is stored.
+	rec.Seq++
+	if m, err = natslease.ReceiptMsg(f.signers[victim], rec, 1300, time.Now()); err != nil {
+		t.Fatal(err)
 	}
-	t.Logf("the receipt kept, the stream said full (declarations of hosts whose key may hide a write wait: ErrReceiptsFull)")
+	if _, err := vjs.PublishMsg(ctx, m, jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+		t.Fatalf("a receipt after the flood refused: %v", err)
+	}
 }
 
 // x57SlowReceipts is a receipts stream whose message get takes delay (a
@@ -179,7 +199,8 @@ func (s x57SlowReceipts) Info(ctx context.Context, _ ...jetstream.StreamInfoOpt)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	return &jetstream.StreamInfo{Config: natslease.WithdrawalStreamConfig(1)}, nil // no receipt
+	cfg, err := natslease.WithdrawalStreamConfig(1, natspermtest.Agents)
+	return &jetstream.StreamInfo{Config: cfg}, err // no receipt
 }
 
 // TestX57ReceiptReadOutlivesActMargin (S, faults: a slow NATS that also

@@ -11,6 +11,7 @@ import (
 	"hvguard/controller/controllertest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
+	"hvguard/proto"
 )
 
 // TestX58WithheldRelayLaundersHiddenWithdrawalNATS (S; reviewer X58). The
@@ -65,7 +66,7 @@ func TestX58WithheldRelayLaundersHiddenWithdrawalNATS(t *testing.T) {
 }
 
 // TestX58FullStreamShrunkAfterRefusal (S; reviewer X58). ReadReceipts'
-// Full is a reading of the stream's bytes NOW; what decides is whether
+// Full was a reading of the stream's bytes NOW; what decides is whether
 // the stream refused the victim's receipt THEN. With DiscardNew, a
 // message on a subject at its MaxMsgsPerSubject limit is still stored
 // when the stream is full, provided the subject's oldest message is at
@@ -77,50 +78,83 @@ func TestX58WithheldRelayLaundersHiddenWithdrawalNATS(t *testing.T) {
 // withdraws: its receipt is REFUSED (the agent logs an ERROR, nothing
 // more), (3) compute-1 overwrites compute-3's withdrawn record
 // (MayHideWrite true), (4) compute-1 shrinks the stream by a few
-// replacements: Full is false, compute-3's subject holds nothing, no
-// junk: checkReceipt returns nil and the withdrawn compute-3 is declared
-// (the no-receipt case of TestWithdrawalReceiptStopsDeclarationNATS).
-// The stream here is the shipped config with MaxBytes 1 MiB (to keep the
-// flood small on a shared CI machine; ReadReceipts reads the limits from
-// the stream info, so 256 MiB behaves the same with 256× the flood), and
-// the junk is published directly in place of reflected answers (same
-// subjects, same sizes; X57's flood test shows the reflection path).
-// Fails today: after the shrink ReadReceipts says Full=false, 0 messages.
+// replacements: not full, compute-3's subject holds nothing, no junk:
+// the withdrawn compute-3 was declared. The junk is published directly
+// in place of reflected answers (same subjects, same sizes; X57's flood
+// test shows the reflection path).
+//   - "older-stream": the previous release's stream (a wildcard,
+//     DiscardNew, a stream-wide limit — 1 MiB here to keep the flood
+//     small): the attack still works on it, and ReadReceipts now says the
+//     stream cannot vouch for compute-3's receipts (Unsound), which makes
+//     its declaration wait (TestWithdrawalReceiptStopsDeclarationNATS,
+//     "no-receipt/older-stream"; declared with receiptUnsoundMutation);
+//   - "shipped": the stream names the enrolled hosts' subjects and has no
+//     stream-wide limit (natslease.WithdrawalStreamConfig): the flood on
+//     fresh subjects stores nothing, one on the enrolled subjects keeps 4
+//     each, and compute-3's receipt is stored.
 func TestX58FullStreamShrunkAfterRefusal(t *testing.T) {
-	t.Skip("open (S): a full receipts stream that refused a withdrawal's receipt can be shrunk again before the declaration — docs/security.md, \"Withdrawal receipts\", Left")
+	for _, older := range []bool{true, false} {
+		name := "shipped"
+		if older {
+			name = "older-stream"
+		}
+		t.Run(name, func(t *testing.T) { x58FullStream(t, older) })
+	}
+}
+
+func x58FullStream(t *testing.T, older bool) {
 	const victim = "compute-3.example.org"
-	_, nc, js := controllertest.JetStream(t)
+	hosts := []string{"compute-1.example.org", "compute-2.example.org", victim}
+	_, _, js := controllertest.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg := natslease.WithdrawalStreamConfig(1)
-	cfg.MaxBytes = 1 << 20
+	cfg, err := natslease.WithdrawalStreamConfig(1, hosts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if older {
+		cfg.Subjects, cfg.MaxBytes = []string{proto.WithdrawnWildcard}, 1<<20
+	}
 	st, err := js.CreateStream(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	big := []byte(strings.Repeat("x", 3900))  // a ~4 KB reflected answer
 	small := []byte(strings.Repeat("y", 150)) // a msg get answer of a 1-byte value
+	pctx := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 500*time.Millisecond) }
 	pub := func(subj string, data []byte) error {
-		_, err := js.Publish(ctx, subj, data)
+		c, cancel := pctx()
+		defer cancel()
+		_, err := js.Publish(c, subj, data)
 		return err
 	}
-	// (1) fill: 4 big answers per fresh subject until refused, then small
-	// ones on fresh subjects until refused.
+	// (1) fill: 4 big answers per fresh subject until refused (or, on the
+	// shipped stream, 200 subjects: none stored), then small ones; and 4
+	// big ones on every enrolled host's subject but compute-3's.
 	nsubj := 0
-	for full := false; !full; nsubj++ {
+	for full := false; !full && nsubj < 2000; nsubj++ {
 		for i := 0; i < 4; i++ {
 			if err := pub(fmt.Sprintf("hvguard.v1.x58-%d.withdrawn", nsubj), big); err != nil {
 				full = true
 				break
 			}
 		}
+		if !older && nsubj == 2 {
+			break
+		}
 	}
-	for i := 0; ; i++ {
+	for i := 0; older; i++ {
 		if err := pub(fmt.Sprintf("hvguard.v1.x58s-%d.withdrawn", i), small); err != nil {
 			break
 		}
 	}
-	// (2) compute-3's genuine receipt: refused.
+	for _, h := range hosts[:2] {
+		subj, _ := proto.WithdrawnSubject(h)
+		for range 8 {
+			_ = pub(subj, big)
+		}
+	}
+	// (2) compute-3's genuine receipt.
 	f := newFleetOf(t, []string{victim})
 	rec := controllertest.HostRecord(victim)
 	rec.State, rec.Seq = fencing.LeaseWithdrawn, 7
@@ -128,30 +162,49 @@ func TestX58FullStreamShrunkAfterRefusal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := js.PublishMsg(ctx, m); err == nil {
-		t.Fatal("rig: the receipt was stored in the full stream")
-	} else {
-		t.Logf("compute-3's receipt refused by the full stream: %v", err)
+	c, ccancel := pctx()
+	_, perr := js.PublishMsg(c, m)
+	ccancel()
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	rr, err := natslease.ReadReceipts(ctx, st, victim)
-	t.Logf("before the shrink: Full %t, %d message(s), err %v", rr.Full, len(rr.Msgs), err)
+	t.Logf("after the flood: stream %d msgs, %d bytes; compute-3's receipt: %v", info.State.Msgs, info.State.Bytes, perr)
+	if !older {
+		if perr != nil {
+			t.Fatalf("the shipped stream refused compute-3's receipt after a flood: %v", perr)
+		}
+		if info.State.Msgs != 2*proto.WithdrawalReceiptsKept+1 {
+			t.Fatalf("the shipped stream holds %d messages: want the 4 last of compute-1's and compute-2's subjects and compute-3's receipt (the flood on fresh subjects stored?)", info.State.Msgs)
+		}
+		rr, err := natslease.ReadReceipts(ctx, st, victim)
+		if err != nil || len(rr.Msgs) != 1 || rr.Msgs[0].Err != nil || rr.Unsound != nil {
+			t.Fatalf("compute-3's receipt in the shipped stream: %+v, unsound %v, err %v", rr.Msgs, rr.Unsound, err)
+		}
+		return
+	}
+	if perr == nil {
+		t.Fatal("rig: the receipt was stored in the full older stream")
+	}
 	// (4) shrink: replace 4 big answers (subjects at their limit) by small
 	// ones.
-	shrunk := 0
 	for i := 0; i < 4; i++ {
 		if err := pub(fmt.Sprintf("hvguard.v1.x58-%d.withdrawn", i), small); err != nil {
 			t.Fatalf("shrink refused: %v", err)
 		}
-		shrunk++
 	}
-	_ = nc
-	rr, err = natslease.ReadReceipts(ctx, st, victim)
+	rr, err := natslease.ReadReceipts(ctx, st, victim)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, _ := st.Info(ctx)
-	t.Logf("after %d replacements: stream %d bytes of %d; compute-3's subject: %d message(s), Full %t", shrunk, info.State.Bytes, info.Config.MaxBytes, len(rr.Msgs), rr.Full)
-	if !rr.Full && len(rr.Msgs) == 0 {
-		t.Fatal("compute-3's receipt was refused by the full stream, yet ReadReceipts now says not full and its subject holds nothing: checkReceipt returns nil and the withdrawn host (key overwritten) is declared")
+	if info, err = st.Info(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after the shrink: stream %d bytes of %d; compute-3's subject: %d message(s); unsound: %v", info.State.Bytes, info.Config.MaxBytes, len(rr.Msgs), rr.Unsound)
+	if len(rr.Msgs) != 0 {
+		t.Fatalf("rig: compute-3's subject holds %d messages", len(rr.Msgs))
+	}
+	if rr.Unsound == nil {
+		t.Fatal("compute-3's receipt was refused by the full stream, which was shrunk since, and ReadReceipts says the stream vouches for its receipts: the withdrawn host (key overwritten) is declared")
 	}
 }

@@ -129,6 +129,7 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation, companionHidden, 
 	var lost []string
 	refused := map[string]bool{} // named by OnBeaconsLost, or refused-due
 	r := &controller.Runner{Store: cst, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: bnc,
+		Receipts: receiptsOf(ctx, t, &natslease.Store{NC: bnc, Keys: cst.Keys}), // provisioned
 		OnBeaconsLost: func(why string, notDeclared []string) {
 			cmu.Lock()
 			defer cmu.Unlock()

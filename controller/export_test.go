@@ -115,6 +115,13 @@ func SetActRecheckMutation(on bool) func() {
 	return func() { actRecheckMutation = false }
 }
 
+// SetReceiptUnsoundMutation turns receiptUnsoundMutation on until the
+// returned func is called (sequential tests only).
+func SetReceiptUnsoundMutation(on bool) func() {
+	receiptUnsoundMutation = on
+	return func() { receiptUnsoundMutation = false }
+}
+
 // SetReceiptSealedMutation turns receiptSealedMutation on until the
 // returned func is called (sequential tests only).
 func SetReceiptSealedMutation(on bool) func() {

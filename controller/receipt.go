@@ -45,20 +45,26 @@ var receiptMutation bool
 
 // Errors a declaration waits on (reported to OnDecision; the tracker
 // decides the host again at its next tick): the host's receipts were
-// tampered with, or the stream is full.
+// tampered with, or the stream cannot vouch that it stored every receipt.
 var (
 	ErrReceiptsTampered = errors.New("not declared: a message that is not the host's withdrawal receipt was stored on its receipt subject after its last one (a reflected JetStream answer? docs/security.md, \"Withdrawal receipts\"): a withdrawal's receipt may be hidden")
-	ErrReceiptsFull     = errors.New("not declared: the withdrawal receipts stream is full and refuses new receipts: a withdrawal's may have been refused")
+	// ErrReceiptsUnsound: no receipts stream, or one that may have refused
+	// or dropped a receipt (natslease.ReceiptsUnsound: a wildcard a flood
+	// can fill, then shrink after it refused a receipt — reviewer X58).
+	ErrReceiptsUnsound = errors.New("not declared: the withdrawal receipts stream cannot vouch that it stored every receipt the host published (missing, or configured so it may refuse or drop one: docs/operations.md): the absence of its receipt is no evidence")
 	// ErrReceiptAfterSeal: the host's receipt names a withdrawal after the
 	// revision its trusted record was sealed for (Tracker.SealedBefore).
 	ErrReceiptAfterSeal = errors.New("not declared: the host's withdrawal receipt names a withdrawal after the revision its trusted record was sealed for: that record was written over the withdrawal by someone else (a withheld relay?)")
 )
 
-// receiptJunkMutation: junk on a host's receipt subject, and a full
-// stream, change nothing (reviewer X57's holes); receiptSealedMutation: a
-// receipt naming a revision between the trusted record's PrevRev and its
-// own changes nothing (reviewer X58's). Tests only.
-var receiptJunkMutation, receiptSealedMutation bool
+// receiptJunkMutation: junk on a host's receipt subject changes nothing
+// (reviewer X57's hole); receiptSealedMutation: a receipt naming a
+// revision between the trusted record's PrevRev and its own changes
+// nothing (reviewer X58's); receiptUnsoundMutation: a missing receipts
+// stream, or one that cannot vouch for its receipts, changes nothing
+// (X58's other: a full stream shrunk after it refused a receipt). Tests
+// only.
+var receiptJunkMutation, receiptSealedMutation, receiptUnsoundMutation bool
 
 // checkReceipt reads d.Host's withdrawal receipts before its declaration
 // is written (natslease.ReadReceipts: every message kept on its subject).
@@ -72,8 +78,11 @@ var receiptJunkMutation, receiptSealedMutation bool
 // that is not the host's receipt was stored after its newest one (junk
 // can be published there by the JetStream API's reflection: one answer
 // after the receipt hid it from a reader of the last message, four
-// evicted it — reviewer X57) or the stream is full (it refuses new
-// receipts: a flood of junk on other subjects filled it). A receipt the
+// evicted it — reviewer X57), or when there is no receipts stream or it
+// cannot vouch that it stored every receipt the host published
+// (natslease.ReceiptsUnsound: one capturing a wildcard was filled by a
+// flood of reflected answers on fresh subjects, refused the receipt, and
+// was shrunk again before the declaration — reviewer X58). A receipt the
 // tracker already knew, or older than what the host wrote since,
 // changes nothing: the declaration proceeds.
 func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision) error {
@@ -93,6 +102,10 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 		}
 	}
 	if r.Receipts == nil {
+		if r.Tracker.MayHideWrite(d.Host) && !receiptUnsoundMutation {
+			log.Error("DECLARATION WAITS: the host's key holds a later value than the record it is judged by, which may hide its withdrawal, and there is no withdrawal receipts stream to show there was none — provision it (docs/operations.md, \"NATS provisioning\")", "host", d.Host)
+			return ErrReceiptsUnsound
+		}
 		return nil
 	}
 	rr, err := natslease.ReadReceipts(ctx, r.Receipts, d.Host)
@@ -113,18 +126,24 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 		}
 		junk = append(junk, fmt.Sprintf("sequence %d stored %s: %v", m.Seq, m.Stored.UTC().Format(time.RFC3339), m.Err))
 	}
-	if !receiptJunkMutation && r.Tracker.MayHideWrite(d.Host) {
-		if len(junk) > 0 {
-			log.Error("DECLARATION WAITS: the host's receipt subject holds messages that are not its withdrawal receipts after its last one — reflected JetStream answers, a compromised node's doing; the host is not declared until its next receipt or an operator removes them (docs/security.md, \"Withdrawal receipts\")", "host", d.Host, "junk", junk)
-			return ErrReceiptsTampered
+	mayHide := r.Tracker.MayHideWrite(d.Host)
+	if mayHide && len(junk) > 0 && !receiptJunkMutation {
+		log.Error("DECLARATION WAITS: the host's receipt subject holds messages that are not its withdrawal receipts after its last one — reflected JetStream answers, a compromised node's doing; the host is not declared until its next receipt or an operator removes them (docs/security.md, \"Withdrawal receipts\")", "host", d.Host, "junk", junk)
+		return ErrReceiptsTampered
+	}
+	// unsound: for a host whose key may hide a withdrawal, the absence of
+	// a newer receipt is evidence only from a stream that could not have
+	// refused or dropped one (checked once no receipt stopped the
+	// declaration).
+	unsound := func() error {
+		if !mayHide || rr.Unsound == nil || receiptUnsoundMutation {
+			return nil
 		}
-		if rr.Full {
-			log.Error("DECLARATION WAITS: the withdrawal receipts stream is full and refuses new receipts (a flood of junk?): a host whose key was overwritten is not declared until it has room (docs/security.md, \"Withdrawal receipts\")", "host", d.Host)
-			return ErrReceiptsFull
-		}
+		log.Error("DECLARATION WAITS: the host's key holds a later value than the record it is judged by, which may hide its withdrawal, and the withdrawal receipts stream cannot vouch that it stored every receipt the host published: the host is not declared until the stream is fixed (docs/security.md, \"Withdrawal receipts\")", "host", d.Host, "why", rr.Unsound)
+		return ErrReceiptsUnsound
 	}
 	if newest == nil {
-		return nil
+		return unsound()
 	}
 	b := newest.Beacon
 	if r.Tracker.SealedBefore(d.Host, b.Revision) && !receiptSealedMutation {
@@ -148,7 +167,7 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 		}
 	}
 	if !news {
-		return nil
+		return unsound()
 	}
 	log.Error("DECLARATION STOPPED by the host's withdrawal receipt: it withdrew after the record it was judged by", "host", d.Host, "receipt_revision", b.Revision, "judged_revision", d.Revision)
 	return ErrWithdrawalReceipt

@@ -46,25 +46,46 @@ import (
 //     renewed again since, and then died without withdrawing: the old
 //     receipt names a revision before its last trusted record — declared.
 //
+// Reviewer X58's other hole: a stream that cannot vouch for its receipts
+// (an older release's, capturing hvguard.v1.*.withdrawn with a
+// stream-wide limit: a flood fills it, it refuses the receipt, the flood
+// shrinks it — TestX58FullStreamShrunkAfterRefusal), or none at all: the
+// absence of a receipt is then no evidence, and compute-3, whose key
+// holds compute-1's garbage (it may hide a write), waits
+// (ErrReceiptsUnsound):
+//   - "no-receipt/older-stream", "no-receipt/no-stream": not declared;
+//     with receiptUnsoundMutation declared;
+//   - "receipt/older-stream": a receipt it did store still stops the
+//     declaration (the withdrawal said).
+//
 // compute-1 cannot store a receipt in compute-3's name: the shipped
 // permissions refuse the publish (checked in every case).
 func TestWithdrawalReceiptStopsDeclarationNATS(t *testing.T) {
 	for _, c := range []struct {
 		name                   string
 		receipt, mut, old      bool
+		older, noStream, mutU  bool
 		wantDeclared, wantWarn bool
 	}{
 		{name: "receipt", receipt: true, wantWarn: true},
 		{name: "receipt/receiptMutation", receipt: true, mut: true, wantDeclared: true},
 		{name: "no-receipt", wantDeclared: true},
 		{name: "old-receipt", receipt: true, old: true, wantDeclared: true},
+		{name: "no-receipt/older-stream", older: true},
+		{name: "no-receipt/older-stream/receiptUnsoundMutation", older: true, mutU: true, wantDeclared: true},
+		{name: "no-receipt/no-stream", noStream: true},
+		{name: "no-receipt/no-stream/receiptUnsoundMutation", noStream: true, mutU: true, wantDeclared: true},
+		{name: "receipt/older-stream", receipt: true, older: true, wantWarn: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			defer controller.SetBeaconLossMutation(true)()
 			if c.mut {
 				defer controller.SetReceiptMutation(true)()
 			}
-			withdrawalReceiptNATS(t, receiptCase{receipt: c.receipt, old: c.old, wantDeclared: c.wantDeclared, wantWithdrawn: c.wantWarn})
+			if c.mutU {
+				defer controller.SetReceiptUnsoundMutation(true)()
+			}
+			withdrawalReceiptNATS(t, receiptCase{receipt: c.receipt, old: c.old, older: c.older, noStream: c.noStream, wantDeclared: c.wantDeclared, wantWithdrawn: c.wantWarn})
 		})
 	}
 }
@@ -82,6 +103,10 @@ type receiptCase struct {
 	// (withheld), in place of garbage (reviewer X58); beacon: the
 	// withdrawal's beacon is not lost.
 	withheld, beacon bool
+	// older: the receipts stream is an older release's (a wildcard, a
+	// stream-wide limit: it cannot vouch for its receipts); noStream: the
+	// controller has none.
+	older, noStream bool
 }
 
 func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
@@ -91,7 +116,11 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 		companion = "compute-2.example.org"
 		withdrawn = "compute-3.example.org"
 	)
-	srvURL := natspermtest.StartServer(t)
+	var provision []func(context.Context, jetstream.JetStream) error
+	if c.older {
+		provision = append(provision, natspermtest.OlderReceiptsStream(0))
+	}
+	srvURL := natspermtest.StartServer(t, provision...)
 	hosts := []string{attacker, companion, withdrawn}
 	f := newFleetOf(t, hosts)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -166,6 +195,12 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 	if err != nil {
 		t.Fatalf("the controller's user cannot open the receipts stream: %v", err)
 	}
+	if u := natslease.ReceiptsUnsound(rs.CachedInfo().Config, withdrawn); (u != nil) != c.older {
+		t.Fatalf("rig: the receipts stream (older %t) vouches: %v", c.older, u)
+	}
+	if c.noStream {
+		rs = nil
+	}
 	cfg := controller.DefaultConfig()
 	cfg.GuardShare = 0.5
 	tr, err := controller.NewTracker(cfg)
@@ -182,7 +217,7 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 			switch {
 			case d.Op == controller.OpDeclare && d.Host != withdrawn:
 				t.Errorf("declared the live %s", d.Host)
-			case d.Op == controller.OpDeclare && (errors.Is(err, controller.ErrWithdrawalReceipt) || errors.Is(err, controller.ErrReceiptsTampered) || errors.Is(err, controller.ErrReceiptAfterSeal)):
+			case d.Op == controller.OpDeclare && (errors.Is(err, controller.ErrWithdrawalReceipt) || errors.Is(err, controller.ErrReceiptsTampered) || errors.Is(err, controller.ErrReceiptAfterSeal) || errors.Is(err, controller.ErrReceiptsUnsound)):
 				stopped = true
 			case d.Op == controller.OpDeclare && err == nil && declared.IsZero():
 				declared = time.Now()

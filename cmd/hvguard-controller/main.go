@@ -21,6 +21,8 @@ import (
 	"hvguard/controller/daemon"
 	"hvguard/controller/natsperm"
 	"hvguard/daemonkit"
+	"hvguard/fencing/natslease"
+	"hvguard/proto"
 )
 
 // ExitConfig is the exit status for an unreadable or invalid configuration
@@ -49,8 +51,11 @@ Usage:
   hvguard-controller [flags]            run the daemon
   hvguard-controller status [HOST] [--json] [--addr HOST:PORT]
                                         print the running controller's view
-  hvguard-controller nats-accounts --keys DIR USER...
+  hvguard-controller nats-accounts --keys DIR [--receipts-stream FILE
+                      [--replicas N]] USER...
                                         print the NATS server accounts block
+                                        (and write the withdrawal receipts
+                                        stream's configuration)
   hvguard-controller confirm-rollback [--config PATH] [--reason TEXT] HOST...
                                         after the lease stream rolled back:
                                         let the controllers declare HOST
@@ -116,9 +121,18 @@ HVGUARD_CONTROL user's DIR/ROLE-NAME.control.nk: read if it exists, else
 created (mode 0600, said on stderr); copy them to that machine (e.g.
 /etc/hvguard/nats.nk and nats-control.nk, mode 0600) and set
 nats.nkey_seed_file (and, on controllers, nats.control.nkey_seed_file).
+With --receipts-stream FILE it also writes the withdrawal receipts stream's
+JSON configuration for these agents to FILE (--replicas N: 1 to 5, default
+1; 3 in a three-server cluster): create the stream with nats stream add
+--config FILE, change it after adding hosts with nats stream edit
+hvguard-withdrawals --config FILE -f. The stream names each agent's receipt
+subject (no wildcard) and has no stream-wide limit, so no flood can fill it
+and make it refuse a receipt; a controller does not take the absence of a
+receipt as evidence from a stream that lacks a host or breaks these rules
+(docs/security.md, "Withdrawal receipts").
 Run it again with the whole fleet whenever a host or controller is added.
-Exit status: 0 printed, 2 bad command line or user, 1 a key could not be
-read or written.
+Exit status: 0 printed, 2 bad command line or user, 1 a key or FILE could
+not be read or written.
 
 confirm-rollback: after the lease stream rolled back (the alert
 HvguardControllerLeaseRevisionsRegressed), a controller declares a silent
@@ -275,6 +289,8 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 func runNATSAccounts(args []string, stdout, stderr io.Writer) int {
 	fs := subcommand("nats-accounts", stderr)
 	keys := fs.String("keys", "", "")
+	streamFile := fs.String("receipts-stream", "", "")
+	replicas := fs.Int("replicas", 1, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -283,6 +299,10 @@ func runNATSAccounts(args []string, stdout, stderr io.Writer) int {
 	}
 	if *keys == "" || fs.NArg() == 0 {
 		fmt.Fprintln(stderr, "hvguard-controller nats-accounts: --keys DIR and at least one USER (agent:HOST, controller:ID, reader:NAME) are required")
+		return 2
+	}
+	if *replicas < 1 || *replicas > 5 {
+		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: --replicas %d: want 1 to 5\n", *replicas)
 		return 2
 	}
 	var users []natsperm.User
@@ -319,7 +339,44 @@ func runNATSAccounts(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: %v\n", err)
 		return 2
 	}
+	if *streamFile != "" {
+		if code := writeReceiptsStream(*streamFile, *replicas, users, stderr); code != 0 {
+			return code
+		}
+	}
 	_, _ = io.WriteString(stdout, out)
+	return 0
+}
+
+// writeReceiptsStream writes the withdrawal receipts stream's JSON
+// configuration for users' agents to path (for nats stream add/edit
+// --config; natslease.WithdrawalStreamConfig).
+func writeReceiptsStream(path string, replicas int, users []natsperm.User, stderr io.Writer) int {
+	var hosts []string
+	for _, u := range users {
+		if u.Role == natsperm.RoleAgent {
+			hosts = append(hosts, u.Name)
+		}
+	}
+	if len(hosts) == 0 {
+		fmt.Fprintln(stderr, "hvguard-controller nats-accounts: --receipts-stream needs the agents (agent:HOST): the stream captures their receipt subjects")
+		return 2
+	}
+	cfg, err := natslease.WithdrawalStreamConfig(replicas, hosts)
+	if err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: --receipts-stream: %v\n", err)
+		return 2
+	}
+	b, err := json.MarshalIndent(cfg, "", "  ")
+	if err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: --receipts-stream: %v\n", err)
+		return 1
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: --receipts-stream: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "wrote %s: the withdrawal receipts stream of %d agent(s) (nats stream add --config %s; after adding hosts: nats stream edit %s --config %s -f)\n", path, len(hosts), path, proto.WithdrawalStream, path)
 	return 0
 }
 

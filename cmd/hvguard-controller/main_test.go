@@ -20,6 +20,8 @@ import (
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/controller"
 	"hvguard/controller/daemon"
+	"hvguard/fencing/natslease"
+	"hvguard/proto"
 )
 
 func runCLI(args ...string) (int, string, string) {
@@ -188,6 +190,54 @@ func TestNATSAccounts(t *testing.T) {
 	}
 	if code, _, errOut := runCLI("nats-accounts", "--keys", dir, "agent:bad_host"); code != 2 || !strings.Contains(errOut, "agent:bad_host") {
 		t.Fatalf("bad host: exit %d, err %q", code, errOut)
+	}
+}
+
+// TestNATSAccountsReceiptsStream: --receipts-stream writes the receipts
+// stream's configuration naming every agent's subject (not the
+// controllers' or readers'); nats-server creates the stream from the file
+// as it is (the API request nats stream add --config makes), and it
+// vouches for each agent's receipts; bad --replicas, or no agent, is a
+// bad command line.
+func TestNATSAccountsReceiptsStream(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "keys")
+	file := filepath.Join(t.TempDir(), "hvguard-withdrawals.json")
+	agents := []string{"compute-1.example.org", "compute-2.example.org"}
+	code, _, errOut := runCLI("nats-accounts", "--keys", dir, "--receipts-stream", file, "agent:"+agents[0], "agent:"+agents[1], "controller:ctl-1", "reader:dash")
+	if code != 0 || !strings.Contains(errOut, "nats stream add --config "+file) {
+		t.Fatalf("exit %d, err %q", code, errOut)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
+	nc, js, ctx := deliverytest.JetStream(t, srv)
+	resp, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.CREATE."+proto.WithdrawalStream, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(resp.Data), `"error"`) {
+		t.Fatalf("nats-server refused the file: %s", resp.Data)
+	}
+	st, err := js.Stream(ctx, proto.WithdrawalStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := st.CachedInfo().Config
+	if len(c.Subjects) != len(agents) {
+		t.Fatalf("subjects %q: want the %d agents' only", c.Subjects, len(agents))
+	}
+	for _, h := range agents {
+		if err := natslease.ReceiptsUnsound(c, h); err != nil {
+			t.Fatalf("the stream from the file: %v", err)
+		}
+	}
+	if code, _, errOut := runCLI("nats-accounts", "--keys", dir, "--receipts-stream", file, "--replicas", "9", "agent:"+agents[0]); code != 2 || !strings.Contains(errOut, "--replicas 9") {
+		t.Fatalf("--replicas 9: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := runCLI("nats-accounts", "--keys", dir, "--receipts-stream", file, "controller:ctl-1"); code != 2 || !strings.Contains(errOut, "agent:HOST") {
+		t.Fatalf("no agent: exit %d, %q", code, errOut)
 	}
 }
 

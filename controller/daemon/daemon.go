@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -236,14 +238,33 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 		log.Warn("lease records are NOT signed (signing.mode: off): any holder of NATS credentials can forge a host's record (docs/security.md)")
 	}
 	st := &natslease.Store{KV: kv, Control: cb.Control, NC: d.nc, Signer: signer, Keys: keys}
+	var enrolled []string // hosts with a key in host_keys_file
+	if keys != nil {
+		enrolled = slices.Sorted(maps.Keys(keys.Hosts))
+	}
 	openReceipts := func(ctx context.Context) (jetstream.Stream, error) {
-		rs, err := natslease.EnsureWithdrawalStream(ctx, js)
-		if err == nil && rs.CachedInfo().Config.AllowDirect {
+		// Created for the enrolled hosts only where this user may (make
+		// run's single account); provisioned otherwise.
+		rs, err := natslease.EnsureWithdrawalStream(ctx, js, enrolled...)
+		if err != nil {
+			return nil, err
+		}
+		c := rs.CachedInfo().Config
+		if c.AllowDirect {
 			// nats.go would read it with direct gets, which the shipped
 			// permissions deny: every read fails and declarations wait.
 			log.Error("the withdrawal receipts stream allows direct gets: reads fail under the shipped permissions and no host whose key may hide a write is declared (fix: nats stream edit " + proto.WithdrawalStream + " --no-allow-direct -f)")
 		}
-		return rs, err
+		var unsound []string
+		for _, h := range enrolled {
+			if natslease.ReceiptsUnsound(c, h) != nil {
+				unsound = append(unsound, h)
+			}
+		}
+		if len(unsound) > 0 {
+			log.Error("the withdrawal receipts stream cannot vouch for the receipts of these enrolled hosts: a host among them whose key may hide a write is not declared until it is fixed", "hosts", unsound, "why", natslease.ReceiptsUnsound(c, unsound[0]))
+		}
+		return rs, nil
 	}
 	receipts, rerr := openReceipts(ctx)
 	if rerr != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -44,57 +46,185 @@ func ReceiptMsg(s fencing.Signer, rec fencing.LeaseRecord, rev uint64, at time.T
 	return m, nil
 }
 
-// ReceiptMaxBytes bounds a receipt (a beacon is ~400 bytes) and
-// WithdrawalStreamMaxBytes the stream: 4 receipts of 100 000 hosts.
-const (
-	ReceiptMaxBytes          = 4096
-	WithdrawalStreamMaxBytes = 256 << 20
-)
+// ReceiptMaxBytes bounds a receipt (headers and data; a beacon is ~400
+// bytes): the stream's MaxMsgSize.
+const ReceiptMaxBytes = 4096
 
-// WithdrawalStreamConfig is the stream of withdrawal receipts: every
-// host's WithdrawalReceiptsKept last, kept until replaced; full, it
-// refuses new ones; no direct gets, rollups, purges or deletes
-// (HardenStream says why).
-func WithdrawalStreamConfig(replicas int) jetstream.StreamConfig {
+// ReceiptRecordOverhead: the most bytes a stored message takes beyond its
+// headers and data. nats-server's file store record is 34 bytes plus the
+// subject (filestore.go, fileStoreMsgSizeRaw; the memory store's, 16), and
+// a receipt subject is at most 274 bytes (proto.MaxHostLen plus
+// "hvguard.v1." and ".withdrawn"): 512 leaves room. The receipts stream of
+// n hosts holds at most WithdrawalStreamBound(n) bytes.
+const ReceiptRecordOverhead = 512
+
+// WithdrawalStreamBound is the most a receipts stream of n hosts holds
+// (WithdrawalStreamConfig: no stream-wide limit; the subjects' limits
+// bound it): every host's WithdrawalReceiptsKept largest messages. 10 000
+// hosts: 184 MB.
+func WithdrawalStreamBound(n int) int64 {
+	return int64(n*proto.WithdrawalReceiptsKept) * (ReceiptMaxBytes + ReceiptRecordOverhead)
+}
+
+// WithdrawalStreamConfig is the stream of withdrawal receipts of hosts
+// (the enrolled agents: `hvguard-controller nats-accounts
+// --receipts-stream`): their subjects, each named — no wildcard, so
+// nothing else is stored —, each host's WithdrawalReceiptsKept last, kept
+// until replaced, and no stream-wide limit: the subjects' limits bound it
+// (WithdrawalStreamBound), so a flood can only replace what is kept on an
+// enrolled host's subject (which makes that host's declaration wait:
+// junk), never fill the stream so that it refuses a receipt. A wildcard
+// and a stream-wide limit let a compromised node's flood of reflected
+// answers on fresh subjects fill it, and shrink it again after it refused
+// a withdrawal's receipt (reviewer X58); and a stream-wide limit is
+// reached by a flood on the named subjects too in a cluster, where the
+// limit counts the proposals in flight (jetstream_batching.go,
+// checkMsgHeadersPreClusteredProposal) even when each replaces a kept
+// message. No direct gets, rollups, purges or deletes (HardenStream says
+// why). ReceiptsUnsound checks an existing stream against these rules.
+func WithdrawalStreamConfig(replicas int, hosts []string) (jetstream.StreamConfig, error) {
+	if len(hosts) == 0 {
+		return jetstream.StreamConfig{}, errors.New("withdrawal receipts stream: no host")
+	}
+	subjects := make([]string, 0, len(hosts))
+	for _, h := range hosts {
+		s, err := proto.WithdrawnSubject(h)
+		if err != nil {
+			return jetstream.StreamConfig{}, err
+		}
+		subjects = append(subjects, s)
+	}
+	return withdrawalStreamConfig(replicas, subjects), nil
+}
+
+func withdrawalStreamConfig(replicas int, subjects []string) jetstream.StreamConfig {
+	subjects = slices.Clone(subjects)
+	slices.Sort(subjects)
+	subjects = slices.Compact(subjects)
 	return jetstream.StreamConfig{
 		Name:              proto.WithdrawalStream,
 		Description:       "hvguard: the agents' withdrawal receipts (docs/security.md, \"Withdrawal receipts\")",
-		Subjects:          []string{proto.WithdrawnWildcard},
+		Subjects:          subjects,
+		Retention:         jetstream.LimitsPolicy,
 		Storage:           jetstream.FileStorage,
 		Replicas:          max(replicas, 1),
 		MaxMsgsPerSubject: proto.WithdrawalReceiptsKept,
-		MaxBytes:          WithdrawalStreamMaxBytes,
+		MaxMsgs:           -1,
+		MaxBytes:          -1,
 		MaxMsgSize:        ReceiptMaxBytes,
-		// Full, it refuses new receipts rather than dropping the oldest:
-		// a flood of junk (reflected API answers, reviewer X57) must not
-		// evict a host's receipt; a full stream makes every declaration
-		// wait (ReadReceipts.Full).
-		Discard:    jetstream.DiscardNew,
-		DenyDelete: true,
-		DenyPurge:  true,
+		Discard:           jetstream.DiscardNew, // no limit to reach: nothing is discarded
+		DenyDelete:        true,
+		DenyPurge:         true,
 	}
 }
 
-// EnsureWithdrawalStream returns the receipts stream, created (one
-// replica) if missing and this user may; an existing one is not changed.
-func EnsureWithdrawalStream(ctx context.Context, js jetstream.JetStream) (jetstream.Stream, error) {
-	st, err := js.Stream(ctx, proto.WithdrawalStream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		st, err = js.CreateStream(ctx, WithdrawalStreamConfig(1))
-	}
+// ReceiptsUnsound says why a receipts stream of configuration c cannot
+// vouch that it stored every withdrawal receipt host published — that
+// none was refused for room, nor dropped, since (nil: it can). It can when
+// it names host's subject and only named subjects, holds at most
+// MaxMsgsPerSubject messages of at most MaxMsgSize bytes on each and has
+// no stream-wide limit (WithdrawalStreamConfig says why); keeps them until
+// replaced (limits retention, no MaxAge, no per-message TTL, schedules,
+// rollups, purges or deletes); stores only what is published on its
+// subjects (no mirror, sources or subject transform); refuses nothing a
+// subject's limit would replace (not sealed, no DiscardNewPerSubject);
+// and allows no direct gets (docs/security.md, "No direct gets"). What it
+// cannot see: the JetStream storage of the account or the server running
+// out (docs/operations.md). For a host whose key may hide a write, a
+// controller takes the absence of a withdrawal receipt as evidence only
+// from such a stream (controller.ErrReceiptsUnsound).
+func ReceiptsUnsound(c jetstream.StreamConfig, host string) error {
+	subj, err := proto.WithdrawnSubject(host)
 	if err != nil {
-		return nil, fmt.Errorf("withdrawal receipts stream %s: %w", proto.WithdrawalStream, err)
+		return err
 	}
-	return st, nil
+	fix := func(format string, a ...any) error {
+		return fmt.Errorf("the withdrawal receipts stream cannot vouch for %s's receipts: "+format+" (render its configuration with hvguard-controller nats-accounts --receipts-stream, then nats stream edit "+proto.WithdrawalStream+" --config FILE: docs/operations.md)", append([]any{host}, a...)...)
+	}
+	for _, s := range c.Subjects {
+		if slices.ContainsFunc(strings.Split(s, "."), func(t string) bool { return t == "*" || t == ">" }) {
+			return fix("it captures %q, a wildcard: a flood of reflected answers on fresh subjects can fill it, and a full stream refuses receipts", s)
+		}
+	}
+	switch per, size := c.MaxMsgsPerSubject, c.MaxMsgSize; {
+	case !slices.Contains(c.Subjects, subj):
+		return fix("it does not capture %s (the host is not in it: add it)", subj)
+	case per <= 0:
+		return fix("it keeps any number of messages per subject (max_msgs_per_subject %d)", per)
+	case size <= 0:
+		return fix("its messages have no size limit (max_msg_size %d)", size)
+	case c.MaxBytes > 0 || c.MaxMsgs > 0:
+		return fix("it has a stream-wide limit (max_bytes %d, max_msgs %d), which a flood reaches (in a cluster even on the named subjects), and then it refuses receipts: only the subjects' limits may bound it", c.MaxBytes, c.MaxMsgs)
+	case c.Retention != jetstream.LimitsPolicy:
+		return fix("its retention is %v, not limits: messages are removed when consumed", c.Retention)
+	case c.MaxAge > 0 || c.AllowMsgTTL || c.SubjectDeleteMarkerTTL > 0:
+		return fix("its messages expire (max_age %s, allow_msg_ttl %t)", c.MaxAge, c.AllowMsgTTL)
+	case c.Mirror != nil || len(c.Sources) > 0 || c.SubjectTransform != nil:
+		return fix("it stores messages it did not capture (a mirror, sources or a subject transform)")
+	case c.Sealed || c.DiscardNewPerSubject:
+		return fix("it refuses messages (sealed %t, discard_new_per_subject %t)", c.Sealed, c.DiscardNewPerSubject)
+	case c.AllowRollup || c.AllowMsgSchedules || !c.DenyPurge || !c.DenyDelete:
+		return fix("its messages can be removed or replaced (allow_rollup_hdrs %t, allow_msg_schedules %t, deny_purge %t, deny_delete %t)", c.AllowRollup, c.AllowMsgSchedules, c.DenyPurge, c.DenyDelete)
+	case c.AllowDirect || c.MirrorDirect:
+		return fix("it allows direct gets (docs/security.md, \"No direct gets\")")
+	}
+	return nil
+}
+
+// EnsureWithdrawalStream returns the receipts stream. Missing, it is
+// created (one replica) for hosts, if hosts are given and this user may
+// (make run, tests; the shipped permissions do not: it is provisioned,
+// docs/operations.md). Existing, it is changed only to add hosts whose
+// subject it does not capture (sized again), if this user may and it
+// names its subjects; a change refused, or a stream that captures a host
+// with a wildcard, is not an error: ReceiptsUnsound (read with every
+// ReadReceipts) says what it cannot vouch for.
+func EnsureWithdrawalStream(ctx context.Context, js jetstream.JetStream, hosts ...string) (jetstream.Stream, error) {
+	for try := 0; ; try++ {
+		st, err := js.Stream(ctx, proto.WithdrawalStream)
+		if errors.Is(err, jetstream.ErrStreamNotFound) && len(hosts) > 0 {
+			var cfg jetstream.StreamConfig
+			if cfg, err = WithdrawalStreamConfig(1, hosts); err != nil {
+				return nil, err
+			}
+			st, err = js.CreateStream(ctx, cfg)
+			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && try < 3 {
+				continue // created meanwhile (another agent): add to it
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("withdrawal receipts stream %s: %w", proto.WithdrawalStream, err)
+		}
+		cur := st.CachedInfo().Config
+		subjects := slices.Clone(cur.Subjects)
+		for _, h := range hosts {
+			s, err := proto.WithdrawnSubject(h)
+			if err != nil {
+				return nil, err
+			}
+			if !slices.Contains(subjects, s) {
+				subjects = append(subjects, s)
+			}
+		}
+		if len(subjects) == len(cur.Subjects) || try >= 3 || slices.ContainsFunc(cur.Subjects, func(s string) bool { return strings.ContainsAny(s, "*>") }) {
+			return st, nil
+		}
+		cfg := withdrawalStreamConfig(cur.Replicas, subjects)
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			return st, nil // not this user's to change
+		}
+		// Read it back: another agent may have changed it meanwhile.
+	}
 }
 
 // ReceiptRead is what ReadReceipts found on a host's receipt subject.
 type ReceiptRead struct {
 	// Msgs: the messages kept on the subject, oldest first.
 	Msgs []StoredReceipt
-	// Full: the stream is (nearly) full — it refuses new receipts, so a
-	// withdrawal's may have been refused.
-	Full bool
+	// Unsound: why the stream cannot vouch that it stored every receipt
+	// the host published (ReceiptsUnsound; nil: it can) — the absence of
+	// a receipt is then no evidence.
+	Unsound error
 }
 
 // StoredReceipt is one message on a host's receipt subject: its stream
@@ -117,7 +247,8 @@ func (e ReceiptReadError) Unwrap() error { return e.Err }
 // ReadReceipts reads every message kept on host's receipt subject in st
 // (at most WithdrawalReceiptsKept, or what an operator's stream keeps:
 // one stream info and a message get each — no direct get) and whether the
-// stream is full. Not only the last: anything published on the subject
+// stream can vouch that it stored every receipt the host published
+// (ReceiptsUnsound). Not only the last: anything published on the subject
 // is stored — with the shipped permissions only the host publishes
 // there, but the JetStream API publishes its answers on whatever reply
 // subject a request names, with the server's rights ("reflection",
@@ -132,11 +263,7 @@ func ReadReceipts(ctx context.Context, st jetstream.Stream, host string) (Receip
 	if err != nil {
 		return ReceiptRead{}, ReceiptReadError{fmt.Errorf("read the withdrawal receipts of %s: %w", host, err)}
 	}
-	var res ReceiptRead
-	if c := info.Config; c.MaxBytes > 0 && info.State.Bytes+2*uint64(max(c.MaxMsgSize, ReceiptMaxBytes)) > uint64(c.MaxBytes) ||
-		c.MaxMsgs > 0 && info.State.Msgs+2 > uint64(c.MaxMsgs) {
-		res.Full = true
-	}
+	res := ReceiptRead{Unsound: ReceiptsUnsound(info.Config, host)}
 	n := info.State.Subjects[subj]
 	seq := info.State.FirstSeq
 	for range n {

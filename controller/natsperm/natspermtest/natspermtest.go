@@ -45,14 +45,20 @@ func SeedsFile() string {
 
 const adminPassword = "admin-only-for-provisioning"
 
+// Agents are the example agents' hosts (users agent:HOST): the receipts
+// stream StartServer provisions captures their subjects.
+var Agents = []string{"compute-1.example.org", "compute-2.example.org", "compute-3.example.org"}
+
 // StartServer starts nats-server the way an operator provisions it: first
 // with an admin user in the HVGUARD account to create the event stream,
 // the withdrawal receipts' stream and the buckets (lease, host recovery,
 // instance recovery), then, on the same
 // store, with only the shipped accounts file included (copied verbatim
 // next to the main configuration). It returns the client URL; the server
-// stops when the test ends.
-func StartServer(t testing.TB) string {
+// stops when the test ends. provision, if given, runs last in the first
+// phase, as the HVGUARD account's admin (e.g. to provision an older
+// release's receipts stream: OlderReceiptsStream).
+func StartServer(t testing.TB, provision ...func(context.Context, jetstream.JetStream) error) string {
 	t.Helper()
 	dir := t.TempDir()
 	store := filepath.Join(dir, "js")
@@ -97,8 +103,13 @@ func StartServer(t testing.TB) string {
 	if _, err := natslease.CreateBucket(ctx, j, 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := natslease.EnsureWithdrawalStream(ctx, j); err != nil { // the agents' withdrawal receipts
+	if _, err := natslease.EnsureWithdrawalStream(ctx, j, Agents...); err != nil { // the agents' withdrawal receipts
 		t.Fatal(err)
+	}
+	for _, p := range provision {
+		if err := p(ctx, j); err != nil {
+			t.Fatal(err)
+		}
 	}
 	cj := as("cadmin") // HVGUARD_CONTROL: the controllers' buckets
 	if _, err := controller.EnsureControlBuckets(ctx, cj, true); err != nil {
@@ -169,4 +180,26 @@ func Connect(t testing.TB, url, user string, opts ...nats.Option) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// OlderReceiptsStream replaces the receipts stream by the one the
+// previous release provisioned: capturing hvguard.v1.*.withdrawn, 256 MiB
+// stream-wide (maxBytes, if not 0, instead), DiscardNew — one that cannot
+// vouch for its receipts (natslease.ReceiptsUnsound: reviewer X58).
+func OlderReceiptsStream(maxBytes int64) func(context.Context, jetstream.JetStream) error {
+	return func(ctx context.Context, j jetstream.JetStream) error {
+		if err := j.DeleteStream(ctx, proto.WithdrawalStream); err != nil {
+			return err
+		}
+		cfg, err := natslease.WithdrawalStreamConfig(1, Agents)
+		if err != nil {
+			return err
+		}
+		cfg.Subjects, cfg.MaxBytes = []string{proto.WithdrawnWildcard}, 256<<20
+		if maxBytes != 0 {
+			cfg.MaxBytes = maxBytes
+		}
+		_, err = j.CreateStream(ctx, cfg)
+		return err
+	}
 }
