@@ -19,17 +19,33 @@ import (
 	"hvguard/proto"
 )
 
-// TestX59StaleReceiptAfterBucketRecreateBlocksDeclarationNATS (c):
-// receipts are compared by lease-stream revision alone, and the receipts
-// stream outlives the lease bucket. compute-3 withdrew (maintenance) at
-// revision 100000 of the old lease bucket and stored its receipt; the
-// lease bucket was then re-created (or rolled back: revisions restart
-// low). compute-3 came back and renews at small revisions, then really
-// dies (no withdrawal). Its stale receipt names revision 100000 > every
-// trusted revision, so checkReceipt takes it as "news" and the dead host
-// is never declared (until its key passes revision 100000).
+// TestX59StaleReceiptAfterBucketRecreateBlocksDeclarationNATS (c;
+// reviewer X59): receipts were compared by lease-stream revision alone,
+// and the receipts stream outlives the lease bucket. compute-3 withdrew
+// (maintenance) at revision 100000 of the old lease bucket and stored its
+// receipt; the lease bucket was then re-created (or rolled back:
+// revisions restart low). compute-3 came back (a new incarnation) and
+// renews at small revisions, then really dies (no withdrawal). Its stale
+// receipt names revision 100000 > every trusted revision, so checkReceipt
+// took it as "news" and the dead host was never declared (until its key
+// passed revision 100000). Closed: a receipt is stale when the host's
+// trusted record is its own, newer than the withdrawal, and stored more
+// than ReceiptStaleMargin (1 s here) after the receipt
+// (Tracker.ReceiptStale): declared; with receiptStaleMutation it is not
+// (stopped by the receipt).
 func TestX59StaleReceiptAfterBucketRecreateBlocksDeclarationNATS(t *testing.T) {
-	t.Skip("open (c): a receipt from an earlier lease bucket (re-created, or rolled back) names a revision above the new bucket's: it keeps a host that later dies undeclared — docs/security.md, \"Withdrawal receipts\", Left")
+	for _, mut := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fixed", true: "receiptStaleMutation"}[mut], func(t *testing.T) {
+			defer controller.SetReceiptStaleMargin(time.Second)()
+			if mut {
+				defer controller.SetReceiptStaleMutation(true)()
+			}
+			x59StaleReceipt(t, mut)
+		})
+	}
+}
+
+func x59StaleReceipt(t *testing.T, mut bool) {
 	const dead = "compute-3.example.org"
 	hosts := []string{"compute-1.example.org", "compute-2.example.org", dead}
 	srvURL := natspermtest.StartServer(t)
@@ -48,7 +64,7 @@ func TestX59StaleReceiptAfterBucketRecreateBlocksDeclarationNATS(t *testing.T) {
 	// compute-3's genuine receipt from the previous lease bucket's life.
 	{
 		rec := controllertest.HostRecord(dead)
-		rec.State = fencing.LeaseWithdrawn
+		rec.State, rec.Incarnation, rec.Seq = fencing.LeaseWithdrawn, 1, 5
 		m, err := natslease.ReceiptMsg(f.signers[dead], rec, 100000, time.Now().Add(-time.Hour))
 		if err != nil {
 			t.Fatal(err)
@@ -63,7 +79,7 @@ func TestX59StaleReceiptAfterBucketRecreateBlocksDeclarationNATS(t *testing.T) {
 		s := sims[h]
 		s.seq++
 		rec := controllertest.HostRecord(h)
-		rec.Seq = s.seq
+		rec.Incarnation, rec.Seq = 2, s.seq // compute-3: back since its withdrawal
 		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
 		if res.Outcome != fencing.RenewAcked {
 			return
@@ -101,13 +117,22 @@ func TestX59StaleReceiptAfterBucketRecreateBlocksDeclarationNATS(t *testing.T) {
 	mu.Unlock()
 	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 		cmu.Lock()
-		d := declared
+		d, st := declared, stopped
 		cmu.Unlock()
-		if d {
-			return
+		if d || mut && st {
+			break
 		}
 	}
 	cmu.Lock()
 	defer cmu.Unlock()
-	t.Fatalf("%s died (no withdrawal) but was not declared within 30 s: a stale receipt from the previous lease bucket (revision 100000) stopped its declaration (stopped by receipt: %t)", dead, stopped)
+	switch {
+	case mut && declared:
+		t.Fatalf("%s declared with receiptStaleMutation: the test no longer shows the hole", dead)
+	case mut && !stopped:
+		t.Fatalf("%s neither declared nor stopped by its stale receipt within 30 s", dead)
+	case mut:
+		t.Logf("with receiptStaleMutation the stale receipt stopped the declaration of the dead %s", dead)
+	case !declared:
+		t.Fatalf("%s died (no withdrawal) but was not declared within 30 s: a stale receipt from the previous lease bucket (revision 100000) stopped its declaration (stopped by receipt: %t)", dead, stopped)
+	}
 }

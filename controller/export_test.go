@@ -122,6 +122,20 @@ func SetReceiptUnsoundMutation(on bool) func() {
 	return func() { receiptUnsoundMutation = false }
 }
 
+// SetReceiptStaleMutation turns receiptStaleMutation on until the
+// returned func is called (sequential tests only).
+func SetReceiptStaleMutation(on bool) func() {
+	receiptStaleMutation = on
+	return func() { receiptStaleMutation = false }
+}
+
+// SetReceiptStaleMargin sets receiptStaleMargin until the returned func
+// is called (sequential tests only).
+func SetReceiptStaleMargin(d time.Duration) func() {
+	receiptStaleMargin = d
+	return func() { receiptStaleMargin = ReceiptStaleMargin }
+}
+
 // SetReceiptSealedMutation turns receiptSealedMutation on until the
 // returned func is called (sequential tests only).
 func SetReceiptSealedMutation(on bool) func() {

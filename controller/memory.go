@@ -457,7 +457,7 @@ func (t *Tracker) KeepBar(c CarriedHost) []Decision {
 		// after the fresh start, and a host with a watchdog before its
 		// grace (reviewer X47, TestX47ListedWithdrawal*).
 		prev := h.rec
-		h.rec = r
+		h.rec, h.trustedStored = r, 0 // carried: its stored time unknown (ReceiptStale)
 		if r.State == fencing.LeaseActive && !judgeBarMutation {
 			h.declaredAt, h.declaring = time.Time{}, time.Time{}
 			t.judge(c.Host, h, prev)
@@ -552,7 +552,7 @@ func (t *Tracker) KeepWithdrawn(w CarriedHost, rev uint64) []Decision {
 			bar := barOf(c, w.Wrote)
 			h.carried = &bar
 			if c.State == fencing.LeaseWithdrawn {
-				h.rec = c
+				h.rec, h.trustedStored = c, 0
 			}
 		}
 		return t.out
@@ -560,7 +560,7 @@ func (t *Tracker) KeepWithdrawn(w CarriedHost, rev uint64) []Decision {
 	last, bar := w.Record, barOf(w.Record, w.Wrote)
 	h.carried = &bar
 	if last.State == fencing.LeaseWithdrawn {
-		h.rec = last
+		h.rec, h.trustedStored = last, 0
 	} else {
 		h.beacons.withdrawnRev = max(h.beacons.withdrawnRev, rev, h.trustedRev+1)
 	}
@@ -709,7 +709,7 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 	// pin's writer counted it so — a pinned Held host taken as "seen now"
 	// at a standby's takeover ended the hold over its rack (reviewer
 	// X18, TestX18TakeoverPinEndsHold).
-	h.rec, h.trustedRev, h.pin = p.Record, p.TrustedRev, p
+	h.rec, h.trustedRev, h.pin, h.trustedStored = p.Record, p.TrustedRev, p, 0
 	// The pin was written with every write of the key since its trusted
 	// record seen (pin): the listing's skip before this value hid nothing
 	// (bindLate notes nothing).

@@ -156,6 +156,13 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 		log.Error("DECLARATION WAITS: the host's withdrawal receipt names a withdrawal after the revision its trusted record was sealed for — that record was written over the withdrawal by someone else (a withheld relay?); the host is not declared until it writes again (docs/security.md, \"Withdrawal receipts\")", "host", d.Host, "receipt_revision", b.Revision, "judged_revision", d.Revision)
 		return ErrReceiptAfterSeal
 	}
+	if r.Tracker.ReceiptStale(d.Host, b, newest.Stored) {
+		// From before the record the host is judged by, though it names a
+		// later revision: a receipt of the lease bucket's earlier life
+		// (re-created, or rolled back) — reviewer X59.
+		log.Info("the host's withdrawal receipt is from before its trusted record (the host wrote a newer record, stored later): not evidence of a withdrawal now", "host", d.Host, "receipt_revision", b.Revision, "receipt_stored", newest.Stored, "judged_revision", d.Revision)
+		return unsound()
+	}
 	news := false
 	// A copy: the tracker reuses its decisions' slice, which the caller
 	// may be ranging over (Tick's).

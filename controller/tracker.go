@@ -170,18 +170,20 @@ func (d Decision) String() string {
 type hostState struct {
 	rev uint64
 	// trustedRev: the revision of rec (the last trusted record); rev may
-	// be later (an untrusted value, a delete).
-	trustedRev uint64
-	rec        fencing.LeaseRecord
-	lastSeen   time.Time // last observed renewal (or release, or watch start)
-	silentEnd  time.Time // when the last silence ended (zero: none)
-	declaredAt time.Time // when the expired record was observed
-	declaring  time.Time // declaration issued at (zero: none outstanding)
-	grace      time.Duration
-	silentAft  time.Duration
-	refused    string
-	heldBack   bool
-	saidDue    bool
+	// be later (an untrusted value, a delete). trustedStored: when the
+	// lease stream stored it (Unix ns; 0: unknown — a pin's).
+	trustedRev    uint64
+	trustedStored int64
+	rec           fencing.LeaseRecord
+	lastSeen      time.Time // last observed renewal (or release, or watch start)
+	silentEnd     time.Time // when the last silence ended (zero: none)
+	declaredAt    time.Time // when the expired record was observed
+	declaring     time.Time // declaration issued at (zero: none outstanding)
+	grace         time.Duration
+	silentAft     time.Duration
+	refused       string
+	heldBack      bool
+	saidDue       bool
 	// deleted: the key was deleted or purged at revision rev (see
 	// observeDeleted); rec is the last record seen before.
 	deleted bool
@@ -513,6 +515,47 @@ func (t *Tracker) SealedBefore(host string, rev uint64) bool {
 		rev > h.rec.PrevRev && rev < h.trustedRev
 }
 
+// ReceiptStaleMargin: a withdrawal receipt is from before the host's
+// trusted record only if it was stored more than this before that record
+// (ReceiptStale). The two stamps come from two streams whose leaders may
+// sit on different servers: this covers their clocks' difference (NTP
+// keeps it under a second) many times over; a genuine withdrawal after
+// the trusted record is stored after it. Also the longest a host that
+// withdrew, came back on a re-created lease bucket and died may stay
+// undeclared (reviewer X59).
+const ReceiptStaleMargin = 5 * time.Minute
+
+// receiptStaleMargin is ReceiptStaleMargin (tests shorten it).
+var receiptStaleMargin = ReceiptStaleMargin
+
+// receiptStaleMutation: no receipt is ever stale (reviewer X59's (c)
+// back). Tests only.
+var receiptStaleMutation bool
+
+// ReceiptStale reports whether host's withdrawal receipt b, stored at
+// stored, is from before the record host is judged by, although it names
+// a later revision: a receipts stream outlives the lease bucket, and a
+// bucket re-created (or rolled back) hands out low revisions again, so a
+// receipt from its earlier life names a revision above every trusted one
+// and kept a host that had withdrawn once, came back and died undeclared
+// (reviewer X59). Stale takes both: the trusted record — the host's own,
+// signed by its pinned key — is newer than the withdrawal (epoch,
+// incarnation, seq: the host wrote it after withdrawing; a copy of a
+// record from before the withdrawal is older), and it was stored more
+// than ReceiptStaleMargin after the receipt. Neither alone: an agent
+// that lost its state writes identities below its old ones (its
+// withdrawal then looks older than an earlier record), and a record put
+// back by a compromised node is stored late. A receipt without identity,
+// or a trusted record without a stored time (a pin's), is not stale.
+func (t *Tracker) ReceiptStale(host string, b fencing.Beacon, stored time.Time) bool {
+	h := t.hosts[host]
+	if receiptStaleMutation || h == nil || h.trustedRev == 0 || h.trustedStored == 0 || !t.pinned(h) || b.Seq == 0 {
+		return false
+	}
+	w := writeID{epoch: b.Epoch, inc: b.Incarnation, seq: b.Seq}
+	return idOf(h.rec).newer(w) && h.trustedStored > stored.Add(receiptStaleMargin).UnixNano()
+}
+
 // SetSigningRequired tells the tracker whether signed records are
 // required (the Runner sets it from its Store's keyring).
 func (t *Tracker) SetSigningRequired(on bool) { t.required = on }
@@ -682,6 +725,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	}
 	t.ownAfterSkip(now, host, h, rev, rec) // beaconloss.go: before h.rev moves
 	h.rev, h.rec, h.trustedRev, h.regressed, h.carried = rev, *rec, rev, false, nil
+	h.trustedStored = t.storedAt(host, rev)
 	if t.listed {
 		// rollbackgate.go: a sign of life that spends a confirmation —
 		// not the first listing's, which shows what was there when the
