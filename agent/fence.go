@@ -1191,6 +1191,10 @@ func (f *fencer) flushBeacon() {
 // systemd's TimeoutStopSec) has room for it after the beacon's flush.
 const receiptTimeout = 2 * time.Second
 
+// receiptRetry: the pause between a refused receipt's publishes (within
+// receiptTimeout).
+const receiptRetry = 50 * time.Millisecond
+
 // publishReceipt starts the publish of the receipt of the withdrawal
 // that landed (natslease.ReceiptMsg) into the withdrawal receipts stream,
 // off the loop — the loop feeds the watchdog until the magic close after
@@ -1217,8 +1221,21 @@ func (f *fencer) publishReceipt() {
 		if err == nil {
 			var js jetstream.JetStream
 			if js, err = jetstream.New(f.nc); err == nil {
+				// Retried until acknowledged or receiptTimeout: a server
+				// whose stream ingest queue is full answers 429 at once
+				// (a flood of a compromised node on its own receipt
+				// subject — reviewer X60); a duplicate receipt is harmless.
 				ctx, cancel := context.WithTimeout(context.Background(), receiptTimeout)
-				_, err = js.PublishMsg(ctx, msg, jetstream.WithExpectStream(proto.WithdrawalStream))
+				for {
+					_, err = js.PublishMsg(ctx, msg, jetstream.WithExpectStream(proto.WithdrawalStream))
+					if err == nil || ctx.Err() != nil {
+						break
+					}
+					select {
+					case <-ctx.Done():
+					case <-time.After(receiptRetry):
+					}
+				}
 				cancel()
 			}
 		}

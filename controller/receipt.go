@@ -136,7 +136,13 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 	// refused or dropped one (checked once no receipt stopped the
 	// declaration).
 	unsound := func() error {
-		if !mayHide || rr.Unsound == nil || receiptUnsoundMutation {
+		if !mayHide || receiptUnsoundMutation {
+			return nil
+		}
+		if rr.Unsound == nil && r.ReceiptsAccount != nil {
+			rr.Unsound = r.ReceiptsAccount(ctx) // reviewer X60: a capped account
+		}
+		if rr.Unsound == nil {
 			return nil
 		}
 		log.Error("DECLARATION WAITS: the host's key holds a later value than the record it is judged by, which may hide its withdrawal, and the withdrawal receipts stream cannot vouch that it stored every receipt the host published: the host is not declared until the stream is fixed (docs/security.md, \"Withdrawal receipts\")", "host", d.Host, "why", rr.Unsound)

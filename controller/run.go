@@ -63,6 +63,11 @@ type Runner struct {
 	Receipts      jetstream.Stream
 	OpenReceipts  func(context.Context) (jetstream.Stream, error)
 	receiptsTried time.Time
+	// ReceiptsAccount, if set, says why the receipts stream's account may
+	// refuse a receipt for room (natslease.AccountUnsound; nil: it
+	// cannot): read before a declaration that a missing receipt would
+	// let through (checkReceipt).
+	ReceiptsAccount func(context.Context) error
 	// Memory, if set, is the controllers' memory bucket (MemoryBucket,
 	// memory.go): the leader writes each host's memory there when it
 	// changes, and a (re)started controller or a new leader restores it

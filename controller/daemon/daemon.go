@@ -271,8 +271,12 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 		log.Warn("withdrawal receipts are NOT read before a declaration until their stream can be opened (tried again before a declaration, at most every minute): a host whose withdrawn record was overwritten and whose beacon was lost may be declared while its guests run — provision the stream (docs/operations.md, \"NATS provisioning\")", "err", rerr)
 		receipts = nil
 	}
+	if err := natslease.AccountUnsound(ctx, js); err != nil {
+		log.Error("withdrawal receipts: a host whose key may hide a write is not declared while this holds", "err", err)
+	}
 	d.run = &controller.Runner{Store: st, Tracker: tracker, Memory: cb.Memory, Log: log.With("component", "tracker"), Receipts: receipts, OpenReceipts: openReceipts,
-		Now: d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
+		ReceiptsAccount: func(ctx context.Context) error { return natslease.AccountUnsound(ctx, js) },
+		Now:             d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
 		OnSynced: func(int) { d.trackerSynced.Store(true); d.maybeReady() },
 		Beacons:  d.nc, OnBeacon: d.beacon, OnBeaconsLost: func(string, []string) { d.m.beaconLosses.Add(1) },
 		Signature: func() string { return fmt.Sprintf("declared by controller %s, term %d", cfg.ID, d.lr.Term()) }}

@@ -128,7 +128,9 @@ func withdrawalStreamConfig(replicas int, subjects []string) jetstream.StreamCon
 // rollups, purges or deletes); stores only what is published on its
 // subjects (no mirror, sources or subject transform); refuses nothing a
 // subject's limit would replace (not sealed, no DiscardNewPerSubject);
-// and allows no direct gets (docs/security.md, "No direct gets"). What it
+// allows no direct gets (docs/security.md, "No direct gets"); and is
+// stored as the shipped stream is (file storage, default persistence, no
+// counters, acks, atomic or batched publishes: reviewer X60). What it
 // cannot see: the JetStream storage of the account or the server running
 // out (docs/operations.md). For a host whose key may hide a write, a
 // controller takes the absence of a withdrawal receipt as evidence only
@@ -167,6 +169,13 @@ func ReceiptsUnsound(c jetstream.StreamConfig, host string) error {
 		return fix("its messages can be removed or replaced (allow_rollup_hdrs %t, allow_msg_schedules %t, deny_purge %t, deny_delete %t)", c.AllowRollup, c.AllowMsgSchedules, c.DenyPurge, c.DenyDelete)
 	case c.AllowDirect || c.MirrorDirect:
 		return fix("it allows direct gets (docs/security.md, \"No direct gets\")")
+	// What only the shipped settings are known to do (reviewer X60: a
+	// counter stream refuses every receipt; memory storage and
+	// asynchronous persistence lose them at a restart or crash).
+	case c.Storage != jetstream.FileStorage || c.PersistMode != jetstream.DefaultPersistMode:
+		return fix("its receipts may be lost at a server restart (storage %v, persist_mode %v: want file, default)", c.Storage, c.PersistMode)
+	case c.AllowMsgCounter || c.NoAck || c.AllowAtomicPublish || c.AllowBatchPublish:
+		return fix("it handles messages otherwise than the shipped stream (allow_msg_counter %t, no_ack %t, allow_atomic %t, allow_batched %t)", c.AllowMsgCounter, c.NoAck, c.AllowAtomicPublish, c.AllowBatchPublish)
 	}
 	return nil
 }
@@ -294,4 +303,26 @@ func decodeReceipt(host string, m *jetstream.RawStreamMsg) (fencing.Beacon, erro
 		return fencing.Beacon{}, fmt.Errorf("withdrawal receipt of %s (stream sequence %d) names no withdrawal", host, m.Sequence)
 	}
 	return b, nil
+}
+
+// AccountUnsound says why the receipts stream's account may refuse a
+// receipt for room although the stream vouches (nil: it cannot): a cap
+// on the account's JetStream file storage (any tier). An agent can fill
+// a capped account with lease values on fresh keys until a receipt is
+// refused, then shrink its values again — nothing shows the refusal
+// (reviewer X60, TestX60StorageFilledRefusesReceiptThenShrunkNATS). js
+// is a connection of the stream's account.
+func AccountUnsound(ctx context.Context, js jetstream.JetStream) error {
+	ai, err := js.AccountInfo(ctx)
+	if err != nil {
+		return fmt.Errorf("the withdrawal receipts' account: %w", err)
+	}
+	capped := ai.Limits.MaxStore > 0
+	for _, t := range ai.Tiers {
+		capped = capped || t.Limits.MaxStore > 0
+	}
+	if capped {
+		return fmt.Errorf("the withdrawal receipts stream's account caps its JetStream storage (max_file %d): an agent can fill it with lease values so that a receipt is refused, then shrink them again — remove the account's max_file (docs/operations.md)", ai.Limits.MaxStore)
+	}
+	return nil
 }

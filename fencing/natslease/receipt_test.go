@@ -250,8 +250,16 @@ func TestEnsureWithdrawalStreamAddsHosts(t *testing.T) {
 	}
 	old := want
 	old.Subjects, old.MaxBytes, old.DenyDelete = []string{proto.WithdrawnWildcard}, 256<<20, false
-	if _, err := js.CreateStream(ctx, old); err != nil {
-		t.Fatal(err)
+	// (the deleted stream's store may still be going: retried)
+	for try := 0; ; try++ {
+		_, err := js.CreateStream(ctx, old)
+		if err == nil {
+			break
+		}
+		if try == 20 {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 	if st, err = natslease.EnsureWithdrawalStream(ctx, js, "h2"); err != nil {
 		t.Fatal(err)

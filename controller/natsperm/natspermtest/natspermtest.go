@@ -60,6 +60,20 @@ var Agents = []string{"compute-1.example.org", "compute-2.example.org", "compute
 // release's receipts stream: OlderReceiptsStream).
 func StartServer(t testing.TB, provision ...func(context.Context, jetstream.JetStream) error) string {
 	t.Helper()
+	return startServer(t, 0, provision...)
+}
+
+// StartServerCapped is StartServer with the HVGUARD account's JetStream
+// file storage capped at accountMaxFile bytes in the accounts file (which
+// the shipped one is not: docs/security.md, "Withdrawal receipts"), its
+// event stream 1 MiB.
+func StartServerCapped(t testing.TB, accountMaxFile int64, provision ...func(context.Context, jetstream.JetStream) error) string {
+	t.Helper()
+	return startServer(t, accountMaxFile, provision...)
+}
+
+func startServer(t testing.TB, accountMaxFile int64, provision ...func(context.Context, jetstream.JetStream) error) string {
+	t.Helper()
 	dir := t.TempDir()
 	store := filepath.Join(dir, "js")
 	start := func(conf string) *server.Server {
@@ -97,7 +111,11 @@ func StartServer(t testing.TB, provision ...func(context.Context, jetstream.JetS
 		return j
 	}
 	j := as("admin") // HVGUARD: the event stream, the lease bucket
-	if _, err := j.CreateStream(ctx, delivery.StreamConfig(1)); err != nil {
+	events := delivery.StreamConfig(1)
+	if accountMaxFile > 0 {
+		events.MaxBytes = 1 << 20 // within the cap
+	}
+	if _, err := j.CreateStream(ctx, events); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := natslease.CreateBucket(ctx, j, 1); err != nil {
@@ -124,6 +142,9 @@ func StartServer(t testing.TB, provision ...func(context.Context, jetstream.JetS
 	shipped, err := os.ReadFile(ShippedAccounts())
 	if err != nil {
 		t.Fatal(err)
+	}
+	if accountMaxFile > 0 { // HVGUARD is the shipped file's first account
+		shipped = []byte(strings.Replace(string(shipped), "jetstream: enabled", fmt.Sprintf("jetstream: {max_file: %d, max_mem: 0}", accountMaxFile), 1))
 	}
 	if err := os.WriteFile(filepath.Join(dir, "hvguard-accounts.conf"), shipped, 0o600); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,101 @@
+package controller_test
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/controller/controllertest"
+	"hvguard/controller/natsperm/natspermtest"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+	"hvguard/proto"
+)
+
+// TestX60StorageFilledRefusesReceiptThenShrunkNATS (reviewer X60): X58's
+// attack on the JetStream storage instead of the stream's limit. The lease
+// bucket has no size limit and agents may put any key
+// ($KV.hvguard-leases.*, values up to max_payload): compute-1 fills the
+// server's JetStream storage with values on fresh keys, compute-3's
+// withdrawal receipt is refused (insufficient resources), then compute-1
+// overwrites its keys with tiny values (history 1: the big ones removed).
+// The receipts stream is "sound", holds no receipt of compute-3: the
+// controller declares it (its withdrawn record hidden).
+func TestX60StorageFilledRefusesReceiptThenShrunkNATS(t *testing.T) {
+	const (
+		attacker = "compute-1.example.org"
+		victim   = "compute-3.example.org"
+	)
+	srvURL := natspermtest.StartServerCapped(t, 64<<20)
+	f := newFleetOf(t, []string{attacker, "compute-2.example.org", victim})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ast, _ := permStore(t, srvURL, "agent:"+attacker, f, attacker)
+	vnc := natspermtest.Connect(t, srvURL, "agent:"+victim)
+	bnc := natspermtest.Connect(t, srvURL, "controller:ctl-1")
+	cjs, _ := jetstream.New(bnc)
+	rs, err := natslease.EnsureWithdrawalStream(ctx, cjs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fill the account's storage, halving the value when a put is
+	// refused, down to 300 bytes: the room left is less than a 300-byte
+	// put (a receipt is bigger), more than a 1-byte one (most likely).
+	var keys []string
+	for size, i := 900*1000, 0; size >= 300 && i < 10000; i++ {
+		k := "x60-fill-" + strconv.Itoa(i)
+		if _, err := ast.KV.Put(ctx, k, []byte(strings.Repeat("x", size))); err != nil {
+			size /= 2
+			continue
+		}
+		keys = append(keys, k)
+	}
+	t.Logf("compute-1 filled the account with %d keys", len(keys))
+	rec := controllertest.HostRecord(victim)
+	rec.State, rec.Seq = fencing.LeaseWithdrawn, 7
+	m, _ := natslease.ReceiptMsg(f.signers[victim], rec, 1234, time.Now())
+	vjs, _ := jetstream.New(vnc)
+	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
+	_, perr := vjs.PublishMsg(pctx, m, jetstream.WithExpectStream(proto.WithdrawalStream))
+	pcancel()
+	t.Logf("compute-3's receipt publish: %v", perr)
+	// Shrink: compute-1's keys overwritten with tiny values.
+	shrunk := 0
+	for _, k := range keys {
+		if _, err := ast.KV.Put(ctx, k, []byte("x")); err == nil {
+			shrunk++
+		}
+	}
+	t.Logf("compute-1 shrank %d of %d keys to 1 byte", shrunk, len(keys))
+	// And the stream takes receipts again.
+	rec.Seq++
+	m2, _ := natslease.ReceiptMsg(f.signers["compute-2.example.org"], func() fencing.LeaseRecord {
+		r := controllertest.HostRecord("compute-2.example.org")
+		r.State, r.Seq = fencing.LeaseWithdrawn, 3
+		return r
+	}(), 99, time.Now())
+	c2 := natspermtest.Connect(t, srvURL, "agent:compute-2.example.org")
+	c2js, _ := jetstream.New(c2)
+	if _, err := c2js.PublishMsg(ctx, m2, jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+		t.Logf("a later receipt (compute-2's) refused too: %v", err)
+	} else {
+		t.Log("a later receipt (compute-2's) stored: nothing shows a receipt was ever refused")
+	}
+	rr, err := natslease.ReadReceipts(ctx, rs, victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rr.Unsound == nil {
+		// What the controller reads too (Runner.ReceiptsAccount), with
+		// its own user under the shipped permissions.
+		rr.Unsound = natslease.AccountUnsound(ctx, cjs)
+	}
+	t.Logf("controller reads compute-3: %d receipts, unsound=%v", len(rr.Msgs), rr.Unsound)
+	if perr != nil && len(rr.Msgs) == 0 && rr.Unsound == nil {
+		t.Errorf("compute-3's receipt refused while compute-1 filled the JetStream storage through the lease bucket; after it shrank its keys the receipts stream vouches (unsound nil) and holds no receipt: compute-3 would be declared")
+	}
+}
