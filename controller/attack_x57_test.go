@@ -88,27 +88,13 @@ func TestX57ReflectionFloodEvictsReceiptNATS(t *testing.T) {
 		victim    = "compute-3.example.org"
 	)
 	srvURL := natspermtest.StartServer(t)
-	hosts := []string{attacker, companion, victim}
-	f := newFleetOf(t, hosts)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	ast, anc := permStore(t, srvURL, "agent:"+attacker, f, attacker)
-	_, vnc := permStore(t, srvURL, "agent:"+victim, f, victim)
-	bnc := natspermtest.Connect(t, srvURL, "controller:ctl-1")
-	cjs, _ := jetstream.New(bnc)
-	rs, err := natslease.EnsureWithdrawalStream(ctx, cjs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ra := newReceiptAttack(ctx, t, srvURL)
+	rs, vjs := ra.rs, ra.vjs
+	ast, anc := permStore(t, srvURL, "agent:"+attacker, ra.f, attacker)
 	// compute-3's genuine receipt (its orderly stop), stored.
-	rec := controllertest.HostRecord(victim)
-	rec.State, rec.Seq = fencing.LeaseWithdrawn, 7
-	m, err := natslease.ReceiptMsg(f.signers[victim], rec, 1234, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	vjs, _ := jetstream.New(vnc)
-	if _, err := vjs.PublishMsg(ctx, m, jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+	if _, err := vjs.PublishMsg(ctx, ra.receipt(t, 7, 1234), jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
 		t.Fatal(err)
 	}
 	if rr, err := natslease.ReadReceipts(ctx, rs, victim); err != nil || len(rr.Msgs) != 1 || rr.Unsound != nil {
@@ -144,6 +130,7 @@ func TestX57ReflectionFloodEvictsReceiptNATS(t *testing.T) {
 	}
 	// Wait for compute-2's subject to fill (the answers are asynchronous).
 	var info *jetstream.StreamInfo
+	var err error
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if info, err = rs.Info(ctx); err != nil {
 			t.Fatal(err)
@@ -171,11 +158,7 @@ func TestX57ReflectionFloodEvictsReceiptNATS(t *testing.T) {
 		t.Fatalf("compute-3's genuine withdrawal receipt lost to a reflection flood of a compromised node, or the stream no longer vouches for it: %+v, %v", rr.Msgs, rr.Unsound)
 	}
 	// And a receipt after the flood is stored.
-	rec.Seq++
-	if m, err = natslease.ReceiptMsg(f.signers[victim], rec, 1300, time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := vjs.PublishMsg(ctx, m, jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+	if _, err := vjs.PublishMsg(ctx, ra.receipt(t, 8, 1300), jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
 		t.Fatalf("a receipt after the flood refused: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
+	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 	"hvguard/proto"
@@ -113,7 +114,7 @@ func x58FullStream(t *testing.T, older bool) {
 		t.Fatal(err)
 	}
 	if older {
-		cfg.Subjects, cfg.MaxBytes = []string{proto.WithdrawnWildcard}, 1<<20
+		cfg = natspermtest.OlderReceiptsConfig(1 << 20)
 	}
 	st, err := js.CreateStream(ctx, cfg)
 	if err != nil {

@@ -31,17 +31,11 @@ func TestX60StorageFilledRefusesReceiptThenShrunkNATS(t *testing.T) {
 		victim   = "compute-3.example.org"
 	)
 	srvURL := natspermtest.StartServerCapped(t, 64<<20)
-	f := newFleetOf(t, []string{attacker, "compute-2.example.org", victim})
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	ra := newReceiptAttack(ctx, t, srvURL)
+	f, rs, cjs := ra.f, ra.rs, ra.cjs
 	ast, _ := permStore(t, srvURL, "agent:"+attacker, f, attacker)
-	vnc := natspermtest.Connect(t, srvURL, "agent:"+victim)
-	bnc := natspermtest.Connect(t, srvURL, "controller:ctl-1")
-	cjs, _ := jetstream.New(bnc)
-	rs, err := natslease.EnsureWithdrawalStream(ctx, cjs)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Fill the account's storage, halving the value when a put is
 	// refused, down to 300 bytes: the room left is less than a 300-byte
 	// put (a receipt is bigger), more than a 1-byte one (most likely).
@@ -55,12 +49,8 @@ func TestX60StorageFilledRefusesReceiptThenShrunkNATS(t *testing.T) {
 		keys = append(keys, k)
 	}
 	t.Logf("compute-1 filled the account with %d keys", len(keys))
-	rec := controllertest.HostRecord(victim)
-	rec.State, rec.Seq = fencing.LeaseWithdrawn, 7
-	m, _ := natslease.ReceiptMsg(f.signers[victim], rec, 1234, time.Now())
-	vjs, _ := jetstream.New(vnc)
 	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
-	_, perr := vjs.PublishMsg(pctx, m, jetstream.WithExpectStream(proto.WithdrawalStream))
+	_, perr := ra.vjs.PublishMsg(pctx, ra.receipt(t, 7, 1234), jetstream.WithExpectStream(proto.WithdrawalStream))
 	pcancel()
 	t.Logf("compute-3's receipt publish: %v", perr)
 	// Shrink: compute-1's keys overwritten with tiny values.
@@ -72,7 +62,6 @@ func TestX60StorageFilledRefusesReceiptThenShrunkNATS(t *testing.T) {
 	}
 	t.Logf("compute-1 shrank %d of %d keys to 1 byte", shrunk, len(keys))
 	// And the stream takes receipts again.
-	rec.Seq++
 	m2, _ := natslease.ReceiptMsg(f.signers["compute-2.example.org"], func() fencing.LeaseRecord {
 		r := controllertest.HostRecord("compute-2.example.org")
 		r.State, r.Seq = fencing.LeaseWithdrawn, 3

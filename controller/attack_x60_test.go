@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"hvguard/controller/controllertest"
 	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
@@ -43,16 +42,10 @@ func TestX60IngestFloodRefusesReceiptNATS(t *testing.T) {
 				victim   = "compute-3.example.org"
 			)
 			srvURL := natspermtest.StartServer(t)
-			f := newFleetOf(t, []string{attacker, "compute-2.example.org", victim})
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
-			vnc := natspermtest.Connect(t, srvURL, "agent:"+victim)
-			bnc := natspermtest.Connect(t, srvURL, "controller:ctl-1")
-			cjs, _ := jetstream.New(bnc)
-			rs, err := natslease.EnsureWithdrawalStream(ctx, cjs)
-			if err != nil {
-				t.Fatal(err)
-			}
+			ra := newReceiptAttack(ctx, t, srvURL)
+			rs, vjs := ra.rs, ra.vjs
 			asubj, _ := proto.WithdrawnSubject(attacker)
 			junk := []byte(strings.Repeat("x", c.size))
 			stop := make(chan struct{})
@@ -91,21 +84,15 @@ func TestX60IngestFloodRefusesReceiptNATS(t *testing.T) {
 				}()
 			}
 			time.Sleep(time.Second)
-			vjs, _ := jetstream.New(vnc)
 			refused, refusedRev := 0, uint64(0)
 			const tries = 40
 			for i := range tries {
 				if refused > 0 {
 					break
 				}
-				rec := controllertest.HostRecord(victim)
-				rec.State, rec.Seq = fencing.LeaseWithdrawn, uint64(7+i)
-				m, err := natslease.ReceiptMsg(f.signers[victim], rec, uint64(1234+i), time.Now())
-				if err != nil {
-					t.Fatal(err)
-				}
+				m := ra.receipt(t, uint64(7+i), uint64(1234+i))
 				pctx, pcancel := context.WithTimeout(ctx, 2*time.Second) // agent receiptTimeout
-				_, err = vjs.PublishMsg(pctx, m, jetstream.WithExpectStream(proto.WithdrawalStream))
+				_, err := vjs.PublishMsg(pctx, m, jetstream.WithExpectStream(proto.WithdrawalStream))
 				pcancel()
 				if err != nil && !strings.Contains(err.Error(), "too many requests") {
 					t.Logf("receipt %d: %v (not a refusal: may be stored late)", i, err)
@@ -150,22 +137,12 @@ func TestX60ReflectOntoReceiptsStreamAPINATS(t *testing.T) {
 		victim   = "compute-3.example.org"
 	)
 	srvURL := natspermtest.StartServer(t)
-	f := newFleetOf(t, []string{attacker, "compute-2.example.org", victim})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	ast, anc := permStore(t, srvURL, "agent:"+attacker, f, attacker)
-	vnc := natspermtest.Connect(t, srvURL, "agent:"+victim)
-	bnc := natspermtest.Connect(t, srvURL, "controller:ctl-1")
-	cjs, _ := jetstream.New(bnc)
-	rs, err := natslease.EnsureWithdrawalStream(ctx, cjs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := controllertest.HostRecord(victim)
-	rec.State, rec.Seq = fencing.LeaseWithdrawn, 7
-	m, _ := natslease.ReceiptMsg(f.signers[victim], rec, 1234, time.Now())
-	vjs, _ := jetstream.New(vnc)
-	if _, err := vjs.PublishMsg(ctx, m, jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+	ra := newReceiptAttack(ctx, t, srvURL)
+	rs := ra.rs
+	ast, anc := permStore(t, srvURL, "agent:"+attacker, ra.f, attacker)
+	if _, err := ra.vjs.PublishMsg(ctx, ra.receipt(t, 7, 1234), jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := ast.KV.Put(ctx, reflectKey, []byte(`{"seq":1}`)); err != nil {

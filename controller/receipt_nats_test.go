@@ -118,7 +118,7 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 	)
 	var provision []func(context.Context, jetstream.JetStream) error
 	if c.older {
-		provision = append(provision, natspermtest.OlderReceiptsStream(0))
+		provision = append(provision, natspermtest.OlderReceiptsStream)
 	}
 	srvURL := natspermtest.StartServer(t, provision...)
 	hosts := []string{attacker, companion, withdrawn}
@@ -311,4 +311,41 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 	default:
 		t.Logf("%s not declared: its declaration stopped by its withdrawal receipt, or waiting on its tampered receipt subject", withdrawn)
 	}
+}
+
+// receiptAttack is the rig of the attacks on the receipts stream itself
+// (reviewers X57, X60): a nats-server with the shipped permissions at
+// url, the fleet compute-1 … compute-3 (compute-1 compromised: permStore
+// it), compute-3's JetStream under its own user, and the receipts stream
+// as the controller ctl-1 opens it (provisioned).
+type receiptAttack struct {
+	f   fleet
+	vjs jetstream.JetStream
+	cjs jetstream.JetStream
+	rs  jetstream.Stream
+}
+
+func newReceiptAttack(ctx context.Context, t *testing.T, url string) receiptAttack {
+	t.Helper()
+	a := receiptAttack{f: newFleetOf(t, natspermtest.Agents)}
+	a.vjs, _ = jetstream.New(natspermtest.Connect(t, url, "agent:compute-3.example.org"))
+	a.cjs, _ = jetstream.New(natspermtest.Connect(t, url, "controller:ctl-1"))
+	var err error
+	if a.rs, err = natslease.EnsureWithdrawalStream(ctx, a.cjs); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// receipt is compute-3's withdrawal receipt of seq at rev (its orderly
+// stop).
+func (a receiptAttack) receipt(t *testing.T, seq, rev uint64) *nats.Msg {
+	t.Helper()
+	rec := controllertest.HostRecord("compute-3.example.org")
+	rec.State, rec.Seq = fencing.LeaseWithdrawn, seq
+	m, err := natslease.ReceiptMsg(a.f.signers["compute-3.example.org"], rec, rev, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -256,13 +257,15 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 			log.Error("the withdrawal receipts stream allows direct gets: reads fail under the shipped permissions and no host whose key may hide a write is declared (fix: nats stream edit " + proto.WithdrawalStream + " --no-allow-direct -f)")
 		}
 		var unsound []string
+		var why error // the first host's
 		for _, h := range enrolled {
-			if natslease.ReceiptsUnsound(c, h) != nil {
+			if err := natslease.ReceiptsUnsound(c, h); err != nil {
 				unsound = append(unsound, h)
+				why = cmp.Or(why, err)
 			}
 		}
 		if len(unsound) > 0 {
-			log.Error("the withdrawal receipts stream cannot vouch for the receipts of these enrolled hosts: a host among them whose key may hide a write is not declared until it is fixed", "hosts", unsound, "why", natslease.ReceiptsUnsound(c, unsound[0]))
+			log.Error("the withdrawal receipts stream cannot vouch for the receipts of these enrolled hosts: a host among them whose key may hide a write is not declared until it is fixed", "hosts", unsound, "why", why)
 		}
 		return rs, nil
 	}

@@ -50,28 +50,13 @@ func ReceiptMsg(s fencing.Signer, rec fencing.LeaseRecord, rev uint64, at time.T
 // bytes): the stream's MaxMsgSize.
 const ReceiptMaxBytes = 4096
 
-// ReceiptRecordOverhead: the most bytes a stored message takes beyond its
-// headers and data. nats-server's file store record is 34 bytes plus the
-// subject (filestore.go, fileStoreMsgSizeRaw; the memory store's, 16), and
-// a receipt subject is at most 274 bytes (proto.MaxHostLen plus
-// "hvguard.v1." and ".withdrawn"): 512 leaves room. The receipts stream of
-// n hosts holds at most WithdrawalStreamBound(n) bytes.
-const ReceiptRecordOverhead = 512
-
-// WithdrawalStreamBound is the most a receipts stream of n hosts holds
-// (WithdrawalStreamConfig: no stream-wide limit; the subjects' limits
-// bound it): every host's WithdrawalReceiptsKept largest messages. 10 000
-// hosts: 184 MB.
-func WithdrawalStreamBound(n int) int64 {
-	return int64(n*proto.WithdrawalReceiptsKept) * (ReceiptMaxBytes + ReceiptRecordOverhead)
-}
-
 // WithdrawalStreamConfig is the stream of withdrawal receipts of hosts
 // (the enrolled agents: `hvguard-controller nats-accounts
 // --receipts-stream`): their subjects, each named — no wildcard, so
 // nothing else is stored —, each host's WithdrawalReceiptsKept last, kept
 // until replaced, and no stream-wide limit: the subjects' limits bound it
-// (WithdrawalStreamBound), so a flood can only replace what is kept on an
+// (each host's last 4 of at most ReceiptMaxBytes, plus nats-server's
+// per-message overhead: 34 bytes and the subject), so a flood can only replace what is kept on an
 // enrolled host's subject (which makes that host's declaration wait:
 // junk), never fill the stream so that it refuses a receipt. A wildcard
 // and a stream-wide limit let a compromised node's flood of reflected
@@ -86,15 +71,29 @@ func WithdrawalStreamConfig(replicas int, hosts []string) (jetstream.StreamConfi
 	if len(hosts) == 0 {
 		return jetstream.StreamConfig{}, errors.New("withdrawal receipts stream: no host")
 	}
+	subjects, err := withdrawnSubjects(hosts)
+	if err != nil {
+		return jetstream.StreamConfig{}, err
+	}
+	return withdrawalStreamConfig(replicas, subjects), nil
+}
+
+// withdrawnSubjects are hosts' receipt subjects.
+func withdrawnSubjects(hosts []string) ([]string, error) {
 	subjects := make([]string, 0, len(hosts))
 	for _, h := range hosts {
 		s, err := proto.WithdrawnSubject(h)
 		if err != nil {
-			return jetstream.StreamConfig{}, err
+			return nil, err
 		}
 		subjects = append(subjects, s)
 	}
-	return withdrawalStreamConfig(replicas, subjects), nil
+	return subjects, nil
+}
+
+// wildcard reports whether subject s has a wildcard token.
+func wildcard(s string) bool {
+	return slices.ContainsFunc(strings.Split(s, "."), func(t string) bool { return t == "*" || t == ">" })
 }
 
 func withdrawalStreamConfig(replicas int, subjects []string) jetstream.StreamConfig {
@@ -144,7 +143,7 @@ func ReceiptsUnsound(c jetstream.StreamConfig, host string) error {
 		return fmt.Errorf("the withdrawal receipts stream cannot vouch for %s's receipts: "+format+" (render its configuration with hvguard-controller nats-accounts --receipts-stream, then nats stream edit "+proto.WithdrawalStream+" --config FILE: docs/operations.md)", append([]any{host}, a...)...)
 	}
 	for _, s := range c.Subjects {
-		if slices.ContainsFunc(strings.Split(s, "."), func(t string) bool { return t == "*" || t == ">" }) {
+		if wildcard(s) {
 			return fix("it captures %q, a wildcard: a flood of reflected answers on fresh subjects can fill it, and a full stream refuses receipts", s)
 		}
 	}
@@ -184,19 +183,19 @@ func ReceiptsUnsound(c jetstream.StreamConfig, host string) error {
 // created (one replica) for hosts, if hosts are given and this user may
 // (make run, tests; the shipped permissions do not: it is provisioned,
 // docs/operations.md). Existing, it is changed only to add hosts whose
-// subject it does not capture (sized again), if this user may and it
-// names its subjects; a change refused, or a stream that captures a host
-// with a wildcard, is not an error: ReceiptsUnsound (read with every
-// ReadReceipts) says what it cannot vouch for.
+// subject it does not name, if this user may and it has no wildcard; a
+// change refused, or a stream with a wildcard, is not an error:
+// ReceiptsUnsound (read with every ReadReceipts) says what it cannot
+// vouch for.
 func EnsureWithdrawalStream(ctx context.Context, js jetstream.JetStream, hosts ...string) (jetstream.Stream, error) {
+	want, err := withdrawnSubjects(hosts)
+	if err != nil {
+		return nil, err
+	}
 	for try := 0; ; try++ {
 		st, err := js.Stream(ctx, proto.WithdrawalStream)
-		if errors.Is(err, jetstream.ErrStreamNotFound) && len(hosts) > 0 {
-			var cfg jetstream.StreamConfig
-			if cfg, err = WithdrawalStreamConfig(1, hosts); err != nil {
-				return nil, err
-			}
-			st, err = js.CreateStream(ctx, cfg)
+		if errors.Is(err, jetstream.ErrStreamNotFound) && len(want) > 0 {
+			st, err = js.CreateStream(ctx, withdrawalStreamConfig(1, want))
 			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && try < 3 {
 				continue // created meanwhile (another agent): add to it
 			}
@@ -206,20 +205,15 @@ func EnsureWithdrawalStream(ctx context.Context, js jetstream.JetStream, hosts .
 		}
 		cur := st.CachedInfo().Config
 		subjects := slices.Clone(cur.Subjects)
-		for _, h := range hosts {
-			s, err := proto.WithdrawnSubject(h)
-			if err != nil {
-				return nil, err
-			}
+		for _, s := range want {
 			if !slices.Contains(subjects, s) {
 				subjects = append(subjects, s)
 			}
 		}
-		if len(subjects) == len(cur.Subjects) || try >= 3 || slices.ContainsFunc(cur.Subjects, func(s string) bool { return strings.ContainsAny(s, "*>") }) {
+		if len(subjects) == len(cur.Subjects) || try >= 3 || slices.ContainsFunc(cur.Subjects, wildcard) {
 			return st, nil
 		}
-		cfg := withdrawalStreamConfig(cur.Replicas, subjects)
-		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		if _, err := js.UpdateStream(ctx, withdrawalStreamConfig(cur.Replicas, subjects)); err != nil {
 			return st, nil // not this user's to change
 		}
 		// Read it back: another agent may have changed it meanwhile.

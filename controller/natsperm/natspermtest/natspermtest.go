@@ -203,24 +203,26 @@ func Connect(t testing.TB, url, user string, opts ...nats.Option) *nats.Conn {
 	return nc
 }
 
-// OlderReceiptsStream replaces the receipts stream by the one the
-// previous release provisioned: capturing hvguard.v1.*.withdrawn, 256 MiB
-// stream-wide (maxBytes, if not 0, instead), DiscardNew — one that cannot
-// vouch for its receipts (natslease.ReceiptsUnsound: reviewer X58).
-func OlderReceiptsStream(maxBytes int64) func(context.Context, jetstream.JetStream) error {
-	return func(ctx context.Context, j jetstream.JetStream) error {
-		if err := j.DeleteStream(ctx, proto.WithdrawalStream); err != nil {
-			return err
-		}
-		cfg, err := natslease.WithdrawalStreamConfig(1, Agents)
-		if err != nil {
-			return err
-		}
-		cfg.Subjects, cfg.MaxBytes = []string{proto.WithdrawnWildcard}, 256<<20
-		if maxBytes != 0 {
-			cfg.MaxBytes = maxBytes
-		}
-		_, err = j.CreateStream(ctx, cfg)
+// OlderReceiptsConfig is the receipts stream the previous release
+// provisioned for Agents: capturing hvguard.v1.*.withdrawn within one
+// stream-wide limit of maxBytes (it shipped 256 MiB), DiscardNew — one
+// that cannot vouch for its receipts (natslease.ReceiptsUnsound:
+// reviewer X58).
+func OlderReceiptsConfig(maxBytes int64) jetstream.StreamConfig {
+	cfg, err := natslease.WithdrawalStreamConfig(1, Agents)
+	if err != nil {
+		panic(err) // Agents are valid host names
+	}
+	cfg.Subjects, cfg.MaxBytes = []string{proto.WithdrawnWildcard}, maxBytes
+	return cfg
+}
+
+// OlderReceiptsStream replaces the receipts stream by the previous
+// release's (OlderReceiptsConfig, 256 MiB).
+func OlderReceiptsStream(ctx context.Context, j jetstream.JetStream) error {
+	if err := j.DeleteStream(ctx, proto.WithdrawalStream); err != nil {
 		return err
 	}
+	_, err := j.CreateStream(ctx, OlderReceiptsConfig(256<<20))
+	return err
 }
