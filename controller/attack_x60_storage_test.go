@@ -25,12 +25,38 @@ import (
 // overwrites its keys with tiny values (history 1: the big ones removed).
 // The receipts stream is "sound", holds no receipt of compute-3: the
 // controller declares it (its withdrawn record hidden).
+//
+// Reviewer X61's case "server-store": the shipped, uncapped account on a
+// server whose JetStream storage is capped (max_file_store — every server
+// has one): the receipt is refused ("insufficient resources") and
+// AccountUnsound, which reads only the account's limits, vouches. Open
+// (S, conditional): skipped. The shrink fails there (over the limit the
+// server refuses every write, lease renewals included: loud, the guard
+// holds); hidden only if the store comes back down without a write (the
+// event stream aging out, other tenants) — docs/security.md, "Withdrawal
+// receipts", Left.
 func TestX60StorageFilledRefusesReceiptThenShrunkNATS(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		start func(testing.TB) string
+	}{
+		{"account-capped", func(t testing.TB) string { return natspermtest.StartServerCapped(t, 64<<20) }},
+		{"server-store", func(t testing.TB) string { return natspermtest.StartServerStoreCapped(t, 64<<20) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.name == "server-store" {
+				t.Skip("open (S, conditional; reviewer X61): a server's max_file_store reached through the lease bucket refuses a receipt while AccountUnsound vouches — docs/security.md, \"Withdrawal receipts\", Left")
+			}
+			x60StorageFilled(t, c.start(t))
+		})
+	}
+}
+
+func x60StorageFilled(t *testing.T, srvURL string) {
 	const (
 		attacker = "compute-1.example.org"
 		victim   = "compute-3.example.org"
 	)
-	srvURL := natspermtest.StartServerCapped(t, 64<<20)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	ra := newReceiptAttack(ctx, t, srvURL)

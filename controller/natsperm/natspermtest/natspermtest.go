@@ -60,7 +60,7 @@ var Agents = []string{"compute-1.example.org", "compute-2.example.org", "compute
 // release's receipts stream: OlderReceiptsStream).
 func StartServer(t testing.TB, provision ...func(context.Context, jetstream.JetStream) error) string {
 	t.Helper()
-	return startServer(t, 0, provision...)
+	return startServer(t, 0, 0, provision...)
 }
 
 // StartServerCapped is StartServer with the HVGUARD account's JetStream
@@ -69,10 +69,19 @@ func StartServer(t testing.TB, provision ...func(context.Context, jetstream.JetS
 // event stream 1 MiB.
 func StartServerCapped(t testing.TB, accountMaxFile int64, provision ...func(context.Context, jetstream.JetStream) error) string {
 	t.Helper()
-	return startServer(t, accountMaxFile, provision...)
+	return startServer(t, accountMaxFile, 0, provision...)
 }
 
-func startServer(t testing.TB, accountMaxFile int64, provision ...func(context.Context, jetstream.JetStream) error) string {
+// StartServerStoreCapped is StartServer on a server whose JetStream file
+// storage is capped at maxFileStore bytes (max_file_store: every server
+// has one, by default 75% of its disk), the accounts as shipped, its
+// event stream 1 MiB.
+func StartServerStoreCapped(t testing.TB, maxFileStore int64, provision ...func(context.Context, jetstream.JetStream) error) string {
+	t.Helper()
+	return startServer(t, 0, maxFileStore, provision...)
+}
+
+func startServer(t testing.TB, accountMaxFile, maxFileStore int64, provision ...func(context.Context, jetstream.JetStream) error) string {
 	t.Helper()
 	dir := t.TempDir()
 	store := filepath.Join(dir, "js")
@@ -97,6 +106,9 @@ func startServer(t testing.TB, accountMaxFile int64, provision ...func(context.C
 		return s
 	}
 	js := fmt.Sprintf("jetstream: {store_dir: %q}\n", store)
+	if maxFileStore > 0 {
+		js = fmt.Sprintf("jetstream: {store_dir: %q, max_file_store: %d}\n", store, maxFileStore)
+	}
 	admin := start(js + fmt.Sprintf("accounts { %s { jetstream: enabled, users: [{user: admin, password: %s}] }, %s { jetstream: enabled, users: [{user: cadmin, password: %s}] } }\n",
 		natsperm.Account, adminPassword, natsperm.ControlAccount, adminPassword))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -112,7 +124,7 @@ func startServer(t testing.TB, accountMaxFile int64, provision ...func(context.C
 	}
 	j := as("admin") // HVGUARD: the event stream, the lease bucket
 	events := delivery.StreamConfig(1)
-	if accountMaxFile > 0 {
+	if accountMaxFile > 0 || maxFileStore > 0 {
 		events.MaxBytes = 1 << 20 // within the cap
 	}
 	if _, err := j.CreateStream(ctx, events); err != nil {
