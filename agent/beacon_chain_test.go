@@ -4,11 +4,12 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/controller/controllertest"
@@ -133,8 +134,8 @@ func beaconSub(t *testing.T, host string) (*nats.Conn, *nats.Subscription) {
 
 // TestWithdrawalReceiptStored: the withdrawal that landed (the beacon
 // queued for it, fencer.beacon) is stored as a receipt in the receipts
-// stream at the orderly stop (publishReceipt), read back by a
-// controller's ReadReceipts; a later renewal's beacon does not replace it;
+// host's own stream at the orderly stop (publishReceipt), read back by a
+// controller's ReadHostReceipts; a later renewal's beacon does not replace it;
 // without a withdrawal nothing is stored; with the stream missing the
 // stop logs and goes on.
 func TestWithdrawalReceiptStored(t *testing.T) {
@@ -155,8 +156,8 @@ func TestWithdrawalReceiptStored(t *testing.T) {
 	f.beacon(fencing.LeaseRecord{Host: host, State: fencing.LeaseWithdrawn, Seq: 2}, 33)
 	f.publishReceipt()
 	f.waitReceipt()
-	rr, err := natslease.ReadReceipts(ctx, st, host)
-	if err != nil || len(rr.Msgs) != 1 {
+	rr, err := natslease.ReadHostReceipts(ctx, js, host)
+	if err != nil || len(rr.Msgs) != 1 || rr.Unsound != nil || st.CachedInfo().Config.Name != "hvguard-withdrawals-h0_example_org" {
 		t.Fatalf("the withdrawal's receipt: %+v, %v", rr, err)
 	}
 	if b := rr.Msgs[0].Beacon; rr.Msgs[0].Err != nil || b.Revision != 33 || b.Seq != 2 || b.State != fencing.LeaseWithdrawn {
@@ -165,14 +166,17 @@ func TestWithdrawalReceiptStored(t *testing.T) {
 }
 
 // TestLeaseStoreCreatesReceiptsStream: agents whose user may create the
-// lease bucket (create_bucket: make run) create the receipts stream with
-// their own subject, or add it to the stream another agent created: each
-// one's receipts are then vouched for (natslease.ReceiptsUnsound).
+// lease bucket (create_bucket: make run) create their own receipts stream
+// (proto.WithdrawalStreamOf), which vouches for their receipts
+// (natslease.StreamOfReceiptsUnsound); one agent's does not for another.
 func TestLeaseStoreCreatesReceiptsStream(t *testing.T) {
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	nc, js, ctx := deliverytest.JetStream(t, srv)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	hosts := []string{"h0.example.org", "h1.example.org"}
+	if err := natslease.StreamOfReceiptsUnsound(ctx, js, hosts[1]); err == nil {
+		t.Fatalf("%s's receipts vouched for before its agent ran", hosts[1])
+	}
 	for _, h := range hosts {
 		l := &leaseStore{nc: nc, host: h, create: true, log: log}
 		if _, err := l.get(ctx, 5*time.Second); err != nil {
@@ -180,22 +184,23 @@ func TestLeaseStoreCreatesReceiptsStream(t *testing.T) {
 		}
 		var err error
 		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-			var st jetstream.Stream
-			if st, err = js.Stream(ctx, proto.WithdrawalStream); err == nil {
-				if err = natslease.ReceiptsUnsound(st.CachedInfo().Config, h); err == nil {
-					break
-				}
+			if err = natslease.StreamOfReceiptsUnsound(ctx, js, h); err == nil {
+				break
 			}
 		}
 		if err != nil {
 			t.Fatalf("after %s's lease store opened: %v", h, err)
 		}
 	}
-	st, err := js.Stream(ctx, proto.WithdrawalStream)
-	if err != nil {
-		t.Fatal(err)
+	names := js.StreamNames(ctx)
+	var got []string
+	for n := range names.Name() {
+		if strings.HasPrefix(n, proto.WithdrawalStreamPrefix) {
+			got = append(got, n)
+		}
 	}
-	if err := natslease.ReceiptsUnsound(st.CachedInfo().Config, hosts[0]); err != nil {
-		t.Fatalf("adding %s lost %s: %v", hosts[1], hosts[0], err)
+	slices.Sort(got)
+	if want := []string{"hvguard-withdrawals-h0_example_org", "hvguard-withdrawals-h1_example_org"}; !slices.Equal(got, want) {
+		t.Fatalf("receipts streams %q, want %q", got, want)
 	}
 }

@@ -1225,9 +1225,16 @@ func (f *fencer) publishReceipt() {
 				// whose stream ingest queue is full answers 429 at once
 				// (a flood of a compromised node on its own receipt
 				// subject — reviewer X60); a duplicate receipt is harmless.
+				// Whichever stream captures the subject stores it: the
+				// host's own (proto.WithdrawalStreamOf), or the older
+				// shared one until the host is moved (docs/operations.md).
 				ctx, cancel := context.WithTimeout(context.Background(), receiptTimeout)
 				for {
-					_, err = js.PublishMsg(ctx, msg, jetstream.WithExpectStream(proto.WithdrawalStream))
+					var ack *jetstream.PubAck
+					ack, err = js.PublishMsg(ctx, msg)
+					if err == nil && ack.Stream == proto.WithdrawalStream {
+						f.log.Warn("withdrawal receipt stored in the shared stream "+proto.WithdrawalStream+", which cannot vouch for it: give this host its own stream (docs/operations.md)", "host", f.host)
+					}
 					if err == nil || ctx.Err() != nil {
 						break
 					}
@@ -1240,7 +1247,7 @@ func (f *fencer) publishReceipt() {
 			}
 		}
 		if err != nil {
-			f.log.Error("withdrawal receipt not stored: a controller that missed the withdrawn record and its beacon could still declare this host (provision the stream "+proto.WithdrawalStream+": docs/operations.md)", "host", f.host, "revision", w.rev, "err", err)
+			f.log.Error("withdrawal receipt not stored: a controller that missed the withdrawn record and its beacon could still declare this host (provision the host's own stream hvguard-withdrawals-HOST: docs/operations.md)", "host", f.host, "revision", w.rev, "err", err)
 			return
 		}
 		f.log.Info("withdrawal receipt stored", "host", f.host, "revision", w.rev)

@@ -202,20 +202,15 @@ func (l *leaseStore) get(ctx context.Context, timeout time.Duration) (*natslease
 		return nil, err
 	}
 	if l.create && l.log != nil {
-		// The withdrawal receipts' stream (fencer.publishReceipt), with the
-		// bucket when this user may create it, capturing this host's
-		// subject (not with the shipped permissions: provisioned with every
-		// enrolled host's, docs/operations.md).
+		// This host's withdrawal receipts stream (fencer.publishReceipt),
+		// with the bucket when this user may create it (not with the
+		// shipped permissions: provisioned for every enrolled host,
+		// docs/operations.md).
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), natslease.ReadTimeout)
 			defer cancel()
-			st, err := natslease.EnsureWithdrawalStream(ctx, js, l.host)
-			if err != nil {
-				l.log.Warn("withdrawal receipts stream not found and not created: an orderly stop's receipt will not be stored", "err", err)
-				return
-			}
-			if err := natslease.ReceiptsUnsound(st.CachedInfo().Config, l.host); err != nil {
-				l.log.Warn("withdrawal receipts stream not changed to hold this host's receipts", "err", err)
+			if _, err := natslease.EnsureWithdrawalStream(ctx, js, l.host); err != nil {
+				l.log.Warn("this host's withdrawal receipts stream not found and not created: an orderly stop's receipt will not be stored there", "err", err)
 			}
 		}()
 	}

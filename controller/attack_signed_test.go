@@ -294,12 +294,13 @@ func startControllerCfg(ctx context.Context, t *testing.T, st *natslease.Store, 
 	return c
 }
 
-// receiptsOf opens the withdrawal receipts stream on st's connection,
-// created for the hosts of st's keyring if missing and its user may (the
-// shipped permissions: provisioned) — the stream a controller needs to
-// declare a dead host whose key a compromised node overwrote
-// (controller.ErrReceiptsUnsound). Nil without a connection or a keyring.
-func receiptsOf(ctx context.Context, t *testing.T, st *natslease.Store) jetstream.Stream {
+// receiptsOf returns st's connection's JetStream, after opening the
+// withdrawal receipts stream of each host of st's keyring, created if
+// missing and its user may (the shipped permissions: provisioned) — the
+// streams a controller needs to declare a dead host whose key a
+// compromised node overwrote (controller.ErrReceiptsUnsound). Nil without
+// a connection or a keyring.
+func receiptsOf(ctx context.Context, t *testing.T, st *natslease.Store) jetstream.JetStream {
 	t.Helper()
 	if st.NC == nil || st.Keys == nil || len(st.Keys.Hosts) == 0 {
 		return nil
@@ -308,11 +309,12 @@ func receiptsOf(ctx context.Context, t *testing.T, st *natslease.Store) jetstrea
 	if err != nil {
 		t.Fatal(err)
 	}
-	rs, err := natslease.EnsureWithdrawalStream(ctx, js, slices.Sorted(maps.Keys(st.Keys.Hosts))...)
-	if err != nil {
-		t.Fatalf("the withdrawal receipts stream: %v", err)
+	for _, h := range slices.Sorted(maps.Keys(st.Keys.Hosts)) {
+		if _, err := natslease.EnsureWithdrawalStream(ctx, js, h); err != nil {
+			t.Fatalf("the withdrawal receipts stream of %s: %v", h, err)
+		}
 	}
-	return rs
+	return js
 }
 
 func (c *controllerRun) declaredAt(host string) (time.Time, bool) {

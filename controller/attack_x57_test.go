@@ -76,11 +76,11 @@ func TestX57ReflectedJunkShadowsReceiptNATS(t *testing.T) {
 // its OLDEST messages — compute-3's genuine receipt among them — and the
 // withdrawn compute-3 was declared. First closed with DiscardNew (it
 // refused instead, and said full), which reviewer X58 defeated (a full
-// stream shrunk after it refused a receipt); now the stream names the
-// enrolled hosts' subjects and has no stream-wide limit
+// stream shrunk after it refused a receipt); now each host has its own
+// stream, capturing its subject only, without a stream-wide limit
 // (natslease.WithdrawalStreamConfig): the same flood stores nothing, a
-// flood on an enrolled host's subject keeps its last 4 and touches no
-// other host's, and compute-3's receipt stays.
+// flood on another host's subject keeps its last 4 in that host's
+// stream, and compute-3's receipt stays.
 func TestX57ReflectionFloodEvictsReceiptNATS(t *testing.T) {
 	const (
 		attacker  = "compute-1.example.org"
@@ -94,7 +94,7 @@ func TestX57ReflectionFloodEvictsReceiptNATS(t *testing.T) {
 	rs, vjs := ra.rs, ra.vjs
 	ast, anc := permStore(t, srvURL, "agent:"+attacker, ra.f, attacker)
 	// compute-3's genuine receipt (its orderly stop), stored.
-	if _, err := vjs.PublishMsg(ctx, ra.receipt(t, 7, 1234), jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+	if _, err := vjs.PublishMsg(ctx, ra.receipt(t, 7, 1234)); err != nil {
 		t.Fatal(err)
 	}
 	if rr, err := natslease.ReadReceipts(ctx, rs, victim); err != nil || len(rr.Msgs) != 1 || rr.Unsound != nil {
@@ -129,13 +129,16 @@ func TestX57ReflectionFloodEvictsReceiptNATS(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait for compute-2's subject to fill (the answers are asynchronous).
-	var info *jetstream.StreamInfo
-	var err error
+	cs, err := natslease.OpenReceipts(ctx, ra.cjs, companion)
+	if err != nil || cs == nil {
+		t.Fatalf("compute-2's receipts stream: %v", err)
+	}
+	var info, cinfo *jetstream.StreamInfo
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if info, err = rs.Info(ctx); err != nil {
+		if cinfo, err = cs.Info(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if info.State.LastSeq >= 1+onCompanion/2 || time.Now().After(deadline) {
+		if cinfo.State.LastSeq >= onCompanion/2 || time.Now().After(deadline) {
 			break
 		}
 	}
@@ -143,12 +146,15 @@ func TestX57ReflectionFloodEvictsReceiptNATS(t *testing.T) {
 	if info, err = rs.Info(ctx); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("after %d reflections on fresh subjects and %d on compute-2's in %s: stream %d msgs, %d bytes, last seq %d", fresh, onCompanion, time.Since(start).Round(time.Second), info.State.Msgs, info.State.Bytes, info.State.LastSeq)
-	if info.State.LastSeq < 2 {
+	if cinfo, err = cs.Info(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("after %d reflections on fresh subjects and %d on compute-2's in %s: compute-3's stream %d msgs, %d bytes; compute-2's %d msgs, last seq %d", fresh, onCompanion, time.Since(start).Round(time.Second), info.State.Msgs, info.State.Bytes, cinfo.State.Msgs, cinfo.State.LastSeq)
+	if cinfo.State.LastSeq < 1 {
 		t.Fatal("rig: no reflected answer reached compute-2's subject")
 	}
-	if info.State.Msgs > 1+proto.WithdrawalReceiptsKept {
-		t.Fatalf("the stream holds %d messages after the flood: more than compute-3's receipt and compute-2's last %d (the flood on fresh subjects was stored)", info.State.Msgs, proto.WithdrawalReceiptsKept)
+	if info.State.Msgs != 1 || cinfo.State.Msgs > proto.WithdrawalReceiptsKept {
+		t.Fatalf("after the flood compute-3's stream holds %d messages (want its receipt), compute-2's %d (want at most its last %d)", info.State.Msgs, cinfo.State.Msgs, proto.WithdrawalReceiptsKept)
 	}
 	rr, err := natslease.ReadReceipts(ctx, rs, victim)
 	if err != nil {
@@ -158,22 +164,22 @@ func TestX57ReflectionFloodEvictsReceiptNATS(t *testing.T) {
 		t.Fatalf("compute-3's genuine withdrawal receipt lost to a reflection flood of a compromised node, or the stream no longer vouches for it: %+v, %v", rr.Msgs, rr.Unsound)
 	}
 	// And a receipt after the flood is stored.
-	if _, err := vjs.PublishMsg(ctx, ra.receipt(t, 8, 1300), jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+	if _, err := vjs.PublishMsg(ctx, ra.receipt(t, 8, 1300)); err != nil {
 		t.Fatalf("a receipt after the flood refused: %v", err)
 	}
 }
 
-// x57SlowReceipts is a receipts stream whose message get takes delay (a
-// slow or lossy NATS — the conditions under which a leader's lock lapses)
-// and then finds no receipt; at its start the leader's lock validity ends
-// lapseAfter later (onRead).
+// x57SlowReceipts is a connection whose receipts stream takes delay to
+// open (a slow or lossy NATS — the conditions under which a leader's
+// lock lapses) and then holds no receipt; at its start the leader's lock
+// validity ends lapseAfter later (onRead).
 type x57SlowReceipts struct {
-	jetstream.Stream
+	jetstream.JetStream
 	delay  time.Duration
 	onRead func()
 }
 
-func (s x57SlowReceipts) Info(ctx context.Context, _ ...jetstream.StreamInfoOpt) (*jetstream.StreamInfo, error) {
+func (s x57SlowReceipts) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
 	if s.onRead != nil {
 		s.onRead()
 	}
@@ -182,9 +188,22 @@ func (s x57SlowReceipts) Info(ctx context.Context, _ ...jetstream.StreamInfoOpt)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	cfg, err := natslease.WithdrawalStreamConfig(1, natspermtest.Agents)
-	return &jetstream.StreamInfo{Config: cfg}, err // no receipt
+	host, _ := strings.CutPrefix(name, proto.WithdrawalStreamPrefix)
+	cfg, err := natslease.WithdrawalStreamConfig(1, strings.ReplaceAll(host, "_", "."))
+	return x57EmptyStream{info: &jetstream.StreamInfo{Config: cfg}}, err
 }
+
+// x57EmptyStream: a receipts stream without a receipt.
+type x57EmptyStream struct {
+	jetstream.Stream
+	info *jetstream.StreamInfo
+}
+
+func (s x57EmptyStream) Info(context.Context, ...jetstream.StreamInfoOpt) (*jetstream.StreamInfo, error) {
+	return s.info, nil
+}
+
+func (s x57EmptyStream) CachedInfo() *jetstream.StreamInfo { return s.info }
 
 // TestX57ReceiptReadOutlivesActMargin (S, faults: a slow NATS that also
 // lapses the leader's lock). perform checks MayAct "immediately before the

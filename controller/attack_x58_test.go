@@ -13,6 +13,8 @@ import (
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 	"hvguard/proto"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // TestX58WithheldRelayLaundersHiddenWithdrawalNATS (S; reviewer X58). The
@@ -89,10 +91,11 @@ func TestX58WithheldRelayLaundersHiddenWithdrawalNATS(t *testing.T) {
 //     stream cannot vouch for compute-3's receipts (Unsound), which makes
 //     its declaration wait (TestWithdrawalReceiptStopsDeclarationNATS,
 //     "no-receipt/older-stream"; declared with receiptUnsoundMutation);
-//   - "shipped": the stream names the enrolled hosts' subjects and has no
-//     stream-wide limit (natslease.WithdrawalStreamConfig): the flood on
-//     fresh subjects stores nothing, one on the enrolled subjects keeps 4
-//     each, and compute-3's receipt is stored.
+//   - "shipped": each host has its own stream, capturing its subject
+//     only, without a stream-wide limit (natslease.WithdrawalStreamConfig):
+//     the flood on fresh subjects stores nothing, one on the other hosts'
+//     subjects keeps 4 each in their streams, and compute-3's receipt is
+//     stored.
 func TestX58FullStreamShrunkAfterRefusal(t *testing.T) {
 	for _, older := range []bool{true, false} {
 		name := "shipped"
@@ -109,14 +112,18 @@ func x58FullStream(t *testing.T, older bool) {
 	_, _, js := controllertest.JetStream(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg, err := natslease.WithdrawalStreamConfig(1, hosts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var st jetstream.Stream // compute-3's receipts stream
+	var err error
 	if older {
-		cfg = natspermtest.OlderReceiptsConfig(1 << 20)
+		st, err = js.CreateStream(ctx, natspermtest.OlderReceiptsConfig(1<<20))
+	} else {
+		for _, h := range hosts {
+			st, err = natslease.EnsureWithdrawalStream(ctx, js, h) // the victim's last
+			if err != nil {
+				break
+			}
+		}
 	}
-	st, err := js.CreateStream(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,8 +182,14 @@ func x58FullStream(t *testing.T, older bool) {
 		if perr != nil {
 			t.Fatalf("the shipped stream refused compute-3's receipt after a flood: %v", perr)
 		}
-		if info.State.Msgs != 2*proto.WithdrawalReceiptsKept+1 {
-			t.Fatalf("the shipped stream holds %d messages: want the 4 last of compute-1's and compute-2's subjects and compute-3's receipt (the flood on fresh subjects stored?)", info.State.Msgs)
+		if info.State.Msgs != 1 {
+			t.Fatalf("compute-3's stream holds %d messages: want its receipt only", info.State.Msgs)
+		}
+		for _, h := range hosts[:2] {
+			rr, err := natslease.ReadHostReceipts(ctx, js, h)
+			if err != nil || len(rr.Msgs) != proto.WithdrawalReceiptsKept {
+				t.Fatalf("%s's stream after the flood on its subject: %d messages (want the last %d), %v", h, len(rr.Msgs), proto.WithdrawalReceiptsKept, err)
+			}
 		}
 		rr, err := natslease.ReadReceipts(ctx, st, victim)
 		if err != nil || len(rr.Msgs) != 1 || rr.Msgs[0].Err != nil || rr.Unsound != nil {

@@ -16,7 +16,6 @@ import (
 	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
-	"hvguard/proto"
 )
 
 // TestX59StaleReceiptAfterBucketRecreateBlocksDeclarationNATS (c;
@@ -54,13 +53,9 @@ func x59StaleReceipt(t *testing.T, mut bool) {
 	defer cancel()
 	sims := natsSims(t, srvURL, f, hosts)
 
-	// The controller opens (provisions) the receipts stream.
+	// The receipts streams are provisioned (natspermtest.StartServer).
 	cst, _, bnc, _ := proxiedController(t, srvURL, f)
 	cjs, _ := jetstream.New(bnc)
-	rs, err := natslease.EnsureWithdrawalStream(ctx, cjs)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// compute-3's genuine receipt from the previous lease bucket's life.
 	{
 		rec := controllertest.HostRecord(dead)
@@ -70,7 +65,7 @@ func x59StaleReceipt(t *testing.T, mut bool) {
 			t.Fatal(err)
 		}
 		js, _ := jetstream.New(sims[dead].nc)
-		if _, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+		if _, err := js.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -97,7 +92,7 @@ func x59StaleReceipt(t *testing.T, mut bool) {
 	}
 	var cmu sync.Mutex
 	var declared, stopped bool
-	r := &controller.Runner{Store: cst, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: bnc, Receipts: rs,
+	r := &controller.Runner{Store: cst, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: bnc, Receipts: cjs,
 		OnDecision: func(d controller.Decision, err error) {
 			cmu.Lock()
 			defer cmu.Unlock()

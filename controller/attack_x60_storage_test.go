@@ -13,7 +13,6 @@ import (
 	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
-	"hvguard/proto"
 )
 
 // TestX60StorageFilledRefusesReceiptThenShrunkNATS (reviewer X60): X58's
@@ -76,7 +75,7 @@ func x60StorageFilled(t *testing.T, srvURL string) {
 	}
 	t.Logf("compute-1 filled the account with %d keys", len(keys))
 	pctx, pcancel := context.WithTimeout(ctx, 2*time.Second)
-	_, perr := ra.vjs.PublishMsg(pctx, ra.receipt(t, 7, 1234), jetstream.WithExpectStream(proto.WithdrawalStream))
+	_, perr := ra.vjs.PublishMsg(pctx, ra.receipt(t, 7, 1234))
 	pcancel()
 	t.Logf("compute-3's receipt publish: %v", perr)
 	// Shrink: compute-1's keys overwritten with tiny values.
@@ -95,7 +94,7 @@ func x60StorageFilled(t *testing.T, srvURL string) {
 	}(), 99, time.Now())
 	c2 := natspermtest.Connect(t, srvURL, "agent:compute-2.example.org")
 	c2js, _ := jetstream.New(c2)
-	if _, err := c2js.PublishMsg(ctx, m2, jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+	if _, err := c2js.PublishMsg(ctx, m2); err != nil {
 		t.Logf("a later receipt (compute-2's) refused too: %v", err)
 	} else {
 		t.Log("a later receipt (compute-2's) stored: nothing shows a receipt was ever refused")

@@ -30,10 +30,6 @@ import (
 // WriteTimeout).
 const ReceiptReadTimeout = 2 * time.Second
 
-// ReceiptReopenInterval: how often a runner without the receipts stream
-// tries to open it again before a declaration (Runner.OpenReceipts).
-const ReceiptReopenInterval = time.Minute
-
 // ErrWithdrawalReceipt is reported to OnDecision for a declaration not
 // written because the host's withdrawal receipt names a withdrawal the
 // tracker had not seen.
@@ -50,7 +46,9 @@ var (
 	ErrReceiptsTampered = errors.New("not declared: a message that is not the host's withdrawal receipt was stored on its receipt subject after its last one (a reflected JetStream answer? docs/security.md, \"Withdrawal receipts\"): a withdrawal's receipt may be hidden")
 	// ErrReceiptsUnsound: no receipts stream, or one that may have refused
 	// or dropped a receipt (natslease.ReceiptsUnsound: a wildcard a flood
-	// can fill, then shrink after it refused a receipt — reviewer X58).
+	// can fill, then shrink after it refused a receipt — reviewer X58; a
+	// stream shared by every host, whose ingest queue one host's flood
+	// fills — reviewer X60).
 	ErrReceiptsUnsound = errors.New("not declared: the withdrawal receipts stream cannot vouch that it stored every receipt the host published (missing, or configured so it may refuse or drop one: docs/operations.md): the absence of its receipt is no evidence")
 	// ErrReceiptAfterSeal: the host's receipt names a withdrawal after the
 	// revision its trusted record was sealed for (Tracker.SealedBefore).
@@ -67,7 +65,8 @@ var (
 var receiptJunkMutation, receiptSealedMutation, receiptUnsoundMutation bool
 
 // checkReceipt reads d.Host's withdrawal receipts before its declaration
-// is written (natslease.ReadReceipts: every message kept on its subject).
+// is written (natslease.ReadHostReceipts: every message kept on its
+// subject in its own stream).
 // It returns ErrWithdrawalReceipt when the newest one that is the host's
 // (decoded, signed by its key) names a withdrawal the tracker takes as
 // news — after the host's last trusted record and its beacons' newest:
@@ -82,7 +81,10 @@ var receiptJunkMutation, receiptSealedMutation, receiptUnsoundMutation bool
 // cannot vouch that it stored every receipt the host published
 // (natslease.ReceiptsUnsound: one capturing a wildcard was filled by a
 // flood of reflected answers on fresh subjects, refused the receipt, and
-// was shrunk again before the declaration — reviewer X58). A receipt the
+// was shrunk again before the declaration — reviewer X58; one shared by
+// every host, whose ingest queue a compromised node filled with
+// publishes on its own receipt subject so that the server refused the
+// withdrawing host's receipt — reviewer X60). A receipt the
 // tracker already knew, or older than what the host wrote since,
 // changes nothing: the declaration proceeds.
 func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision) error {
@@ -91,24 +93,14 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 	}
 	ctx, cancel := context.WithTimeout(ctx, ReceiptReadTimeout)
 	defer cancel()
-	if r.Receipts == nil && r.OpenReceipts != nil && (r.receiptsTried.IsZero() || r.now().Sub(r.receiptsTried) >= ReceiptReopenInterval) {
-		r.receiptsTried = r.now()
-		st, err := r.OpenReceipts(ctx)
-		if err != nil {
-			log.Warn("withdrawal receipts are NOT read before this declaration: their stream cannot be opened (provision it: docs/operations.md)", "host", d.Host, "err", err)
-		} else {
-			r.Receipts = st
-			log.Info("withdrawal receipts stream opened: receipts are read before every declaration")
-		}
-	}
 	if r.Receipts == nil {
 		if r.Tracker.MayHideWrite(d.Host) && !receiptUnsoundMutation {
-			log.Error("DECLARATION WAITS: the host's key holds a later value than the record it is judged by, which may hide its withdrawal, and there is no withdrawal receipts stream to show there was none — provision it (docs/operations.md, \"NATS provisioning\")", "host", d.Host)
+			log.Error("DECLARATION WAITS: the host's key holds a later value than the record it is judged by, which may hide its withdrawal, and no withdrawal receipts are read to show there was none (a runner without the agents' JetStream connection)", "host", d.Host)
 			return ErrReceiptsUnsound
 		}
 		return nil
 	}
-	rr, err := natslease.ReadReceipts(ctx, r.Receipts, d.Host)
+	rr, err := natslease.ReadHostReceipts(ctx, r.Receipts, d.Host)
 	if err != nil {
 		log.Warn("declaration waits: the host's withdrawal receipts could not be read (retried at the next tick)", "host", d.Host, "err", err)
 		return fmt.Errorf("declaration not written: %w", err)

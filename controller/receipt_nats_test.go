@@ -58,6 +58,17 @@ import (
 //   - "receipt/older-stream": a receipt it did store still stops the
 //     declaration (the withdrawal said).
 //
+// Reviewer X60's: the previous release's stream, shared by every host
+// (each host's subject named), whose ingest queue compute-1 fills with
+// publishes on its own receipt subject so that the server refuses
+// compute-3's receipt (TestX60IngestFloodRefusesReceiptNATS): it vouches
+// for no host, and neither does a cluster whose hosts' own streams are
+// missing (deleted, never provisioned):
+//   - "no-receipt/shared-stream", "no-receipt/deleted-streams": not
+//     declared; with receiptUnsoundMutation declared;
+//   - "receipt/shared-stream": the receipt stored there still stops the
+//     declaration.
+//
 // compute-1 cannot store a receipt in compute-3's name: the shipped
 // permissions refuse the publish (checked in every case).
 func TestWithdrawalReceiptStopsDeclarationNATS(t *testing.T) {
@@ -65,6 +76,7 @@ func TestWithdrawalReceiptStopsDeclarationNATS(t *testing.T) {
 		name                   string
 		receipt, mut, old      bool
 		older, noStream, mutU  bool
+		shared, deleted        bool
 		wantDeclared, wantWarn bool
 	}{
 		{name: "receipt", receipt: true, wantWarn: true},
@@ -76,6 +88,11 @@ func TestWithdrawalReceiptStopsDeclarationNATS(t *testing.T) {
 		{name: "no-receipt/no-stream", noStream: true},
 		{name: "no-receipt/no-stream/receiptUnsoundMutation", noStream: true, mutU: true, wantDeclared: true},
 		{name: "receipt/older-stream", receipt: true, older: true, wantWarn: true},
+		{name: "no-receipt/shared-stream", shared: true},
+		{name: "no-receipt/shared-stream/receiptUnsoundMutation", shared: true, mutU: true, wantDeclared: true},
+		{name: "receipt/shared-stream", receipt: true, shared: true, wantWarn: true},
+		{name: "no-receipt/deleted-streams", deleted: true},
+		{name: "no-receipt/deleted-streams/receiptUnsoundMutation", deleted: true, mutU: true, wantDeclared: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			defer controller.SetBeaconLossMutation(true)()
@@ -85,7 +102,7 @@ func TestWithdrawalReceiptStopsDeclarationNATS(t *testing.T) {
 			if c.mutU {
 				defer controller.SetReceiptUnsoundMutation(true)()
 			}
-			withdrawalReceiptNATS(t, receiptCase{receipt: c.receipt, old: c.old, older: c.older, noStream: c.noStream, wantDeclared: c.wantDeclared, wantWithdrawn: c.wantWarn})
+			withdrawalReceiptNATS(t, receiptCase{receipt: c.receipt, old: c.old, older: c.older, noStream: c.noStream, shared: c.shared, deleted: c.deleted, wantDeclared: c.wantDeclared, wantWithdrawn: c.wantWarn})
 		})
 	}
 }
@@ -104,9 +121,10 @@ type receiptCase struct {
 	// withdrawal's beacon is not lost.
 	withheld, beacon bool
 	// older: the receipts stream is an older release's (a wildcard, a
-	// stream-wide limit: it cannot vouch for its receipts); noStream: the
-	// controller has none.
-	older, noStream bool
+	// stream-wide limit: it cannot vouch for its receipts); shared: the
+	// previous release's, shared by every host (X60); deleted: no host has
+	// its own stream; noStream: the controller reads none (no connection).
+	older, noStream, shared, deleted bool
 }
 
 func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
@@ -117,8 +135,13 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 		withdrawn = "compute-3.example.org"
 	)
 	var provision []func(context.Context, jetstream.JetStream) error
-	if c.older {
+	switch {
+	case c.older:
 		provision = append(provision, natspermtest.OlderReceiptsStream)
+	case c.shared:
+		provision = append(provision, natspermtest.SharedReceiptsStream)
+	case c.deleted:
+		provision = append(provision, natspermtest.DeleteReceiptsStreams)
 	}
 	srvURL := natspermtest.StartServer(t, provision...)
 	hosts := []string{attacker, companion, withdrawn}
@@ -158,7 +181,7 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 				t.Fatal(err)
 			}
 			js, _ := jetstream.New(s.nc)
-			if _, err := js.PublishMsg(ctx, m, jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
+			if _, err := js.PublishMsg(ctx, m); err != nil {
 				t.Errorf("%s: its withdrawal receipt not stored under its own user: %v", h, err)
 			}
 		}
@@ -191,13 +214,11 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 	// The controller: its watch through the proxy, its beacons direct.
 	cst, wnc, bnc, proxy := proxiedController(t, srvURL, f)
 	cjs, _ := jetstream.New(bnc)
-	rs, err := natslease.EnsureWithdrawalStream(ctx, cjs) // provisioned: the controller only opens it
-	if err != nil {
-		t.Fatalf("the controller's user cannot open the receipts stream: %v", err)
+	// Provisioned: the controller only reads.
+	if u := natslease.StreamOfReceiptsUnsound(ctx, cjs, withdrawn); (u != nil) != (c.older || c.shared || c.deleted) {
+		t.Fatalf("rig: the receipts stream (older %t, shared %t, deleted %t) vouches: %v", c.older, c.shared, c.deleted, u)
 	}
-	if u := natslease.ReceiptsUnsound(rs.CachedInfo().Config, withdrawn); (u != nil) != c.older {
-		t.Fatalf("rig: the receipts stream (older %t) vouches: %v", c.older, u)
-	}
+	rs := cjs
 	if c.noStream {
 		rs = nil
 	}
@@ -273,7 +294,7 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 			t.Fatal(err)
 		}
 		time.Sleep(100 * time.Millisecond)
-		rr, err := natslease.ReadReceipts(ctx, rs, withdrawn)
+		rr, err := natslease.ReadHostReceipts(ctx, cjs, withdrawn)
 		if err != nil || len(rr.Msgs) == 0 || rr.Msgs[len(rr.Msgs)-1].Err == nil {
 			mu.Unlock()
 			t.Fatalf("rig: the reflection did not land on compute-3's receipt subject: %+v, %v", rr, err)
@@ -316,8 +337,8 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 // receiptAttack is the rig of the attacks on the receipts stream itself
 // (reviewers X57, X60): a nats-server with the shipped permissions at
 // url, the fleet compute-1 … compute-3 (compute-1 compromised: permStore
-// it), compute-3's JetStream under its own user, and the receipts stream
-// as the controller ctl-1 opens it (provisioned).
+// it), compute-3's JetStream under its own user, and compute-3's receipts
+// stream as the controller ctl-1 opens it (provisioned).
 type receiptAttack struct {
 	f   fleet
 	vjs jetstream.JetStream
@@ -331,8 +352,8 @@ func newReceiptAttack(ctx context.Context, t *testing.T, url string) receiptAtta
 	a.vjs, _ = jetstream.New(natspermtest.Connect(t, url, "agent:compute-3.example.org"))
 	a.cjs, _ = jetstream.New(natspermtest.Connect(t, url, "controller:ctl-1"))
 	var err error
-	if a.rs, err = natslease.EnsureWithdrawalStream(ctx, a.cjs); err != nil {
-		t.Fatal(err)
+	if a.rs, err = natslease.OpenReceipts(ctx, a.cjs, "compute-3.example.org"); err != nil || a.rs == nil {
+		t.Fatalf("compute-3's receipts stream: %v", err)
 	}
 	return a
 }

@@ -54,15 +54,12 @@ const (
 type Runner struct {
 	Store   *natslease.Store
 	Tracker *Tracker
-	// Receipts, if set, is the agents' withdrawal receipts stream
-	// (natslease.EnsureWithdrawalStream): before a declaration is written
-	// the host's receipts are read (receipt.go). Nil: OpenReceipts, if
-	// set, is tried then (a stream provisioned after the start, a
-	// timeout at the start), at most every ReceiptReopenInterval; none is
-	// read until it succeeds.
-	Receipts      jetstream.Stream
-	OpenReceipts  func(context.Context) (jetstream.Stream, error)
-	receiptsTried time.Time
+	// Receipts, if set, is the connection (the agents' account) on
+	// which, before a declaration is written, the host's withdrawal
+	// receipts are read from its own stream (natslease.ReadHostReceipts,
+	// receipt.go). Nil: none is read, and a host whose key may hide a
+	// write is not declared (ErrReceiptsUnsound).
+	Receipts jetstream.JetStream
 	// ReceiptsAccount, if set, says why the receipts stream's account may
 	// refuse a receipt for room (natslease.AccountUnsound; nil: it
 	// cannot): read before a declaration that a missing receipt would

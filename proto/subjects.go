@@ -32,8 +32,8 @@ const (
 	KindBeacon = "beacon"
 	// KindWithdrawn: agent -> controllers, the receipt of an orderly
 	// withdrawal (the withdrawal's fencing.Beacon, state withdrawn),
-	// published with a JetStream publish ack into the WithdrawalStream
-	// stream: a controller reads a host's last one before it declares the
+	// published with a JetStream publish ack into the host's own stream
+	// (WithdrawalStreamOf): a controller reads a host's last one before it declares the
 	// host (docs/security.md, "Withdrawal receipts"). With the shipped
 	// permissions only the host itself publishes on its subject.
 	KindWithdrawn = "withdrawn"
@@ -65,13 +65,20 @@ const (
 	// BeaconWildcard matches the beacon subjects of every host.
 	BeaconWildcard = SubjectPrefix + ".*." + KindBeacon
 	// WithdrawnWildcard matches the withdrawal receipt subjects of every
-	// host: what WithdrawalStream captures.
+	// host (what the older shared WithdrawalStream captured).
 	WithdrawnWildcard = SubjectPrefix + ".*." + KindWithdrawn
 
-	// WithdrawalStream is the JetStream stream of the agents' withdrawal
-	// receipts (KindWithdrawn), in the agents' account: the last
-	// WithdrawalReceiptsKept of each host.
+	// WithdrawalStream is the one JetStream stream of every agent's
+	// withdrawal receipts that earlier releases provisioned: still read
+	// (a receipt found there stops a declaration), but it cannot vouch
+	// that it stored every receipt — another host flooding its own
+	// receipt subject fills the stream's ingest queue, which then refuses
+	// the withdrawing host's receipt (reviewer X60). Each host's receipts
+	// now have their own stream: WithdrawalStreamOf.
 	WithdrawalStream = "hvguard-withdrawals"
+	// WithdrawalStreamPrefix prefixes each host's own receipts stream
+	// (WithdrawalStreamOf).
+	WithdrawalStreamPrefix = WithdrawalStream + "-"
 	// WithdrawalReceiptsKept: receipts kept per host — the controller reads
 	// only the last; a few more show an operator the history.
 	WithdrawalReceiptsKept = 4
@@ -156,6 +163,27 @@ func BeaconSubject(host string) (string, error) {
 // WithdrawnSubject returns hvguard.v1.<HostToken(host)>.withdrawn.
 func WithdrawnSubject(host string) (string, error) {
 	return hostSubject(host, KindWithdrawn)
+}
+
+// maxStreamNameLen is nats-server's longest stream name (JSMaxNameLen).
+const maxStreamNameLen = 255
+
+// WithdrawalStreamOf returns the name of host's own withdrawal receipts
+// stream, "hvguard-withdrawals-<HostToken(host)>", in the agents' account:
+// it captures host's receipt subject (WithdrawnSubject) only, so that no
+// other host's publishes share its ingest queue (docs/security.md, "The
+// receipts stream vouches"). A host name whose stream name would exceed
+// nats-server's 255 bytes (a token longer than 235 bytes) is refused.
+func WithdrawalStreamOf(host string) (string, error) {
+	tok, err := HostToken(host)
+	if err != nil {
+		return "", fmt.Errorf("withdrawal receipts stream: %w", err)
+	}
+	name := WithdrawalStreamPrefix + tok
+	if len(name) > maxStreamNameLen {
+		return "", fmt.Errorf("withdrawal receipts stream of host %s: its name would be %d bytes, longer than the %d a NATS stream name may have", quote(host), len(name), maxStreamNameLen)
+	}
+	return name, nil
 }
 
 // ReconcileSubject returns hvguard.v1.<HostToken(host)>.reconcile.

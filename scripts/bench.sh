@@ -15,6 +15,8 @@
 #                                    baseline: the same load without it)
 #      leader failover               test/bench BenchmarkLeaderFailover (real controller processes:
 #                                    kill -9 and SIGTERM of the leader, 10 runs each)
+#   receipts: a receipts stream per host fencing/natslease BenchmarkReceiptStreams (1000 hosts;
+#                                    baseline: one shared stream naming every host's subject)
 #
 # Raw `go test -bench` output goes to $HVG_BENCH_OUT (default
 # .cache/bench/<UTC time>/), one file per target, with machine.txt (uname,
@@ -26,7 +28,7 @@
 #   HVG_BENCH_COUNT_E2E  -count of the end-to-end benchmarks (default 3)
 #   HVG_BENCH_OUT        output directory
 #   HVG_BENCH_ONLY       comma-separated targets to run (default all): debounce,
-#                        storm, stoplatency, e2e, rss, fleet, failover
+#                        storm, stoplatency, e2e, rss, fleet, failover, receipts
 #   HVG_FLEET_HOSTS, HVG_FLEET_EVENTS, HVG_FLEET_SECONDS, HVG_FLEET_SILENT,
 #   HVG_FLEET_CONNS, HVG_FAILOVER_RUNS, HVG_FAILOVER_HOSTS
 #                        the issue-12 benchmarks' sizes (defaults 10000 hosts,
@@ -42,7 +44,7 @@ cd "$(dirname "$0")/.."
 readonly ROOT="$PWD"
 readonly COUNT="${HVG_BENCH_COUNT:-6}"
 readonly COUNT_E2E="${HVG_BENCH_COUNT_E2E:-3}"
-readonly ONLY="${HVG_BENCH_ONLY:-debounce,storm,stoplatency,e2e,rss,fleet,failover}"
+readonly ONLY="${HVG_BENCH_ONLY:-debounce,storm,stoplatency,e2e,rss,fleet,failover,receipts}"
 OUT="${HVG_BENCH_OUT:-$ROOT/.cache/bench/$(date -u +%Y%m%dT%H%M%SZ)}"
 readonly OUT
 readonly GOBIN_DIR="$ROOT/.cache/bin"
@@ -112,6 +114,9 @@ bench storm.txt -bench '^BenchmarkRebootStorm' -benchtime 1x -count 3 ./lifecycl
 # ---- issue 11: a controller's cost per beacon (rec_sig against sig+prev_sig) --
 bench beacon.txt -bench '^BenchmarkVerifyBeacon$' -count "$COUNT" ./fencing/
 
+# ---- issue 11: a withdrawal receipts stream per host (baseline: one shared) --
+bench receipts.txt -bench '^BenchmarkReceiptStreams$' -benchtime 2000x -count 3 -timeout 20m ./fencing/natslease/
+
 # ---- 3. real-stop latency ----------------------------------------------------
 bench stoplatency.txt -tags bench -bench '^BenchmarkStopLatency$' -benchtime 1x -count "$COUNT_E2E" -timeout 20m ./test/bench/
 
@@ -128,7 +133,7 @@ bench failover.txt -tags bench -bench '^BenchmarkLeaderFailover$' -benchtime 1x 
 echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min, at end)" >>"$OUT/machine.txt"
 
 # ---- report --------------------------------------------------------------------
-for f in debounce storm stoplatency e2e rss fleet failover; do
+for f in debounce storm stoplatency e2e rss fleet failover receipts; do
 	[[ -s "$OUT/$f.txt" && -x "$BENCHSTAT" ]] || continue
 	echo
 	echo "======== $f ($OUT/$f.txt) ========"
@@ -232,6 +237,14 @@ L=BenchmarkLeaderFailover
 		printf '  %-58s %14s\n' "renewal failures, with / without controller" "$(med fleet.txt $F ctl_renew_failures) / $(med fleet.txt $F base_renew_failures)"
 		printf '  %-58s %14s\n' "NATS CPU (3 servers, cores), with / without controller" "$(med fleet.txt $F ctl_nats_cpu_cores) / $(med fleet.txt $F base_nats_cpu_cores)"
 		printf '  %-58s %14s\n' "NATS RSS (3 servers, MB), with / without controller" "$(med fleet.txt $F ctl_nats_rss_MB) / $(med fleet.txt $F base_nats_rss_MB)"
+	fi
+	if on receipts; then
+		echo "issue 11: withdrawal receipts, one stream per host (1000 hosts, one receipt each, embedded nats-server)"
+		printf '  %-58s %14s\n' "own streams: heap B/host, steady (after 15 s idle)" "$(med receipts.txt BenchmarkReceiptStreams/own heap-B/host)"
+		printf '  %-58s %14s\n' "baseline: shared stream heap B/host" "$(med receipts.txt BenchmarkReceiptStreams/shared heap-B/host)"
+		printf '  %-58s %14s\n' "own streams: create µs/host" "$(med receipts.txt BenchmarkReceiptStreams/own create-µs/host)"
+		printf '  %-58s %14s\n' "own streams: a declaration's read, ns" "$(med receipts.txt BenchmarkReceiptStreams/own ns/op)"
+		printf '  %-58s %14s\n' "baseline: shared stream read, ns" "$(med receipts.txt BenchmarkReceiptStreams/shared ns/op)"
 	fi
 	if on failover; then
 		echo "6. issue 12: leader failover (real controllers, default lock timing; runs: $(med failover.txt $L runs))"

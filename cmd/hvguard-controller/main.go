@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"os/user"
+	"path/filepath"
 	"syscall"
 	"time"
 
@@ -22,7 +23,8 @@ import (
 	"hvguard/controller/natsperm"
 	"hvguard/daemonkit"
 	"hvguard/fencing/natslease"
-	"hvguard/proto"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // ExitConfig is the exit status for an unreadable or invalid configuration
@@ -51,11 +53,11 @@ Usage:
   hvguard-controller [flags]            run the daemon
   hvguard-controller status [HOST] [--json] [--addr HOST:PORT]
                                         print the running controller's view
-  hvguard-controller nats-accounts --keys DIR [--receipts-stream FILE
+  hvguard-controller nats-accounts --keys DIR [--receipts-streams DIR
                       [--replicas N]] USER...
                                         print the NATS server accounts block
-                                        (and write the withdrawal receipts
-                                        stream's configuration)
+                                        (and write each agent's withdrawal
+                                        receipts stream's configuration)
   hvguard-controller confirm-rollback [--config PATH] [--reason TEXT] HOST...
                                         after the lease stream rolled back:
                                         let the controllers declare HOST
@@ -121,18 +123,22 @@ HVGUARD_CONTROL user's DIR/ROLE-NAME.control.nk: read if it exists, else
 created (mode 0600, said on stderr); copy them to that machine (e.g.
 /etc/hvguard/nats.nk and nats-control.nk, mode 0600) and set
 nats.nkey_seed_file (and, on controllers, nats.control.nkey_seed_file).
-With --receipts-stream FILE it also writes the withdrawal receipts stream's
-JSON configuration for these agents to FILE (--replicas N: 1 to 5, default
-1; 3 in a three-server cluster): create the stream with nats stream add
---config FILE, change it after adding hosts with nats stream edit
-hvguard-withdrawals --config FILE -f. The stream names each agent's receipt
-subject (no wildcard) and has no stream-wide limit, so no flood can fill it
-and make it refuse a receipt; a controller does not take the absence of a
-receipt as evidence from a stream that lacks a host or breaks these rules
-(docs/security.md, "Withdrawal receipts").
+With --receipts-streams DIR it also writes each agent's own withdrawal
+receipts stream's JSON configuration to DIR/hvguard-withdrawals-HOST.json
+(HOST with '_' for '.'; --replicas N: 1 to 5, default 1; 3 in a
+three-server cluster): create each with nats stream add --config FILE
+(the files of hosts that have their stream already can be skipped). A
+host's stream captures its receipt subject only, so no other host's
+flood shares its ingest queue, and it has no stream-wide limit, so no
+flood can fill it and make it refuse a receipt; a controller does not
+take the absence of a receipt as evidence from a stream that is not the
+host's own or breaks these rules (docs/security.md, "Withdrawal
+receipts"). The older shared stream hvguard-withdrawals is read but
+vouches for no host: move each host to its own stream
+(docs/operations.md).
 Run it again with the whole fleet whenever a host or controller is added.
-Exit status: 0 printed, 2 bad command line or user, 1 a key or FILE could
-not be read or written.
+Exit status: 0 printed, 2 bad command line or user, 1 a key or a stream's
+file could not be read or written.
 
 confirm-rollback: after the lease stream rolled back (the alert
 HvguardControllerLeaseRevisionsRegressed), a controller declares a silent
@@ -289,7 +295,8 @@ func runStatus(args []string, stdout, stderr io.Writer) int {
 func runNATSAccounts(args []string, stdout, stderr io.Writer) int {
 	fs := subcommand("nats-accounts", stderr)
 	keys := fs.String("keys", "", "")
-	streamFile := fs.String("receipts-stream", "", "")
+	streamDir := fs.String("receipts-streams", "", "")
+	oldStream := fs.String("receipts-stream", "", "")
 	replicas := fs.Int("replicas", 1, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -339,8 +346,12 @@ func runNATSAccounts(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: %v\n", err)
 		return 2
 	}
-	if *streamFile != "" {
-		if code := writeReceiptsStream(*streamFile, *replicas, users, stderr); code != 0 {
+	if *oldStream != "" {
+		fmt.Fprintln(stderr, "hvguard-controller nats-accounts: --receipts-stream FILE is gone: each agent has its own receipts stream now — use --receipts-streams DIR (docs/operations.md)")
+		return 2
+	}
+	if *streamDir != "" {
+		if code := writeReceiptsStreams(*streamDir, *replicas, users, stderr); code != 0 {
 			return code
 		}
 	}
@@ -348,35 +359,41 @@ func runNATSAccounts(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// writeReceiptsStream writes the withdrawal receipts stream's JSON
-// configuration for users' agents to path (for nats stream add/edit
-// --config; natslease.WithdrawalStreamConfig).
-func writeReceiptsStream(path string, replicas int, users []natsperm.User, stderr io.Writer) int {
-	var hosts []string
+// writeReceiptsStreams writes each of users' agents' own withdrawal
+// receipts stream's JSON configuration to dir/<stream>.json (for nats
+// stream add --config; natslease.WithdrawalStreamConfig).
+func writeReceiptsStreams(dir string, replicas int, users []natsperm.User, stderr io.Writer) int {
+	var cfgs []jetstream.StreamConfig
 	for _, u := range users {
-		if u.Role == natsperm.RoleAgent {
-			hosts = append(hosts, u.Name)
+		if u.Role != natsperm.RoleAgent {
+			continue
+		}
+		cfg, err := natslease.WithdrawalStreamConfig(replicas, u.Name)
+		if err != nil {
+			fmt.Fprintf(stderr, "hvguard-controller nats-accounts: --receipts-streams: %v\n", err)
+			return 2
+		}
+		cfgs = append(cfgs, cfg)
+	}
+	if len(cfgs) == 0 {
+		fmt.Fprintln(stderr, "hvguard-controller nats-accounts: --receipts-streams needs the agents (agent:HOST): each has its own stream")
+		return 2
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: --receipts-streams: %v\n", err)
+		return 1
+	}
+	for _, cfg := range cfgs {
+		b, err := json.MarshalIndent(cfg, "", "  ")
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, cfg.Name+".json"), append(b, '\n'), 0o644)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "hvguard-controller nats-accounts: --receipts-streams: %v\n", err)
+			return 1
 		}
 	}
-	if len(hosts) == 0 {
-		fmt.Fprintln(stderr, "hvguard-controller nats-accounts: --receipts-stream needs the agents (agent:HOST): the stream captures their receipt subjects")
-		return 2
-	}
-	cfg, err := natslease.WithdrawalStreamConfig(replicas, hosts)
-	if err != nil {
-		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: --receipts-stream: %v\n", err)
-		return 2
-	}
-	b, err := json.MarshalIndent(cfg, "", "  ")
-	if err != nil {
-		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: --receipts-stream: %v\n", err)
-		return 1
-	}
-	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
-		fmt.Fprintf(stderr, "hvguard-controller nats-accounts: --receipts-stream: %v\n", err)
-		return 1
-	}
-	fmt.Fprintf(stderr, "wrote %s: the withdrawal receipts stream of %d agent(s) (nats stream add --config %s; after adding hosts: nats stream edit %s --config %s -f)\n", path, len(hosts), path, proto.WithdrawalStream, path)
+	fmt.Fprintf(stderr, "wrote %d withdrawal receipts stream configuration(s) to %s (for each: nats stream add --config %s/hvguard-withdrawals-HOST.json)\n", len(cfgs), dir, dir)
 	return 0
 }
 

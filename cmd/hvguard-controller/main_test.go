@@ -193,51 +193,60 @@ func TestNATSAccounts(t *testing.T) {
 	}
 }
 
-// TestNATSAccountsReceiptsStream: --receipts-stream writes the receipts
-// stream's configuration naming every agent's subject (not the
-// controllers' or readers'); nats-server creates the stream from the file
-// as it is (the API request nats stream add --config makes), and it
-// vouches for each agent's receipts; bad --replicas, or no agent, is a
-// bad command line.
-func TestNATSAccountsReceiptsStream(t *testing.T) {
+// TestNATSAccountsReceiptsStreams: --receipts-streams writes one stream
+// configuration per agent (not the controllers' or readers'), each
+// capturing that agent's subject only; nats-server creates each stream
+// from its file as it is (the API request nats stream add --config
+// makes), and it vouches for its agent's receipts and no other's; bad
+// --replicas, no agent, or the old --receipts-stream is a bad command
+// line.
+func TestNATSAccountsReceiptsStreams(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "keys")
-	file := filepath.Join(t.TempDir(), "hvguard-withdrawals.json")
+	out := filepath.Join(t.TempDir(), "streams")
 	agents := []string{"compute-1.example.org", "compute-2.example.org"}
-	code, _, errOut := runCLI("nats-accounts", "--keys", dir, "--receipts-stream", file, "agent:"+agents[0], "agent:"+agents[1], "controller:ctl-1", "reader:dash")
-	if code != 0 || !strings.Contains(errOut, "nats stream add --config "+file) {
+	code, _, errOut := runCLI("nats-accounts", "--keys", dir, "--receipts-streams", out, "agent:"+agents[0], "agent:"+agents[1], "controller:ctl-1", "reader:dash")
+	if code != 0 || !strings.Contains(errOut, "nats stream add --config "+out) {
 		t.Fatalf("exit %d, err %q", code, errOut)
 	}
-	b, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
+	files, err := filepath.Glob(filepath.Join(out, "*.json"))
+	if err != nil || len(files) != len(agents) {
+		t.Fatalf("files %q (%v): want one per agent", files, err)
 	}
 	srv := deliverytest.StartJetStream(t, t.TempDir(), -1)
 	nc, js, ctx := deliverytest.JetStream(t, srv)
-	resp, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.CREATE."+proto.WithdrawalStream, b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(resp.Data), `"error"`) {
-		t.Fatalf("nats-server refused the file: %s", resp.Data)
-	}
-	st, err := js.Stream(ctx, proto.WithdrawalStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := st.CachedInfo().Config
-	if len(c.Subjects) != len(agents) {
-		t.Fatalf("subjects %q: want the %d agents' only", c.Subjects, len(agents))
-	}
-	for _, h := range agents {
+	for i, h := range agents {
+		name, _ := proto.WithdrawalStreamOf(h)
+		b, err := os.ReadFile(filepath.Join(out, name+".json"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.CREATE."+name, b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(resp.Data), `"error"`) {
+			t.Fatalf("nats-server refused %s's file: %s", h, resp.Data)
+		}
+		st, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := st.CachedInfo().Config
 		if err := natslease.ReceiptsUnsound(c, h); err != nil {
-			t.Fatalf("the stream from the file: %v", err)
+			t.Fatalf("the stream from %s's file: %v", h, err)
+		}
+		if err := natslease.ReceiptsUnsound(c, agents[1-i]); err == nil {
+			t.Fatalf("%s's stream vouches for %s", h, agents[1-i])
 		}
 	}
-	if code, _, errOut := runCLI("nats-accounts", "--keys", dir, "--receipts-stream", file, "--replicas", "9", "agent:"+agents[0]); code != 2 || !strings.Contains(errOut, "--replicas 9") {
+	if code, _, errOut := runCLI("nats-accounts", "--keys", dir, "--receipts-streams", out, "--replicas", "9", "agent:"+agents[0]); code != 2 || !strings.Contains(errOut, "--replicas 9") {
 		t.Fatalf("--replicas 9: exit %d, %q", code, errOut)
 	}
-	if code, _, errOut := runCLI("nats-accounts", "--keys", dir, "--receipts-stream", file, "controller:ctl-1"); code != 2 || !strings.Contains(errOut, "agent:HOST") {
+	if code, _, errOut := runCLI("nats-accounts", "--keys", dir, "--receipts-streams", out, "controller:ctl-1"); code != 2 || !strings.Contains(errOut, "agent:HOST") {
 		t.Fatalf("no agent: exit %d, %q", code, errOut)
+	}
+	if code, _, errOut := runCLI("nats-accounts", "--keys", dir, "--receipts-stream", "x.json", "agent:"+agents[0]); code != 2 || !strings.Contains(errOut, "--receipts-streams DIR") {
+		t.Fatalf("old --receipts-stream: exit %d, %q", code, errOut)
 	}
 }
 

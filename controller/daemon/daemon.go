@@ -243,41 +243,14 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts Options) error 
 	if keys != nil {
 		enrolled = slices.Sorted(maps.Keys(keys.Hosts))
 	}
-	openReceipts := func(ctx context.Context) (jetstream.Stream, error) {
-		// Created for the enrolled hosts only where this user may (make
-		// run's single account); provisioned otherwise.
-		rs, err := natslease.EnsureWithdrawalStream(ctx, js, enrolled...)
-		if err != nil {
-			return nil, err
-		}
-		c := rs.CachedInfo().Config
-		if c.AllowDirect {
-			// nats.go would read it with direct gets, which the shipped
-			// permissions deny: every read fails and declarations wait.
-			log.Error("the withdrawal receipts stream allows direct gets: reads fail under the shipped permissions and no host whose key may hide a write is declared (fix: nats stream edit " + proto.WithdrawalStream + " --no-allow-direct -f)")
-		}
-		var unsound []string
-		var why error // the first host's
-		for _, h := range enrolled {
-			if err := natslease.ReceiptsUnsound(c, h); err != nil {
-				unsound = append(unsound, h)
-				why = cmp.Or(why, err)
-			}
-		}
-		if len(unsound) > 0 {
-			log.Error("the withdrawal receipts stream cannot vouch for the receipts of these enrolled hosts: a host among them whose key may hide a write is not declared until it is fixed", "hosts", unsound, "why", why)
-		}
-		return rs, nil
-	}
-	receipts, rerr := openReceipts(ctx)
-	if rerr != nil {
-		log.Warn("withdrawal receipts are NOT read before a declaration until their stream can be opened (tried again before a declaration, at most every minute): a host whose withdrawn record was overwritten and whose beacon was lost may be declared while its guests run — provision the stream (docs/operations.md, \"NATS provisioning\")", "err", rerr)
-		receipts = nil
-	}
+	// Each enrolled host's receipts stream, checked off the start's path
+	// (one stream info each; created where this user may: make run's
+	// single account): the hosts no stream can vouch for are named once.
+	go checkReceiptStreams(ctx, js, log, enrolled)
 	if err := natslease.AccountUnsound(ctx, js); err != nil {
 		log.Error("withdrawal receipts: a host whose key may hide a write is not declared while this holds", "err", err)
 	}
-	d.run = &controller.Runner{Store: st, Tracker: tracker, Memory: cb.Memory, Log: log.With("component", "tracker"), Receipts: receipts, OpenReceipts: openReceipts,
+	d.run = &controller.Runner{Store: st, Tracker: tracker, Memory: cb.Memory, Log: log.With("component", "tracker"), Receipts: js,
 		ReceiptsAccount: func(ctx context.Context) error { return natslease.AccountUnsound(ctx, js) },
 		Now:             d.now, MayAct: d.lr.MayAct, OnDecision: d.decided, Heartbeat: d.heartbeat,
 		OnSynced: func(int) { d.trackerSynced.Store(true); d.maybeReady() },
@@ -581,4 +554,44 @@ func (d *Daemon) healthy() error {
 		return errors.New("watches not synced yet")
 	}
 	return nil
+}
+
+// receiptStreamCheckTimeout bounds the start's check of one host's
+// receipts stream (checkReceiptStreams).
+const receiptStreamCheckTimeout = 5 * time.Second
+
+// checkReceiptStreams logs, at ERROR, the enrolled hosts whose withdrawal
+// receipts no stream can vouch for (natslease.StreamOfReceiptsUnsound:
+// a host among them whose key may hide a write is not declared until
+// its own stream is provisioned), after creating each missing one while
+// this user may (the first creation that got no answer ends the
+// attempts: the server refuses a publish the shipped permissions do not
+// allow without answering it; an answered refusal — the older shared
+// stream captures the host's subject — is that host's only).
+func checkReceiptStreams(ctx context.Context, js jetstream.JetStream, log *slog.Logger, hosts []string) {
+	create := true
+	var unsound []string
+	var why error // the first host's
+	for _, h := range hosts {
+		if ctx.Err() != nil {
+			return
+		}
+		cctx, cancel := context.WithTimeout(ctx, receiptStreamCheckTimeout)
+		if create {
+			var api *jetstream.APIError
+			if _, err := natslease.EnsureWithdrawalStream(cctx, js, h); err != nil && !errors.As(err, &api) {
+				create = false // no answer: a creation this user may not make
+			}
+		}
+		if err := natslease.StreamOfReceiptsUnsound(cctx, js, h); err != nil {
+			unsound = append(unsound, h)
+			why = cmp.Or(why, err)
+		}
+		cancel()
+	}
+	if len(unsound) > 0 {
+		log.Error("no withdrawal receipts stream can vouch for the receipts of these enrolled hosts: a host among them whose key may hide a write is not declared until its own stream is provisioned (docs/operations.md, \"NATS provisioning\")", "hosts", unsound, "why", why)
+		return
+	}
+	log.Info("withdrawal receipts: every enrolled host has its own stream", "hosts", len(hosts))
 }

@@ -168,16 +168,14 @@ func kvGet(bucket string) []string {
 // fetch, ack, delete: it starts a fresh one at start), its event subjects
 // hvguard.v1._controller.> (decisions, host and instance recovery),
 // replies on the default inbox prefix, the agents' beacons
-// (hvguard.v1.*.beacon), the stream info and message gets of the
-// withdrawal receipts (natslease.ReadReceipts). Its own state is in
+// (hvguard.v1.*.beacon), the stream info and message gets of hosts'
+// withdrawal receipts streams (receiptReads). Its own state is in
 // ControlAccount (ControllerControl).
-func Controller() Permissions {
+func Controller(hosts []string) (Permissions, error) {
 	p := Permissions{
 		PubAllow: []string{
 			proto.SubjectPrefix + "._controller.>",
 			jsAPI + "INFO",
-			jsAPI + "STREAM.INFO." + proto.WithdrawalStream,
-			jsAPI + "STREAM.MSG.GET." + proto.WithdrawalStream,
 			jsAPI + "STREAM.INFO." + eventsStream,
 			jsAPI + "CONSUMER.CREATE." + eventsStream + ".>",
 			jsAPI + "CONSUMER.DURABLE.CREATE." + eventsStream + ".>",
@@ -193,7 +191,29 @@ func Controller() Permissions {
 	p.PubAllow = append(p.PubAllow, kvPrefix+">")
 	p.PubAllow = append(p.PubAllow, kvRead(fencing.Bucket)...)
 	p.PubAllow = append(p.PubAllow, kvDirect(fencing.Bucket))
-	return p
+	r, err := receiptReads(hosts)
+	p.PubAllow = append(p.PubAllow, r...)
+	return p, err
+}
+
+// receiptReads are the stream info and message gets of hosts' own
+// withdrawal receipts streams (proto.WithdrawalStreamOf) and of the older
+// shared one (natslease.ReadHostReceipts reads a host's receipts there
+// until it has its own stream). Each stream is named: a NATS wildcard
+// matches whole tokens only, and a stream name is one token.
+func receiptReads(hosts []string) ([]string, error) {
+	out := []string{
+		jsAPI + "STREAM.INFO." + proto.WithdrawalStream,
+		jsAPI + "STREAM.MSG.GET." + proto.WithdrawalStream,
+	}
+	for _, h := range hosts {
+		name, err := proto.WithdrawalStreamOf(h)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, jsAPI+"STREAM.INFO."+name, jsAPI+"STREAM.MSG.GET."+name)
+	}
+	return out, nil
 }
 
 // kvDirect is the direct get of bucket: controllers only (kvRead says why
@@ -239,15 +259,13 @@ func ReaderControl() Permissions {
 // bucket; replies on the default inbox prefix (the controllers' buckets:
 // ReaderControl). The controllers' durable consumers (named
 // after the controllers' ids) are denied so a reader can neither change
-// nor delete them.
-func Reader(controllers []string) Permissions {
+// nor delete them. It reads hosts' withdrawal receipts (receiptReads).
+func Reader(controllers, hosts []string) (Permissions, error) {
 	p := Permissions{
 		PubAllow: []string{
 			jsAPI + "INFO",
 			jsAPI + "STREAM.INFO." + eventsStream,
 			jsAPI + "STREAM.MSG.GET." + eventsStream,
-			jsAPI + "STREAM.INFO." + proto.WithdrawalStream,
-			jsAPI + "STREAM.MSG.GET." + proto.WithdrawalStream,
 			jsAPI + "CONSUMER.CREATE." + eventsStream + ".>",
 			"$JS.FC.>",
 		},
@@ -256,7 +274,9 @@ func Reader(controllers []string) Permissions {
 	p.PubAllow = append(p.PubAllow, kvRead(fencing.Bucket)...)
 	p.SubAllow = append(p.SubAllow, kvPrefix+">")
 	p.PubDeny = durableDenies(controllers)
-	return p
+	r, err := receiptReads(hosts)
+	p.PubAllow = append(p.PubAllow, r...)
+	return p, err
 }
 
 // durableDenies denies the management of the controllers' durable
@@ -274,15 +294,16 @@ func durableDenies(controllers []string) []string {
 }
 
 // PermissionsOf returns u's permissions; controllers are the
-// controllers' ids (for the readers' denies).
-func PermissionsOf(u User, controllers []string) (Permissions, error) {
+// controllers' ids (for the readers' denies), hosts the agents' (whose
+// receipts streams controllers and readers read).
+func PermissionsOf(u User, controllers, hosts []string) (Permissions, error) {
 	switch u.Role {
 	case RoleAgent:
 		return Agent(u.Name)
 	case RoleController:
-		return Controller(), nil
+		return Controller(hosts)
 	case RoleReader:
-		return Reader(controllers), nil
+		return Reader(controllers, hosts)
 	}
 	return Permissions{}, fmt.Errorf("role %q: must be agent, controller or reader", u.Role)
 }
@@ -310,17 +331,20 @@ func Render(users []User, header string) (string, error) {
 		}
 		return us[i].Name < us[j].Name
 	})
-	var controllers []string
+	var controllers, hosts []string
 	for _, u := range us {
-		if u.Role == RoleController {
+		switch u.Role {
+		case RoleController:
 			controllers = append(controllers, u.Name)
+		case RoleAgent:
+			hosts = append(hosts, u.Name)
 		}
 	}
 	var b strings.Builder
 	b.WriteString(header)
 	fmt.Fprintf(&b, "accounts {\n  %s {\n    jetstream: enabled\n    users: [\n", Account)
 	for _, u := range us {
-		p, err := PermissionsOf(u, controllers)
+		p, err := PermissionsOf(u, controllers, hosts)
 		if err != nil {
 			return "", fmt.Errorf("user %q: %w", u.Name, err)
 		}

@@ -23,9 +23,9 @@ import (
 // slow consumer, a subscription that dropped it, a controller not running
 // then) left it to judge the host by its last renewal: the withdrawn host,
 // its guests running, was declared. The receipt is the same signed beacon,
-// published with a JetStream publish ack into proto.WithdrawalStream, so
-// it is stored, not just sent: before a controller declares a host it
-// reads the host's receipts (ReadReceipts), and one naming a revision
+// published with a JetStream publish ack into the host's own stream
+// (proto.WithdrawalStreamOf), so it is stored, not just sent: before a controller declares a host it
+// reads the host's receipts (ReadHostReceipts), and one naming a revision
 // after the record it judges the host by stops the declaration
 // (controller.Runner, docs/security.md "Withdrawal receipts").
 
@@ -50,60 +50,39 @@ func ReceiptMsg(s fencing.Signer, rec fencing.LeaseRecord, rev uint64, at time.T
 // bytes): the stream's MaxMsgSize.
 const ReceiptMaxBytes = 4096
 
-// WithdrawalStreamConfig is the stream of withdrawal receipts of hosts
-// (the enrolled agents: `hvguard-controller nats-accounts
-// --receipts-stream`): their subjects, each named — no wildcard, so
-// nothing else is stored —, each host's WithdrawalReceiptsKept last, kept
-// until replaced, and no stream-wide limit: the subjects' limits bound it
-// (each host's last 4 of at most ReceiptMaxBytes, plus nats-server's
-// per-message overhead: 34 bytes and the subject), so a flood can only replace what is kept on an
-// enrolled host's subject (which makes that host's declaration wait:
-// junk), never fill the stream so that it refuses a receipt. A wildcard
-// and a stream-wide limit let a compromised node's flood of reflected
-// answers on fresh subjects fill it, and shrink it again after it refused
-// a withdrawal's receipt (reviewer X58); and a stream-wide limit is
-// reached by a flood on the named subjects too in a cluster, where the
-// limit counts the proposals in flight (jetstream_batching.go,
+// WithdrawalStreamConfig is host's own withdrawal receipts stream
+// (proto.WithdrawalStreamOf; `hvguard-controller nats-accounts
+// --receipts-streams` writes one per enrolled agent): its receipt subject
+// only — no other host's publishes share its ingest queue, which,
+// shared, a compromised node flooding its own receipt subject filled so
+// that the server refused the withdrawing host's receipt (429, reviewer
+// X60) —, its WithdrawalReceiptsKept last, kept until replaced, and no
+// stream-wide limit: the subject's limits bound it (4 of at most
+// ReceiptMaxBytes, plus nats-server's per-message overhead: 34 bytes and
+// the subject). A flood can then only replace what is kept on the
+// subject, which makes the host's declaration wait (junk), never fill
+// the stream so that it refuses a receipt. A wildcard and a stream-wide
+// limit let a compromised node's flood of reflected answers on fresh
+// subjects fill it, and shrink it again after it refused a withdrawal's
+// receipt (reviewer X58); and a stream-wide limit is reached by a flood
+// on the subject itself in a cluster, where the limit counts the
+// proposals in flight (jetstream_batching.go,
 // checkMsgHeadersPreClusteredProposal) even when each replaces a kept
 // message. No direct gets, rollups, purges or deletes (HardenStream says
 // why). ReceiptsUnsound checks an existing stream against these rules.
-func WithdrawalStreamConfig(replicas int, hosts []string) (jetstream.StreamConfig, error) {
-	if len(hosts) == 0 {
-		return jetstream.StreamConfig{}, errors.New("withdrawal receipts stream: no host")
-	}
-	subjects, err := withdrawnSubjects(hosts)
+func WithdrawalStreamConfig(replicas int, host string) (jetstream.StreamConfig, error) {
+	name, err := proto.WithdrawalStreamOf(host)
 	if err != nil {
 		return jetstream.StreamConfig{}, err
 	}
-	return withdrawalStreamConfig(replicas, subjects), nil
-}
-
-// withdrawnSubjects are hosts' receipt subjects.
-func withdrawnSubjects(hosts []string) ([]string, error) {
-	subjects := make([]string, 0, len(hosts))
-	for _, h := range hosts {
-		s, err := proto.WithdrawnSubject(h)
-		if err != nil {
-			return nil, err
-		}
-		subjects = append(subjects, s)
+	subj, err := proto.WithdrawnSubject(host)
+	if err != nil {
+		return jetstream.StreamConfig{}, err
 	}
-	return subjects, nil
-}
-
-// wildcard reports whether subject s has a wildcard token.
-func wildcard(s string) bool {
-	return slices.ContainsFunc(strings.Split(s, "."), func(t string) bool { return t == "*" || t == ">" })
-}
-
-func withdrawalStreamConfig(replicas int, subjects []string) jetstream.StreamConfig {
-	subjects = slices.Clone(subjects)
-	slices.Sort(subjects)
-	subjects = slices.Compact(subjects)
 	return jetstream.StreamConfig{
-		Name:              proto.WithdrawalStream,
-		Description:       "hvguard: the agents' withdrawal receipts (docs/security.md, \"Withdrawal receipts\")",
-		Subjects:          subjects,
+		Name:              name,
+		Description:       "hvguard: " + host + "'s withdrawal receipts (docs/security.md, \"Withdrawal receipts\")",
+		Subjects:          []string{subj},
 		Retention:         jetstream.LimitsPolicy,
 		Storage:           jetstream.FileStorage,
 		Replicas:          max(replicas, 1),
@@ -114,33 +93,43 @@ func withdrawalStreamConfig(replicas int, subjects []string) jetstream.StreamCon
 		Discard:           jetstream.DiscardNew, // no limit to reach: nothing is discarded
 		DenyDelete:        true,
 		DenyPurge:         true,
-	}
+	}, nil
+}
+
+// wildcard reports whether subject s has a wildcard token.
+func wildcard(s string) bool {
+	return slices.ContainsFunc(strings.Split(s, "."), func(t string) bool { return t == "*" || t == ">" })
 }
 
 // ReceiptsUnsound says why a receipts stream of configuration c cannot
 // vouch that it stored every withdrawal receipt host published — that
-// none was refused for room, nor dropped, since (nil: it can). It can when
-// it names host's subject and only named subjects, holds at most
-// MaxMsgsPerSubject messages of at most MaxMsgSize bytes on each and has
-// no stream-wide limit (WithdrawalStreamConfig says why); keeps them until
+// none was refused for room or for its ingest queue, nor dropped, since
+// (nil: it can). It can when it is host's own stream
+// (proto.WithdrawalStreamOf) capturing host's subject only; holds at
+// most MaxMsgsPerSubject messages of at most MaxMsgSize bytes and has no
+// stream-wide limit (WithdrawalStreamConfig says why); keeps them until
 // replaced (limits retention, no MaxAge, no per-message TTL, schedules,
 // rollups, purges or deletes); stores only what is published on its
-// subjects (no mirror, sources or subject transform); refuses nothing a
+// subject (no mirror, sources or subject transform); refuses nothing the
 // subject's limit would replace (not sealed, no DiscardNewPerSubject);
 // allows no direct gets (docs/security.md, "No direct gets"); and is
 // stored as the shipped stream is (file storage, default persistence, no
 // counters, acks, atomic or batched publishes: reviewer X60). What it
-// cannot see: the JetStream storage of the account or the server running
-// out (docs/operations.md). For a host whose key may hide a write, a
-// controller takes the absence of a withdrawal receipt as evidence only
-// from such a stream (controller.ErrReceiptsUnsound).
+// cannot see: the JetStream storage of the account (AccountUnsound) or
+// the server running out (docs/operations.md). For a host whose key may
+// hide a write, a controller takes the absence of a withdrawal receipt
+// as evidence only from such a stream (controller.ErrReceiptsUnsound).
 func ReceiptsUnsound(c jetstream.StreamConfig, host string) error {
 	subj, err := proto.WithdrawnSubject(host)
 	if err != nil {
 		return err
 	}
+	own, err := proto.WithdrawalStreamOf(host)
+	if err != nil {
+		return err
+	}
 	fix := func(format string, a ...any) error {
-		return fmt.Errorf("the withdrawal receipts stream cannot vouch for %s's receipts: "+format+" (render its configuration with hvguard-controller nats-accounts --receipts-stream, then nats stream edit "+proto.WithdrawalStream+" --config FILE: docs/operations.md)", append([]any{host}, a...)...)
+		return fmt.Errorf("the withdrawal receipts stream %s cannot vouch for %s's receipts: "+format+" (render its own stream with hvguard-controller nats-accounts --receipts-streams DIR, then nats stream add --config DIR/"+own+".json: docs/operations.md)", append([]any{c.Name, host}, a...)...)
 	}
 	for _, s := range c.Subjects {
 		if wildcard(s) {
@@ -149,13 +138,15 @@ func ReceiptsUnsound(c jetstream.StreamConfig, host string) error {
 	}
 	switch per, size := c.MaxMsgsPerSubject, c.MaxMsgSize; {
 	case !slices.Contains(c.Subjects, subj):
-		return fix("it does not capture %s (the host is not in it: add it)", subj)
+		return fix("it does not capture %s (the host is not in it)", subj)
+	case c.Name != own || len(c.Subjects) != 1:
+		return fix("it is not the host's own stream (%s, capturing %s only): the other hosts' publishes share its ingest queue, and a compromised node flooding its own receipt subject fills it so that the server refuses this host's receipt (429, reviewer X60)", own, subj)
 	case per <= 0:
 		return fix("it keeps any number of messages per subject (max_msgs_per_subject %d)", per)
 	case size <= 0:
 		return fix("its messages have no size limit (max_msg_size %d)", size)
 	case c.MaxBytes > 0 || c.MaxMsgs > 0:
-		return fix("it has a stream-wide limit (max_bytes %d, max_msgs %d), which a flood reaches (in a cluster even on the named subjects), and then it refuses receipts: only the subjects' limits may bound it", c.MaxBytes, c.MaxMsgs)
+		return fix("it has a stream-wide limit (max_bytes %d, max_msgs %d), which a flood reaches (in a cluster even on its subject), and then it refuses receipts: only the subject's limits may bound it", c.MaxBytes, c.MaxMsgs)
 	case c.Retention != jetstream.LimitsPolicy:
 		return fix("its retention is %v, not limits: messages are removed when consumed", c.Retention)
 	case c.MaxAge > 0 || c.AllowMsgTTL || c.SubjectDeleteMarkerTTL > 0:
@@ -179,45 +170,105 @@ func ReceiptsUnsound(c jetstream.StreamConfig, host string) error {
 	return nil
 }
 
-// EnsureWithdrawalStream returns the receipts stream. Missing, it is
-// created (one replica) for hosts, if hosts are given and this user may
-// (make run, tests; the shipped permissions do not: it is provisioned,
-// docs/operations.md). Existing, it is changed only to add hosts whose
-// subject it does not name, if this user may and it has no wildcard; a
-// change refused, or a stream with a wildcard, is not an error:
-// ReceiptsUnsound (read with every ReadReceipts) says what it cannot
-// vouch for.
-func EnsureWithdrawalStream(ctx context.Context, js jetstream.JetStream, hosts ...string) (jetstream.Stream, error) {
-	want, err := withdrawnSubjects(hosts)
+// errNoReceiptsStream: no stream captures host's receipts.
+func errNoReceiptsStream(host string) error {
+	own, err := proto.WithdrawalStreamOf(host)
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("no withdrawal receipts stream captures %s's receipts: provision its own (%s: hvguard-controller nats-accounts --receipts-streams DIR, then nats stream add --config DIR/%s.json; docs/operations.md)", host, own, own)
+}
+
+// EnsureWithdrawalStream returns host's own receipts stream
+// (WithdrawalStreamConfig), creating it (one replica) when it is missing
+// and this user may (make run, tests; the shipped permissions do not: it
+// is provisioned, docs/operations.md). The creation fails while the
+// older shared stream (proto.WithdrawalStream) still captures host's
+// subject (NATS refuses overlapping streams): docs/operations.md says
+// how to move a host to its own stream.
+func EnsureWithdrawalStream(ctx context.Context, js jetstream.JetStream, host string) (jetstream.Stream, error) {
+	cfg, err := WithdrawalStreamConfig(1, host)
 	if err != nil {
 		return nil, err
 	}
 	for try := 0; ; try++ {
-		st, err := js.Stream(ctx, proto.WithdrawalStream)
-		if errors.Is(err, jetstream.ErrStreamNotFound) && len(want) > 0 {
-			st, err = js.CreateStream(ctx, withdrawalStreamConfig(1, want))
+		st, err := js.Stream(ctx, cfg.Name)
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			st, err = js.CreateStream(ctx, cfg)
 			if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) && try < 3 {
-				continue // created meanwhile (another agent): add to it
+				continue // created meanwhile (the controller, the agent)
 			}
 		}
 		if err != nil {
-			return nil, fmt.Errorf("withdrawal receipts stream %s: %w", proto.WithdrawalStream, err)
+			return nil, fmt.Errorf("withdrawal receipts stream %s: %w", cfg.Name, err)
 		}
-		cur := st.CachedInfo().Config
-		subjects := slices.Clone(cur.Subjects)
-		for _, s := range want {
-			if !slices.Contains(subjects, s) {
-				subjects = append(subjects, s)
-			}
-		}
-		if len(subjects) == len(cur.Subjects) || try >= 3 || slices.ContainsFunc(cur.Subjects, wildcard) {
+		return st, nil
+	}
+}
+
+// OpenReceipts returns the stream that captures host's withdrawal
+// receipts: its own (proto.WithdrawalStreamOf), or else the older shared
+// one (proto.WithdrawalStream) if it captures host's subject — read, so
+// that a receipt stored there still stops a declaration, though it
+// cannot vouch for the receipts it lacks (ReceiptsUnsound) —, or nil
+// (and no error) if there is none.
+func OpenReceipts(ctx context.Context, js jetstream.JetStream, host string) (jetstream.Stream, error) {
+	own, err := proto.WithdrawalStreamOf(host)
+	if err != nil {
+		return nil, err
+	}
+	subj, err := proto.WithdrawnSubject(host)
+	if err != nil {
+		return nil, err
+	}
+	st, err := js.Stream(ctx, own)
+	if !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return st, err
+	}
+	st, err = js.Stream(ctx, proto.WithdrawalStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range st.CachedInfo().Config.Subjects {
+		if subjectMatches(s, subj) {
 			return st, nil
 		}
-		if _, err := js.UpdateStream(ctx, withdrawalStreamConfig(cur.Replicas, subjects)); err != nil {
-			return st, nil // not this user's to change
-		}
-		// Read it back: another agent may have changed it meanwhile.
 	}
+	return nil, nil
+}
+
+// subjectMatches reports whether filter (NATS wildcards) matches the
+// literal subject subj.
+func subjectMatches(filter, subj string) bool {
+	f, s := strings.Split(filter, "."), strings.Split(subj, ".")
+	for i, t := range f {
+		switch {
+		case t == ">":
+			return len(s) > i
+		case i >= len(s):
+			return false
+		case t != "*" && t != s[i]:
+			return false
+		}
+	}
+	return len(f) == len(s)
+}
+
+// StreamOfReceiptsUnsound says why no stream can vouch for host's
+// withdrawal receipts (nil: its own can): none captures them, or the one
+// that does cannot (ReceiptsUnsound).
+func StreamOfReceiptsUnsound(ctx context.Context, js jetstream.JetStream, host string) error {
+	st, err := OpenReceipts(ctx, js, host)
+	switch {
+	case err != nil:
+		return fmt.Errorf("withdrawal receipts of %s: %w", host, err)
+	case st == nil:
+		return errNoReceiptsStream(host)
+	}
+	return ReceiptsUnsound(st.CachedInfo().Config, host)
 }
 
 // ReceiptRead is what ReadReceipts found on a host's receipt subject.
@@ -283,6 +334,20 @@ func ReadReceipts(ctx context.Context, st jetstream.Stream, host string) (Receip
 		seq = m.Sequence + 1
 	}
 	return res, nil
+}
+
+// ReadHostReceipts reads host's withdrawal receipts (ReadReceipts) from
+// the stream that captures them (OpenReceipts). With none, it reads no
+// message and says so in Unsound.
+func ReadHostReceipts(ctx context.Context, js jetstream.JetStream, host string) (ReceiptRead, error) {
+	st, err := OpenReceipts(ctx, js, host)
+	if err != nil {
+		return ReceiptRead{}, ReceiptReadError{fmt.Errorf("open the withdrawal receipts of %s: %w", host, err)}
+	}
+	if st == nil {
+		return ReceiptRead{Unsound: errNoReceiptsStream(host)}, nil
+	}
+	return ReadReceipts(ctx, st, host)
 }
 
 // decodeReceipt decodes m as host's withdrawal receipt.

@@ -9,7 +9,6 @@ import (
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
-	"hvguard/proto"
 )
 
 // TestX60ReceiptsUnsoundMisses (reviewer X60): settings under which the
@@ -19,7 +18,7 @@ import (
 //   - storage memory / persist_mode async: receipts lost at a server
 //     restart or crash ("kept until replaced" does not hold).
 func TestX60ReceiptsUnsoundMisses(t *testing.T) {
-	base, err := natslease.WithdrawalStreamConfig(1, []string{"h0"})
+	base, err := natslease.WithdrawalStreamConfig(1, "h0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,9 +51,8 @@ func TestX60ReceiptsUnsoundMisses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, perr := js.PublishMsg(ctx, m, jetstream.WithExpectStream(proto.WithdrawalStream))
-	st, _ := js.Stream(ctx, proto.WithdrawalStream)
-	rr, err := natslease.ReadReceipts(ctx, st, "h0")
+	_, perr := js.PublishMsg(ctx, m)
+	rr, err := natslease.ReadHostReceipts(ctx, js, "h0")
 	t.Logf("counter stream: receipt publish %v; read %d msgs, unsound %v (%v)", perr, len(rr.Msgs), rr.Unsound, err)
 	if perr != nil && rr.Unsound == nil {
 		t.Errorf("a counter receipts stream refused the receipt (%v) and vouches", perr)

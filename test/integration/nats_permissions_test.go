@@ -320,10 +320,11 @@ func TestNATSPermissions(t *testing.T) {
 	// "Withdrawal receipts").
 	wsubj, _ := proto.WithdrawnSubject(h1)
 	c, cc = context.WithTimeout(context.Background(), 5*time.Second)
-	if _, err := ajs.Publish(c, wsubj, []byte(`{"receipt":"h1"}`), jetstream.WithExpectStream(proto.WithdrawalStream)); err != nil {
-		t.Errorf("agent could not store its withdrawal receipt: %v", err)
+	own, _ := proto.WithdrawalStreamOf(h1)
+	if ack, err := ajs.Publish(c, wsubj, []byte(`{"receipt":"h1"}`)); err != nil || ack.Stream != own {
+		t.Errorf("agent could not store its withdrawal receipt in its own stream %s: %v, %v", own, ack, err)
 	}
-	if rs, err := rjs.Stream(c, proto.WithdrawalStream); err != nil {
+	if rs, err := natslease.OpenReceipts(c, rjs, h1); err != nil || rs == nil {
 		t.Errorf("reader: receipts stream: %v", err)
 	} else if m, err := rs.GetLastMsgForSubject(c, wsubj); err != nil || string(m.Data) != `{"receipt":"h1"}` {
 		t.Errorf("reader: h1's receipt: %v", err)

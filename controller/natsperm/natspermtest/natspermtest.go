@@ -8,6 +8,7 @@ package natspermtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -133,8 +134,10 @@ func startServer(t testing.TB, accountMaxFile, maxFileStore int64, provision ...
 	if _, err := natslease.CreateBucket(ctx, j, 1); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := natslease.EnsureWithdrawalStream(ctx, j, Agents...); err != nil { // the agents' withdrawal receipts
-		t.Fatal(err)
+	for _, h := range Agents { // each agent's withdrawal receipts
+		if _, err := natslease.EnsureWithdrawalStream(ctx, j, h); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, p := range provision {
 		if err := p(ctx, j); err != nil {
@@ -215,26 +218,64 @@ func Connect(t testing.TB, url, user string, opts ...nats.Option) *nats.Conn {
 	return nc
 }
 
-// OlderReceiptsConfig is the receipts stream the previous release
-// provisioned for Agents: capturing hvguard.v1.*.withdrawn within one
-// stream-wide limit of maxBytes (it shipped 256 MiB), DiscardNew — one
-// that cannot vouch for its receipts (natslease.ReceiptsUnsound:
-// reviewer X58).
-func OlderReceiptsConfig(maxBytes int64) jetstream.StreamConfig {
-	cfg, err := natslease.WithdrawalStreamConfig(1, Agents)
+// SharedReceiptsConfig is the receipts stream the previous release
+// provisioned for Agents: one stream (proto.WithdrawalStream) naming
+// every agent's subject, each kept as a host's own stream keeps it — one
+// that cannot vouch for its receipts, since the agents share its ingest
+// queue (natslease.ReceiptsUnsound: reviewer X60).
+func SharedReceiptsConfig() jetstream.StreamConfig {
+	cfg, err := natslease.WithdrawalStreamConfig(1, Agents[0])
 	if err != nil {
 		panic(err) // Agents are valid host names
 	}
+	cfg.Name, cfg.Subjects = proto.WithdrawalStream, nil
+	for _, h := range Agents {
+		subj, _ := proto.WithdrawnSubject(h)
+		cfg.Subjects = append(cfg.Subjects, subj)
+	}
+	return cfg
+}
+
+// OlderReceiptsConfig is the receipts stream the release before that
+// provisioned: capturing hvguard.v1.*.withdrawn within one stream-wide
+// limit of maxBytes (it shipped 256 MiB), DiscardNew — one that cannot
+// vouch for its receipts (natslease.ReceiptsUnsound: reviewer X58).
+func OlderReceiptsConfig(maxBytes int64) jetstream.StreamConfig {
+	cfg := SharedReceiptsConfig()
 	cfg.Subjects, cfg.MaxBytes = []string{proto.WithdrawnWildcard}, maxBytes
 	return cfg
 }
 
-// OlderReceiptsStream replaces the receipts stream by the previous
-// release's (OlderReceiptsConfig, 256 MiB).
-func OlderReceiptsStream(ctx context.Context, j jetstream.JetStream) error {
-	if err := j.DeleteStream(ctx, proto.WithdrawalStream); err != nil {
+// replaceReceiptStreams deletes the agents' own receipts streams and
+// creates cfg in their place.
+func replaceReceiptStreams(ctx context.Context, j jetstream.JetStream, cfg jetstream.StreamConfig) error {
+	if err := DeleteReceiptsStreams(ctx, j); err != nil {
 		return err
 	}
-	_, err := j.CreateStream(ctx, OlderReceiptsConfig(256<<20))
+	_, err := j.CreateStream(ctx, cfg)
 	return err
+}
+
+// DeleteReceiptsStreams deletes the agents' own receipts streams (a
+// cluster that never provisioned them).
+func DeleteReceiptsStreams(ctx context.Context, j jetstream.JetStream) error {
+	for _, h := range Agents {
+		name, _ := proto.WithdrawalStreamOf(h)
+		if err := j.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return err
+		}
+	}
+	return nil
+}
+
+// SharedReceiptsStream replaces the agents' own receipts streams by the
+// previous release's shared one (SharedReceiptsConfig).
+func SharedReceiptsStream(ctx context.Context, j jetstream.JetStream) error {
+	return replaceReceiptStreams(ctx, j, SharedReceiptsConfig())
+}
+
+// OlderReceiptsStream replaces the agents' own receipts streams by the
+// wildcard one of the release before (OlderReceiptsConfig, 256 MiB).
+func OlderReceiptsStream(ctx context.Context, j jetstream.JetStream) error {
+	return replaceReceiptStreams(ctx, j, OlderReceiptsConfig(256<<20))
 }
