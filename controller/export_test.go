@@ -136,6 +136,20 @@ func SetReceiptStaleMargin(d time.Duration) func() {
 	return func() { receiptStaleMargin = ReceiptStaleMargin }
 }
 
+// The rigs' receipts streams are created by the one nats-server the
+// rig starts (natspermtest.StartServer), moments before its hosts'
+// records: no two servers' clocks to cover, so the margin (1 s in
+// production, for two streams' leaders on different servers) is cut to
+// 10 ms for this package's tests (TestReceiptsCover restores it).
+func init() { receiptStreamClockMargin = 10 * time.Millisecond }
+
+// SetReceiptSinceMutation turns receiptSinceMutation on until the
+// returned func is called (sequential tests only).
+func SetReceiptSinceMutation(on bool) func() {
+	receiptSinceMutation = on
+	return func() { receiptSinceMutation = false }
+}
+
 // SetReceiptSealedMutation turns receiptSealedMutation on until the
 // returned func is called (sequential tests only).
 func SetReceiptSealedMutation(on bool) func() {

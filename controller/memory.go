@@ -91,6 +91,12 @@ type MemoryPin struct {
 	// handed out again after a rollback is stored at another time
 	// (reviewer X20). Zero (a pin written before it existed): not taken.
 	KeyStored int64 `json:"key_stored,omitempty"`
+	// TrustedStored: when the server stored Record (Unix nanoseconds;
+	// zero: unknown, a pin of an earlier release). A restored record
+	// keeps it, so a receipts stream created after it still vouches for
+	// nothing before (Tracker.ReceiptsCover, reviewer X62) and one created
+	// before still vouches after a restart.
+	TrustedStored int64 `json:"trusted_stored,omitempty"`
 }
 
 // keyStamp: the revision of a key's last value and when it was stored.
@@ -157,7 +163,7 @@ func (t *Tracker) pin(host string, h *hostState, rev uint64, deleted, declarable
 	stored := t.storedAt(host, rev)
 	if declarable && t.required && t.pinned(h) && h.rec.State == fencing.LeaseActive && h.trustedRev > 0 &&
 		seen && !h.beaconWithdrawn() && !h.regressed && stored != 0 && !pinMutation {
-		p = &MemoryPin{Record: h.rec, TrustedRev: h.trustedRev, KeyRev: rev, Deleted: deleted, Stream: t.stream, KeyStored: stored}
+		p = &MemoryPin{Record: h.rec, TrustedRev: h.trustedRev, KeyRev: rev, Deleted: deleted, Stream: t.stream, KeyStored: stored, TrustedStored: h.trustedStored}
 	}
 	if p == nil && h.pin == nil {
 		return
@@ -709,7 +715,7 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 	// pin's writer counted it so — a pinned Held host taken as "seen now"
 	// at a standby's takeover ended the hold over its rack (reviewer
 	// X18, TestX18TakeoverPinEndsHold).
-	h.rec, h.trustedRev, h.pin, h.trustedStored = p.Record, p.TrustedRev, p, 0
+	h.rec, h.trustedRev, h.pin, h.trustedStored = p.Record, p.TrustedRev, p, p.TrustedStored
 	// The pin was written with every write of the key since its trusted
 	// record seen (pin): the listing's skip before this value hid nothing
 	// (bindLate notes nothing).

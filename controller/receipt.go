@@ -131,6 +131,11 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 		if !mayHide || receiptUnsoundMutation {
 			return nil
 		}
+		if rr.Unsound == nil && !r.Tracker.ReceiptsCover(d.Host, rr.Since) {
+			// Reviewer X62: a stream created after the record the host
+			// is judged by vouches for nothing before it existed.
+			rr.Unsound = fmt.Errorf("the host's receipts stream was created at %s, not before the record the host is judged by was stored (or that time is unknown: a pin of an earlier release, a record carried across a rollback): it cannot vouch for receipts published before it existed", rr.Since.UTC().Format(time.RFC3339))
+		}
 		if rr.Unsound == nil && r.ReceiptsAccount != nil {
 			rr.Unsound = r.ReceiptsAccount(ctx) // reviewer X60: a capped account
 		}
@@ -144,7 +149,7 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 		return unsound()
 	}
 	b := newest.Beacon
-	if r.Tracker.SealedBefore(d.Host, b.Revision) && !receiptSealedMutation {
+	if r.Tracker.SealedBefore(d.Host, b) && !receiptSealedMutation {
 		// The withdrawal landed between the revision the trusted record
 		// was sealed for and the one it landed at: that record was not
 		// the host's write on its key's state — a renewal it sealed and a

@@ -125,6 +125,10 @@ type receiptCase struct {
 	// previous release's, shared by every host (X60); deleted: no host has
 	// its own stream; noStream: the controller reads none (no connection).
 	older, noStream, shared, deleted bool
+	// migrate (reviewer X62): the previous release's shared stream, and
+	// the operator moves compute-3 to its own stream (docs/operations.md
+	// "Upgrade", one by one) right after its withdrawal.
+	migrate, moved bool
 }
 
 func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
@@ -143,7 +147,16 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 	case c.deleted:
 		provision = append(provision, natspermtest.DeleteReceiptsStreams)
 	}
-	srvURL := natspermtest.StartServer(t, provision...)
+	var srvURL string
+	var aj jetstream.JetStream
+	if c.migrate {
+		srvURL, aj = x62StartServerWithAdmin(t)
+		if _, err := aj.CreateStream(context.Background(), natspermtest.SharedReceiptsConfig()); err != nil {
+			t.Fatal(err)
+		}
+	} else {
+		srvURL = natspermtest.StartServer(t, provision...)
+	}
 	hosts := []string{attacker, companion, withdrawn}
 	f := newFleetOf(t, hosts)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -215,7 +228,7 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 	cst, wnc, bnc, proxy := proxiedController(t, srvURL, f)
 	cjs, _ := jetstream.New(bnc)
 	// Provisioned: the controller only reads.
-	if u := natslease.StreamOfReceiptsUnsound(ctx, cjs, withdrawn); (u != nil) != (c.older || c.shared || c.deleted) {
+	if u := natslease.StreamOfReceiptsUnsound(ctx, cjs, withdrawn); (u != nil) != (c.older || c.shared || c.deleted || c.migrate) {
 		t.Fatalf("rig: the receipts stream (older %t, shared %t, deleted %t) vouches: %v", c.older, c.shared, c.deleted, u)
 	}
 	rs := cjs
@@ -275,6 +288,9 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 	if _, err := sims[attacker].st.KV.Put(ctx, strings.ReplaceAll(withdrawn, ".", "_"), val); err != nil {
 		mu.Unlock()
 		t.Fatal(err)
+	}
+	if c.migrate && c.moved {
+		x62MoveToOwnStream(ctx, t, aj, withdrawn)
 	}
 	if c.reflect > 0 {
 		// compute-1's own user, shipped permissions: a message get of the

@@ -59,3 +59,105 @@ func TestReceiptStale(t *testing.T) {
 		})
 	}
 }
+
+// TestSealedBeforeCreate: a trusted record of the host's that landed
+// after its withdrawal receipt's revision was written over the withdrawal
+// by someone else when the host sealed it for an earlier revision
+// (prev_rev between: reviewer X58) — or, for a create (prev_rev 0, which
+// a key deleted in between lets land anywhere), when the withdrawal is
+// newer (epoch, incarnation, seq) than the record: the host sealed the
+// record before it withdrew, so someone put it back (a compromised peer
+// holding a create the host asked it to relay; docs/security.md,
+// "Withdrawal receipts", the create gap). A create newer than the
+// withdrawal is the host's comeback; a receipt after the record, an
+// unsigned record or a receipt without identity says nothing.
+func TestSealedBeforeCreate(t *testing.T) {
+	const host = "h1"
+	for _, c := range []struct {
+		name          string
+		prevRev       uint64
+		inc, seq      uint64
+		receiptRev    uint64
+		unsigned, mut bool
+		noIdentity    bool
+		want          bool
+	}{
+		{name: "create put back over the withdrawal", inc: 3, seq: 10, receiptRev: 100, want: true},
+		{name: "create put back/createSealedMutation", inc: 3, seq: 10, receiptRev: 100, mut: true},
+		{name: "create after the withdrawal: the host came back", inc: 4, seq: 1, receiptRev: 100},
+		{name: "receipt after the create", inc: 3, seq: 10, receiptRev: 130},
+		{name: "unsigned create", inc: 3, seq: 10, receiptRev: 100, unsigned: true},
+		{name: "receipt without identity", inc: 3, seq: 10, receiptRev: 100, noIdentity: true},
+		{name: "update sealed before the receipt (X58)", prevRev: 90, inc: 4, seq: 1, receiptRev: 100, want: true},
+		{name: "update sealed after the receipt", prevRev: 110, inc: 3, seq: 10, receiptRev: 100},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.mut {
+				createSealedMutation = true
+				defer func() { createSealedMutation = false }()
+			}
+			tr := x10Tracker(t)
+			r := rec(host, fencing.BackstopReset)
+			r.Signer, r.Sig, r.Epoch, r.Incarnation, r.Seq, r.PrevRev = host+"-key", "sig", 2, c.inc, c.seq, c.prevRev
+			if c.unsigned {
+				r.Signer, r.Sig = "", ""
+			}
+			tr.Observe(time.Unix(1000, 0), host, 120, r)
+			b := fencing.Beacon{Host: host, State: fencing.LeaseWithdrawn, Revision: c.receiptRev, Epoch: 2, Incarnation: 3, Seq: 50}
+			if c.noIdentity {
+				b.Epoch, b.Incarnation, b.Seq = 0, 0, 0
+			}
+			if got := tr.SealedBefore(host, b); got != c.want {
+				t.Fatalf("SealedBefore = %t, want %t", got, c.want)
+			}
+		})
+	}
+}
+
+// TestReceiptsCover (reviewer X62): a host's receipts stream vouches for
+// its receipts only if it existed when the record the host is judged by
+// was stored (created at least ReceiptStreamClockMargin before): one
+// created after — the host moved to its own stream, or its stream
+// re-added, after it withdrew — vouches for a time before it existed. A
+// record whose stored time is unknown (restored from memory) is not
+// covered, nor is a stream whose creation time is unknown.
+func TestReceiptsCover(t *testing.T) {
+	t0 := time.Date(2026, 12, 4, 2, 0, 0, 0, time.UTC) // the record stored
+	const host = "h1"
+	defer func(m time.Duration) { receiptStreamClockMargin = m }(receiptStreamClockMargin)
+	receiptStreamClockMargin = ReceiptStreamClockMargin // the production margin (export_test.go cuts it)
+	for _, c := range []struct {
+		name      string
+		created   time.Time
+		noStored  bool
+		mut, want bool
+	}{
+		{name: "created long before", created: t0.Add(-time.Hour), want: true},
+		{name: "created the margin before", created: t0.Add(-ReceiptStreamClockMargin), want: true},
+		{name: "created within the margin", created: t0.Add(-ReceiptStreamClockMargin / 2)},
+		{name: "created after: moved, or re-added", created: t0.Add(time.Minute)},
+		{name: "created after/receiptSinceMutation", created: t0.Add(time.Minute), mut: true, want: true},
+		{name: "stored time unknown", created: t0.Add(-time.Hour), noStored: true},
+		{name: "creation unknown", created: time.Time{}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.mut {
+				receiptSinceMutation = true
+				defer func() { receiptSinceMutation = false }()
+			}
+			tr := x10Tracker(t)
+			r := rec(host, fencing.BackstopReset)
+			r.Signer, r.Epoch, r.Incarnation, r.Seq = host+"-key", 2, 3, 10
+			if !c.noStored {
+				tr.Stored(host, 7, t0)
+			}
+			tr.Observe(t0, host, 7, r)
+			if got := tr.ReceiptsCover(host, c.created); got != c.want {
+				t.Fatalf("ReceiptsCover = %t, want %t", got, c.want)
+			}
+		})
+	}
+	if x10Tracker(t).ReceiptsCover("unknown", t0.Add(-time.Hour)) {
+		t.Fatal("an unknown host is covered")
+	}
+}

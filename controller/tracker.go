@@ -171,7 +171,8 @@ type hostState struct {
 	rev uint64
 	// trustedRev: the revision of rec (the last trusted record); rev may
 	// be later (an untrusted value, a delete). trustedStored: when the
-	// lease stream stored it (Unix ns; 0: unknown — a pin's).
+	// lease stream stored it (Unix ns; 0: unknown — a carry's, or a pin of
+	// an earlier release's).
 	trustedRev    uint64
 	trustedStored int64
 	rec           fencing.LeaseRecord
@@ -501,19 +502,36 @@ func (t *Tracker) MayHideWrite(host string) bool {
 }
 
 // SealedBefore reports whether host's trusted record (the one it is judged
-// by, landed at trustedRev) was sealed for a revision before rev — a
-// revision of its key below trustedRev: a genuine record is written by a
-// compare-and-set on its PrevRev, the key's last revision then, so no
-// value of the key landed between PrevRev and the record's own revision;
-// a write of the host's at rev in between (its withdrawal receipt names
-// it) means the trusted record was written later by someone else: a
-// record the host sealed and a peer withheld, or a copy (reviewer X58).
-// Creates (PrevRev 0) and unsigned records say nothing.
-func (t *Tracker) SealedBefore(host string, rev uint64) bool {
+// by, landed at trustedRev) was sealed before the withdrawal that host's
+// receipt b names at a revision below trustedRev — so someone else wrote
+// it over the withdrawal: a record the host sealed and a peer withheld,
+// or a copy (reviewer X58). For an update: it was sealed for a revision
+// (PrevRev) before b's — a genuine record is a compare-and-set on its
+// PrevRev, the key's last revision then, so no value of the key landed
+// between PrevRev and the record's own revision. For a create (PrevRev
+// 0: the key absent or deleted, which a delete in between allows
+// anywhere): the withdrawal is newer (epoch, incarnation, seq) than the
+// record — the host wrote the record before it withdrew, yet it landed
+// after (the create gap). A create newer than the withdrawal is the
+// host's comeback (its key deleted meanwhile); an agent that lost its
+// state and came back so writes identities below its withdrawal's and is
+// taken for a copy: it waits until it writes again (docs/security.md).
+// Unsigned records and receipts without identity say nothing.
+func (t *Tracker) SealedBefore(host string, b fencing.Beacon) bool {
 	h := t.hosts[host]
-	return h != nil && h.trustedRev != 0 && h.rec.Sig != "" && h.rec.PrevRev != 0 &&
-		rev > h.rec.PrevRev && rev < h.trustedRev
+	if h == nil || h.trustedRev == 0 || h.rec.Sig == "" || b.Revision >= h.trustedRev {
+		return false
+	}
+	if h.rec.PrevRev != 0 {
+		return b.Revision > h.rec.PrevRev
+	}
+	w := writeID{epoch: b.Epoch, inc: b.Incarnation, seq: b.Seq}
+	return b.Seq != 0 && !createSealedMutation && w.newer(idOf(h.rec))
 }
+
+// createSealedMutation: a create (PrevRev 0) put back over a withdrawal
+// is not caught (the gap before). Tests only.
+var createSealedMutation bool
 
 // ReceiptStaleMargin: a withdrawal receipt is from before the host's
 // trusted record only if it was stored more than this before that record
@@ -554,6 +572,45 @@ func (t *Tracker) ReceiptStale(host string, b fencing.Beacon, stored time.Time) 
 	}
 	w := writeID{epoch: b.Epoch, inc: b.Incarnation, seq: b.Seq}
 	return idOf(h.rec).newer(w) && h.trustedStored > stored.Add(receiptStaleMargin).UnixNano()
+}
+
+// ReceiptStreamClockMargin: a host's receipts stream vouches for its
+// receipts only if it was created at least this long before the record
+// the host is judged by was stored (ReceiptsCover). The two stamps come
+// from two streams' leaders, possibly on different servers: this covers
+// their clocks' difference (NTP keeps it well under a second); the cost
+// is that a host whose record was stored within a second of its stream's
+// creation waits until it writes again.
+const ReceiptStreamClockMargin = time.Second
+
+// receiptStreamClockMargin is ReceiptStreamClockMargin (tests change it).
+var receiptStreamClockMargin = ReceiptStreamClockMargin
+
+// receiptSinceMutation: a receipts stream vouches for the time before it
+// was created (reviewer X62's hole back). Tests only.
+var receiptSinceMutation bool
+
+// ReceiptsCover reports whether a receipts stream created at created can
+// vouch for host's withdrawal receipts since the record host is judged
+// by: the stream existed when that record was stored (created at least
+// ReceiptStreamClockMargin before), so any withdrawal after the record
+// was published while it was there. A stream created later — a host
+// moved off the older shared stream, or its stream deleted and re-added,
+// after it withdrew (its receipt left behind, or never stored) — vouches
+// for a time before it existed: the withdrawn host was declared 3 s
+// after its withdrawal (reviewer X62, TestX62MigrationDeclaresWithdrawnNATS).
+// A record whose stored time is unknown (carried across a rollback, or
+// pinned by an earlier release: MemoryPin.TrustedStored) is not covered:
+// its declaration waits if its key may hide a write.
+func (t *Tracker) ReceiptsCover(host string, created time.Time) bool {
+	if receiptSinceMutation {
+		return true
+	}
+	h := t.hosts[host]
+	if h == nil || h.trustedStored == 0 || created.IsZero() {
+		return false
+	}
+	return created.Add(receiptStreamClockMargin).UnixNano() <= h.trustedStored
 }
 
 // SetSigningRequired tells the tracker whether signed records are

@@ -279,6 +279,10 @@ type ReceiptRead struct {
 	// the host published (ReceiptsUnsound; nil: it can) — the absence of
 	// a receipt is then no evidence.
 	Unsound error
+	// Since: when the stream was created. It vouches for nothing before:
+	// a receipt published then went elsewhere, or nowhere (the caller
+	// compares it with what it judges the host by: reviewer X62).
+	Since time.Time
 }
 
 // StoredReceipt is one message on a host's receipt subject: its stream
@@ -317,7 +321,7 @@ func ReadReceipts(ctx context.Context, st jetstream.Stream, host string) (Receip
 	if err != nil {
 		return ReceiptRead{}, ReceiptReadError{fmt.Errorf("read the withdrawal receipts of %s: %w", host, err)}
 	}
-	res := ReceiptRead{Unsound: ReceiptsUnsound(info.Config, host)}
+	res := ReceiptRead{Unsound: ReceiptsUnsound(info.Config, host), Since: info.Created}
 	n := info.State.Subjects[subj]
 	seq := info.State.FirstSeq
 	for range n {
