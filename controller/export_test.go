@@ -143,6 +143,20 @@ func SetReceiptStaleMargin(d time.Duration) func() {
 // 10 ms for this package's tests (TestReceiptsCover restores it).
 func init() { receiptStreamClockMargin = 10 * time.Millisecond }
 
+// SetSpanSkipMutation turns spanSkipMutation on until the returned func
+// is called (sequential tests only).
+func SetSpanSkipMutation(on bool) func() {
+	spanSkipMutation = on
+	return func() { spanSkipMutation = false }
+}
+
+// SetCoverFromMutation turns coverFromMutation on until the returned
+// func is called (sequential tests only).
+func SetCoverFromMutation(on bool) func() {
+	coverFromMutation = on
+	return func() { coverFromMutation = false }
+}
+
 // SetReceiptSinceMutation turns receiptSinceMutation on until the
 // returned func is called (sequential tests only).
 func SetReceiptSinceMutation(on bool) func() {

@@ -97,6 +97,9 @@ type MemoryPin struct {
 	// nothing before (Tracker.ReceiptsCover, reviewer X62) and one created
 	// before still vouches after a restart.
 	TrustedStored int64 `json:"trusted_stored,omitempty"`
+	// TrustedFrom: when the value Record replaced was stored, if known
+	// (the tracker's trustedFrom: coverage counts from it, reviewer X63).
+	TrustedFrom int64 `json:"trusted_from,omitempty"`
 }
 
 // keyStamp: the revision of a key's last value and when it was stored.
@@ -163,7 +166,7 @@ func (t *Tracker) pin(host string, h *hostState, rev uint64, deleted, declarable
 	stored := t.storedAt(host, rev)
 	if declarable && t.required && t.pinned(h) && h.rec.State == fencing.LeaseActive && h.trustedRev > 0 &&
 		seen && !h.beaconWithdrawn() && !h.regressed && stored != 0 && !pinMutation {
-		p = &MemoryPin{Record: h.rec, TrustedRev: h.trustedRev, KeyRev: rev, Deleted: deleted, Stream: t.stream, KeyStored: stored, TrustedStored: h.trustedStored}
+		p = &MemoryPin{Record: h.rec, TrustedRev: h.trustedRev, KeyRev: rev, Deleted: deleted, Stream: t.stream, KeyStored: stored, TrustedStored: h.trustedStored, TrustedFrom: h.trustedFrom}
 	}
 	if p == nil && h.pin == nil {
 		return
@@ -463,7 +466,7 @@ func (t *Tracker) KeepBar(c CarriedHost) []Decision {
 		// after the fresh start, and a host with a watchdog before its
 		// grace (reviewer X47, TestX47ListedWithdrawal*).
 		prev := h.rec
-		h.rec, h.trustedStored = r, 0 // carried: its stored time unknown (ReceiptStale)
+		h.rec, h.trustedStored, h.trustedFrom, h.spanSkip = r, 0, 0, true // carried: its stored time unknown (ReceiptStale)
 		if r.State == fencing.LeaseActive && !judgeBarMutation {
 			h.declaredAt, h.declaring = time.Time{}, time.Time{}
 			t.judge(c.Host, h, prev)
@@ -558,7 +561,7 @@ func (t *Tracker) KeepWithdrawn(w CarriedHost, rev uint64) []Decision {
 			bar := barOf(c, w.Wrote)
 			h.carried = &bar
 			if c.State == fencing.LeaseWithdrawn {
-				h.rec, h.trustedStored = c, 0
+				h.rec, h.trustedStored, h.trustedFrom, h.spanSkip = c, 0, 0, true
 			}
 		}
 		return t.out
@@ -566,7 +569,7 @@ func (t *Tracker) KeepWithdrawn(w CarriedHost, rev uint64) []Decision {
 	last, bar := w.Record, barOf(w.Record, w.Wrote)
 	h.carried = &bar
 	if last.State == fencing.LeaseWithdrawn {
-		h.rec, h.trustedStored = last, 0
+		h.rec, h.trustedStored, h.trustedFrom, h.spanSkip = last, 0, 0, true
 	} else {
 		h.beacons.withdrawnRev = max(h.beacons.withdrawnRev, rev, h.trustedRev+1)
 	}
@@ -715,7 +718,7 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 	// pin's writer counted it so — a pinned Held host taken as "seen now"
 	// at a standby's takeover ended the hold over its rack (reviewer
 	// X18, TestX18TakeoverPinEndsHold).
-	h.rec, h.trustedRev, h.pin, h.trustedStored = p.Record, p.TrustedRev, p, p.TrustedStored
+	h.rec, h.trustedRev, h.pin, h.trustedStored, h.trustedFrom, h.spanSkip = p.Record, p.TrustedRev, p, p.TrustedStored, p.TrustedFrom, true
 	// The pin was written with every write of the key since its trusted
 	// record seen (pin): the listing's skip before this value hid nothing
 	// (bindLate notes nothing).

@@ -94,6 +94,9 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 	ctx, cancel := context.WithTimeout(ctx, ReceiptReadTimeout)
 	defer cancel()
 	if r.Receipts == nil {
+		// A runner without the agents' JetStream (tests, embedded uses;
+		// the daemon always has it) waits only for a key that may hide a
+		// write: it reads no receipt to weigh against a skip.
 		if r.Tracker.MayHideWrite(d.Host) && !receiptUnsoundMutation {
 			log.Error("DECLARATION WAITS: the host's key holds a later value than the record it is judged by, which may hide its withdrawal, and no withdrawal receipts are read to show there was none (a runner without the agents' JetStream connection)", "host", d.Host)
 			return ErrReceiptsUnsound
@@ -118,7 +121,7 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 		}
 		junk = append(junk, fmt.Sprintf("sequence %d stored %s: %v", m.Seq, m.Stored.UTC().Format(time.RFC3339), m.Err))
 	}
-	mayHide := r.Tracker.MayHideWrite(d.Host)
+	mayHide := r.Tracker.ReceiptsMatter(d.Host)
 	if mayHide && len(junk) > 0 && !receiptJunkMutation {
 		log.Error("DECLARATION WAITS: the host's receipt subject holds messages that are not its withdrawal receipts after its last one — reflected JetStream answers, a compromised node's doing; the host is not declared until its next receipt or an operator removes them (docs/security.md, \"Withdrawal receipts\")", "host", d.Host, "junk", junk)
 		return ErrReceiptsTampered

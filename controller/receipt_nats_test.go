@@ -129,6 +129,11 @@ type receiptCase struct {
 	// the operator moves compute-3 to its own stream (docs/operations.md
 	// "Upgrade", one by one) right after its withdrawal.
 	migrate, moved bool
+	// putAfterMove (reviewer X63): the operator moves compute-3 first,
+	// compute-1 puts the withheld relay back only after (and, with
+	// thenGarbage, overwrites it with garbage once the controller's watch
+	// has trusted it).
+	putAfterMove, thenGarbage bool
 }
 
 func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
@@ -248,6 +253,9 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 		OnDecision: func(d controller.Decision, err error) {
 			cmu.Lock()
 			defer cmu.Unlock()
+			if c.thenGarbage && d.Host == withdrawn && (d.Op != controller.OpDeclare || err == nil || !stopped) {
+				t.Logf("decision %s rev %d record %s seq %d err %v", d.Op, d.Revision, d.Record.State, d.Record.Seq, err)
+			}
 			switch {
 			case d.Op == controller.OpDeclare && d.Host != withdrawn:
 				t.Errorf("declared the live %s", d.Host)
@@ -285,11 +293,15 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 	if !old {
 		renew(withdrawn, fencing.LeaseWithdrawn, c.beacon, receipt)
 	}
+	if c.putAfterMove && c.migrate && c.moved {
+		x62MoveToOwnStream(ctx, t, aj, withdrawn)
+		time.Sleep(100 * time.Millisecond)
+	}
 	if _, err := sims[attacker].st.KV.Put(ctx, strings.ReplaceAll(withdrawn, ".", "_"), val); err != nil {
 		mu.Unlock()
 		t.Fatal(err)
 	}
-	if c.migrate && c.moved {
+	if c.migrate && c.moved && !c.putAfterMove {
 		x62MoveToOwnStream(ctx, t, aj, withdrawn)
 	}
 	if c.reflect > 0 {
@@ -322,6 +334,14 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 		if time.Now().After(deadline) {
 			t.Fatal("the controller's watch connection not back within 10 s")
 		}
+	}
+	if c.thenGarbage {
+		time.Sleep(time.Second) // the watch, back, trusts the put-back record
+		grev, err := sims[attacker].st.KV.Put(ctx, strings.ReplaceAll(withdrawn, ".", "_"), []byte("not a record"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("garbage over the put-back relay at revision %d, %s after the withdrawal", grev, time.Since(at).Round(10*time.Millisecond))
 	}
 	// Due ~3 s after its last renewal at ×0.1 timing (+ HiddenWriteWait
 	// for the garbage after a skip): 30 s is ample.

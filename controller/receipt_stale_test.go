@@ -161,3 +161,57 @@ func TestReceiptsCover(t *testing.T) {
 		t.Fatal("an unknown host is covered")
 	}
 }
+
+// TestReceiptsMatterAndCoverFrom (reviewer X63): a trusted record put
+// back over a hidden withdrawal is the key's last value, so MayHideWrite
+// is false; the watch skipped the withdrawal's revision, between the
+// record's PrevRev and its own: receipts matter (junk, soundness and
+// coverage are checked). A record that follows the previous trusted one
+// with no skip does not. Coverage counts from when the value the record
+// replaced was stored (its PrevRev, the previous trusted record), not
+// from the record's own stored time, which a put-back makes late.
+func TestReceiptsMatterAndCoverFrom(t *testing.T) {
+	defer func(m time.Duration) { receiptStreamClockMargin = m }(receiptStreamClockMargin)
+	receiptStreamClockMargin = ReceiptStreamClockMargin
+	t0 := time.Date(2026, 12, 4, 2, 0, 0, 0, time.UTC)
+	const host = "h1"
+	for _, c := range []struct {
+		name              string
+		skip              bool // the watch skipped the withdrawal's revision (11)
+		spanMut, coverMut bool
+		wantMatter        bool
+		created           time.Time // the receipts stream's creation
+		wantCover         bool
+	}{
+		{name: "renewal after renewal", created: t0.Add(-time.Hour), wantCover: true},
+		{name: "put back over a skipped withdrawal", skip: true, wantMatter: true, created: t0.Add(-time.Hour), wantCover: true},
+		{name: "put back/spanSkipMutation", skip: true, spanMut: true, created: t0.Add(-time.Hour), wantCover: true},
+		{name: "stream created between the replaced value and the put-back", skip: true, wantMatter: true, created: t0.Add(30 * time.Second)},
+		{name: "created between/coverFromMutation", skip: true, wantMatter: true, created: t0.Add(30 * time.Second), coverMut: true, wantCover: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			spanSkipMutation, coverFromMutation = c.spanMut, c.coverMut
+			defer func() { spanSkipMutation, coverFromMutation = false, false }()
+			tr := x10Tracker(t)
+			r := rec(host, fencing.BackstopReset)
+			r.Signer, r.Sig, r.Epoch, r.Incarnation, r.Seq, r.PrevRev = host+"-key", "sig", 2, 3, 10, 5
+			tr.Stored(host, 10, t0)
+			tr.Observe(t0, host, 10, r) // the host's renewal at 10, stored at t0
+			// Its next record, sealed for 10 (a withheld relay, or its own
+			// renewal), landing at 12 a minute later; the withdrawal at 11
+			// was skipped or there was none.
+			if c.skip {
+				tr.Skipped(12)
+			}
+			r.Seq, r.PrevRev = 11, 10
+			tr.Stored(host, 12, t0.Add(time.Minute))
+			tr.Observe(t0.Add(time.Minute), host, 12, r)
+			if got := tr.ReceiptsMatter(host); got != c.wantMatter {
+				t.Fatalf("ReceiptsMatter = %t, want %t", got, c.wantMatter)
+			}
+			if got := tr.ReceiptsCover(host, c.created); got != c.wantCover {
+				t.Fatalf("ReceiptsCover = %t, want %t", got, c.wantCover)
+			}
+		})
+	}
+}

@@ -175,16 +175,29 @@ type hostState struct {
 	// an earlier release's).
 	trustedRev    uint64
 	trustedStored int64
-	rec           fencing.LeaseRecord
-	lastSeen      time.Time // last observed renewal (or release, or watch start)
-	silentEnd     time.Time // when the last silence ended (zero: none)
-	declaredAt    time.Time // when the expired record was observed
-	declaring     time.Time // declaration issued at (zero: none outstanding)
-	grace         time.Duration
-	silentAft     time.Duration
-	refused       string
-	heldBack      bool
-	saidDue       bool
+	// trustedFrom: when the value the trusted record replaced was stored —
+	// its PrevRev, when that was the previous trusted record's revision
+	// (0: unknown, a create, a first sight). The host wrote nothing of
+	// its own between that value and its record, so a hidden write (a
+	// withdrawal) after the record's PrevRev was stored after this: a
+	// receipts stream covers the host from here (ReceiptsCover), not from
+	// the record's own stored time, which a record put back late makes
+	// late (reviewer X63). spanSkip: the watch skipped a revision between
+	// the record's PrevRev and its own — a write of the host's may be
+	// hidden there although the key's last value is the record
+	// (ReceiptsMatter).
+	trustedFrom int64
+	spanSkip    bool
+	rec         fencing.LeaseRecord
+	lastSeen    time.Time // last observed renewal (or release, or watch start)
+	silentEnd   time.Time // when the last silence ended (zero: none)
+	declaredAt  time.Time // when the expired record was observed
+	declaring   time.Time // declaration issued at (zero: none outstanding)
+	grace       time.Duration
+	silentAft   time.Duration
+	refused     string
+	heldBack    bool
+	saidDue     bool
 	// deleted: the key was deleted or purged at revision rev (see
 	// observeDeleted); rec is the last record seen before.
 	deleted bool
@@ -607,10 +620,46 @@ func (t *Tracker) ReceiptsCover(host string, created time.Time) bool {
 		return true
 	}
 	h := t.hosts[host]
-	if h == nil || h.trustedStored == 0 || created.IsZero() {
+	if h == nil || created.IsZero() {
 		return false
 	}
-	return created.Add(receiptStreamClockMargin).UnixNano() <= h.trustedStored
+	from := h.coverFrom()
+	return from != 0 && created.Add(receiptStreamClockMargin).UnixNano() <= from
+}
+
+// coverFrom is when h's hidden write could have been stored at the
+// earliest (ReceiptsCover): trustedFrom, else (unknown) the trusted
+// record's own stored time.
+func (h *hostState) coverFrom() int64 {
+	if h.trustedFrom != 0 && !coverFromMutation {
+		return h.trustedFrom
+	}
+	return h.trustedStored
+}
+
+// coverFromMutation: coverage counts from the trusted record's own
+// stored time (reviewer X63's put-back after a move back); spanSkipMutation:
+// receipts matter only where the key's last value is not the trusted
+// record (X63's reflected eviction back). Tests only.
+var coverFromMutation, spanSkipMutation bool
+
+// ReceiptsMatter reports whether a declaration of host must be checked
+// against its withdrawal receipts in full — junk after its newest
+// receipt, a stream that cannot vouch, or one created since the host's
+// record make it wait: its key may hide a write (MayHideWrite), or the
+// watch skipped revisions between its trusted record's PrevRev and the
+// record — a record put back over a hidden withdrawal looks like the
+// key's last genuine value, and four reflected answers then evicted the
+// withdrawal's receipt, unchecked: the withdrawn host was declared 5.25 s
+// after withdrawing (reviewer X63,
+// TestX63WithheldRelayReflectionEvictsReceiptNATS). A host first seen in
+// a listing (a controller's start, a re-watch) spans a skip.
+func (t *Tracker) ReceiptsMatter(host string) bool {
+	if t.MayHideWrite(host) {
+		return true
+	}
+	h := t.hosts[host]
+	return h.spanSkip && !spanSkipMutation
 }
 
 // SetSigningRequired tells the tracker whether signed records are
@@ -781,6 +830,13 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		h.countedCarry, h.countFrom = nil, time.Time{}
 	}
 	t.ownAfterSkip(now, host, h, rev, rec) // beaconloss.go: before h.rev moves
+	from := int64(0)
+	if rec.PrevRev != 0 && rec.PrevRev == h.trustedRev {
+		from = h.trustedStored
+	}
+	// Unsigned records are not sealed for a revision (and can be forged
+	// at will): a skip says nothing more of them.
+	h.trustedFrom, h.spanSkip = from, rec.Sig != "" && t.skippedRev > rec.PrevRev
 	h.rev, h.rec, h.trustedRev, h.regressed, h.carried = rev, *rec, rev, false, nil
 	h.trustedStored = t.storedAt(host, rev)
 	if t.listed {
