@@ -114,10 +114,15 @@ func TestMasakariInstanceRecovery(t *testing.T) {
 		t.Errorf("remove %s from the segment: %v", osharness.LibvirtHost, err)
 	})
 	prefix := fmt.Sprintf("hvg-masakari-%d", time.Now().Unix()%100000)
+	if n, err := h.ClearLibvirtLeftovers(ctx, "hvg-masakari-"); err != nil {
+		t.Fatalf("deleting guests an earlier run left on %s: %v", osharness.LibvirtHost, err)
+	} else if n > 0 {
+		t.Logf("deleted %d hvg-masakari-* guests an earlier run left on %s", n, osharness.LibvirtHost)
+	}
 	t.Cleanup(func() {
 		cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer ccancel()
-		if err := h.DeleteLibvirtServers(cctx, prefix); err != nil {
+		if _, err := h.DeleteLibvirtServers(cctx, prefix+"-"); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})

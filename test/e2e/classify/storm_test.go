@@ -118,11 +118,16 @@ func TestRebootStorm(t *testing.T) {
 	}
 	defer unlock()
 	prefix := fmt.Sprintf("hvg-storm-%d", time.Now().Unix()%100000)
+	if n, err := h.ClearLibvirtLeftovers(ctx, "hvg-storm-"); err != nil {
+		t.Fatalf("deleting guests an earlier run left on %s: %v", osharness.LibvirtHost, err)
+	} else if n > 0 {
+		t.Logf("deleted %d hvg-storm-* guests an earlier run left on %s", n, osharness.LibvirtHost)
+	}
 	t.Cleanup(func() {
 		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Minute)
 		defer ccancel()
 		start := time.Now()
-		if err := h.DeleteLibvirtServers(cctx, prefix); err != nil {
+		if _, err := h.DeleteLibvirtServers(cctx, prefix+"-"); err != nil {
 			t.Errorf("cleanup: deleting the guests: %v", err)
 		}
 		t.Logf("cleanup: guests %s* deleted (%.1f s)", prefix, time.Since(start).Seconds())

@@ -81,10 +81,15 @@ func TestLibvirtNovaReboots(t *testing.T) {
 	}()
 
 	prefix := fmt.Sprintf("hvg-lv-%d", time.Now().Unix()%100000)
+	if n, err := h.ClearLibvirtLeftovers(ctx, "hvg-lv-"); err != nil {
+		t.Fatalf("deleting guests an earlier run left on %s: %v", osharness.LibvirtHost, err)
+	} else if n > 0 {
+		t.Logf("deleted %d hvg-lv-* guests an earlier run left on %s", n, osharness.LibvirtHost)
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		if err := h.DeleteLibvirtServers(ctx, prefix); err != nil {
+		if _, err := h.DeleteLibvirtServers(ctx, prefix+"-"); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})

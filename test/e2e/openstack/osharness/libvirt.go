@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"time"
 
@@ -118,7 +119,7 @@ func (h *Harness) waitAll(ctx context.Context, ts []Timing, t0 time.Time, status
 				return false, err
 			}
 			if s.Status == "ERROR" && status != "ERROR" {
-				return false, fatal{fmt.Errorf("server %s went to ERROR", ts[i].ID)}
+				return false, fatal{errorState(s)}
 			}
 			if s.Status == status && s.TaskState == "" {
 				ts[i].Done = time.Since(t0)
@@ -175,21 +176,37 @@ func (h *Harness) WaitVMState(ctx context.Context, id, vm string) (time.Duration
 	return time.Since(t0), err
 }
 
-// DeleteLibvirtServers deletes every server on node3 whose name starts with
-// prefix ("" = all): all DELETE requests first, then it waits until every
-// one is gone.
-func (h *Harness) DeleteLibvirtServers(ctx context.Context, prefix string) error {
-	ss, err := h.ServersOnHost(ctx, LibvirtHost)
-	if err != nil {
-		return err
+// DeleteLibvirtServers deletes every server whose name starts with prefix
+// that is on node3 or on no host (a boot that went to ERROR before it was
+// scheduled still counts against nothing, but would outlive the run): all
+// DELETE requests first, then it waits until every one is gone. It returns
+// how many it deleted.
+func (h *Harness) DeleteLibvirtServers(ctx context.Context, prefix string) (int, error) {
+	if prefix == "" {
+		return 0, errors.New("DeleteLibvirtServers: empty prefix")
+	}
+	var out struct{ Servers []Server }
+	if err := h.do(ctx, "GET", "", "/servers/detail?all_tenants=1&name="+url.QueryEscape("^"+regexp.QuoteMeta(prefix)), nil, &out, 200); err != nil {
+		return 0, err
 	}
 	var ids []string
-	for _, s := range ss {
-		if strings.HasPrefix(s.Name, prefix) {
+	for _, s := range out.Servers {
+		if strings.HasPrefix(s.Name, prefix) && (s.Host == LibvirtHost || s.Host == "") {
 			ids = append(ids, s.ID)
 		}
 	}
-	return h.DeleteServers(ctx, ids...)
+	return len(ids), h.DeleteServers(ctx, ids...)
+}
+
+// ClearLibvirtLeftovers deletes the servers an earlier run of a test family
+// left behind on node3 (family is the name prefix every run of that test
+// uses, such as "hvg-storm-"): a run killed before its cleanup leaves its
+// guests running, and the e2e cloud outlives runs (up.sh reuses it), so 20
+// leftover storm guests kept 20 of node3's 32 VCPUs and the next storm's
+// second boot batch got "No valid host was found". Call it holding Lock,
+// which serialises the runs that boot on node3.
+func (h *Harness) ClearLibvirtLeftovers(ctx context.Context, family string) (int, error) {
+	return h.DeleteLibvirtServers(ctx, family)
 }
 
 // ConsoleLog is the serial console log of a node3 guest: Nova's libvirt

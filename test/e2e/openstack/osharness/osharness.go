@@ -159,6 +159,20 @@ type Server struct {
 	InstanceName string `json:"OS-EXT-SRV-ATTR:instance_name"`
 	TaskState    string `json:"OS-EXT-STS:task_state"`
 	VMState      string `json:"OS-EXT-STS:vm_state"`
+	// Fault is set on a server in ERROR (for example "No valid host was
+	// found." when placement had no room).
+	Fault *struct {
+		Message string `json:"message"`
+	} `json:"fault,omitempty"`
+}
+
+// errorState is the error for a server that went to ERROR, with Nova's
+// fault message when there is one.
+func errorState(s Server) error {
+	if s.Fault != nil && s.Fault.Message != "" {
+		return fmt.Errorf("server %s went to ERROR: %s", s.ID, s.Fault.Message)
+	}
+	return fmt.Errorf("server %s went to ERROR", s.ID)
 }
 
 // Migration is one /os-migrations entry (fields up to 2.80).
@@ -281,7 +295,7 @@ func (h *Harness) WaitServer(ctx context.Context, id, status, host string) (Serv
 			return false, err
 		}
 		if s.Status == "ERROR" && status != "ERROR" {
-			return false, fatal{fmt.Errorf("server %s went to ERROR", id)}
+			return false, fatal{errorState(s)}
 		}
 		return s.Status == status && (host == "" || (s.Host == host && s.TaskState == "")), nil
 	})
