@@ -170,3 +170,10 @@ func SetReceiptSealedMutation(on bool) func() {
 	receiptSealedMutation = on
 	return func() { receiptSealedMutation = false }
 }
+
+// SetPrevStoredMutation turns prevStoredMutation on until the returned
+// func is called (reviewer X64's holes back).
+func SetPrevStoredMutation(on bool) func() {
+	prevStoredMutation = on
+	return func() { prevStoredMutation = false }
+}

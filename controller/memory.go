@@ -106,8 +106,10 @@ type MemoryPin struct {
 type keyStamp struct {
 	rev    uint64
 	stored int64
-	// prev: the stored time of the key's value before rev (0: unknown).
-	prev int64
+	// prev, prevRev: the stored time and revision of the key's value
+	// before rev (0: unknown).
+	prev    int64
+	prevRev uint64
 }
 
 // Stored tells the tracker when the server stored host's value at rev
@@ -120,7 +122,7 @@ func (t *Tracker) Stored(host string, rev uint64, at time.Time) {
 	}
 	s := keyStamp{rev: rev, stored: at.UnixNano()}
 	if old, ok := t.stored[host]; ok && old.rev < rev {
-		s.prev = old.stored
+		s.prev, s.prevRev = old.stored, old.rev
 	}
 	t.stored[host] = s
 }
@@ -130,6 +132,16 @@ func (t *Tracker) Stored(host string, rev uint64, at time.Time) {
 func (t *Tracker) storedAround(host string, rev uint64) (prev, at int64) {
 	if s, ok := t.stored[host]; ok && s.rev == rev {
 		return s.prev, s.stored
+	}
+	return 0, 0
+}
+
+// storedBefore is the revision and stored time of the value host's key
+// held before rev, as this tracker saw it (0, 0: unknown — rev is the
+// first value it saw of the key).
+func (t *Tracker) storedBefore(host string, rev uint64) (prevRev uint64, prev int64) {
+	if s, ok := t.stored[host]; ok && s.rev == rev {
+		return s.prevRev, s.prev
 	}
 	return 0, 0
 }

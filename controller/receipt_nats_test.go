@@ -134,6 +134,11 @@ type receiptCase struct {
 	// thenGarbage, overwrites it with garbage once the controller's watch
 	// has trusted it).
 	putAfterMove, thenGarbage bool
+	// hideP (reviewer X64): while the watch is cut, compute-3 renews once
+	// more (revision P, superseded by its withdrawal before the watch is
+	// back: never seen), and the withheld relay is sealed for P;
+	// pBeacon: P's beacon reaches the controller (else lost).
+	hideP, pBeacon bool
 }
 
 func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
@@ -278,6 +283,14 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 	sims[withdrawn].stop = true
 	at := time.Now()
 	val := []byte("not a record")
+	if c.hideP {
+		// compute-3's last renewal, while the watch is cut: superseded
+		// by its withdrawal before the watch is back.
+		if renew(withdrawn, fencing.LeaseActive, c.pBeacon, false) == 0 {
+			mu.Unlock()
+			t.Fatal("rig: compute-3's renewal P failed")
+		}
+	}
 	if c.withheld {
 		v := sims[withdrawn]
 		v.seq++

@@ -175,14 +175,14 @@ type hostState struct {
 	// an earlier release's).
 	trustedRev    uint64
 	trustedStored int64
-	// trustedFrom: when the value the trusted record replaced was stored —
-	// its PrevRev, when that was the previous trusted record's revision
-	// (0: unknown, a create, a first sight). The host wrote nothing of
-	// its own between that value and its record, so a hidden write (a
-	// withdrawal) after the record's PrevRev was stored after this: a
-	// receipts stream covers the host from here (ReceiptsCover), not from
-	// the record's own stored time, which a record put back late makes
-	// late (reviewer X63). spanSkip: the watch skipped a revision between
+	// trustedFrom: the stored time of the key's last value this tracker
+	// saw before the trusted record (at or below its PrevRev: coverStart;
+	// 0: unknown, a first sight; coverNever: nothing bounds it, a
+	// create). A hidden write of the host's own after the value its
+	// record was sealed for was stored after this: a receipts stream
+	// covers the host from here (ReceiptsCover), not from the record's
+	// own stored time, which a record put back late makes late
+	// (reviewers X63, X64). spanSkip: the watch skipped a revision between
 	// the record's PrevRev and its own — a write of the host's may be
 	// hidden there although the key's last value is the record
 	// (ReceiptsMatter).
@@ -628,14 +628,77 @@ func (t *Tracker) ReceiptsCover(host string, created time.Time) bool {
 }
 
 // coverFrom is when h's hidden write could have been stored at the
-// earliest (ReceiptsCover): trustedFrom, else (unknown) the trusted
-// record's own stored time.
+// earliest (ReceiptsCover): trustedFrom, else (unknown: a first sight)
+// the trusted record's own stored time; 0 (not covered) when no time is
+// a bound (coverNever).
 func (h *hostState) coverFrom() int64 {
-	if h.trustedFrom != 0 && !coverFromMutation {
+	switch {
+	case h.trustedFrom == coverNever && !prevStoredMutation:
+		return 0
+	case h.trustedFrom > 0 && !coverFromMutation:
 		return h.trustedFrom
 	}
 	return h.trustedStored
 }
+
+// coverNever is trustedFrom (and MemoryPin.TrustedFrom) for a trusted
+// record no stored time bounds a hidden write of its host by: no
+// receipts stream covers it (ReceiptsCover), and its declaration waits
+// if receipts matter for it until it writes again.
+const coverNever int64 = -1
+
+// coverStart is the trustedFrom of rec, landed at rev on host's key (h:
+// its state before rec): when a write of the host hidden before rec
+// could have been stored at the earliest.
+//
+//   - An update (PrevRev set) is sealed for the key's value at PrevRev: a
+//     hidden write of the host's own that matters (a withdrawal after
+//     it) came after that value was stored. rec is not a replay here, so
+//     PrevRev is at or above the last value of the key this tracker saw
+//     before rec (fencing.StaleRecord): that value's stored time bounds
+//     it, trusted or not. Counting from the previous trusted record only
+//     when PrevRev named it (reviewer X63's rule) left a record sealed
+//     for a value the watch never delivered to count from its own stored
+//     time, which a put-back makes as late as the putter likes: a
+//     withheld relay put back after the host was moved to its own
+//     receipts stream was declared 5.25 s after the withdrawal (reviewer
+//     X64, TestX64HiddenPrevRevPutBackAfterMoveNATS).
+//   - A create (PrevRev 0) is sealed for an absent key: when, nothing
+//     bounds (a delete long before, a key never written) — coverNever
+//     (reviewer X64, TestX64CoverFromCreateAfterDelete).
+//   - The first value of the key this tracker sees (a start's listing,
+//     a host new to the fleet): unknown (0), and coverFrom falls back to
+//     the record's own stored time (docs/security.md, "Withdrawal
+//     receipts", Left).
+//
+// Unsigned records are not sealed for anything: unknown (0).
+func (t *Tracker) coverStart(host string, h *hostState, rev uint64, rec *fencing.LeaseRecord) int64 {
+	if prevStoredMutation {
+		if rec.PrevRev != 0 && rec.PrevRev == h.trustedRev {
+			return h.trustedStored
+		}
+		return 0
+	}
+	if rec.Sig == "" {
+		return 0
+	}
+	if rec.PrevRev == 0 {
+		return coverNever
+	}
+	prevRev, prev := t.storedBefore(host, rev)
+	switch {
+	case prev == 0:
+		return 0 // the first value seen of the key
+	case prevRev > rec.PrevRev:
+		return coverNever // sealed before a value seen since (a replay: not reached)
+	}
+	return prev
+}
+
+// prevStoredMutation: coverage counts from the previous trusted record
+// only when the record's PrevRev names it, else (and for a create) from
+// the record's own stored time (reviewer X64's holes back). Tests only.
+var prevStoredMutation bool
 
 // coverFromMutation: coverage counts from the trusted record's own
 // stored time (reviewer X63's put-back after a move back); spanSkipMutation:
@@ -830,10 +893,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		h.countedCarry, h.countFrom = nil, time.Time{}
 	}
 	t.ownAfterSkip(now, host, h, rev, rec) // beaconloss.go: before h.rev moves
-	from := int64(0)
-	if rec.PrevRev != 0 && rec.PrevRev == h.trustedRev {
-		from = h.trustedStored
-	}
+	from := t.coverStart(host, h, rev, rec)
 	// Unsigned records are not sealed for a revision (and can be forged
 	// at will): a skip says nothing more of them.
 	h.trustedFrom, h.spanSkip = from, rec.Sig != "" && t.skippedRev > rec.PrevRev
