@@ -245,14 +245,10 @@ func x57ActMargin(t *testing.T, mut bool) {
 	f := newFleetOf(t, hosts)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	type sim struct {
-		st       *natslease.Store
-		rev, seq uint64
-	}
-	sims := map[string]*sim{}
+	sims := map[string]*natsSim{}
 	for _, h := range hosts {
 		st, _ := permStore(t, srvURL, "agent:"+h, f, h)
-		sims[h] = &sim{st: st}
+		sims[h] = &natsSim{st: st}
 	}
 	var mu sync.Mutex
 	stopped := false
@@ -267,7 +263,7 @@ func x57ActMargin(t *testing.T, mut bool) {
 				s.seq++
 				rec := controllertest.HostRecord(h)
 				rec.Seq = s.seq
-				res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+				res := s.renewRec(ctx, rec)
 				if res.Outcome == fencing.RenewAcked {
 					s.rev = res.Revision
 				}

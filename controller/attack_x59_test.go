@@ -75,7 +75,7 @@ func x59StaleReceipt(t *testing.T, mut bool) {
 		s.seq++
 		rec := controllertest.HostRecord(h)
 		rec.Incarnation, rec.Seq = 2, s.seq // compute-3: back since its withdrawal
-		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+		res := s.renewRec(ctx, rec)
 		if res.Outcome != fencing.RenewAcked {
 			return
 		}

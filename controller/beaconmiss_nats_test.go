@@ -84,7 +84,7 @@ func hiddenWithdrawalMissingBeaconNATS(t *testing.T, mutation, companionHidden, 
 		s.seq++
 		rec := controllertest.HostRecord(h)
 		rec.State, rec.Seq = st, s.seq
-		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+		res := s.renewRec(ctx, rec)
 		if res.Outcome != fencing.RenewAcked {
 			if ctx.Err() == nil {
 				// Not the test ending (its context cancelled while the

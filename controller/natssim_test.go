@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"hvguard/controller/natsperm/natspermtest"
+	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 	"hvguard/test/netcut"
 )
@@ -24,6 +25,25 @@ type natsSim struct {
 	rev, seq uint64
 	prev     uint64
 	stop     bool
+}
+
+// renewRec writes rec (its Seq s.seq) over s.rev and, acknowledged,
+// moves s.rev. A write that timed out (RenewTimedOut: it may still land)
+// and landed is adopted at the next conflict showing it — the key holds
+// the host's own record —, as an agent takes its own write back: without
+// this one slow write on a loaded machine left a live host conflicting,
+// silent, for the rest of a test, and the mass-failure guard held the
+// declaration the test waited for (seen once, 2026-12-04, in
+// TestX63PutBackAfterMoveMakesTrustedStoredLateNATS).
+func (s *natsSim) renewRec(ctx context.Context, rec fencing.LeaseRecord) fencing.RenewResult {
+	res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+	switch {
+	case res.Outcome == fencing.RenewAcked:
+		s.rev = res.Revision
+	case res.Outcome == fencing.RenewConflict && res.Current != nil && res.Current.Host == rec.Host && res.Current.Seq < rec.Seq:
+		s.rev = res.Revision // our own late write: the next renewal goes over it
+	}
+	return res
 }
 
 // natsSims connects one simulated agent per host as "agent:HOST".

@@ -181,7 +181,7 @@ func withdrawalReceiptNATS(t *testing.T, c receiptCase) {
 		s.seq++
 		rec := controllertest.HostRecord(h)
 		rec.State, rec.Seq = st, s.seq
-		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+		res := s.renewRec(ctx, rec)
 		if res.Outcome != fencing.RenewAcked {
 			// A live host's missed renewal under load: logged (a
 			// declaration of it fails the test below).
