@@ -177,3 +177,38 @@ func SetPrevStoredMutation(on bool) func() {
 	prevStoredMutation = on
 	return func() { prevStoredMutation = false }
 }
+
+// SetCreateChainMutation turns createChainMutation on until the returned
+// func is called (reviewer X65's delete loop back).
+func SetCreateChainMutation(on bool) func() {
+	createChainMutation = on
+	return func() { createChainMutation = false }
+}
+
+// SetBootOrderMutation turns bootOrderMutation on until the returned
+// func is called (reviewer X66's hole back).
+func SetBootOrderMutation(on bool) func() {
+	bootOrderMutation = on
+	return func() { bootOrderMutation = false }
+}
+
+// SetReceiptBootMutation turns receiptBootMutation on until the returned
+// func is called (reviewer X67's stale receipt back).
+func SetReceiptBootMutation(on bool) func() {
+	receiptBootMutation = on
+	return func() { receiptBootMutation = false }
+}
+
+// SetOtherBootForgedMutation turns otherBootForgedMutation on until the
+// returned func is called (reviewer X67's live host declared).
+func SetOtherBootForgedMutation(on bool) func() {
+	otherBootForgedMutation = on
+	return func() { otherBootForgedMutation = false }
+}
+
+// SetSameBootMutation turns sameBootMutation on until the returned func
+// is called (reviewer X68's in-boot state loss back).
+func SetSameBootMutation(on bool) func() {
+	sameBootMutation = on
+	return func() { sameBootMutation = false }
+}

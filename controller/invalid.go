@@ -511,6 +511,55 @@ func replayedAfterDelete(h *hostState, rec *fencing.LeaseRecord) bool {
 	return notNewer(*rec, last)
 }
 
+// otherBootCreate reports whether rec, observed after h's key was
+// deleted, is a signed create of another agent process than h's last
+// trusted record: another boot, or another incarnation. Their identities
+// say nothing of their order: a boot whose agent lost its state restarts
+// its count (fencing.NewAgent raises the incarnation from the key only
+// within a boot), and so does an agent restarted within a boot with its
+// durable state lost while its key held a value not its own (reviewer
+// X68); only one process seals in seq order for certain. So it is
+// neither trusted nor taken for a replay: an unverifiable value
+// (observeInvalid, not forged). Trusted, a copy of an old process's
+// create, put back after a delete over a newer process's withdrawal, was
+// "newer", and the withdrawn host was declared while its guests ran
+// (reviewers X66, X68: TestX66LostStateOldCreateOverWithdrawal,
+// TestX68SameBootLostStateOldCreateOverWithdrawal); taken for a replay
+// (forged), a rebooted live host whose key a compromised node deleted
+// after each write, its beacons not binding, was declared (reviewer X67,
+// TestX67RebootDeleteLoopLiveHostDeclared). A genuine create of a new
+// process is trusted with the host's next renewal (a compare-and-set on
+// the create's revision); meanwhile its beacons decide, or (not binding)
+// it restarts the host's clock as any unverifiable value.
+func otherBootCreate(h *hostState, rec *fencing.LeaseRecord) bool {
+	if h == nil || !h.deleted || rec.Sig == "" || rec.PrevRev != 0 || bootOrderMutation {
+		return false
+	}
+	last := h.rec
+	return last.Host != "" && last.Sig != "" && !sameProcess(*rec, last)
+}
+
+// sameProcess reports whether a and b were sealed by one agent process
+// (one boot, one incarnation): the only records whose identities surely
+// order when they were sealed.
+func sameProcess(a, b fencing.LeaseRecord) bool {
+	return a.BootID == b.BootID && (a.Incarnation == b.Incarnation || sameBootMutation)
+}
+
+// sameBootMutation: records of one boot are ordered by identity whatever
+// their incarnations (reviewer X68's in-boot state loss back). Tests only.
+var sameBootMutation bool
+
+// otherBootForgedMutation: otherBootCreate's values are taken for
+// replays (forged: they restart no clock; reviewer X67's live host
+// declared). Tests only.
+var otherBootForgedMutation bool
+
+// bootOrderMutation: a create after a delete is ordered against the last
+// trusted record by identity whatever their boots, and the create chain
+// too (reviewer X66's hole back). Tests only.
+var bootOrderMutation bool
+
 // notNewer reports whether the signed rec was written no later than last
 // by its agent: (epoch, incarnation, seq) not above last's.
 func notNewer(rec, last fencing.LeaseRecord) bool {

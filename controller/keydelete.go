@@ -132,6 +132,7 @@ func (t *Tracker) recreated(now time.Time, old *hostState) *hostState {
 		h.countedCarry, h.countFrom, h.carried = old.countedCarry, old.countFrom, old.carried
 	}
 	h.rollbackBar = old.rollbackBar // a copy from before the rollback stays one after a delete
+	h.before = old.bound()          // a create after the delete counts from it (coverStart)
 	if t.counted(old, now) {
 		h.silentEnd = now
 	}

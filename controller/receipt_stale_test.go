@@ -26,30 +26,52 @@ func TestReceiptStale(t *testing.T) {
 		receiptSeq  uint64
 		mut         bool
 		want        bool
+		// boot: the trusted record's boot (the receipt's is "b1");
+		// beacon: the host's beacon named the trusted record; bootMut:
+		// receiptBootMutation (reviewer X67).
+		boot            string
+		beacon, bootMut bool
 	}{
-		{name: "came back on a re-created bucket", inc: 4, seq: 1, storedAfter: 10 * time.Minute, want: true},
-		{name: "came back/receiptStaleMutation", inc: 4, seq: 1, storedAfter: 10 * time.Minute, mut: true},
+		{name: "came back on a re-created bucket", inc: 4, seq: 1, storedAfter: 10 * time.Minute, beacon: true, want: true},
+		{name: "came back/receiptStaleMutation", inc: 4, seq: 1, storedAfter: 10 * time.Minute, beacon: true, mut: true},
+		{name: "came back, its beacons lost (another incarnation: reviewer X68)", inc: 4, seq: 1, storedAfter: 10 * time.Minute},
 		{name: "newer, stored before the receipt: a withdrawal after a lost state", inc: 4, seq: 1, storedAfter: -time.Minute},
 		{name: "newer, stored within the margin", inc: 4, seq: 1, storedAfter: ReceiptStaleMargin - time.Second},
 		{name: "older, stored later: a copy put back", inc: 3, seq: 49, storedAfter: time.Hour},
 		{name: "the same record", inc: 3, seq: 50, storedAfter: time.Hour},
 		{name: "not pinned (unsigned)", inc: 4, seq: 1, storedAfter: time.Hour, signer: "-"},
 		{name: "receipt without identity", inc: 4, seq: 1, storedAfter: time.Hour, receiptSeq: 0},
+		{name: "came back on a new boot, its beacon named the record", inc: 4, seq: 1, storedAfter: 10 * time.Minute, boot: "b2", beacon: true, want: true},
+		{name: "an old boot's record, lower identity after a lost state, no beacon", inc: 4, seq: 1, storedAfter: 10 * time.Minute, boot: "b0"},
+		{name: "an old boot's record/receiptBootMutation", inc: 4, seq: 1, storedAfter: 10 * time.Minute, boot: "b0", bootMut: true, want: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if c.mut {
 				receiptStaleMutation = true
 				defer func() { receiptStaleMutation = false }()
 			}
+			if c.bootMut {
+				receiptBootMutation = true
+				defer func() { receiptBootMutation = false }()
+			}
 			tr := x10Tracker(t)
 			r := rec(host, fencing.BackstopReset)
 			r.Signer, r.Epoch, r.Incarnation, r.Seq = host+"-key", 2, c.inc, c.seq
+			if c.boot != "" {
+				r.BootID = c.boot
+			}
 			if c.signer == "-" {
 				r.Signer = ""
 			}
 			tr.Stored(host, 7, t0.Add(c.storedAfter))
 			tr.Observe(t0.Add(c.storedAfter), host, 7, r)
+			if c.beacon {
+				tr.ObserveBeacon(t0.Add(c.storedAfter), host, 7)
+			}
 			b := fencing.Beacon{Host: host, State: fencing.LeaseWithdrawn, Revision: 100000, Epoch: 2, Incarnation: 3, Seq: 50}
+			if c.boot != "" {
+				b.BootID = "b1"
+			}
 			if c.name == "receipt without identity" {
 				b.Epoch, b.Incarnation, b.Seq = 0, 0, c.receiptSeq
 			}

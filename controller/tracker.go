@@ -198,6 +198,10 @@ type hostState struct {
 	refused     string
 	heldBack    bool
 	saidDue     bool
+	// before: what the trusted record a key delete ended bounded (its
+	// identity and coverFrom; recreated), for a create after the delete
+	// (coverStart, reviewer X65).
+	before coverBound
 	// deleted: the key was deleted or purged at revision rev (see
 	// observeDeleted); rec is the last record seen before.
 	deleted bool
@@ -577,15 +581,36 @@ var receiptStaleMutation bool
 // that lost its state writes identities below its old ones (its
 // withdrawal then looks older than an earlier record), and a record put
 // back by a compromised node is stored late. A receipt without identity,
-// or a trusted record without a stored time (a pin's), is not stale.
+// or a trusted record without a stored time (a pin's), is not stale;
+// nor is one of another agent process (boot, incarnation) than the
+// trusted record unless the host's beacons named that record (reviewers
+// X67, X68).
 func (t *Tracker) ReceiptStale(host string, b fencing.Beacon, stored time.Time) bool {
 	h := t.hosts[host]
 	if receiptStaleMutation || h == nil || h.trustedRev == 0 || h.trustedStored == 0 || !t.pinned(h) || b.Seq == 0 {
 		return false
 	}
+	if (b.BootID != h.rec.BootID || b.Incarnation != h.rec.Incarnation && !sameBootMutation) && !h.beacons.revs.has(h.trustedRev) && !receiptBootMutation {
+		// Of another agent process (boot or incarnation; or a receipt
+		// that does not say its boot): identities surely order records
+		// only within one process — an agent that lost its state
+		// restarts its count, in a new boot or the same one (reviewer
+		// X68) —, so "newer" says nothing.
+		// Stale only if the host's own beacons named the trusted record
+		// (the host wrote it: a comeback after the withdrawal). An old
+		// boot's create, written by a compromised node into a re-created
+		// bucket after the host's new boot withdrew, made the receipt
+		// stale and the withdrawn host was declared (reviewer X67,
+		// TestX67OldBootCreateOnRecreatedBucketMakesReceiptStale).
+		return false
+	}
 	w := writeID{epoch: b.Epoch, inc: b.Incarnation, seq: b.Seq}
 	return idOf(h.rec).newer(w) && h.trustedStored > stored.Add(receiptStaleMargin).UnixNano()
 }
+
+// receiptBootMutation: a receipt of another boot than the trusted record
+// is judged by identity alone (reviewer X67's hole back). Tests only.
+var receiptBootMutation bool
 
 // ReceiptStreamClockMargin: a host's receipts stream vouches for its
 // receipts only if it was created at least this long before the record
@@ -683,6 +708,19 @@ func (t *Tracker) coverStart(host string, h *hostState, rev uint64, rec *fencing
 		return 0
 	}
 	if rec.PrevRev == 0 {
+		// A create is sealed for an absent key, at a time nothing of the
+		// key bounds — but the host seals its records in identity order:
+		// one newer than a trusted record of it was sealed after that
+		// one, so after what bounded that one (a chain through every
+		// create) — within one agent process (boot and incarnation): an
+		// agent that lost its state restarts its count, in a new boot
+		// (reviewer X66) or in the same one (X68). Without it a compromised node deleting the key after
+		// each of the host's writes made every record a create, and the
+		// dead host waited for ever (reviewer X65,
+		// TestX65DeleteLoopKeepsDeadHostUndeclaredNATS).
+		if b := h.bound(); b.from > 0 && idOf(*rec).newer(b.id) && (rec.BootID == b.boot && (rec.Incarnation == b.id.inc || sameBootMutation) || bootOrderMutation) && !createChainMutation {
+			return b.from
+		}
 		return coverNever
 	}
 	prevRev, prev := t.storedBefore(host, rev)
@@ -694,6 +732,29 @@ func (t *Tracker) coverStart(host string, h *hostState, rev uint64, rec *fencing
 	}
 	return prev
 }
+
+// coverBound is a trusted record's identity and when a write of its host
+// after it was stored at the earliest (from: coverFrom; 0: unbounded).
+type coverBound struct {
+	id   writeID
+	boot string
+	from int64
+}
+
+// bound is what h's trusted record bounds for a create of its host
+// (coverStart) — after a delete (no trusted record since), what the
+// record the delete ended bounded.
+func (h *hostState) bound() coverBound {
+	if h.trustedRev != 0 && h.rec.Sig != "" {
+		return coverBound{idOf(h.rec), h.rec.BootID, h.coverFrom()}
+	}
+	return h.before
+}
+
+// createChainMutation: a create counts from nothing again, whatever
+// trusted record it is newer than (reviewer X65's delete loop back).
+// Tests only.
+var createChainMutation bool
 
 // prevStoredMutation: coverage counts from the previous trusted record
 // only when the record's PrevRev names it, else (and for a create) from
@@ -868,6 +929,10 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	case h != nil && rev <= h.rev:
 		t.regress(h, host, rev)
 		return t.out // stale delivery
+	case h != nil && rev > h.rev && otherBootCreate(h, rec) && !invalidMutation:
+		t.observeInvalid(now, host, rev, fmt.Sprintf("a create of boot %s incarnation %d after a delete, over a trusted record of boot %s incarnation %d: another agent process, not ordered against it (an agent that lost its state restarts its count) — trusted with the host's next renewal", rec.BootID, rec.Incarnation, h.rec.BootID, h.rec.Incarnation), otherBootForgedMutation)
+		t.ownRefused(now, host, rev, rec) // rollbackgate.go
+		return t.out
 	case replay(h, rev, rec) && !invalidMutation:
 		t.observeInvalid(now, host, rev, fmt.Sprintf("replay of a %s record written on revision %d, after revision %d", rec.State, rec.PrevRev, h.rev), true)
 		t.ownRefused(now, host, rev, rec) // rollbackgate.go
