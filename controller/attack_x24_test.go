@@ -165,7 +165,7 @@ func TestX24HiddenRenewalEndsBeaconOnlyCarry(t *testing.T) {
 	}{
 		{"control-no-rollback", false, nil},
 		{"attack", true, nil},
-		{"attack/beaconBar+prevRev+carryWrittenMutation", true, []*bool{&beaconBarMutation, &prevRevMutation, &carryWrittenMutation, &rollbackBarMutation}},
+		{"attack/beaconBar+prevRev+carryWrittenMutation", true, []*bool{&beaconBarMutation, &prevRevMutation, &carryWrittenMutation, &rollbackBarMutation, &unseenPrevMutation}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x36Mutate(t, c.muts...)
@@ -267,7 +267,7 @@ func TestX24ReusedRevisionReplayAfterRollbackNotCarried(t *testing.T) {
 	}{
 		{"control-no-rollback", false, nil, false},
 		{"attack", true, nil, false},
-		{"attack/rollbackBar+prevRevMutation", true, []*bool{&rollbackBarMutation, &prevRevMutation}, false},
+		{"attack/rollbackBar+prevRevMutation", true, []*bool{&rollbackBarMutation, &prevRevMutation, &unseenPrevMutation}, false},
 		{"attack/aligned", true, nil, true},
 		{"attack/aligned/rollbackBarMutation", true, []*bool{&rollbackBarMutation}, true},
 	} {
@@ -351,7 +351,7 @@ func TestX24ReusedRevisionWithdrawalReplayKeepsDeadHost(t *testing.T) {
 	}{
 		{"control-no-rollback", false, nil},
 		{"attack", true, nil},
-		{"attack/rollbackBar+prevRev+carryWrittenMutation", true, []*bool{&rollbackBarMutation, &prevRevMutation, &carryWrittenMutation}},
+		{"attack/rollbackBar+prevRev+carryWrittenMutation", true, []*bool{&rollbackBarMutation, &prevRevMutation, &carryWrittenMutation, &unseenPrevMutation}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x36Mutate(t, c.muts...)

@@ -122,7 +122,7 @@ func TestX38DeleteEndsCountedCarry(t *testing.T) {
 		{name: "control-replay-without-delete", replay: true},
 		{name: "delete-then-replayed-withdrawal", del: true, replay: true},
 		{name: "keys-gone/delete-then-replayed-withdrawal", del: true, replay: true, gone: true},
-		{name: "delete-then-replayed-withdrawal/recreatedCarryMutation", del: true, replay: true, muts: []*bool{&recreatedCarryMutation, &prevRevMutation, &carryWrittenMutation, &rollbackBarMutation}}, // X43's checks and the rollback bar refuse the copy too
+		{name: "delete-then-replayed-withdrawal/recreatedCarryMutation", del: true, replay: true, muts: []*bool{&recreatedCarryMutation, &prevRevMutation, &carryWrittenMutation, &rollbackBarMutation, &unseenPrevMutation}}, // X43's checks and the rollback bar refuse the copy too
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x36Mutate(t, c.muts...)

@@ -107,6 +107,7 @@ func TestX66LostStateOldCreateOverWithdrawal(t *testing.T) {
 			t.Run(fmt.Sprintf("hide=%t/bootOrderMutation=%t", hide, mut), func(t *testing.T) {
 				if mut {
 					defer controller.SetBootOrderMutation(true)()
+					defer controller.SetReusedRevMutation(true)() // SealedBefore stops it too (reviewer X69)
 				}
 				tr, w, created, now := x66LostState(t, hide)
 				declared, why := x66Declared(t, tr, w, created, now)

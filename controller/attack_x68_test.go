@@ -54,6 +54,7 @@ func TestX68SameBootLostStateOldCreateOverWithdrawal(t *testing.T) {
 		t.Run(fmt.Sprintf("hide=%t/sameBootMutation=%t", c.hide, c.mut), func(t *testing.T) {
 			if c.mut {
 				defer controller.SetSameBootMutation(true)()
+				defer controller.SetReusedRevMutation(true)() // SealedBefore stops it too (reviewer X69)
 			}
 			tr := guardlessTracker(t, false)
 			t0 := time.Now().Add(-time.Minute)
@@ -121,6 +122,7 @@ func TestX68SameBootLostStateReceiptStaleOnRecreatedBucket(t *testing.T) {
 		t.Run(fmt.Sprintf("sameBootMutation=%t", mut), func(t *testing.T) {
 			if mut {
 				defer controller.SetSameBootMutation(true)()
+				defer controller.SetReusedRevMutation(true)() // SealedBefore stops it too (reviewer X69)
 			}
 			declared, why := x68SameBootStale(t)
 			t.Logf("outcome: %s", why)

@@ -212,3 +212,17 @@ func SetSameBootMutation(on bool) func() {
 	sameBootMutation = on
 	return func() { sameBootMutation = false }
 }
+
+// SetUnseenPrevMutation turns unseenPrevMutation on until the returned
+// func is called (reviewer X69's earlier-life records trusted again).
+func SetUnseenPrevMutation(on bool) func() {
+	unseenPrevMutation = on
+	return func() { unseenPrevMutation = false }
+}
+
+// SetReusedRevMutation turns reusedRevMutation on until the returned
+// func is called (reviewer X69's reused revisions back).
+func SetReusedRevMutation(on bool) func() {
+	reusedRevMutation = on
+	return func() { reusedRevMutation = false }
+}

@@ -53,6 +53,12 @@ func declaredAt(tr *Tracker, host string, limit time.Duration, others func(now t
 func keepAlive(tr *Tracker) func(time.Time) {
 	rev := uint64(100)
 	last := t0
+	// keyRev: each host's key's last revision (invalidRig: 11+i); a
+	// renewal is sealed for it.
+	var keyRev [10]uint64
+	for i := range keyRev {
+		keyRev[i] = uint64(11 + i)
+	}
 	return func(now time.Time) {
 		if now.Sub(last) < 2*time.Second {
 			return
@@ -61,7 +67,8 @@ func keepAlive(tr *Tracker) func(time.Time) {
 		for i := 1; i < 10; i++ {
 			rev++
 			r := rec(hostName(i), fencing.BackstopWatchdog)
-			r.PrevRev, r.Signer, r.Sig = rev-1, "Kh", "sig"
+			r.PrevRev, r.Signer, r.Sig = keyRev[i], "Kh", "sig"
+			keyRev[i] = rev
 			tr.Observe(now, hostName(i), rev, r)
 		}
 	}

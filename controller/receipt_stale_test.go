@@ -102,11 +102,20 @@ func TestSealedBeforeCreate(t *testing.T) {
 		receiptRev    uint64
 		unsigned, mut bool
 		noIdentity    bool
+		reusedMut     bool
 		want          bool
 	}{
 		{name: "create put back over the withdrawal", inc: 3, seq: 10, receiptRev: 100, want: true},
 		{name: "create put back/createSealedMutation", inc: 3, seq: 10, receiptRev: 100, mut: true},
-		{name: "create after the withdrawal: the host came back", inc: 4, seq: 1, receiptRev: 100},
+		{name: "create of the same process newer than the withdrawal", inc: 3, seq: 60, receiptRev: 100},
+		// Another process (incarnation 4): identities not ordered, it
+		// waits until the host writes again (reviewer X69).
+		{name: "create after the withdrawal: the host came back", inc: 4, seq: 1, receiptRev: 100, want: true},
+		{name: "came back/reusedRevMutation", inc: 4, seq: 1, receiptRev: 100, reusedMut: true},
+		// The receipt names the trusted record's own revision, another
+		// record: a revision handed out again (reviewer X69).
+		{name: "receipt at the trusted revision, another record", inc: 3, seq: 10, receiptRev: 120, want: true},
+		{name: "receipt at the trusted revision/reusedRevMutation", inc: 3, seq: 10, receiptRev: 120, reusedMut: true},
 		{name: "receipt after the create", inc: 3, seq: 10, receiptRev: 130},
 		{name: "unsigned create", inc: 3, seq: 10, receiptRev: 100, unsigned: true},
 		{name: "receipt without identity", inc: 3, seq: 10, receiptRev: 100, noIdentity: true},
@@ -117,6 +126,10 @@ func TestSealedBeforeCreate(t *testing.T) {
 			if c.mut {
 				createSealedMutation = true
 				defer func() { createSealedMutation = false }()
+			}
+			if c.reusedMut {
+				reusedRevMutation = true
+				defer func() { reusedRevMutation = false }()
 			}
 			tr := x10Tracker(t)
 			r := rec(host, fencing.BackstopReset)

@@ -528,23 +528,42 @@ func (t *Tracker) MayHideWrite(host string) bool {
 // between PrevRev and the record's own revision. For a create (PrevRev
 // 0: the key absent or deleted, which a delete in between allows
 // anywhere): the withdrawal is newer (epoch, incarnation, seq) than the
-// record — the host wrote the record before it withdrew, yet it landed
-// after (the create gap). A create newer than the withdrawal is the
-// host's comeback (its key deleted meanwhile); an agent that lost its
-// state and came back so writes identities below its withdrawal's and is
-// taken for a copy: it waits until it writes again (docs/security.md).
+// record, of the same agent process — the host wrote the record before
+// it withdrew, yet it landed after (the create gap). A create of the
+// same process newer than the withdrawal says nothing; a comeback (a new
+// process, its key deleted meanwhile) waits until it writes again.
 // Unsigned records and receipts without identity say nothing.
+//
+// Two more cases stop it (reviewer X69; the lease bucket re-created or
+// rolled back, its revisions handed out again): a receipt naming the very
+// revision the trusted record landed at, which is not that record — the
+// key held the withdrawal at that revision in another life of the
+// bucket, and which is later is unknown —; and, for a create, a receipt
+// of another agent process (boot or incarnation) than the record, whose
+// identities say nothing of their order (sameProcess).
 func (t *Tracker) SealedBefore(host string, b fencing.Beacon) bool {
 	h := t.hosts[host]
-	if h == nil || h.trustedRev == 0 || h.rec.Sig == "" || b.Revision >= h.trustedRev {
+	if h == nil || h.trustedRev == 0 || h.rec.Sig == "" || b.Revision > h.trustedRev {
 		return false
 	}
-	if h.rec.PrevRev != 0 {
-		return b.Revision > h.rec.PrevRev
-	}
 	w := writeID{epoch: b.Epoch, inc: b.Incarnation, seq: b.Seq}
-	return b.Seq != 0 && !createSealedMutation && w.newer(idOf(h.rec))
+	switch {
+	case b.Revision == h.trustedRev:
+		return b.Seq != 0 && !reusedRevMutation && (w != idOf(h.rec) || b.BootID != h.rec.BootID)
+	case h.rec.PrevRev != 0:
+		return b.Revision > h.rec.PrevRev
+	case b.Seq == 0:
+		return false
+	case b.BootID != h.rec.BootID || b.Incarnation != h.rec.Incarnation:
+		return !reusedRevMutation
+	}
+	return !createSealedMutation && w.newer(idOf(h.rec))
 }
+
+// reusedRevMutation: a receipt at the trusted record's own revision, or
+// of another process than a trusted create, says nothing (reviewer X69's
+// reused revisions back). Tests only.
+var reusedRevMutation bool
 
 // createSealedMutation: a create (PrevRev 0) put back over a withdrawal
 // is not caught (the gap before). Tests only.
@@ -935,6 +954,10 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		return t.out
 	case replay(h, rev, rec) && !invalidMutation:
 		t.observeInvalid(now, host, rev, fmt.Sprintf("replay of a %s record written on revision %d, after revision %d", rec.State, rec.PrevRev, h.rev), true)
+		t.ownRefused(now, host, rev, rec) // rollbackgate.go
+		return t.out
+	case h != nil && unseenPrevRev(h, rec, t.skippedRev) && !invalidMutation:
+		t.observeInvalid(now, host, rev, fmt.Sprintf("a %s record sealed for revision %d, a value of the key the watch never had (its last was revision %d, nothing skipped since): a record of an earlier life of the bucket, or of a rollback — trusted with the host's next renewal", rec.State, rec.PrevRev, h.rev), false)
 		t.ownRefused(now, host, rev, rec) // rollbackgate.go
 		return t.out
 	case h != nil && h.deleted:
