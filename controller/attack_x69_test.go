@@ -29,6 +29,13 @@ import (
 // The fresh controller lists U / C1 as compute-3's first value.
 func x69Recreated(t *testing.T, rev, prevRev uint64) (tr *controller.Tracker, b fencing.Beacon, wStored, created, now time.Time) {
 	t.Helper()
+	return x69RecreatedBy(t, "boot-1", 5, rev, prevRev)
+}
+
+// x69RecreatedBy is x69Recreated with the put-back record of boot boot,
+// incarnation inc.
+func x69RecreatedBy(t *testing.T, boot string, inc, rev, prevRev uint64) (tr *controller.Tracker, b fencing.Beacon, wStored, created, now time.Time) {
+	t.Helper()
 	const host = "compute-3.example.org"
 	tr = guardlessTracker(t, true)
 	wStored = time.Now().Add(-10 * time.Minute)
@@ -36,7 +43,7 @@ func x69Recreated(t *testing.T, rev, prevRev uint64) (tr *controller.Tracker, b 
 	now = time.Now()
 	c := controllertest.HostRecord(host)
 	c.Signer, c.Sig, c.PrevRev = host+"-key", "signed", prevRev
-	c.Epoch, c.Incarnation, c.Seq, c.BootID = 1, 5, 1, "boot-1"
+	c.Epoch, c.Incarnation, c.Seq, c.BootID = 1, inc, 1, boot
 	if prevRev != 0 {
 		c.Seq = 2
 	}
@@ -99,24 +106,7 @@ func TestX69PaddedOldBootRecordOnRecreatedBucketHidesReceipt(t *testing.T) {
 // sealed for prevRev of the old bucket), both older than W (seq 3).
 func x69RecreatedSame(t *testing.T, rev, prevRev uint64) (tr *controller.Tracker, b fencing.Beacon, wStored, created, now time.Time) {
 	t.Helper()
-	const host = "compute-3.example.org"
-	tr = guardlessTracker(t, true)
-	wStored = time.Now().Add(-10 * time.Minute)
-	created = wStored.Add(-time.Hour)
-	now = time.Now()
-	c := controllertest.HostRecord(host)
-	c.Signer, c.Sig, c.PrevRev = host+"-key", "signed", prevRev
-	c.Epoch, c.Incarnation, c.Seq, c.BootID = 1, 1, 1, "boot-2"
-	if prevRev != 0 {
-		c.Seq = 2
-	}
-	tr.Stored(host, rev, now.Add(-time.Second))
-	for _, d := range tr.ObserveWritten(now, host, rev, &c, fencing.Written{Known: true, HasExpected: true, Expected: prevRev}) {
-		t.Logf("listing: %s %.120s", d.Op, d.Reason)
-	}
-	tr.WatchStarted(now)
-	b = fencing.Beacon{Host: host, BootID: "boot-2", State: fencing.LeaseWithdrawn, Revision: 1000, Epoch: 1, Incarnation: 1, Seq: 3}
-	return tr, b, wStored, created, now
+	return x69RecreatedBy(t, "boot-2", 1, rev, prevRev)
 }
 
 // TestX69SameProcessOlderRecordAtWithdrawalRevision ((S), conditional
