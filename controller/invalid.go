@@ -568,7 +568,13 @@ var unseenPrevMutation bool
 // (one boot, one incarnation): the only records whose identities surely
 // order when they were sealed.
 func sameProcess(a, b fencing.LeaseRecord) bool {
-	return a.BootID == b.BootID && (a.Incarnation == b.Incarnation || sameBootMutation)
+	return sameProc(a.BootID, a.Incarnation, b.BootID, b.Incarnation)
+}
+
+// sameProc is sameProcess on a boot and an incarnation each (a receipt's,
+// a coverBound's).
+func sameProc(bootA string, incA uint64, bootB string, incB uint64) bool {
+	return bootA == bootB && (incA == incB || sameBootMutation)
 }
 
 // sameBootMutation: records of one boot are ordered by identity whatever

@@ -554,7 +554,7 @@ func (t *Tracker) SealedBefore(host string, b fencing.Beacon) bool {
 		return b.Revision > h.rec.PrevRev
 	case b.Seq == 0:
 		return false
-	case b.BootID != h.rec.BootID || b.Incarnation != h.rec.Incarnation:
+	case !sameProc(b.BootID, b.Incarnation, h.rec.BootID, h.rec.Incarnation):
 		return !reusedRevMutation
 	}
 	return !createSealedMutation && w.newer(idOf(h.rec))
@@ -609,7 +609,7 @@ func (t *Tracker) ReceiptStale(host string, b fencing.Beacon, stored time.Time) 
 	if receiptStaleMutation || h == nil || h.trustedRev == 0 || h.trustedStored == 0 || !t.pinned(h) || b.Seq == 0 {
 		return false
 	}
-	if (b.BootID != h.rec.BootID || b.Incarnation != h.rec.Incarnation && !sameBootMutation) && !h.beacons.revs.has(h.trustedRev) && !receiptBootMutation {
+	if !sameProc(b.BootID, b.Incarnation, h.rec.BootID, h.rec.Incarnation) && !h.beacons.revs.has(h.trustedRev) && !receiptBootMutation {
 		// Of another agent process (boot or incarnation; or a receipt
 		// that does not say its boot): identities surely order records
 		// only within one process — an agent that lost its state
@@ -737,7 +737,7 @@ func (t *Tracker) coverStart(host string, h *hostState, rev uint64, rec *fencing
 		// each of the host's writes made every record a create, and the
 		// dead host waited for ever (reviewer X65,
 		// TestX65DeleteLoopKeepsDeadHostUndeclaredNATS).
-		if b := h.bound(); b.from > 0 && idOf(*rec).newer(b.id) && (rec.BootID == b.boot && (rec.Incarnation == b.id.inc || sameBootMutation) || bootOrderMutation) && !createChainMutation {
+		if b := h.bound(); b.from > 0 && idOf(*rec).newer(b.id) && (sameProc(rec.BootID, rec.Incarnation, b.boot, b.id.inc) || bootOrderMutation) && !createChainMutation {
 			return b.from
 		}
 		return coverNever
@@ -948,7 +948,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	case h != nil && rev <= h.rev:
 		t.regress(h, host, rev)
 		return t.out // stale delivery
-	case h != nil && rev > h.rev && otherBootCreate(h, rec) && !invalidMutation:
+	case otherBootCreate(h, rec) && !invalidMutation:
 		t.observeInvalid(now, host, rev, fmt.Sprintf("a create of boot %s incarnation %d after a delete, over a trusted record of boot %s incarnation %d: another agent process, not ordered against it (an agent that lost its state restarts its count) — trusted with the host's next renewal", rec.BootID, rec.Incarnation, h.rec.BootID, h.rec.Incarnation), otherBootForgedMutation)
 		t.ownRefused(now, host, rev, rec) // rollbackgate.go
 		return t.out
