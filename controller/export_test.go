@@ -185,6 +185,25 @@ func SetCreateChainMutation(on bool) func() {
 	return func() { createChainMutation = false }
 }
 
+// SetVouchMutation turns vouchMutation (and, with cover, only
+// vouchCoverMutation) on until the returned func is called (reviewer
+// X65's delete loop across a start back).
+func SetVouchMutation(cover bool) func() {
+	if cover {
+		vouchCoverMutation = true
+	} else {
+		vouchMutation = true
+	}
+	return func() { vouchMutation, vouchCoverMutation = false, false }
+}
+
+// SetProcAfterMutation turns procAfterMutation on until the returned
+// func is called (reviewer X70's old receipt back).
+func SetProcAfterMutation(on bool) func() {
+	procAfterMutation = on
+	return func() { procAfterMutation = false }
+}
+
 // SetBootOrderMutation turns bootOrderMutation on until the returned
 // func is called (reviewer X66's hole back).
 func SetBootOrderMutation(on bool) func() {

@@ -292,6 +292,7 @@ func (t *Tracker) observeInvalid(now time.Time, host string, rev uint64, why str
 		h.silentUntrusted = t.silentUntrusted(host)
 		t.hosts[host] = h
 	}
+	h.laterValue(laterValue{rev: rev, at: now, why: why, forged: forged}) // vouch.go
 	hidden := t.skippedRev > h.rev
 	t.afterSkip(now, host, h, rev) // its withdrawal may be what a skip hid (beaconloss.go)
 	// bind: the host's beacons decide for any untrusted value, forged or
@@ -380,10 +381,16 @@ var carryWrittenMutation bool
 func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord, w fencing.Written) []Decision {
 	if rec != nil && t.NeedsWritten(host) && !writtenMutation {
 		if ok, why := w.Fresh(*rec); !ok {
+			h := t.hosts[host]
+			if t.vouchable(h, rec) && h.beacons.named(rev, rec) {
+				return t.observeVouched(now, host, rev, rec) // its beacon came first (vouch.go)
+			}
 			t.out = t.out[:0]
-			defer t.whenTracked(now, host, t.hosts[host] != nil) // beaconloss.go
+			defer t.whenTracked(now, host, h != nil) // beaconloss.go
+			mark := t.unfreshMark(host, h, rev)
 			t.observeInvalid(now, host, rev, fmt.Sprintf("a %s record not verified as written fresh: possibly a replay (%s)", rec.State, why), false)
 			t.ownRefused(now, host, rev, rec) // rollbackgate.go
+			t.keepUnfresh(host, rev, rec, now, mark)
 			return t.out
 		}
 	}

@@ -94,7 +94,8 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 		t.regress(h, host, rev)
 		return // a stale delivery
 	}
-	t.afterSkip(now, host, h, rev) // a withdrawal may be what a skip hid (beaconloss.go)
+	t.afterSkip(now, host, h, rev)                            // a withdrawal may be what a skip hid (beaconloss.go)
+	h.laterValue(laterValue{rev: rev, at: now, marker: true}) // vouch.go
 	if h.deleted {
 		h.rev = rev // deleted again: a declaration is a CAS on the newest marker
 		t.pin(host, h, rev, true, true)

@@ -226,7 +226,11 @@ func (r *Runner) Run(ctx context.Context) error {
 			case <-beacons.ready:
 				now := r.now()
 				revs, withdrawn := beacons.take()
-				if gaps := r.observeBeacons(now, revs); len(gaps) > 0 {
+				gaps, vouched := r.observeBeacons(now, revs)
+				for _, d := range vouched {
+					r.perform(ctx, log, d)
+				}
+				if len(gaps) > 0 {
 					// Beacons these hosts published never came (beaconloss.go,
 					// the chain): lost on the way.
 					slices.Sort(gaps)
@@ -475,7 +479,10 @@ func newBeaconBox() *beaconBox {
 // beaconRef: what a beacon named: its revision and Prev
 // (fencing.Beacon.Prev), and the written record's epoch, incarnation and
 // seq (zero from an agent from before them).
-type beaconRef struct{ rev, prev, epoch, inc, seq uint64 }
+type beaconRef struct {
+	rev, prev, epoch, inc, seq uint64
+	boot                       string
+}
 
 // put adds host's beacon b (withdrawn: its withdrawal).
 func (b *beaconBox) put(host string, bc fencing.Beacon, withdrawn bool) error {
@@ -493,7 +500,7 @@ func (b *beaconBox) put(host string, bc fencing.Beacon, withdrawn bool) error {
 	if len(q) == beaconMemory {
 		q = q[1:]
 	}
-	b.hosts[host] = append(q, beaconRef{rev: rev, prev: bc.Prev, epoch: bc.Epoch, inc: bc.Incarnation, seq: bc.Seq})
+	b.hosts[host] = append(q, beaconRef{rev: rev, prev: bc.Prev, epoch: bc.Epoch, inc: bc.Incarnation, seq: bc.Seq, boot: bc.BootID})
 	b.mu.Unlock()
 	select {
 	case b.ready <- struct{}{}:
@@ -514,9 +521,9 @@ func (b *beaconBox) take() (map[string][]beaconRef, map[string]uint64) {
 // observeBeacons hands the beacons taken from the box to the tracker: the
 // chain (beaconloss.go), the revision each names and the record each says
 // its host wrote. It returns the hosts whose chain has a gap (a beacon
-// they published never came; a host once per gap).
-func (r *Runner) observeBeacons(now time.Time, revs map[string][]beaconRef) []string {
-	var gaps []string
+// they published never came; a host once per gap) and the decisions of
+// the records the beacons vouched for (vouch.go).
+func (r *Runner) observeBeacons(now time.Time, revs map[string][]beaconRef) (gaps []string, ds []Decision) {
 	for host, revs := range revs {
 		for _, b := range revs {
 			if r.Tracker.BeaconChain(now, host, b.rev, b.prev) {
@@ -524,9 +531,10 @@ func (r *Runner) observeBeacons(now time.Time, revs map[string][]beaconRef) []st
 			}
 			r.Tracker.ObserveBeacon(now, host, b.rev)
 			r.Tracker.BeaconWrote(host, b.rev, b.epoch, b.inc, b.seq)
+			ds = append(ds, r.Tracker.BeaconVouches(now, host, b.rev, b.boot, b.epoch, b.inc, b.seq)...)
 		}
 	}
-	return gaps
+	return gaps, ds
 }
 
 // beaconsLost says that beacons may have been lost (why) and the hosts
@@ -638,6 +646,8 @@ func (r *Runner) perform(ctx context.Context, log *slog.Logger, d Decision) {
 		log.Warn("host due but held back by the mass-failure guard", "host", d.Host)
 	case OpInvalid:
 		log.Error("INVALID LEASE RECORD ignored: a forged or unverifiable value in the host's key", "host", d.Host, "revision", d.Revision, "reason", d.Reason)
+	case OpVouched:
+		log.Warn("lease record vouched by the host's beacon: trusted as its first record", "host", d.Host, "revision", d.Revision, "reason", d.Reason)
 	case OpRevisionRegressed:
 		log.Error("LEASE REVISIONS WENT DOWN: the lease stream was re-created or rolled back; the host is not declared until its revisions pass the last one seen — restart the controllers", "host", d.Host, "revision", d.Revision, "reason", d.Reason)
 	case OpWithdrawn:

@@ -135,9 +135,13 @@ const (
 	// not declared until its revisions pass that one again
 	// (Tracker.regress). Log loudly (once per regression).
 	OpRevisionRegressed
+	// OpVouched: Host's first record, not verifiable as written fresh, is
+	// trusted because its own beacon names exactly that revision and
+	// record (vouch.go). Log (every one).
+	OpVouched
 )
 
-var opNames = [...]string{"declare", "release", "hold-started", "hold-ended", "refuse", "held-back", "refused-due", "lease-deleted", "withdrawn", "invalid-record", "revision-regressed"}
+var opNames = [...]string{"declare", "release", "hold-started", "hold-ended", "refuse", "held-back", "refused-due", "lease-deleted", "withdrawn", "invalid-record", "revision-regressed", "vouched"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -262,6 +266,9 @@ type hostState struct {
 	saidGate      bool
 	ownAt         time.Time
 	barRefusedRev uint64
+	// unfresh: its newest record not verified as written fresh, while no
+	// trusted record is held, for its beacon to vouch for (vouch.go).
+	unfresh *unfreshValue
 }
 
 // beaconState is what a host's beacons said (ObserveBeacon, invalid.go):
@@ -303,6 +310,12 @@ type beaconState struct {
 	// (fencing.Beacon's Epoch, Incarnation and Seq: BeaconWrote); zero
 	// when none said (an agent from before them).
 	wrote writeID
+	// writes: the last revisions its beacons named with the record
+	// written there (vouch.go; a ring, next at writesNext).
+	writes     [beaconMemory]namedWrite
+	writesNext int
+	// proc: the newest record its current agent process named (vouch.go).
+	proc beaconProc
 }
 
 // writeID identifies a record of a host, ordered as notNewer orders
@@ -421,6 +434,11 @@ type Tracker struct {
 	cfg     Config
 	hosts   map[string]*hostState
 	holding bool
+	// vouching: Observe is taking a record its host's beacon vouched for
+	// (vouch.go); vouchPrev: the stored time of the key's value before it
+	// when it was observed (coverStart).
+	vouching  bool
+	vouchPrev int64
 	// skippedRev: the highest revision the watch delivered after skipping
 	// one (Skipped).
 	skippedRev uint64
@@ -555,7 +573,15 @@ func (t *Tracker) SealedBefore(host string, b fencing.Beacon) bool {
 	case b.Seq == 0:
 		return false
 	case !sameProc(b.BootID, b.Incarnation, h.rec.BootID, h.rec.Incarnation):
-		return !reusedRevMutation
+		// Unless the host's own beacons named a write of the record's
+		// process above the receipt's revision: that process wrote after
+		// the withdrawal landed (agent processes of a host follow one
+		// another; a copy of its records names no revision). Without it
+		// an orderly restart's old receipt stopped the declaration of a
+		// host whose key a compromised node deleted after each write (every
+		// record a create) for good (reviewer X70,
+		// TestX70DeleteLoopOldReceiptOtherProcessNATS).
+		return !reusedRevMutation && (!h.beacons.namedAbove(b.Revision, h.rec.BootID, h.rec.Incarnation) || procAfterMutation)
 	}
 	return !createSealedMutation && w.newer(idOf(h.rec))
 }
@@ -564,6 +590,11 @@ func (t *Tracker) SealedBefore(host string, b fencing.Beacon) bool {
 // of another process than a trusted create, says nothing (reviewer X69's
 // reused revisions back). Tests only.
 var reusedRevMutation bool
+
+// procAfterMutation: a receipt of another process than a trusted create
+// stops its declaration whatever the host's beacons named since
+// (reviewer X70's old receipt back). Tests only.
+var procAfterMutation bool
 
 // createSealedMutation: a create (PrevRev 0) put back over a withdrawal
 // is not caught (the gap before). Tests only.
@@ -739,6 +770,16 @@ func (t *Tracker) coverStart(host string, h *hostState, rev uint64, rec *fencing
 		// TestX65DeleteLoopKeepsDeadHostUndeclaredNATS).
 		if b := h.bound(); b.from > 0 && idOf(*rec).newer(b.id) && (sameProc(rec.BootID, rec.Incarnation, b.boot, b.id.inc) || bootOrderMutation) && !createChainMutation {
 			return b.from
+		}
+		if t.vouching && !vouchCoverMutation {
+			// Its own beacon says the host wrote it at rev (vouch.go):
+			// the agent names a revision only once its write landed
+			// there, and seals every later record after that — a
+			// hidden write of its own came after rev, after the value
+			// before it. As for an update: from that value's stored time
+			// when the record was observed (0, unknown: the record's
+			// own, as a first sight).
+			return max(t.vouchPrev, 0)
 		}
 		return coverNever
 	}
@@ -948,11 +989,16 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	case h != nil && rev <= h.rev:
 		t.regress(h, host, rev)
 		return t.out // stale delivery
-	case otherBootCreate(h, rec) && !invalidMutation:
-		t.observeInvalid(now, host, rev, fmt.Sprintf("a create of boot %s incarnation %d after a delete, over a trusted record of boot %s incarnation %d: another agent process, not ordered against it (an agent that lost its state restarts its count) — trusted with the host's next renewal", rec.BootID, rec.Incarnation, h.rec.BootID, h.rec.Incarnation), otherBootForgedMutation)
+	case otherBootCreate(h, rec) && !invalidMutation && !t.vouching:
+		if t.vouchable(h, rec) && h.beacons.named(rev, rec) {
+			return t.observeVouched(now, host, rev, rec) // its beacon came first (vouch.go)
+		}
+		mark := t.unfreshMark(host, h, rev)
+		t.observeInvalid(now, host, rev, fmt.Sprintf("a create of boot %s incarnation %d after a delete, over a trusted record of boot %s incarnation %d: another agent process, not ordered against it (an agent that lost its state restarts its count) — trusted with the host's next renewal or when its beacon names it", rec.BootID, rec.Incarnation, h.rec.BootID, h.rec.Incarnation), otherBootForgedMutation)
 		t.ownRefused(now, host, rev, rec) // rollbackgate.go
+		t.keepUnfresh(host, rev, rec, now, mark)
 		return t.out
-	case replay(h, rev, rec) && !invalidMutation:
+	case replay(h, rev, rec) && !invalidMutation && !t.vouchedCreate(h, rec):
 		t.observeInvalid(now, host, rev, fmt.Sprintf("replay of a %s record written on revision %d, after revision %d", rec.State, rec.PrevRev, h.rev), true)
 		t.ownRefused(now, host, rev, rec) // rollbackgate.go
 		return t.out
@@ -986,6 +1032,7 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 	// at will): a skip says nothing more of them.
 	h.trustedFrom, h.spanSkip = from, rec.Sig != "" && t.skippedRev > rec.PrevRev
 	h.rev, h.rec, h.trustedRev, h.regressed, h.carried = rev, *rec, rev, false, nil
+	h.unfresh = nil
 	h.trustedStored = t.storedAt(host, rev)
 	if t.listed {
 		// rollbackgate.go: a sign of life that spends a confirmation —
@@ -1120,10 +1167,22 @@ func (t *Tracker) untrustedMember(h *hostState) bool {
 var memberDeleteMutation bool
 
 // deletedMember reports whether the deleted h is still a member (see
-// Members).
+// Members): any host with a trusted record — withdrawn and declared ones
+// too, members before the delete (counted silent or not is another
+// matter: countsDeleted). Only those counting toward the guard stayed
+// members: a compromised node deleting a withdrawn (or declared) host's
+// key lowered the threshold, and a dead rack of two was held for good
+// (reviewer X70, TestX70DeleteWithdrawnKeyShrinksMembership).
 func (t *Tracker) deletedMember(h *hostState) bool {
-	return t.required && h.forgotten.IsZero() && countsDeleted(h) && !memberDeleteMutation
+	if memberStateMutation {
+		return t.required && h.forgotten.IsZero() && countsDeleted(h) && !memberDeleteMutation
+	}
+	return t.required && h.forgotten.IsZero() && h.rec.State != "" && !memberDeleteMutation
 }
+
+// memberStateMutation: a deleted withdrawn or declared host is no member,
+// as before reviewer X70. Tests only.
+var memberStateMutation bool
 
 // Withdrawn returns the hosts whose agents withdrew their leases, sorted:
 // unprotected (no fencing) and never declared until they renew again.

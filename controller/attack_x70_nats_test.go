@@ -1,0 +1,376 @@
+package controller_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/controller"
+	"hvguard/controller/controllertest"
+	"hvguard/controller/natsperm/natspermtest"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+)
+
+// TestX70CASRaceKeepsDeadHostUndeclaredNATS (reviewer X70; HELD): the
+// controller declares a host by ONE compare-and-set on the revision its
+// watch last delivered (Tracker.Tick: Decision.Revision = h.rev;
+// Runner.perform: checkReceipt's reads, then Store.Write = KV.Update on
+// that revision), and after a failure tries again only DeclareRetry (5 s)
+// later. Any agent may put any lease key. Hypothesis: compute-1 puts
+// garbage into the dead compute-3's key fast enough that the key's
+// revision always moves between the delivery the tick used and the
+// compare-and-set (after the receipt read's round trips), without making
+// the watch skip. Measured on the embedded server (2 shared cores): at
+// 700–3000 puts/s, 0 to 3 declarations in a row missed (revision
+// mismatch), declared 3–18.5 s after the death instead of 3 s — each
+// miss costs DeclareRetry; tight loops (11 000+ puts/s), and once 700/s
+// under load, make the watch skip and beacons go missing: refused-due,
+// the documented flood (c) (skipped as such). A delay geometric in the
+// miss rate, not shown unbounded here; the window is a few round trips
+// on loopback, wider on a clustered stream (not measured).
+//
+// A soak, not a check (it held; under load the flood turns into the
+// documented refused-due and the case skips): run it with
+// HVG_X70_CAS=1 go test -count=1 -v -run TestX70CASRace ./controller/
+// (about 45 s of a loaded machine).
+func TestX70CASRaceKeepsDeadHostUndeclaredNATS(t *testing.T) {
+	if os.Getenv("HVG_X70_CAS") == "" {
+		t.Skip("a soak: HVG_X70_CAS=1 runs it (docs/security.md, What is left)")
+	}
+	for _, c := range []struct {
+		name    string
+		putters int
+		flood   time.Duration
+	}{
+		{"control", 0, 0},
+		{"flood-1ms", 1, time.Millisecond},
+		{"flood-300us", 1, 300 * time.Microsecond},
+		// Tight loops (1 to 4 putters, 11 000–20 000 puts/s) make the
+		// watch skip and the runner find beacons lost: refused-due, the
+		// documented "flood that keeps the watch skipping" (c), not this
+		// race — not run here.
+	} {
+		t.Run(c.name, func(t *testing.T) { x70CASRace(t, c.putters, c.flood) })
+	}
+}
+
+func x70CASRace(t *testing.T, putters int, flood time.Duration) {
+	const (
+		attacker  = "compute-1.example.org"
+		companion = "compute-2.example.org"
+		victim    = "compute-3.example.org"
+	)
+	srvURL := natspermtest.StartServer(t)
+	hosts := []string{attacker, companion, victim}
+	f := newFleetOf(t, hosts)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	sims := natsSims(t, srvURL, f, hosts)
+	vkey := strings.ReplaceAll(victim, ".", "_")
+	renew := func(h string) {
+		s := sims[h]
+		s.seq++
+		rec := controllertest.HostRecord(h)
+		rec.Seq = s.seq
+		res := s.renewRec(ctx, rec)
+		if res.Outcome != fencing.RenewAcked {
+			return
+		}
+		if m, err := natslease.BeaconMsg(f.signers[h], rec, res.Revision, 0, time.Now()); err == nil {
+			_ = s.nc.PublishMsg(m)
+		}
+	}
+	renewEvery(ctx, &mu, hosts, sims, renew)
+
+	cst, _, bnc, _ := proxiedController(t, srvURL, f)
+	cjs, _ := jetstream.New(bnc)
+	if u := natslease.StreamOfReceiptsUnsound(ctx, cjs, victim); u != nil {
+		t.Fatalf("rig: compute-3's own receipts stream does not vouch: %v", u)
+	}
+	cfg := controller.DefaultConfig()
+	cfg.GuardShare = 0.5
+	tr, err := controller.NewTracker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmu sync.Mutex
+	var declared time.Time
+	attempts, mismatches := 0, 0
+	other := map[string]int{}
+	lost := 0
+	r := &controller.Runner{Store: cst, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: bnc, Receipts: cjs,
+		OnBeaconsLost: func(string, []string) { cmu.Lock(); lost++; cmu.Unlock() },
+		OnDecision: func(d controller.Decision, err error) {
+			cmu.Lock()
+			defer cmu.Unlock()
+			switch {
+			case d.Op == controller.OpDeclare && d.Host != victim:
+				t.Errorf("declared the live %s", d.Host)
+			case d.Op == controller.OpDeclare:
+				attempts++
+				switch {
+				case err == nil:
+					if declared.IsZero() {
+						declared = time.Now()
+					}
+				case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || natslease.IsConflict(err):
+					mismatches++
+				default:
+					other[err.Error()]++
+				}
+			case d.Op == controller.OpRefusedDue && d.Host == victim:
+				other["refused-due: "+d.Reason]++
+			}
+		}}
+	go r.Run(ctx)
+	time.Sleep(2 * time.Second) // renewing: the controller trusts every host's record
+
+	mu.Lock()
+	sims[victim].stop = true // power loss
+	at := time.Now()
+	mu.Unlock()
+	puts := 0
+	for range putters {
+		go func() {
+			for ctx.Err() == nil {
+				if _, err := sims[attacker].st.KV.Put(ctx, vkey, []byte("garbage")); err == nil {
+					mu.Lock()
+					puts++
+					mu.Unlock()
+				}
+				if flood > 0 {
+					time.Sleep(flood)
+				}
+			}
+		}()
+	}
+	const watchFor = 30 * time.Second
+	for deadline := at.Add(watchFor); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		cmu.Lock()
+		done := !declared.IsZero()
+		cmu.Unlock()
+		if done {
+			break
+		}
+	}
+	cancel()
+	cmu.Lock()
+	defer cmu.Unlock()
+	mu.Lock()
+	n := puts
+	mu.Unlock()
+	t.Logf("compute-1's puts into compute-3's key: %d; declaration attempts %d, revision mismatches %d, other %v; beacon loss windows %d", n, attempts, mismatches, other, lost)
+	if declared.IsZero() {
+		for k := range other {
+			if strings.HasPrefix(k, "refused-due") {
+				// The watch skipped and beacons went missing: the
+				// documented flood (c) took over, not this race.
+				t.Skipf("not declared: refused-due after watch skips and a beacon loss window (the documented flood, docs/security.md What is left): %s", k)
+			}
+		}
+		t.Fatalf("the dead %s not declared within %s of its death (lease_ttl + grace 3.05 s at ×0.1), no watch skip said: each declaration's compare-and-set missed (%d of %d attempts: revision mismatch)",
+			victim, watchFor, mismatches, attempts)
+	}
+	// Each miss costs DeclareRetry (5 s): measured 0–3 misses in a row at
+	// 700–3000 puts/s (declared 3–18.5 s after the death) — a delay,
+	// geometric in the miss rate, not a hold.
+	t.Logf("%s declared %s after its death", victim, declared.Sub(at).Round(10*time.Millisecond))
+}
+
+// TestX70DeleteLoopOldReceiptOtherProcessNATS (reviewer X70, (c)): the
+// X65 delete loop against a running controller — compute-1 deletes
+// compute-3's lease key after each of compute-3's writes, so every record
+// compute-3 writes is a create (prev_rev 0), each trusted (newer, of the
+// same agent process: Tracker.Observe, recreated) — closed for a host
+// WITHOUT receipts by the create chain (TestX65DeleteLoopKeepsDeadHostUndeclaredNATS).
+// But compute-3, like any host whose agent was ever stopped in order (an
+// upgrade, a reboot), has an old withdrawal receipt in its own stream,
+// of an earlier agent process (incarnation 1; it now runs incarnation
+// 2), naming a revision long before its current records. compute-3 dies.
+// Before the declaration the leader reads its receipts (checkReceipt):
+// the newest one is that old receipt, and Tracker.SealedBefore says, for
+// a trusted create, "a receipt of another agent process than the
+// record" → true (reviewer X69's reusedRev rule, meant for re-created
+// buckets) — whatever its revision (1, below everything) — and the
+// declaration waits on ErrReceiptAfterSeal at every tick, for good:
+// compute-3 is dead and never writes again. compute-1 can stop its loop
+// once compute-3 is dead; nothing ends the wait.
+// Controls: no old receipt (X65's case) and no loop (the trusted record
+// is an update: SealedBefore compares revisions) — both declared.
+func TestX70DeleteLoopOldReceiptOtherProcessNATS(t *testing.T) {
+	for _, c := range []struct {
+		name               string
+		loop, receipt, mut bool
+	}{
+		{"attack", true, true, false},
+		{"control/no-loop", false, true, false},
+		{"control/no-receipt", true, false, false},
+		// The cause: with SealedBefore's other-process rule for a create
+		// off (reusedRevMutation), the attack's compute-3 is declared.
+		{"attack/reusedRevMutation", true, true, true},
+		// The fix: the beacons' named writes of the record's process
+		// above the receipt's revision (Tracker.SealedBefore); without
+		// it, not declared.
+		{"attack/procAfterMutation", true, true, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			want := true
+			switch {
+			case c.name == "attack/procAfterMutation":
+				defer controller.SetProcAfterMutation(true)()
+				want = false
+			case c.mut:
+				defer controller.SetReusedRevMutation(true)()
+			}
+			x70LoopOldReceipt(t, c.loop, c.receipt, want)
+		})
+	}
+}
+
+func x70LoopOldReceipt(t *testing.T, loop, oldReceipt, wantDeclared bool) {
+	const (
+		attacker  = "compute-1.example.org"
+		companion = "compute-2.example.org"
+		victim    = "compute-3.example.org"
+	)
+	srvURL := natspermtest.StartServer(t)
+	hosts := []string{attacker, companion, victim}
+	f := newFleetOf(t, hosts)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	sims := natsSims(t, srvURL, f, hosts)
+	vkey := strings.ReplaceAll(victim, ".", "_")
+	if oldReceipt {
+		// compute-3's agent, incarnation 1, stopped in order once (an
+		// upgrade): its withdrawal's receipt, stored in its own stream
+		// with a publish ack (as the agent does). Its withdrawn record
+		// landed at revision 1 — before everything below.
+		rec := controllertest.HostRecord(victim)
+		rec.State, rec.Incarnation, rec.Seq = fencing.LeaseWithdrawn, 1, 7
+		m, err := natslease.ReceiptMsg(f.signers[victim], rec, 1, time.Now().Add(-time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ := jetstream.New(sims[victim].nc)
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	looping := false // under mu
+	creates := 0
+	renew := func(h string) {
+		s := sims[h]
+		s.seq++
+		rec := controllertest.HostRecord(h)
+		rec.Incarnation, rec.Seq = 2, s.seq // compute-3: the agent started again since
+		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+		if res.Outcome != fencing.RenewAcked {
+			if res.Outcome == fencing.RenewConflict && res.Current == nil {
+				s.rev = 0 // the key deleted: re-create (fencing/keydelete.go)
+			}
+			return
+		}
+		if s.rev == 0 && h == victim {
+			creates++
+		}
+		s.rev = res.Revision
+		if m, err := natslease.BeaconMsg(f.signers[h], rec, res.Revision, 0, time.Now()); err == nil {
+			_ = s.nc.PublishMsg(m)
+		}
+		if h == victim && looping {
+			// compute-1 deletes compute-3's key right after each write.
+			if err := sims[attacker].st.KV.Delete(ctx, vkey); err != nil {
+				t.Errorf("compute-1's delete: %v", err)
+			}
+			s.rev = 0
+		}
+	}
+	renewEvery(ctx, &mu, hosts, sims, renew)
+
+	cst, _, bnc, _ := proxiedController(t, srvURL, f)
+	cjs, _ := jetstream.New(bnc)
+	if u := natslease.StreamOfReceiptsUnsound(ctx, cjs, victim); u != nil {
+		t.Fatalf("rig: compute-3's own receipts stream does not vouch: %v", u)
+	}
+	cfg := controller.DefaultConfig()
+	cfg.GuardShare = 0.5
+	tr, err := controller.NewTracker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmu sync.Mutex
+	var declared time.Time
+	waits := map[string]int{}
+	r := &controller.Runner{Store: cst, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: bnc, Receipts: cjs,
+		OnDecision: func(d controller.Decision, err error) {
+			cmu.Lock()
+			defer cmu.Unlock()
+			switch {
+			case d.Op == controller.OpDeclare && d.Host != victim:
+				t.Errorf("declared the live %s", d.Host)
+			case d.Op == controller.OpDeclare && err != nil:
+				k := err.Error()
+				if len(k) > 60 {
+					k = k[:60]
+				}
+				waits[k]++
+			case d.Op == controller.OpDeclare && declared.IsZero():
+				declared = time.Now()
+			}
+		}}
+	go r.Run(ctx)
+	time.Sleep(2 * time.Second) // renewing: the controller trusts every host's record
+	mu.Lock()
+	looping = loop
+	mu.Unlock()
+	time.Sleep(2 * time.Second) // the loop: compute-3 re-creates its key ~10 times
+
+	mu.Lock()
+	sims[victim].stop = true // power loss: no withdrawal
+	looping = false          // compute-1 stops: nothing more is needed
+	at := time.Now()
+	if !loop {
+		if err := sims[attacker].st.KV.Delete(ctx, vkey); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nCreates := creates
+	mu.Unlock()
+	t.Logf("compute-3 created its key %d times (loop %t, old receipt %t) and died", nCreates, loop, oldReceipt)
+	watchFor := 30 * time.Second
+	if !wantDeclared {
+		watchFor = 12 * time.Second // declared at 3 s when it is
+	}
+	for deadline := at.Add(watchFor); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		cmu.Lock()
+		done := !declared.IsZero()
+		cmu.Unlock()
+		if done {
+			break
+		}
+	}
+	cmu.Lock()
+	defer cmu.Unlock()
+	if !wantDeclared {
+		if !declared.IsZero() {
+			t.Fatalf("%s declared %s after its death: the test no longer shows the hole", victim, declared.Sub(at).Round(10*time.Millisecond))
+		}
+		t.Logf("%s not declared within %s of its death (the declaration waits: %v)", victim, watchFor, waits)
+		return
+	}
+	if declared.IsZero() {
+		t.Fatalf("the dead %s not declared within %s of its death (lease_ttl + grace 3.05 s at ×0.1); the declaration waits: %v", victim, watchFor, waits)
+	}
+	t.Logf("%s declared %s after its death", victim, declared.Sub(at).Round(10*time.Millisecond))
+}

@@ -1,0 +1,306 @@
+package controller
+
+import (
+	"fmt"
+	"time"
+
+	"hvguard/fencing"
+)
+
+// A host's first record vouched by its own beacon (reviewer X65, the
+// delete loop across a controller start).
+//
+// With signatures required, a tracker that holds no trusted record of a
+// host trusts a value of its key only when the stored message shows it
+// written fresh (ObserveWritten, fencing.Written.Fresh). A create over a
+// delete marker never shows that: a genuine create and a replayed one are
+// both written on the marker's revision. A compromised node that deletes
+// a host's key right after each of its writes, while a controller starts
+// (a restart, an upgrade, a new leader's first listing), so kept that
+// controller from ever trusting a record of the host — and a host without
+// a trusted record is never declared: the host died, undeclared while the
+// loop ran (TestX65DeleteLoopAcrossStartNATS).
+//
+// A beacon is positive evidence the revision check lacks: the host signs
+// it after its own write landed, naming the revision the write landed at
+// and the record's identity (epoch, incarnation, seq). A stream revision
+// holds one message, so a value observed at exactly that revision with
+// exactly that identity is the host's own write there, not a copy put
+// back later (a copy lands at another revision). Such a value is trusted
+// as if verified fresh — whether the beacon came before it (ObserveWritten
+// checks the beacons' named writes) or after (BeaconVouches: the values
+// of the key observed after it — delete markers, untrusted values, at
+// most maxLaterValues — are observed again after it once it is trusted, so
+// a delete stops nothing, as for any host with a trusted record; a
+// compromised node's garbage between a create and its beacon kept the
+// create unvouched: reviewer X71, TestX71GarbageBeforeBeaconKeepsDeadUndeclared).
+//
+// Where nothing else orders the value: a first record (no trusted record
+// of the host yet), or a create of another agent process after a delete
+// (otherBootCreate: identities order records only within a process; an
+// agent restarted under the delete loop was never trusted again, reviewer
+// X71, TestX71AgentRestartUnderLoopAfterVouch) — without a rollback
+// carry or bar (rollback.go judges those). A signed record its host
+// writes (active, withdrawn) with a beacon identity (seq > 0), not older
+// than a record the same agent process (incarnation) already named in a
+// beacon. The beacon is verified by the runner (its host's key) and came
+// on the host's own subject; a copy of an old beacon is denied by the
+// shipped NATS permissions (docs/security.md). Across lives of a
+// re-created bucket a revision number can repeat; the identity must
+// match too, and a record sealed in the old life names an identity the
+// host's current process has passed.
+
+// vouchMutation: no beacon vouches for a record, as before reviewer X65's
+// fix; vouchCoverMutation: a vouched create counts receipts coverage from
+// nothing (coverNever), as any create not chained to a trusted record;
+// vouchLaterMutation: a later value drops the kept one (reviewer X71's
+// garbage back); vouchOtherBootMutation: no vouching of another
+// process's create (X71's restart back). Tests only.
+var vouchMutation, vouchCoverMutation, vouchLaterMutation, vouchOtherBootMutation, vouchProcMutation bool
+
+// beaconProc is the newest record a host's current agent process (boot
+// and incarnation of its last beacon) named in its beacons.
+type beaconProc struct {
+	boot   string
+	newest writeID
+}
+
+// named notes a beacon of boot naming id: a beacon of another process
+// (boot or incarnation) starts over.
+func (p *beaconProc) named(boot string, id writeID) {
+	if p.boot != boot || p.newest.inc != id.inc || id.newer(p.newest) {
+		p.boot, p.newest = boot, id
+	}
+}
+
+// unfreshValue is a signed record of a host's own that could not be
+// trusted (see above), kept for a later beacon to vouch for.
+type unfreshValue struct {
+	rev uint64
+	rec fencing.LeaseRecord
+	at  time.Time // when it was observed
+	unfreshMark
+	// later: the values of the key observed after it, in order.
+	later []laterValue
+}
+
+// unfreshMark is what the tracker knew of a key before one of its
+// values: its last revision and deleted state (restored to observe the
+// value as trusted), and the stored times of the value and of the one
+// before it (the receipts coverage of a vouched record: coverStart).
+type unfreshMark struct {
+	before             uint64
+	deleted            bool
+	stored, prevStored int64
+}
+
+// laterValue is a value of a key observed after a kept unfresh one: a
+// delete marker, or an untrusted value (why, forged: as observed).
+type laterValue struct {
+	rev    uint64
+	at     time.Time
+	marker bool
+	why    string
+	forged bool
+}
+
+// namedWrite is a revision a beacon of the host named and the record it
+// said it wrote there (its boot and identity).
+type namedWrite struct {
+	rev  uint64
+	boot string
+	id   writeID
+}
+
+// vouchable reports whether h's record rec, which could not be trusted
+// (not verified as written fresh, or another process's create after a
+// delete), may be trusted on its beacon's word (see above). h: the
+// tracker's state before rec.
+func (t *Tracker) vouchable(h *hostState, rec *fencing.LeaseRecord) bool {
+	if !t.required || vouchMutation || h == nil || h.carried != nil || h.countedCarry != nil ||
+		rec.Sig == "" || rec.Seq == 0 || !hostWritten(rec.State) {
+		return false
+	}
+	if p := h.beacons.proc; p.boot == rec.BootID && p.newest.inc == rec.Incarnation && p.newest.newer(idOf(*rec)) && !vouchProcMutation {
+		// Its agent process named a newer record in a beacon already: an
+		// older write of its own landed late (a relay's) is not its
+		// newest (reviewer X71's defence in depth).
+		return false
+	}
+	return h.trustedRev == 0 || otherBootCreate(h, rec) && h.rollbackBar == nil && !vouchOtherBootMutation
+}
+
+// vouchedCreate reports whether Observe is taking a create its beacon
+// vouched for over a delete of a trusted record of another process: its
+// identity is not ordered against that record's (otherBootCreate), so
+// it is not judged a replay by them.
+func (t *Tracker) vouchedCreate(h *hostState, rec *fencing.LeaseRecord) bool {
+	return t.vouching && h != nil && h.deleted && rec.PrevRev == 0 && h.rollbackBar == nil && h.carried == nil
+}
+
+// named reports whether a beacon of the host named revision rev with
+// rec's boot and identity (one of the last beaconMemory).
+func (b *beaconState) named(rev uint64, rec *fencing.LeaseRecord) bool {
+	for _, n := range b.writes {
+		if n.rev == rev && n.rev != 0 && n.boot == rec.BootID && n.id == idOf(*rec) {
+			return true
+		}
+	}
+	return false
+}
+
+// namedAbove reports whether a beacon of the host named a write of the
+// agent process (boot, incarnation) at a revision above rev (one of the
+// last beaconMemory).
+func (b *beaconState) namedAbove(rev uint64, boot string, inc uint64) bool {
+	for _, n := range b.writes {
+		if n.rev > rev && n.boot == boot && n.id.inc == inc {
+			return true
+		}
+	}
+	return false
+}
+
+// noteNamed keeps what a beacon said the host wrote at rev (a ring of
+// the last beaconMemory, like revs).
+func (b *beaconState) noteNamed(n namedWrite) {
+	b.writes[b.writesNext%beaconMemory] = n
+	b.writesNext++
+}
+
+// unfreshMark is what the tracker knows of host's key before its value
+// at rev (h: host's state, nil if not tracked), taken before observing it.
+func (t *Tracker) unfreshMark(host string, h *hostState, rev uint64) unfreshMark {
+	_, prev := t.storedBefore(host, rev)
+	m := unfreshMark{stored: t.storedAt(host, rev), prevStored: prev}
+	if h != nil {
+		m.before, m.deleted = h.rev, h.deleted
+	}
+	return m
+}
+
+// keepUnfresh keeps host's record rec at rev, observed at now and not
+// trusted, for its beacon to vouch for (BeaconVouches) — if it is the
+// key's last value now and may be vouched for.
+func (t *Tracker) keepUnfresh(host string, rev uint64, rec *fencing.LeaseRecord, now time.Time, m unfreshMark) {
+	h := t.hosts[host]
+	if h == nil || h.rev != rev {
+		return
+	}
+	// Judged on the state before it (otherBootCreate needs the delete).
+	was, del := h.rev, h.deleted
+	h.rev, h.deleted = m.before, m.deleted
+	ok := t.vouchable(h, rec)
+	h.rev, h.deleted = was, del
+	if ok {
+		h.unfresh = &unfreshValue{rev: rev, rec: *rec, at: now, unfreshMark: m}
+	}
+}
+
+// maxLaterValues bounds the values of a key kept after an unfresh one
+// (laterValue); one more drops the unfresh value. The runner hands the
+// tracker one watch update per turn of its loop (each of an untrusted
+// host's with a stored-message read) and the waiting beacons on another,
+// chosen at random when both are ready: a compromised node's burst
+// between a create and its beacon is delivered a few values at a time.
+// 16 (beaconMemory) was passed with 17 values (reviewer X72,
+// TestX72GarbageFloodBeforeBeacon); 64 values kept ahead of a beacon ready
+// all along is a chance of 2^-64 per round, and at most 64 × ~100 bytes
+// per host kept, only while it has no trusted record.
+const maxLaterValues = 64
+
+// laterValue notes a value of h's key observed after its kept unfresh one
+// (maxLaterValues at most: then the kept one is dropped).
+func (h *hostState) laterValue(l laterValue) {
+	u := h.unfresh
+	switch {
+	case u == nil || l.rev <= u.rev:
+	case len(u.later) == maxLaterValues || vouchLaterMutation && !l.marker:
+		h.unfresh = nil
+	default:
+		u.later = append(u.later, l)
+	}
+}
+
+// observeVouched observes host's record rec at rev, which could not be
+// trusted, as trusted: a beacon of the host named exactly its revision
+// and identity before it came (see above).
+func (t *Tracker) observeVouched(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord) []Decision {
+	_, prev := t.storedBefore(host, rev)
+	t.vouching, t.vouchPrev = true, prev
+	ds := t.Observe(now, host, rev, rec)
+	t.vouching = false
+	if h := t.hosts[host]; h != nil && h.trustedRev == rev {
+		t.out = append([]Decision{vouchedDecision(host, rev, *rec, 0, 0)}, ds...)
+	}
+	return t.out
+}
+
+// BeaconVouches reports that host's beacon, received at now, named the
+// record (boot, epoch, inc, seq) it wrote at revision rev (call it after
+// ObserveBeacon and BeaconWrote). If that record was observed and kept
+// as not trusted (see above), it is trusted now, as observed when it
+// was, and the values of the key observed after it are observed again
+// after it. It returns the decisions that says (OpVouched first; the
+// later values' invalid-record and lease-deleted were said when they
+// came).
+func (t *Tracker) BeaconVouches(now time.Time, host string, rev uint64, boot string, epoch, inc, seq uint64) []Decision {
+	t.out = t.out[:0]
+	h := t.hosts[host]
+	if h != nil && seq != 0 && rev != 0 {
+		id := writeID{epoch: epoch, inc: inc, seq: seq}
+		h.beacons.proc.named(boot, id)
+		h.beacons.noteNamed(namedWrite{rev: rev, boot: boot, id: id})
+	}
+	if h == nil || h.unfresh == nil || h.unfresh.rev != rev || vouchMutation {
+		return t.out
+	}
+	u := *h.unfresh
+	if idOf(u.rec) != (writeID{epoch: epoch, inc: inc, seq: seq}) || u.rec.BootID != boot {
+		return t.out
+	}
+	h.unfresh = nil
+	rev0, deleted0 := h.rev, h.deleted
+	h.rev, h.deleted = u.before, u.deleted
+	if !t.vouchable(h, &u.rec) {
+		h.rev, h.deleted = rev0, deleted0
+		return t.out
+	}
+	t.vouching, t.vouchPrev = true, u.prevStored
+	t.Observe(u.at, host, u.rev, &u.rec)
+	t.vouching = false
+	if h = t.hosts[host]; h.trustedRev != u.rev {
+		// Refused after all (a replay by comparison with what is known
+		// of the key): as it was.
+		h.rev, h.deleted = max(h.rev, rev0), deleted0
+		return t.out
+	}
+	if h.trustedStored == 0 {
+		h.trustedStored = u.stored // the stamp moved on to a later value
+	}
+	out := append([]Decision{vouchedDecision(host, u.rev, u.rec, now.Sub(u.at), len(u.later))}, t.out...)
+	for _, l := range u.later {
+		t.out = t.out[:0]
+		if l.marker {
+			t.observeDeleted(l.at, host, l.rev)
+		} else {
+			t.observeInvalid(l.at, host, l.rev, l.why, l.forged)
+		}
+		for _, d := range t.out {
+			if d.Op != OpInvalid && d.Op != OpLeaseDeleted {
+				out = append(out, d)
+			}
+		}
+	}
+	t.out = out
+	return t.out
+}
+
+// vouchedDecision says that host's record at rev, which could not be
+// trusted, was trusted on its beacon's word (late: how long after it was
+// observed; later: the values of the key observed after it again).
+func vouchedDecision(host string, rev uint64, rec fencing.LeaseRecord, late time.Duration, later int) Decision {
+	return Decision{Op: OpVouched, Host: host, Revision: rev, Record: rec, Reason: fmt.Sprintf(
+		"vouched: the host's %s record at revision %d (boot %s, epoch %d, incarnation %d, seq %d) could not be trusted (not verifiable as written fresh — a create over a delete marker — or another agent process's create after a delete); the host's own signed beacon names exactly that revision and record: trusted (beacon %s after the value; %d later values of the key observed again after it)",
+		rec.State, rev, rec.BootID, rec.Epoch, rec.Incarnation, rec.Seq, late.Round(time.Millisecond), later)}
+}
