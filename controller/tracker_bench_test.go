@@ -41,8 +41,9 @@ func BenchmarkTrackerFleet(b *testing.B) {
 // BenchmarkTrackerFleetBeacons is BenchmarkTrackerFleet with signatures
 // required and every renewal named by its beacon, as the runner feeds
 // them: the delivery's clock sample and beacon expectation, the beacon's
-// chain check (Prev) and ObserveBeacon, and BeaconsMissing at each tick
-// (beaconloss.go). One op is one second of the fleet. The baseline, in
+// chain check (Prev), ObserveBeacon, BeaconWrote and BeaconVouches, and
+// BeaconsMissing at each tick (beaconloss.go). One op is one second of
+// the fleet. The baseline, in
 // the same run: the same load on the commit before the missing-beacon
 // and chain checks (docs/BENCHMARKS.md).
 func BenchmarkTrackerFleetBeacons(b *testing.B) {
@@ -60,16 +61,21 @@ func BenchmarkTrackerFleetBeacons(b *testing.B) {
 				hosts[i] = fmt.Sprintf("bench-%05d.example.org", i)
 				recs[i] = *rec(hosts[i], fencing.BackstopReset)
 				recs[i].Signer = hosts[i] + "-key"
+				recs[i].BootID, recs[i].Epoch, recs[i].Incarnation = "boot-1", 1, 1
 			}
 			now, rev := t0, uint64(0)
 			observe := func(i int) {
 				rev++
 				tr.Stored(hosts[i], rev, now)
 				tr.ClockSample(now, 0, now)
+				recs[i].Seq++
 				r := recs[i]
 				tr.Observe(now, hosts[i], rev, &r)
+				// The runner's beacon path (observeBeacons).
 				tr.BeaconChain(now, hosts[i], rev, prev[i])
 				tr.ObserveBeacon(now, hosts[i], rev)
+				tr.BeaconWrote(hosts[i], rev, r.Epoch, r.Incarnation, r.Seq)
+				tr.BeaconVouches(now, hosts[i], rev, r.BootID, r.Epoch, r.Incarnation, r.Seq)
 				prev[i] = rev
 			}
 			runFleet(b, tr, &now, n, observe, func(now time.Time) { tr.BeaconsMissing(now) })

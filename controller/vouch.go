@@ -138,10 +138,19 @@ func (t *Tracker) vouchedCreate(h *hostState, rec *fencing.LeaseRecord) bool {
 	return t.vouching && h != nil && h.deleted && rec.PrevRev == 0 && h.rollbackBar == nil && h.carried == nil
 }
 
+// namedRing holds the last beaconMemory writes a host's beacons named.
+type namedRing struct {
+	w    [beaconMemory]namedWrite
+	next int
+}
+
 // named reports whether a beacon of the host named revision rev with
 // rec's boot and identity (one of the last beaconMemory).
 func (b *beaconState) named(rev uint64, rec *fencing.LeaseRecord) bool {
-	for _, n := range b.writes {
+	if b.writes == nil {
+		return false
+	}
+	for _, n := range b.writes.w {
 		if n.rev == rev && n.rev != 0 && n.boot == rec.BootID && n.id == idOf(*rec) {
 			return true
 		}
@@ -153,7 +162,10 @@ func (b *beaconState) named(rev uint64, rec *fencing.LeaseRecord) bool {
 // agent process (boot, incarnation) at a revision above rev (one of the
 // last beaconMemory).
 func (b *beaconState) namedAbove(rev uint64, boot string, inc uint64) bool {
-	for _, n := range b.writes {
+	if b.writes == nil {
+		return false
+	}
+	for _, n := range b.writes.w {
 		if n.rev > rev && n.boot == boot && n.id.inc == inc {
 			return true
 		}
@@ -161,11 +173,14 @@ func (b *beaconState) namedAbove(rev uint64, boot string, inc uint64) bool {
 	return false
 }
 
-// noteNamed keeps what a beacon said the host wrote at rev (a ring of
-// the last beaconMemory, like revs).
+// noteNamed keeps what a beacon said the host wrote (a ring of the last
+// beaconMemory, like revs).
 func (b *beaconState) noteNamed(n namedWrite) {
-	b.writes[b.writesNext%beaconMemory] = n
-	b.writesNext++
+	if b.writes == nil {
+		b.writes = &namedRing{}
+	}
+	b.writes.w[b.writes.next%beaconMemory] = n
+	b.writes.next++
 }
 
 // unfreshMark is what the tracker knows of host's key before its value
