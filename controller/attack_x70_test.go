@@ -179,6 +179,7 @@ func TestX70RebootedHostsUnderDeleteLoopHoldGuard(t *testing.T) {
 		t.Run(fmt.Sprintf("loop=%t/vouchOtherBootMutation=%t", loop, c.mut), func(t *testing.T) {
 			if c.mut {
 				x32Mutate(t, &vouchOtherBootMutation)
+				x32Mutate(t, &deletedBeaconMutation) // reviewer X73's fix ends their silence too
 			}
 			all := hostRange(0, 10)
 			f := newX7Fleet(t, func(h string) bool {

@@ -187,7 +187,7 @@ var earlyWroteMutation bool
 // namedByBeacon: h's beacon named its write at rev, seen at at.
 func (h *hostState) namedByBeacon(rev uint64, at time.Time) {
 	h.beacons.corroboratedRev = max(h.beacons.corroboratedRev, rev)
-	h.renewedByBeacon(at)
+	h.renewedByBeacon(rev, at)
 }
 
 // discount records an untrusted value at rev, seen at now, that no
@@ -209,13 +209,22 @@ func (h *hostState) discount(rev uint64, now time.Time) {
 // compromised node superseded before the watch delivered them otherwise
 // left live hosts counted silent: with a dead host, the guard held for as
 // long as the attacker kept it up — reviewer X5,
-// TestX5HiddenRenewalsHoldTheGuard.)
-func (h *hostState) renewedByBeacon(at time.Time) {
+// TestX5HiddenRenewalsHoldTheGuard.) Of a deleted host, only a write
+// at rev after the delete (deletedRev): it re-created its key — a
+// compromised node deleting each renewal of live hosts before the watch
+// delivered it (the watch then shows the markers only) kept them counted
+// silent and held the guard over a dead host for good (reviewer X73,
+// TestX73SkippedCreatesUnderDeleteLoopHoldGuard); the declaration stays
+// a compare-and-set on the newest marker.
+func (h *hostState) renewedByBeacon(rev uint64, at time.Time) {
 	if at.After(h.unverifiedAt) {
 		h.unverifiedAt = at
 	}
-	if h.rec.State != fencing.LeaseActive && h.rec.State != "" || h.deleted || beaconSilenceMutation {
+	if h.rec.State != fencing.LeaseActive && h.rec.State != "" || beaconSilenceMutation {
 		return // ("": no trusted record yet, counted silent: observeInvalid)
+	}
+	if h.deleted && (h.rec.State == "" || rev <= h.deletedRev || deletedBeaconMutation) {
+		return
 	}
 	if h.silentAft > 0 && at.Sub(h.lastSeen) > h.silentAft {
 		h.silentEnd = at
@@ -224,6 +233,10 @@ func (h *hostState) renewedByBeacon(at time.Time) {
 		h.lastSeen = at
 	}
 }
+
+// deletedBeaconMutation: a deleted host's beacons never end its silence,
+// as before reviewer X73. Tests only.
+var deletedBeaconMutation bool
 
 // contested reports whether h's declaration came while values of its key
 // were discounted (no beacon named them) after its last renewal.

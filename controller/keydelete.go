@@ -105,7 +105,7 @@ func (t *Tracker) observeDeleted(now time.Time, host string, rev uint64) {
 		delete(t.hosts, host)
 		return
 	}
-	h.deleted, h.rev = true, rev
+	h.deleted, h.rev, h.deletedRev = true, rev, rev
 	h.declaring = time.Time{}
 	t.pin(host, h, rev, true, true)
 	if t.pinned(h) && h.rec.State == fencing.LeaseActive {

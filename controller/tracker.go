@@ -207,8 +207,10 @@ type hostState struct {
 	// (coverStart, reviewer X65).
 	before coverBound
 	// deleted: the key was deleted or purged at revision rev (see
-	// observeDeleted); rec is the last record seen before.
-	deleted bool
+	// observeDeleted); rec is the last record seen before. deletedRev:
+	// the marker that deleted it (the first since rec).
+	deleted    bool
+	deletedRev uint64
 	// forgotten: Forget was called at this time (the host is dropped one
 	// guard window later; it counts until then).
 	forgotten time.Time
