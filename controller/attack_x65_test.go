@@ -102,7 +102,7 @@ func TestX65DeleteLoopKeepsDeadHostUndeclaredNATS(t *testing.T) {
 			if c.mut {
 				defer controller.SetCreateChainMutation(true)()
 			}
-			x65DeleteLoopStartNATS(t, c.loop, false, !c.mut)
+			x65DeleteLoopStartNATS(t, c.loop, false, false, !c.mut)
 		})
 	}
 }
@@ -110,7 +110,10 @@ func TestX65DeleteLoopKeepsDeadHostUndeclaredNATS(t *testing.T) {
 // x65DeleteLoopStartNATS: startLate, the controller starts (a restart, a
 // new leader's first listing) while compute-1's loop already runs.
 // wantDeclared: the dead compute-3 is declared within 30 s.
-func x65DeleteLoopStartNATS(t *testing.T, loop, startLate, wantDeclared bool) {
+// oldReceipt (reviewer X70): compute-3's agent, incarnation 1, stopped in
+// order once (an upgrade) before everything: its withdrawal's receipt
+// (revision 1) is in its own stream, and its records are of incarnation 2.
+func x65DeleteLoopStartNATS(t *testing.T, loop, startLate, oldReceipt, wantDeclared bool) {
 	const (
 		attacker  = "compute-1.example.org"
 		companion = "compute-2.example.org"
@@ -124,13 +127,28 @@ func x65DeleteLoopStartNATS(t *testing.T, loop, startLate, wantDeclared bool) {
 	var mu sync.Mutex
 	sims := natsSims(t, srvURL, f, hosts)
 	vkey := strings.ReplaceAll(victim, ".", "_")
+	inc := uint64(0)
+	if oldReceipt {
+		// Stored with a publish ack, as the agent does.
+		rec := controllertest.HostRecord(victim)
+		rec.State, rec.Incarnation, rec.Seq = fencing.LeaseWithdrawn, 1, 7
+		m, err := natslease.ReceiptMsg(f.signers[victim], rec, 1, time.Now().Add(-time.Hour))
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, _ := jetstream.New(sims[victim].nc)
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		inc = 2 // the agent started again since
+	}
 	creates := 0
 	looping := false // under mu
 	renew := func(h string) {
 		s := sims[h]
 		s.seq++
 		rec := controllertest.HostRecord(h)
-		rec.Seq = s.seq
+		rec.Incarnation, rec.Seq = inc, s.seq
 		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
 		if res.Outcome != fencing.RenewAcked {
 			t.Logf("%s: renewal: %+v", h, res)
@@ -278,7 +296,7 @@ func TestX65DeleteLoopAcrossStartNATS(t *testing.T) {
 			if c.mut {
 				defer controller.SetVouchMutation(c.cover)()
 			}
-			x65DeleteLoopStartNATS(t, true, true, !c.mut)
+			x65DeleteLoopStartNATS(t, true, true, false, !c.mut)
 		})
 	}
 }

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -50,14 +51,7 @@ func TestX70DeleteWithdrawnKeyShrinksMembership(t *testing.T) {
 				x32Mutate(t, &memberStateMutation)
 			}
 			all := hostRange(0, 10)
-			f := newX7Fleet(t, func(h string) bool {
-				for _, a := range all {
-					if a == h {
-						return true
-					}
-				}
-				return false
-			})
+			f := newX7Fleet(t, x70Enrolled(all))
 			live := all
 			f.step(t0, live)
 			f.step(t0, live) // everyone names v1 (N = 10, threshold 2)
@@ -150,6 +144,11 @@ func TestX70DeleteWithdrawnKeyShrinksMembership(t *testing.T) {
 	}
 }
 
+// x70Enrolled is host_keys_file for the fleet all.
+func x70Enrolled(all []string) func(string) bool {
+	return func(h string) bool { return slices.Contains(all, h) }
+}
+
 // x70Host is a simulated agent of x70Loop: its key's revision, its seq
 // and its boot.
 type x70Host struct {
@@ -182,14 +181,7 @@ func TestX70RebootedHostsUnderDeleteLoopHoldGuard(t *testing.T) {
 				x32Mutate(t, &deletedBeaconMutation) // reviewer X73's fix ends their silence too
 			}
 			all := hostRange(0, 10)
-			f := newX7Fleet(t, func(h string) bool {
-				for _, a := range all {
-					if a == h {
-						return true
-					}
-				}
-				return false
-			})
+			f := newX7Fleet(t, x70Enrolled(all))
 			hs := map[string]*x70Host{}
 			for _, h := range all {
 				hs[h] = &x70Host{boot: "boot-1"}
@@ -294,14 +286,7 @@ func TestX70RestartedHostUnderDeleteLoopNeverTrusted(t *testing.T) {
 				x32Mutate(t, &vouchOtherBootMutation)
 			}
 			all := hostRange(0, 10)
-			f := newX7Fleet(t, func(h string) bool {
-				for _, a := range all {
-					if a == h {
-						return true
-					}
-				}
-				return false
-			})
+			f := newX7Fleet(t, x70Enrolled(all))
 			hs := map[string]*x70Host{}
 			for _, h := range all {
 				hs[h] = &x70Host{boot: "boot-1"}

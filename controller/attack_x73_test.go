@@ -30,14 +30,7 @@ type x73Fleet struct {
 
 func newX73Fleet(t *testing.T) *x73Fleet {
 	all := hostRange(0, 10)
-	f := newX7Fleet(t, func(h string) bool {
-		for _, a := range all {
-			if a == h {
-				return true
-			}
-		}
-		return false
-	})
+	f := newX7Fleet(t, x70Enrolled(all))
 	x := &x73Fleet{t: t, f: f, hs: map[string]*x70Host{}, prevB: map[string]uint64{}, skipped: map[string]bool{}}
 	for _, h := range all {
 		x.hs[h] = &x70Host{boot: "boot-1"}

@@ -202,14 +202,19 @@ func (t *Tracker) keepUnfresh(host string, rev uint64, rec *fencing.LeaseRecord,
 	if h == nil || h.rev != rev {
 		return
 	}
-	// Judged on the state before it (otherBootCreate needs the delete).
-	was, del := h.rev, h.deleted
-	h.rev, h.deleted = m.before, m.deleted
-	ok := t.vouchable(h, rec)
-	h.rev, h.deleted = was, del
-	if ok {
+	if t.vouchableAt(h, rec, m.deleted) {
 		h.unfresh = &unfreshValue{rev: rev, rec: *rec, at: now, unfreshMark: m}
 	}
+}
+
+// vouchableAt is vouchable judged with h's key deleted or not as it was
+// before rec (otherBootCreate needs the delete rec came after).
+func (t *Tracker) vouchableAt(h *hostState, rec *fencing.LeaseRecord, deleted bool) bool {
+	was := h.deleted
+	h.deleted = deleted
+	ok := t.vouchable(h, rec)
+	h.deleted = was
+	return ok
 }
 
 // maxLaterValues bounds the values of a key kept after an unfresh one
@@ -275,12 +280,11 @@ func (t *Tracker) BeaconVouches(now time.Time, host string, rev uint64, boot str
 		return t.out
 	}
 	h.unfresh = nil
-	rev0, deleted0 := h.rev, h.deleted
-	h.rev, h.deleted = u.before, u.deleted
-	if !t.vouchable(h, &u.rec) {
-		h.rev, h.deleted = rev0, deleted0
+	if !t.vouchableAt(h, &u.rec, u.deleted) {
 		return t.out
 	}
+	rev0, deleted0 := h.rev, h.deleted
+	h.rev, h.deleted = u.before, u.deleted // as it was before the value
 	t.vouching, t.vouchPrev = true, u.prevStored
 	t.Observe(u.at, host, u.rev, &u.rec)
 	t.vouching = false
