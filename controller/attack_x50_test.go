@@ -267,6 +267,7 @@ func TestX50CopyWithOldConstantsPassesGate(t *testing.T) {
 func x50ControlBucket(t *testing.T) (context.Context, jetstream.JetStream, jetstream.KeyValue) {
 	t.Helper()
 	_, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
+	deliverytest.PinStreamsDir(ctx, t, js)
 	kv, err := EnsureControlBucket(ctx, js, true)
 	if err != nil {
 		t.Fatal(err)

@@ -324,6 +324,7 @@ func TestEnsureStream(t *testing.T) {
 		t.Fatalf("subjects after EnsureStream = %v, want the operator's unchanged", cfg.Subjects)
 	}
 	// Missing: create makes it with the recommended config, no drift.
+	deliverytest.PinStreamsDir(ctx, t, js)
 	if err := js.DeleteStream(ctx, proto.StreamName); err != nil {
 		t.Fatal(err)
 	}

@@ -240,6 +240,7 @@ func TestReceiptsUnsound(t *testing.T) {
 // a shared stream that does not capture the host is no stream for it.
 func TestOpenReceiptsSharedStream(t *testing.T) {
 	_, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
+	deliverytest.PinStreamsDir(ctx, t, js)
 	signers, _ := fleetKeys(t, "h0", "h1")
 	for _, c := range []struct {
 		name, want string

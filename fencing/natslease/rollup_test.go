@@ -55,6 +55,7 @@ func TestLeaseBucketForbidsRollups(t *testing.T) {
 		t.Fatalf("purge (a rollup) after HardenStream: %v, want refused (10111)", err)
 	}
 
+	deliverytest.PinStreamsDir(ctx, t, js)
 	if err := js.DeleteKeyValue(ctx, "hvguard-leases"); err != nil {
 		t.Fatal(err)
 	}

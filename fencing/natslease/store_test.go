@@ -16,6 +16,7 @@ import (
 // default) opens it and changes nothing. Only a missing bucket is created.
 func TestEnsureBucketKeepsOperatorConfig(t *testing.T) {
 	_, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
+	deliverytest.PinStreamsDir(ctx, t, js)
 	op := natslease.BucketConfig(1)
 	op.History = 5
 	op.MaxBytes = 64 << 20

@@ -73,6 +73,29 @@ func JetStream(t testing.TB, s *server.Server) (*nats.Conn, jetstream.JetStream,
 	return nc, js, ctx
 }
 
+// PinStreamsDir creates a small stream (PinStream) that the test never
+// touches, so the account's store always holds one stream. A test that
+// deletes the account's only stream and creates one again at once races
+// nats-server v2.15.2: deleting a stream starts a goroutine that removes
+// the account's then-empty streams directory (stream.go, "cleanup
+// directories after the stream"), and the create fails with
+// "error creating store for stream" (10049; the server logs "could not
+// create storage directory ... no such file or directory"). Measured:
+// 4 runs in 300 of TestX50ControlBucketRestoredAfterBaselineNATS. A real
+// deployment always holds other streams (events, leases), as the pinned
+// store does.
+func PinStreamsDir(ctx context.Context, t testing.TB, js jetstream.JetStream) {
+	t.Helper()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: PinStream, Subjects: []string{"deliverytest.pin"}, Storage: jetstream.FileStorage,
+	}); err != nil {
+		t.Fatalf("pin stream: %v", err)
+	}
+}
+
+// PinStream is the stream PinStreamsDir creates.
+const PinStream = "DELIVERYTEST_PIN"
+
 // StopServer shuts s down and waits until it has released its port and
 // store, so a new server can be started on them.
 func StopServer(s *server.Server) {
