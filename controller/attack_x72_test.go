@@ -192,3 +192,127 @@ func x72Flood(t *testing.T, n int) bool {
 	t.Logf("declared %t %s after death (vouched %d)", ok, after, x.vouched())
 	return ok
 }
+
+// TestX72WithdrawnDeletedKeysAcrossRestart ((c) left open by reviewer X72,
+// now closed): h0..h9, signing required. Three hosts stop in order for
+// maintenance (withdrawn: never declared, never counted silent) — or die
+// and are declared — and a compromised h9 deletes their keys. The
+// controller that saw it keeps them members and not silent. A controller
+// that starts later (restart, upgrade, takeover) knew only the markers:
+// each enrolled host's marker counted silent for good (keyGone), 3 >
+// threshold 2, and when h0 died the guard held it undeclared for as long
+// as the markers stood. Now the leader pins a withdrawn or declared
+// record under a marker (or an untrusted value) as it pins an active
+// one, and the restart takes it while the key is at that very revision:
+// h0 is declared as without the deletes.
+//
+// "came-back": h6 came back while no controller ran (a create over its
+// marker) and the compromised node deleted its key again: the revision
+// moved, the pin is not taken, h6 counts silent — the safe side (it may
+// be a Held host now; h6 and h0 silent, not more than 2: h0 declared).
+// Controls: no deletes (h0 declared);
+// withdrawnPinMutation (the pins of active records only: h0 held).
+func TestX72WithdrawnDeletedKeysAcrossRestart(t *testing.T) {
+	idle := []string{"h6", "h7", "h8"}
+	for _, c := range []struct {
+		name                          string
+		declared, deletes, garbage    bool
+		cameBack, mutate, wantDeclare bool
+	}{
+		{name: "withdrawn", deletes: true, wantDeclare: true},
+		{name: "withdrawn-garbage", garbage: true, wantDeclare: true},
+		{name: "declared", declared: true, deletes: true, wantDeclare: true},
+		{name: "control-no-deletes", wantDeclare: true},
+		{name: "came-back", deletes: true, cameBack: true, wantDeclare: true},
+		{name: "withdrawn/withdrawnPinMutation", deletes: true, mutate: true},
+		{name: "declared/withdrawnPinMutation", declared: true, deletes: true, mutate: true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if c.mutate {
+				x32Mutate(t, &withdrawnPinMutation)
+			}
+			b, hosts := x11Fleet(t, 10, 5)
+			at := t0.Add(5 * time.Second)
+			live := x11Without(hosts, idle...)
+			if c.declared {
+				// The three die one after another and are declared (the
+				// controller's declarations land in their keys); all at
+				// once they would be a mass failure, held.
+				var gone []string
+				for _, dead := range idle {
+					gone = append(gone, dead)
+					up := x11Without(hosts, gone...)
+					declared := false
+					for s := 1; s <= 200 && !declared; s++ {
+						at = at.Add(time.Second)
+						for _, h := range up {
+							b.write(at, h, fencing.LeaseActive, b.guard.Ref())
+						}
+						b.publish()
+						for _, d := range b.tr.Tick(at) {
+							if d.Op == OpDeclare && d.Host == dead {
+								r := d.Record
+								r.Signer = "ctl-key"
+								b.land(at, d.Host, x11Entry{rec: &r})
+								declared = true
+							}
+						}
+					}
+					if !declared {
+						t.Fatalf("rig: %s never declared", dead)
+					}
+					b.run(at, 61, up, nil) // out of the guard window
+					at = at.Add(61 * time.Second)
+				}
+			} else {
+				for _, h := range idle {
+					b.write(at, h, fencing.LeaseWithdrawn, b.guard.Ref()) // orderly stop
+				}
+			}
+			b.run(at, 120, live, nil) // past the guard window
+			at = at.Add(121 * time.Second)
+			for _, h := range idle { // h9's deletes (or garbage)
+				switch {
+				case c.deletes:
+					b.del(at, h)
+				case c.garbage:
+					b.garbage(at, h)
+				}
+			}
+			b.run(at, 3, live, nil)
+			b.stop()
+			at = at.Add(5 * time.Second)
+			if c.cameBack {
+				b.write(at, "h6", fencing.LeaseActive, b.guard.Ref()) // its agent back, no controller running
+				b.del(at, "h6")                                       // deleted again
+			}
+			start := at.Add(time.Second)
+			b.start(start)
+			for _, h := range idle {
+				t.Logf("restored %s: state %q deleted %v", h, b.tr.hosts[h].rec.State, b.tr.hosts[h].deleted)
+			}
+			if c.cameBack {
+				if st := b.tr.hosts["h6"].rec.State; st == fencing.LeaseWithdrawn {
+					t.Fatalf("h6, back and deleted again while no controller ran, restored withdrawn from a pin its key moved past")
+				}
+			}
+			host, after := b.run(start, 120, x11Without(live, "h0"), map[string]bool{"h0": true})
+			end := start.Add(120 * time.Second)
+			if host != "" {
+				end = start.Add(after)
+			}
+			silent, thr := b.tr.Silent(end), b.tr.Threshold()
+			switch {
+			case c.wantDeclare && host == "":
+				t.Fatalf("the dead h0 never declared in 120 s after the restart (silent %d, threshold %d): the markers over the %s hosts counted silent", silent, thr, map[bool]string{true: "declared", false: "withdrawn"}[c.declared])
+			case !c.wantDeclare && host != "":
+				t.Fatalf("h0 declared %s after the restart (silent %d, threshold %d): want held (the mutation)", after, silent, thr)
+			}
+			if host != "" {
+				t.Logf("h0 declared %v after the restart (silent %d, threshold %d)", after, silent, thr)
+			} else {
+				t.Logf("h0 held (silent %d, threshold %d)", silent, thr)
+			}
+		})
+	}
+}

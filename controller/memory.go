@@ -35,7 +35,8 @@ import (
 // not restart the host's clock — in the key of a host whose last trusted
 // record is active and signed by its key, with no watch skip since that
 // record and no withdrawal beacon, it remembers that record and the
-// key's revision. A controller that restores it while the key is still
+// key's revision. (Likewise a withdrawn or declared record under such a
+// value: pinnable, restoreQuietPin — restored as it was, never declared.) A controller that restores it while the key is still
 // at that very revision knows every write since the record: the one it
 // will declare over, nothing else (a withdrawal, a renewal, any write
 // moves the revision; the watch delivered every revision in between to
@@ -67,14 +68,15 @@ type Memory struct {
 	// Beacons: the host's beacons bound it (invalid.go beaconsBind).
 	Beacons bool `json:"beacons"`
 	// Pin, if set: the state of the host's key the writer would declare
-	// it on (see above).
+	// it on, or keep it withdrawn or declared on (see above).
 	Pin *MemoryPin `json:"pin,omitempty"`
 }
 
-// MemoryPin is a host's last trusted record (active, signed by its key)
-// and the revision of the key's value after it — a delete marker
-// (Deleted) or an untrusted value — that the controller writing it would
-// declare the host over.
+// MemoryPin is a host's last trusted record (active or withdrawn, signed
+// by its key; or its declaration, signed by a controller) and the
+// revision of the key's value after it — a delete marker (Deleted) or an
+// untrusted value — that the controller writing it would declare the
+// host over (active), or that left it withdrawn or declared.
 type MemoryPin struct {
 	Record     fencing.LeaseRecord `json:"record"`
 	TrustedRev uint64              `json:"trusted_rev"`
@@ -161,6 +163,10 @@ func (t *Tracker) SetStream(id string) { t.stream = id }
 // pin is written or taken, as before. Tests only.
 var pinMutation bool
 
+// withdrawnPinMutation (reviewer X72's restart case): only active
+// records are pinned, as before. Tests only.
+var withdrawnPinMutation bool
+
 // pin remembers h's key state at rev (deleted: a marker) when h would be
 // declared over it (declarable: the caller's part of that; see above);
 // any other state drops the pin.
@@ -176,8 +182,8 @@ func (t *Tracker) pin(host string, h *hostState, rev uint64, deleted, declarable
 	seen := t.skippedRev <= h.trustedRev || h.pin != nil && t.liveSkippedRev <= h.pin.KeyRev && h.pin.Stream == t.stream
 	var p *MemoryPin
 	stored := t.storedAt(host, rev)
-	if declarable && t.required && t.pinned(h) && h.rec.State == fencing.LeaseActive && h.trustedRev > 0 &&
-		seen && !h.beaconWithdrawn() && !h.regressed && stored != 0 && !pinMutation {
+	if declarable && t.required && t.pinned(h) && t.pinnable(h) && h.trustedRev > 0 &&
+		seen && !h.regressed && stored != 0 && !pinMutation {
 		p = &MemoryPin{Record: h.rec, TrustedRev: h.trustedRev, KeyRev: rev, Deleted: deleted, Stream: t.stream, KeyStored: stored, TrustedStored: h.trustedStored, TrustedFrom: h.trustedFrom}
 	}
 	if p == nil && h.pin == nil {
@@ -185,6 +191,28 @@ func (t *Tracker) pin(host string, h *hostState, rev uint64, deleted, declarable
 	}
 	h.pin = p
 	t.rememberHost(host)
+}
+
+// pinnable reports whether h's last trusted record may be pinned: an
+// active one its beacons did not say it withdrew after — declared over
+// the marker by a restarted controller, as above — or a withdrawn or
+// declared one no beacon of the host named a newer write after: a
+// controller that starts later and knew only the marker (or the untrusted
+// value) counted such a host silent for good (keyGone, silentUntrusted),
+// and three withdrawn hosts' keys deleted by a compromised node held the
+// mass-failure guard over every later dead host (reviewer X72's restart
+// case, TestX72WithdrawnDeletedKeysAcrossRestart). Taken, it is what the
+// controller that saw the delete holds: a member, not silent (withdrawn),
+// or silent one guard window from the restart (declared, as a declaration
+// first listed at a start), never declared again.
+func (t *Tracker) pinnable(h *hostState) bool {
+	switch h.rec.State {
+	case fencing.LeaseActive:
+		return !h.beaconWithdrawn()
+	case fencing.LeaseWithdrawn, fencing.LeaseExpired:
+		return !withdrawnPinMutation && !h.beacons.wrote.newer(idOf(h.rec)) && !h.beaconWithdrawn()
+	}
+	return false
 }
 
 // storedMutation (reviewer X20's TestX20PinTakenAfterStreamRollback): a
@@ -720,22 +748,38 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 	}
 	if p == nil || pinMutation || h.trustedRev != 0 || h.rev != p.KeyRev || h.deleted != p.Deleted || p.Stream == "" || p.Stream != t.stream ||
 		p.KeyStored == 0 || (t.storedAt(host, p.KeyRev) != p.KeyStored && !storedMutation) ||
-		p.Record.Host != host || p.Record.State != fencing.LeaseActive || p.Record.Signer == "" || p.TrustedRev == 0 || p.TrustedRev >= p.KeyRev {
+		p.Record.Host != host || p.Record.Signer == "" || p.TrustedRev == 0 || p.TrustedRev >= p.KeyRev {
 		return t.out // the key changed since (or nothing to take)
 	}
+	quiet := p.Record.State == fencing.LeaseWithdrawn || p.Record.State == fencing.LeaseExpired
+	if quiet && withdrawnPinMutation || !quiet && p.Record.State != fencing.LeaseActive {
+		return t.out
+	}
 	// Nothing was written to the key since the pin's writer saw it: take
-	// its record. Its declaration clock starts now (unverifiedAt: a live
-	// host renews within lease_ttl); it counts silent for the guard at
-	// once (lastSeen zero): it has renewed nothing since the pin, and the
-	// pin's writer counted it so — a pinned Held host taken as "seen now"
-	// at a standby's takeover ended the hold over its rack (reviewer
-	// X18, TestX18TakeoverPinEndsHold).
+	// its record. Active: its declaration clock starts now (unverifiedAt:
+	// a live host renews within lease_ttl); it counts silent for the
+	// guard at once (lastSeen zero): it has renewed nothing since the
+	// pin, and the pin's writer counted it so — a pinned Held host taken
+	// as "seen now" at a standby's takeover ended the hold over its rack
+	// (reviewer X18, TestX18TakeoverPinEndsHold). Withdrawn or declared
+	// (pinnable): what the pin's writer held — withdrawn (a member, not
+	// silent, never declared), or declared (counted one guard window from
+	// now, as a declaration first listed at a start; not declared again).
 	h.rec, h.trustedRev, h.pin, h.trustedStored, h.trustedFrom, h.spanSkip = p.Record, p.TrustedRev, p, p.TrustedStored, p.TrustedFrom, true
 	// The pin was written with every write of the key since its trusted
 	// record seen (pin): the listing's skip before this value hid nothing
 	// (bindLate notes nothing).
 	h.lateSkip = lateSkip{}
 	h.silentUntrusted, h.lastSeen, h.unverifiedAt, h.silentEnd = false, time.Time{}, now, time.Time{}
+	then := "declared once silent for lease_ttl + grace from now"
+	if quiet {
+		h.lastSeen, h.unverifiedAt, h.declaring, h.declaredAt = now, time.Time{}, time.Time{}, time.Time{}
+		then = "not declared; not counted silent (withdrawn)"
+		if p.Record.State == fencing.LeaseExpired {
+			h.declaredAt = now
+			then = "not declared again; counted silent for one guard window from now (a declaration)"
+		}
+	}
 	t.guards.named(&h.rec, t.required)
 	t.judge(host, h, fencing.LeaseRecord{})
 	what := "an untrusted value"
@@ -743,8 +787,8 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 		what = "a delete marker"
 	}
 	t.out = append(t.out, Decision{Op: OpInvalid, Host: host, Revision: p.KeyRev, Record: h.rec, Reason: fmt.Sprintf(
-		"invalid-record: its key still holds %s at revision %d, over which the previous controller would have declared it: its last trusted record (revision %d, epoch %d) restored from the controllers' memory; declared once silent for lease_ttl + grace from now",
-		what, p.KeyRev, p.TrustedRev, p.Record.Epoch)})
+		"invalid-record: its key still holds %s at revision %d, written over its %s record (revision %d, epoch %d) as the previous controller saw it: that record restored from the controllers' memory; %s",
+		what, p.KeyRev, p.Record.State, p.TrustedRev, p.Record.Epoch, then)})
 	return t.out
 }
 
