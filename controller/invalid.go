@@ -100,6 +100,17 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	if rev > b.maxRev {
 		b.maxRev, b.maxAt = rev, now
 	}
+	if rev > h.trustedRev && h.pin != nil && h.pin.Record.State != fencing.LeaseActive && !quietPinBeaconMutation {
+		// A write of its own after its pinned withdrawal (or
+		// declaration): it is back, and a restart taking the pin would
+		// not count it — a comeback's create dropped by garbage before
+		// its beacon left the pin in the memory, and a restarted
+		// controller restored the Held host withdrawn (reviewer X76,
+		// TestX76ComebackBeaconLeavesWithdrawnPin). pinnable refuses to
+		// pin it again.
+		h.pin = nil
+		t.rememberHost(host)
+	}
 	h.clearHidden(rev) // it wrote at or after the hidden write (beaconloss.go)
 	if hw := &h.hidden; hw.rev != 0 && rev > hw.firstRev && !hiddenAnchorMutation {
 		// Alive after the first hidden write: the wait for a missing

@@ -1010,6 +1010,14 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		t.ownRefused(now, host, rev, rec) // rollbackgate.go
 		return t.out
 	case h != nil && h.deleted:
+		if h.pin != nil && !recreatedPinMutation {
+			// The pin goes with the old state: written out of the memory
+			// too, or a restore of the stream from a backup put the
+			// marker back at its revision and stamp, and a restarted
+			// controller took a stale withdrawn pin of a host back and
+			// Held (reviewer X76, TestX76RecreatedLeavesStalePinInMemory).
+			t.rememberHost(host)
+		}
 		h = t.recreated(now, h)
 		t.hosts[host] = h
 	case h == nil:

@@ -55,8 +55,10 @@ import (
 // nothing (coverNever), as any create not chained to a trusted record;
 // vouchLaterMutation: a later value drops the kept one (reviewer X71's
 // garbage back); vouchOtherBootMutation: no vouching of another
-// process's create (X71's restart back). Tests only.
-var vouchMutation, vouchCoverMutation, vouchLaterMutation, vouchOtherBootMutation, vouchProcMutation bool
+// process's create (X71's restart back); vouchCandidateMutation: a later
+// vouchable value takes the kept one's place, as before reviewer X75.
+// Tests only.
+var vouchMutation, vouchCandidateMutation, vouchCoverMutation, vouchLaterMutation, vouchOtherBootMutation, vouchProcMutation bool
 
 // beaconProc is the newest record a host's current agent process (boot
 // and incarnation of its last beacon) named in its beacons.
@@ -102,6 +104,10 @@ type laterValue struct {
 	marker bool
 	why    string
 	forged bool
+	// rec: an unfresh value of the host's own that could be vouched for
+	// too (a candidate: keepUnfresh), with what was known before it.
+	rec  *fencing.LeaseRecord
+	mark unfreshMark
 }
 
 // namedWrite is a revision a beacon of the host named and the record it
@@ -202,9 +208,18 @@ func (t *Tracker) keepUnfresh(host string, rev uint64, rec *fencing.LeaseRecord,
 	if h == nil || h.rev != rev {
 		return
 	}
-	if t.vouchableAt(h, rec, m.deleted) {
-		h.unfresh = &unfreshValue{rev: rev, rec: *rec, at: now, unfreshMark: m}
+	if !t.vouchableAt(h, rec, m.deleted) {
+		return
 	}
+	if u := h.unfresh; u != nil && len(u.later) > 0 && u.later[len(u.later)-1].rev == rev && !vouchCandidateMutation {
+		// Not in place of the kept one: a copy of the host's record put
+		// back before the kept one's beacon came took its place
+		// (reviewer X75). Both wait for a beacon.
+		r := *rec
+		u.later[len(u.later)-1].rec, u.later[len(u.later)-1].mark = &r, m
+		return
+	}
+	h.unfresh = &unfreshValue{rev: rev, rec: *rec, at: now, unfreshMark: m}
 }
 
 // vouchableAt is vouchable judged with h's key deleted or not as it was
@@ -272,12 +287,24 @@ func (t *Tracker) BeaconVouches(now time.Time, host string, rev uint64, boot str
 		h.beacons.proc.named(boot, id)
 		h.beacons.noteNamed(namedWrite{rev: rev, boot: boot, id: id})
 	}
-	if h == nil || h.unfresh == nil || h.unfresh.rev != rev || vouchMutation {
+	if h == nil || h.unfresh == nil || vouchMutation {
 		return t.out
 	}
 	u := *h.unfresh
-	if idOf(u.rec) != (writeID{epoch: epoch, inc: inc, seq: seq}) || u.rec.BootID != boot {
-		return t.out
+	id := writeID{epoch: epoch, inc: inc, seq: seq}
+	if u.rev != rev || idOf(u.rec) != id || u.rec.BootID != boot {
+		found := -1
+		for i, l := range u.later {
+			if l.rec != nil && l.rev == rev && idOf(*l.rec) == id && l.rec.BootID == boot {
+				found = i
+				break
+			}
+		}
+		if found < 0 {
+			return t.out
+		}
+		l := u.later[found]
+		u = unfreshValue{rev: l.rev, rec: *l.rec, at: l.at, unfreshMark: l.mark, later: u.later[found+1:]}
 	}
 	h.unfresh = nil
 	if !t.vouchableAt(h, &u.rec, u.deleted) {
@@ -302,6 +329,8 @@ func (t *Tracker) BeaconVouches(now time.Time, host string, rev uint64, boot str
 		t.out = t.out[:0]
 		if l.marker {
 			t.observeDeleted(l.at, host, l.rev)
+		} else if l.rec != nil && !vouchCandidateMutation {
+			t.Observe(l.at, host, l.rev, l.rec) // a copy is a replay now; a newer create is trusted
 		} else {
 			t.observeInvalid(l.at, host, l.rev, l.why, l.forged)
 		}

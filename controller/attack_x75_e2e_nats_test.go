@@ -1,0 +1,240 @@
+package controller_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"hvguard/controller"
+	"hvguard/controller/controllertest"
+	"hvguard/controller/natsperm/natspermtest"
+	"hvguard/fencing"
+	"hvguard/fencing/natslease"
+)
+
+// TestX75CopyLoopAcrossStartNATS ((c), reviewer X75): reviewer X65's
+// delete loop across a controller start (x65DeleteLoopStartNATS: shipped
+// permissions, the controller starting while the loop runs), where
+// compute-1, besides deleting compute-3's key right after each of its
+// writes, puts a COPY of that write back (a plain KV put of the bytes it
+// read with a message get) and deletes it again; and floods its OWN
+// beacon subject (validly signed by its own key, paced: no drop) so that
+// the runner, verifying beacons one at a time on NATS's goroutine,
+// handled compute-3's beacons after the copies. The copy, an unfresh
+// value of compute-3's own, took the place of the kept create
+// (keepUnfresh); the create's beacon vouched for nothing; compute-3
+// died: never declared. Fixed: a later vouchable value waits beside the
+// kept one (vouch.go, a candidate); the tracker tests
+// (attack_x75_test.go) carry the mutation cases. Here: declared (within
+// 20 s of its death), on a real nats-server with the shipped
+// permissions, under the flood. (x75CopyLoopNATS with copy=false is the
+// flood-only control.)
+func TestX75CopyLoopAcrossStartNATS(t *testing.T) {
+	x75CopyLoopNATS(t, true, false)
+}
+
+// TestX75OrderlyRestartCopyLoopNATS ((c), reviewer X75): no controller
+// restart: a running controller trusts compute-3; compute-3's agent
+// restarts in order (an upgrade: its withdrawal, then a new incarnation);
+// compute-1 deletes the withdrawal (the new process's first write is a
+// create over the marker) and runs the loop of
+// TestX75CopyLoopAcrossStartNATS (delete, copy, delete after each create;
+// bursts on its own beacon subject). The new process was never trusted,
+// the controller judged compute-3 by its withdrawal: dead, never
+// declared. Fixed (see TestX75CopyLoopAcrossStartNATS): declared. (The
+// sim stores no withdrawal receipt.)
+func TestX75OrderlyRestartCopyLoopNATS(t *testing.T) {
+	x75CopyLoopNATS(t, true, true)
+}
+
+func x75CopyLoopNATS(t *testing.T, copy, restart bool) {
+	const (
+		attacker  = "compute-1.example.org"
+		companion = "compute-2.example.org"
+		victim    = "compute-3.example.org"
+	)
+	srvURL := natspermtest.StartServer(t)
+	hosts := []string{attacker, companion, victim}
+	f := newFleetOf(t, hosts)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	sims := natsSims(t, srvURL, f, hosts)
+	vkey := strings.ReplaceAll(victim, ".", "_")
+	creates, copies := 0, 0
+	vinc := uint64(1)
+	looping, flooding := false, false // under mu
+	const burst = 4000
+	_, fnc := permStore(t, srvURL, "agent:"+attacker, f, attacker) // a second connection of compute-1's
+	var flooded atomic.Int64
+	renew := func(h string) {
+		s := sims[h]
+		s.seq++
+		rec := controllertest.HostRecord(h)
+		rec.Seq = s.seq
+		if h == victim {
+			rec.Incarnation = vinc
+		}
+		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+		if res.Outcome != fencing.RenewAcked {
+			if res.Outcome == fencing.RenewConflict && res.Current == nil {
+				s.rev = 0
+			}
+			return
+		}
+		if s.rev == 0 && h == victim {
+			creates++
+		}
+		s.rev = res.Revision
+		if m, err := natslease.BeaconMsg(f.signers[h], rec, res.Revision, 0, time.Now()); err == nil {
+			_ = s.nc.PublishMsg(m)
+			if h == attacker && flooding {
+				// compute-1's burst on its own beacon subject, right
+				// before compute-3's write (it renews on a schedule
+				// compute-1 reads off its key): copies of its own genuine
+				// beacon (its renewals stay named: no loss window).
+				for range burst {
+					_ = fnc.PublishMsg(m)
+				}
+				flooded.Add(burst)
+			}
+		}
+		if h == victim && looping {
+			a := sims[attacker].st.KV
+			var val []byte
+			if copy {
+				if e, err := a.Get(ctx, vkey); err == nil {
+					val = e.Value()
+				}
+			}
+			if err := a.Delete(ctx, vkey); err != nil {
+				t.Errorf("compute-1's delete: %v", err)
+			}
+			if val != nil {
+				if _, err := a.Put(ctx, vkey, val); err == nil {
+					copies++
+				}
+				_ = a.Delete(ctx, vkey)
+			}
+			s.rev = 0
+		}
+	}
+	renewEvery(ctx, &mu, hosts, sims, renew)
+	if !restart {
+		mu.Lock()
+		looping, flooding = true, true
+		mu.Unlock()
+		time.Sleep(time.Second)
+	}
+
+	cst, _, bnc, _ := proxiedController(t, srvURL, f)
+	cjs, _ := jetstream.New(bnc)
+	if u := natslease.StreamOfReceiptsUnsound(ctx, cjs, victim); u != nil {
+		t.Fatalf("rig: compute-3's own receipts stream does not vouch: %v", u)
+	}
+	cfg := controller.DefaultConfig()
+	cfg.GuardShare = 0.5
+	tr, err := controller.NewTracker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmu sync.Mutex
+	var declared time.Time
+	var losses []string
+	var vouched, victimBeacons int
+	var waits []string
+	var started time.Time
+	var maxDelay time.Duration
+	r := &controller.Runner{Store: cst, Tracker: tr, Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Beacons: bnc, Receipts: cjs,
+		OnBeacon: func(host string, b fencing.Beacon, err error) {
+			if host == victim && err == nil {
+				cmu.Lock()
+				victimBeacons++
+				maxDelay = max(maxDelay, time.Since(b.At))
+				cmu.Unlock()
+			}
+		},
+		OnBeaconsLost: func(why string, _ []string) {
+			cmu.Lock()
+			losses = append(losses, why)
+			cmu.Unlock()
+		},
+		OnDecision: func(d controller.Decision, err error) {
+			cmu.Lock()
+			defer cmu.Unlock()
+			switch {
+			case d.Op == controller.OpVouched && d.Host == victim:
+				vouched++
+				t.Logf("vouched %s after the controller started: %s", time.Since(started).Round(time.Millisecond), d.Reason)
+			case d.Host == victim && (d.Op == controller.OpRefusedDue || d.Op == controller.OpWithdrawn):
+				if len(waits) < 3 {
+					waits = append(waits, d.Op.String()+": "+d.Reason)
+				}
+			case d.Op == controller.OpDeclare && d.Host != victim:
+				t.Errorf("declared the live %s", d.Host)
+			case d.Op == controller.OpDeclare && err != nil:
+				if len(waits) < 3 {
+					waits = append(waits, err.Error())
+				}
+			case d.Op == controller.OpDeclare && declared.IsZero():
+				declared = time.Now()
+			}
+		}}
+	started = time.Now()
+	go r.Run(ctx)
+	if restart {
+		time.Sleep(2 * time.Second) // the controller trusts every host
+		mu.Lock()
+		s := sims[victim]
+		s.seq++
+		w := controllertest.HostRecord(victim)
+		w.Incarnation, w.Seq, w.State, w.Reason = vinc, s.seq, fencing.LeaseWithdrawn, "upgrade"
+		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: w}, time.Second)
+		if res.Outcome != fencing.RenewAcked {
+			t.Fatalf("compute-3's withdrawal: %+v", res)
+		}
+		if m, err := natslease.BeaconMsg(f.signers[victim], w, res.Revision, 0, time.Now()); err == nil {
+			_ = s.nc.PublishMsg(m)
+		}
+		if err := sims[attacker].st.KV.Delete(ctx, vkey); err != nil {
+			t.Fatal(err)
+		}
+		vinc, s.seq, s.rev = 2, 0, 0 // the new process meets the marker
+		looping, flooding = true, true
+		mu.Unlock()
+	}
+	time.Sleep(4 * time.Second) // the loop runs on under the started controller
+
+	mu.Lock()
+	sims[victim].stop = true // power loss
+	at := time.Now()
+	n, c := creates, copies
+	mu.Unlock()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		cmu.Lock()
+		done := !declared.IsZero()
+		cmu.Unlock()
+		if done {
+			break
+		}
+	}
+	cmu.Lock()
+	defer cmu.Unlock()
+	t.Logf("copy=%t: compute-3 created its key %d times, compute-1 put %d copies, flooded %d beacons; compute-3's beacons handled %d (max delay %s); vouched %d; beacon-loss windows %d %q; declaration waits / refusals / withdrawn %q",
+		copy, n, c, flooded.Load(), victimBeacons, maxDelay.Round(time.Millisecond), vouched, len(losses), losses, waits)
+	switch {
+	case !copy && declared.IsZero():
+		t.Fatalf("control: the dead %s not declared within 20 s of its death with the flood alone", victim)
+	case copy && declared.IsZero():
+		t.Errorf("the dead %s not declared within 20 s of its death (declared 3 s after with the flood alone): a copy of each create, put back before its (flooded, delayed) beacon, kept it from being vouched", victim)
+	default:
+		t.Logf("declared %s after its death", declared.Sub(at).Round(10*time.Millisecond))
+	}
+}
