@@ -1,7 +1,6 @@
 package controller_test
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"strings"
@@ -11,7 +10,6 @@ import (
 
 	"fmt"
 	"hvguard/controller/controllertest"
-	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 	"testing"
@@ -114,19 +112,9 @@ func TestX65DeleteLoopKeepsDeadHostUndeclaredNATS(t *testing.T) {
 // order once (an upgrade) before everything: its withdrawal's receipt
 // (revision 1) is in its own stream, and its records are of incarnation 2.
 func x65DeleteLoopStartNATS(t *testing.T, loop, startLate, oldReceipt, wantDeclared bool) {
-	const (
-		attacker  = "compute-1.example.org"
-		companion = "compute-2.example.org"
-		victim    = "compute-3.example.org"
-	)
-	srvURL := natspermtest.StartServer(t)
-	hosts := []string{attacker, companion, victim}
-	f := newFleetOf(t, hosts)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	const attacker, companion, victim = loopAttacker, loopCompanion, loopVictim
+	ctx, srvURL, hosts, f, sims, vkey := newLoopRig(t)
 	var mu sync.Mutex
-	sims := natsSims(t, srvURL, f, hosts)
-	vkey := strings.ReplaceAll(victim, ".", "_")
 	inc := uint64(0)
 	if oldReceipt {
 		// Stored with a publish ack, as the agent does.
@@ -181,17 +169,7 @@ func x65DeleteLoopStartNATS(t *testing.T, loop, startLate, oldReceipt, wantDecla
 		time.Sleep(time.Second)
 	}
 
-	cst, _, bnc, _ := proxiedController(t, srvURL, f)
-	cjs, _ := jetstream.New(bnc)
-	if u := natslease.StreamOfReceiptsUnsound(ctx, cjs, victim); u != nil {
-		t.Fatalf("rig: compute-3's own receipts stream does not vouch: %v", u)
-	}
-	cfg := controller.DefaultConfig()
-	cfg.GuardShare = 0.5
-	tr, err := controller.NewTracker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cst, bnc, cjs, tr := vouchingController(ctx, t, srvURL, f, victim)
 	var cmu sync.Mutex
 	var declared time.Time
 	var waits []error

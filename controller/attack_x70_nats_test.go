@@ -15,7 +15,6 @@ import (
 
 	"hvguard/controller"
 	"hvguard/controller/controllertest"
-	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 )
@@ -64,19 +63,11 @@ func TestX70CASRaceKeepsDeadHostUndeclaredNATS(t *testing.T) {
 }
 
 func x70CASRace(t *testing.T, putters int, flood time.Duration) {
-	const (
-		attacker  = "compute-1.example.org"
-		companion = "compute-2.example.org"
-		victim    = "compute-3.example.org"
-	)
-	srvURL := natspermtest.StartServer(t)
-	hosts := []string{attacker, companion, victim}
-	f := newFleetOf(t, hosts)
-	ctx, cancel := context.WithCancel(context.Background())
+	const attacker, companion, victim = loopAttacker, loopCompanion, loopVictim
+	ctx, srvURL, hosts, f, sims, vkey := newLoopRig(t)
+	ctx, cancel := context.WithCancel(ctx) // stopped before the counts are read
 	defer cancel()
 	var mu sync.Mutex
-	sims := natsSims(t, srvURL, f, hosts)
-	vkey := strings.ReplaceAll(victim, ".", "_")
 	renew := func(h string) {
 		s := sims[h]
 		s.seq++
@@ -92,17 +83,7 @@ func x70CASRace(t *testing.T, putters int, flood time.Duration) {
 	}
 	renewEvery(ctx, &mu, hosts, sims, renew)
 
-	cst, _, bnc, _ := proxiedController(t, srvURL, f)
-	cjs, _ := jetstream.New(bnc)
-	if u := natslease.StreamOfReceiptsUnsound(ctx, cjs, victim); u != nil {
-		t.Fatalf("rig: compute-3's own receipts stream does not vouch: %v", u)
-	}
-	cfg := controller.DefaultConfig()
-	cfg.GuardShare = 0.5
-	tr, err := controller.NewTracker(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cst, bnc, cjs, tr := vouchingController(ctx, t, srvURL, f, victim)
 	var cmu sync.Mutex
 	var declared time.Time
 	attempts, mismatches := 0, 0

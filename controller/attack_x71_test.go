@@ -94,6 +94,21 @@ func (x *x71Rig) rounds(order string, n int) {
 	}
 }
 
+// createDeleted: a second on, compute-3's next create over the loop's
+// marker lands (3 revisions on: compute-1's writes between), and the loop
+// deletes it at once. It returns the create's revision and record.
+func (x *x71Rig) createDeleted() (uint64, fencing.LeaseRecord) {
+	x.now = x.now.Add(time.Second)
+	x.r.Seq++
+	x.r.PrevRev = 0
+	R := x.rev + 3
+	c := *x.r
+	x.value(R, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
+	x.marker = R + 1
+	x.del(x.marker)
+	return R, c
+}
+
 // tick runs the tracker for d; it returns the first declaration.
 func (x *x71Rig) tick(d time.Duration) (Decision, time.Duration, bool) {
 	from := x.now
@@ -165,14 +180,7 @@ func TestX71WithdrawalKnownBeforeLateVouch(t *testing.T) {
 	for _, rounds := range []int{0, 3} {
 		x := newX71Rig(t)
 		x.rounds("vbm", rounds)
-		x.now = x.now.Add(time.Second)
-		x.r.Seq++
-		x.r.PrevRev = 0
-		c := *x.r
-		R := x.rev + 3
-		x.value(R, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
-		x.marker = R + 1
-		x.del(x.marker)
+		R, c := x.createDeleted()
 		// withdrawal: a create over the marker at R+2, deleted at R+3
 		// before delivery.
 		w := *x.r

@@ -16,14 +16,7 @@ import (
 func TestX74LateBeaconBurstVouchOldValueLiveHost(t *testing.T) {
 	for _, stall := range []time.Duration{20 * time.Second, 90 * time.Second, 5 * time.Minute} {
 		x := newX71Rig(t)
-		x.now = x.now.Add(time.Second)
-		x.r.Seq++
-		x.r.PrevRev = 0
-		R := x.rev + 3
-		c := *x.r
-		x.value(R, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
-		x.marker = R + 1
-		x.del(x.marker)
+		R, c := x.createDeleted()
 		type nb struct {
 			rev uint64
 			c   fencing.LeaseRecord
@@ -80,14 +73,7 @@ func TestX74LateBeaconBurstVouchOldValueLiveHost(t *testing.T) {
 // beacon for W arrives before the late beacon for R. Never declared.
 func TestX74WithdrawalThenOldCreateVouchedLate(t *testing.T) {
 	x := newX71Rig(t)
-	x.now = x.now.Add(time.Second)
-	x.r.Seq++
-	x.r.PrevRev = 0
-	R := x.rev + 3
-	c := *x.r
-	x.value(R, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
-	x.marker = R + 1
-	x.del(x.marker)
+	R, c := x.createDeleted()
 	w := *x.r
 	w.Seq++
 	w.State, w.Reason = fencing.LeaseWithdrawn, "stopped"

@@ -103,14 +103,7 @@ func TestX75PutOfPreviousCreateKeepsDeadUndeclared(t *testing.T) {
 
 // x75CopyRound is one round of x75CopyRounds on x.
 func x75CopyRound(t *testing.T, x *x71Rig, copy bool) {
-	x.now = x.now.Add(time.Second)
-	x.r.Seq++
-	x.r.PrevRev = 0
-	R := x.rev + 3
-	c := *x.r
-	x.value(R, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
-	x.marker = R + 1
-	x.del(x.marker)
+	R, c := x.createDeleted()
 	if copy {
 		x.value(x.marker+1, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
 		x.marker += 2
@@ -163,14 +156,7 @@ func x75DelayedBeacons(t *testing.T, n, lag int, copy bool) (bool, *x71Rig) {
 		}
 	}
 	for range n {
-		x.now = x.now.Add(time.Second)
-		x.r.Seq++
-		x.r.PrevRev = 0
-		R := x.rev + 3
-		c := *x.r
-		x.value(R, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
-		x.marker = R + 1
-		x.del(x.marker)
+		R, c := x.createDeleted()
 		if copy {
 			x.value(x.marker+1, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
 			x.marker += 2

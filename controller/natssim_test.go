@@ -3,12 +3,15 @@ package controller_test
 import (
 	"context"
 	"net/url"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"hvguard/controller"
 	"hvguard/controller/natsperm/natspermtest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
@@ -87,4 +90,46 @@ func proxiedController(t *testing.T, srvURL string, f fleet) (cst *natslease.Sto
 	cst, wnc = permStore(t, "nats://"+proxy.Addr(), "controller:ctl-1", f, "ctl")
 	bnc = natspermtest.Connect(t, srvURL, "controller:ctl-1")
 	return cst, wnc, bnc, proxy
+}
+
+// vouchingController is the controller side of the delete-loop rigs
+// (reviewers X65, X70, X75): its watch through a proxy, its beacons and
+// receipts on a direct connection (bnc, cjs), victim's own receipts stream
+// checked to vouch, and a tracker with guard share 0.5 (the rigs' three
+// hosts: one dead host is not a mass failure).
+func vouchingController(ctx context.Context, t *testing.T, srvURL string, f fleet, victim string) (*natslease.Store, *nats.Conn, jetstream.JetStream, *controller.Tracker) {
+	t.Helper()
+	cst, _, bnc, _ := proxiedController(t, srvURL, f)
+	cjs, _ := jetstream.New(bnc)
+	if u := natslease.StreamOfReceiptsUnsound(ctx, cjs, victim); u != nil {
+		t.Fatalf("rig: %s's own receipts stream does not vouch: %v", victim, u)
+	}
+	cfg := controller.DefaultConfig()
+	cfg.GuardShare = 0.5
+	tr, err := controller.NewTracker(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cst, bnc, cjs, tr
+}
+
+// The delete-loop rigs' hosts (reviewers X65, X70, X75): compute-1 is
+// compromised, compute-3 its victim.
+const (
+	loopAttacker  = "compute-1.example.org"
+	loopCompanion = "compute-2.example.org"
+	loopVictim    = "compute-3.example.org"
+)
+
+// newLoopRig starts a nats-server with the shipped permissions and the
+// three hosts' simulated agents; ctx ends with the test. vkey is the
+// victim's lease key.
+func newLoopRig(t *testing.T) (ctx context.Context, srvURL string, hosts []string, f fleet, sims map[string]*natsSim, vkey string) {
+	t.Helper()
+	srvURL = natspermtest.StartServer(t)
+	hosts = []string{loopAttacker, loopCompanion, loopVictim}
+	f = newFleetOf(t, hosts)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	return ctx, srvURL, hosts, f, natsSims(t, srvURL, f, hosts), strings.ReplaceAll(loopVictim, ".", "_")
 }
