@@ -6,10 +6,12 @@
 # lease_ttl + grace, "not declared within 12 s"), and most cannot run in
 # parallel inside one process: their mutation switches are package
 # globals. Separate processes have separate globals. The top-level tests
-# are dealt round robin (go test -list order) to shards 1..K-1 by name
-# (-test.run); shard 0 runs everything else (-test.skip of the others'
-# names), so fuzz seeds, examples and any test the listing missed still
-# run: the union is the whole package by construction. Each shard runs
+# are dealt by weight (WEIGHTS, a file of "TestName seconds": the
+# heaviest first, each to the lightest shard so far; without it all weigh
+# the same) to shards 1..K-1 by name (-test.run); shard 0 runs its own and
+# everything else (-test.skip of the others' names), so fuzz seeds,
+# examples and any test the listing missed still run: the union is the
+# whole package by construction. Each shard runs
 # its own parallel tests PARALLEL at once (default 3). Each shard's output
 # is printed whole, as go test prints it, after a header line naming the
 # shard; the exit status is non-zero if any shard failed.
@@ -18,6 +20,8 @@ pkg=${1:?usage: gotest-shards.sh PKG K [PARALLEL]}
 k=${2:?usage: gotest-shards.sh PKG K [PARALLEL]}
 par=${3:-3}
 GO=${GO:-go}
+weights=/dev/null
+[ -z "${WEIGHTS:-}" ] || weights=$(realpath "$WEIGHTS")
 dir=$(mktemp -d /tmp/hvguard-shards.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 bin="$dir/pkg.test"
@@ -25,8 +29,13 @@ $GO test -c -o "$bin" "$pkg"
 pkgdir=$($GO list -f '{{.Dir}}' "$pkg")
 cd "$pkgdir"
 "$bin" -test.list '^Test' | grep '^Test' > "$dir/list"
+# Deal the heaviest first, each to the lightest shard so far (weights:
+# WEIGHTS, lines "TestName seconds"; a test not listed weighs 1).
+awk 'NR == FNR { if ($1 !~ /^#/ && NF == 2) w[$1] = $2; next } { print (($1 in w) ? w[$1] : 1), $1 }' \
+	"$weights" "$dir/list" | sort -k1,1nr -k2,2 |
+	awk -v k="$k" '{ m = 0; for (i = 1; i < k; i++) if (load[i] < load[m]) m = i; load[m] += $1; print m, $2 }' > "$dir/dealt"
 for ((i = 0; i < k; i++)); do
-	awk -v k="$k" -v i="$i" '(NR - 1) % k == i' "$dir/list" | paste -sd'|' > "$dir/s$i"
+	awk -v i="$i" '$1 == i { print $2 }' "$dir/dealt" | paste -sd'|' > "$dir/s$i"
 done
 others=""
 for ((i = 1; i < k; i++)); do
