@@ -31,15 +31,16 @@ cd "$pkgdir"
 "$bin" -test.list '^Test' | grep '^Test' > "$dir/list"
 # Deal the heaviest first, each to the lightest shard so far (weights:
 # WEIGHTS, lines "TestName seconds"; a test not listed weighs 1).
-awk 'NR == FNR { if ($1 !~ /^#/ && NF == 2) w[$1] = $2; next } { print (($1 in w) ? w[$1] : 1), $1 }' \
+awk -v wf="$weights" 'FILENAME == wf { if ($1 !~ /^#/ && NF == 2) w[$1] = $2; next } { print (($1 in w) ? w[$1] : 1), $1 }' \
 	"$weights" "$dir/list" | sort -k1,1nr -k2,2 |
 	awk -v k="$k" '{ m = 0; for (i = 1; i < k; i++) if (load[i] < load[m]) m = i; load[m] += $1; print m, $2 }' > "$dir/dealt"
 for ((i = 0; i < k; i++)); do
 	awk -v i="$i" '$1 == i { print $2 }' "$dir/dealt" | paste -sd'|' > "$dir/s$i"
 done
+dealt() { [ -n "$(tr -d '\n' < "$dir/s$1")" ]; } # shard $1 has tests
 others=""
 for ((i = 1; i < k; i++)); do
-	[ -s "$dir/s$i" ] && others="${others:+$others|}$(cat "$dir/s$i")"
+	dealt $i && others="${others:+$others|}$(cat "$dir/s$i")"
 done
 start=$(date +%s)
 pids=()
@@ -47,17 +48,23 @@ for ((i = 0; i < k; i++)); do
 	if ((i == 0)); then
 		sel=(-test.skip "^(${others:-^$})\$")
 	else
-		[ -s "$dir/s$i" ] || continue
+		dealt $i || continue
 		sel=(-test.run "^($(cat "$dir/s$i"))\$")
 	fi
-	( "$bin" -test.count=1 -test.timeout=20m -test.parallel="$par" "${sel[@]}" > "$dir/o$i" 2>&1
-	  echo "$? $(($(date +%s) - start))" > "$dir/rc$i" ) &
+	( r=0
+	  "$bin" -test.count=1 -test.timeout=20m -test.parallel="$par" "${sel[@]}" > "$dir/o$i" 2>&1 || r=$?
+	  echo "$r $(($(date +%s) - start))" > "$dir/rc$i" ) &
 	pids+=($!)
 done
 wait "${pids[@]}" || true
 rc=0
 for ((i = 0; i < k; i++)); do
-	[ -f "$dir/rc$i" ] || continue
+	((i == 0)) || dealt $i || continue # nothing dealt to it: not run
+	if [ ! -f "$dir/rc$i" ]; then
+		echo "FAIL $pkg shard $i/$k: no exit status (killed?)"
+		rc=1
+		continue
+	fi
 	read -r r secs < "$dir/rc$i"
 	n=$(awk -F'|' '{print NF}' "$dir/s$i")
 	echo "=== shard $i/$k of $pkg"
