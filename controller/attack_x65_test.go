@@ -137,20 +137,13 @@ func x65DeleteLoopStartNATS(t *testing.T, loop, startLate, oldReceipt, wantDecla
 		s.seq++
 		rec := controllertest.HostRecord(h)
 		rec.Incarnation, rec.Seq = inc, s.seq
-		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+		res, created, _ := loopRenew(ctx, s, f, rec)
 		if res.Outcome != fencing.RenewAcked {
 			t.Logf("%s: renewal: %+v", h, res)
-			if res.Outcome == fencing.RenewConflict && res.Current == nil {
-				s.rev = 0 // the key deleted: re-create (fencing/keydelete.go)
-			}
 			return
 		}
-		if s.rev == 0 && h == victim {
+		if created && h == victim {
 			creates++
-		}
-		s.rev = res.Revision
-		if m, err := natslease.BeaconMsg(f.signers[h], rec, res.Revision, 0, time.Now()); err == nil {
-			_ = s.nc.PublishMsg(m)
 		}
 		if h == victim && looping {
 			// compute-1, watching the bucket, deletes compute-3's key

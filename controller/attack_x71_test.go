@@ -98,15 +98,36 @@ func (x *x71Rig) rounds(order string, n int) {
 // marker lands (3 revisions on: compute-1's writes between), and the loop
 // deletes it at once. It returns the create's revision and record.
 func (x *x71Rig) createDeleted() (uint64, fencing.LeaseRecord) {
+	R, c := x.create()
+	x.marker = R + 1
+	x.del(x.marker)
+	return R, c
+}
+
+// create: a second on, compute-3's next create over the loop's marker
+// lands (3 revisions on). It returns its revision and record.
+func (x *x71Rig) create() (uint64, fencing.LeaseRecord) {
 	x.now = x.now.Add(time.Second)
 	x.r.Seq++
 	x.r.PrevRev = 0
 	R := x.rev + 3
 	c := *x.r
 	x.value(R, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
-	x.marker = R + 1
-	x.del(x.marker)
 	return R, c
+}
+
+// withdrawal: a second on, compute-3's current process stops in order
+// (reason): its withdrawal lands over the loop's marker (3 revisions on,
+// x.rev) and is beaconed. It returns the record.
+func (x *x71Rig) withdrawal(reason string) fencing.LeaseRecord {
+	x.now = x.now.Add(time.Second)
+	x.rev += 3
+	x.r.Seq++
+	w := *x.r
+	w.State, w.Reason = fencing.LeaseWithdrawn, reason
+	x.value(x.rev, w, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
+	x.beacon(x.rev, w)
+	return w
 }
 
 // tick runs the tracker for d; it returns the first declaration.
@@ -250,13 +271,7 @@ func TestX71AgentRestartUnderLoopAfterVouch(t *testing.T) {
 		x.rounds("vbm", 3)
 		if withdraw {
 			// orderly stop of the old process: its withdrawal, a create over the marker.
-			x.now = x.now.Add(time.Second)
-			x.rev += 3
-			x.r.Seq++
-			w := *x.r
-			w.State, w.Reason = fencing.LeaseWithdrawn, "upgrade"
-			x.value(x.rev, w, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
-			x.beacon(x.rev, w)
+			x.withdrawal("upgrade")
 			x.keep(x.tr.ObserveWithdrawal(x.now, x71Host, x.rev))
 			x.marker = x.rev + 1
 			x.del(x.marker)

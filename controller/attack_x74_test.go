@@ -97,20 +97,7 @@ func TestX74BeaconsBeforeLaggingWatchWithdrawn(t *testing.T) {
 	for _, warm := range []int{0, 3} {
 		x := newX71Rig(t)
 		x.rounds("vbm", warm)
-		x.now = x.now.Add(time.Second)
-		x.r.Seq++
-		x.r.PrevRev = 0
-		R := x.rev + 3
-		c := *x.r
-		w := *x.r
-		w.Seq++
-		w.State, w.Reason = fencing.LeaseWithdrawn, "stopped"
-		W := R + 2
-		x.beacon(R, c)
-		x.beacon(W, w)
-		x.value(R, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
-		x.marker = R + 1
-		x.del(x.marker)
+		W, _ := x74BeaconsFirst(x)
 		x.tr.Skipped(W + 1)
 		x.marker = W + 1
 		x.del(x.marker)
@@ -124,6 +111,19 @@ func TestX74BeaconsBeforeLaggingWatchWithdrawn(t *testing.T) {
 // delivered late as a value after R (its create over R's marker).
 func TestX74WithdrawalBeaconBeforeValueNoMarker(t *testing.T) {
 	x := newX71Rig(t)
+	W, w := x74BeaconsFirst(x)
+	x.value(W, w, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
+	x.marker = W + 1
+	x.del(x.marker)
+	if d, after, ok := x.tick(5 * time.Minute); ok {
+		t.Errorf("withdrawn compute-3 declared %s after: %s", after, d.Reason)
+	}
+}
+
+// x74BeaconsFirst: compute-3's create R and its withdrawal W (R + 2, a
+// create over R's marker) are beaconed before the watch delivers either;
+// then R lands and the loop deletes it. It returns W and its record.
+func x74BeaconsFirst(x *x71Rig) (uint64, fencing.LeaseRecord) {
 	x.now = x.now.Add(time.Second)
 	x.r.Seq++
 	x.r.PrevRev = 0
@@ -138,10 +138,5 @@ func TestX74WithdrawalBeaconBeforeValueNoMarker(t *testing.T) {
 	x.value(R, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
 	x.marker = R + 1
 	x.del(x.marker)
-	x.value(W, w, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
-	x.marker = W + 1
-	x.del(x.marker)
-	if d, after, ok := x.tick(5 * time.Minute); ok {
-		t.Errorf("withdrawn compute-3 declared %s after: %s", after, d.Reason)
-	}
+	return W, w
 }

@@ -67,19 +67,14 @@ func x75CopyLoopNATS(t *testing.T, copy, restart bool) {
 		if h == victim {
 			rec.Incarnation = vinc
 		}
-		res := s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+		res, created, m := loopRenew(ctx, s, f, rec)
 		if res.Outcome != fencing.RenewAcked {
-			if res.Outcome == fencing.RenewConflict && res.Current == nil {
-				s.rev = 0
-			}
 			return
 		}
-		if s.rev == 0 && h == victim {
+		if created && h == victim {
 			creates++
 		}
-		s.rev = res.Revision
-		if m, err := natslease.BeaconMsg(f.signers[h], rec, res.Revision, 0, time.Now()); err == nil {
-			_ = s.nc.PublishMsg(m)
+		if m != nil {
 			if h == attacker && flooding {
 				// compute-1's burst on its own beacon subject, right
 				// before compute-3's write (it renews on a schedule

@@ -63,12 +63,7 @@ func x75PutOlderRounds(t *testing.T, n int, older bool) (bool, *x71Rig) {
 	old := *x.r
 	prev := &old
 	for range n {
-		x.now = x.now.Add(time.Second)
-		x.r.Seq++
-		x.r.PrevRev = 0
-		R := x.rev + 3
-		c := *x.r
-		x.value(R, c, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
+		R, c := x.create()
 		next := R + 1
 		if older && prev != nil {
 			x.value(next, *prev, fencing.Written{Known: true}) // a plain put: no header
@@ -242,13 +237,7 @@ func TestX75HeldRestartCopiesThenWithdrawal(t *testing.T) {
 func x75RestartInOrder(t *testing.T, n int, copy bool) (bool, *x71Rig) {
 	x := newX71Rig(t)
 	x.rounds("vbm", 3)
-	x.now = x.now.Add(time.Second)
-	x.rev += 3
-	x.r.Seq++
-	w := *x.r
-	w.State, w.Reason = fencing.LeaseWithdrawn, "upgrade"
-	x.value(x.rev, w, fencing.Written{Known: true, HasExpected: true, Expected: x.marker})
-	x.beacon(x.rev, w)
+	x.withdrawal("upgrade")
 	x.marker = x.rev + 1
 	x.del(x.marker)
 	x.rev = x.marker

@@ -100,14 +100,13 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	if rev > b.maxRev {
 		b.maxRev, b.maxAt = rev, now
 	}
-	if rev > h.trustedRev && h.pin != nil && h.pin.Record.State != fencing.LeaseActive && !quietPinBeaconMutation {
+	if h.pin != nil && !t.pinnable(h) {
 		// A write of its own after its pinned withdrawal (or
 		// declaration): it is back, and a restart taking the pin would
 		// not count it — a comeback's create dropped by garbage before
 		// its beacon left the pin in the memory, and a restarted
 		// controller restored the Held host withdrawn (reviewer X76,
-		// TestX76ComebackBeaconLeavesWithdrawnPin). pinnable refuses to
-		// pin it again.
+		// TestX76ComebackBeaconLeavesWithdrawnPin).
 		h.pin = nil
 		t.rememberHost(host)
 	}

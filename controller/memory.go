@@ -780,15 +780,17 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 	// record seen (pin): the listing's skip before this value hid nothing
 	// (bindLate notes nothing).
 	h.lateSkip = lateSkip{}
-	h.silentUntrusted, h.lastSeen, h.unverifiedAt, h.silentEnd = false, time.Time{}, now, time.Time{}
+	h.silentUntrusted, h.silentEnd = false, time.Time{}
 	then := "declared once silent for lease_ttl + grace from now"
-	if quiet {
+	switch p.Record.State {
+	case fencing.LeaseActive:
+		h.lastSeen, h.unverifiedAt = time.Time{}, now
+	case fencing.LeaseWithdrawn:
 		h.lastSeen, h.unverifiedAt, h.declaring, h.declaredAt = now, time.Time{}, time.Time{}, time.Time{}
 		then = "not declared; not counted silent (withdrawn)"
-		if p.Record.State == fencing.LeaseExpired {
-			h.declaredAt = now
-			then = "not declared again; counted silent for one guard window from now (a declaration)"
-		}
+	case fencing.LeaseExpired:
+		h.lastSeen, h.unverifiedAt, h.declaring, h.declaredAt = now, time.Time{}, time.Time{}, now
+		then = "not declared again; counted silent for one guard window from now (a declaration)"
 	}
 	t.guards.named(&h.rec, t.required)
 	t.judge(host, h, fencing.LeaseRecord{})

@@ -133,3 +133,23 @@ func newLoopRig(t *testing.T) (ctx context.Context, srvURL string, hosts []strin
 	t.Cleanup(cancel)
 	return ctx, srvURL, hosts, f, natsSims(t, srvURL, f, hosts), strings.ReplaceAll(loopVictim, ".", "_")
 }
+
+// loopRenew is the delete-loop rigs' renewal of rec by s: a write over
+// s.rev — a create once a conflict showed the key deleted (s.rev 0, as
+// fencing/keydelete.go) — and, acknowledged, its beacon published. It
+// returns the write's result, whether it was a create, and the beacon.
+func loopRenew(ctx context.Context, s *natsSim, f fleet, rec fencing.LeaseRecord) (res fencing.RenewResult, created bool, beacon *nats.Msg) {
+	res = s.st.Renew(ctx, fencing.RenewRequest{Seq: s.seq, Revision: s.rev, Record: rec}, time.Second)
+	if res.Outcome != fencing.RenewAcked {
+		if res.Outcome == fencing.RenewConflict && res.Current == nil {
+			s.rev = 0
+		}
+		return res, false, nil
+	}
+	created, s.rev = s.rev == 0, res.Revision
+	if m, err := natslease.BeaconMsg(f.signers[rec.Host], rec, res.Revision, 0, time.Now()); err == nil {
+		_ = s.nc.PublishMsg(m)
+		beacon = m
+	}
+	return res, created, beacon
+}

@@ -232,6 +232,21 @@ func (t *Tracker) vouchableAt(h *hostState, rec *fencing.LeaseRecord, deleted bo
 	return ok
 }
 
+// named returns the value u keeps that a beacon naming rev, boot and id
+// names — u itself or one of its candidates (keepUnfresh), with the
+// values after it — if any.
+func (u *unfreshValue) named(rev uint64, boot string, id writeID) (unfreshValue, bool) {
+	if u.rev == rev && idOf(u.rec) == id && u.rec.BootID == boot {
+		return *u, true
+	}
+	for i, l := range u.later {
+		if l.rec != nil && l.rev == rev && idOf(*l.rec) == id && l.rec.BootID == boot {
+			return unfreshValue{rev: l.rev, rec: *l.rec, at: l.at, unfreshMark: l.mark, later: u.later[i+1:]}, true
+		}
+	}
+	return unfreshValue{}, false
+}
+
 // maxLaterValues bounds the values of a key kept after an unfresh one
 // (laterValue); one more drops the unfresh value. The runner hands the
 // tracker one watch update per turn of its loop (each of an untrusted
@@ -290,21 +305,9 @@ func (t *Tracker) BeaconVouches(now time.Time, host string, rev uint64, boot str
 	if h == nil || h.unfresh == nil || vouchMutation {
 		return t.out
 	}
-	u := *h.unfresh
-	id := writeID{epoch: epoch, inc: inc, seq: seq}
-	if u.rev != rev || idOf(u.rec) != id || u.rec.BootID != boot {
-		found := -1
-		for i, l := range u.later {
-			if l.rec != nil && l.rev == rev && idOf(*l.rec) == id && l.rec.BootID == boot {
-				found = i
-				break
-			}
-		}
-		if found < 0 {
-			return t.out
-		}
-		l := u.later[found]
-		u = unfreshValue{rev: l.rev, rec: *l.rec, at: l.at, unfreshMark: l.mark, later: u.later[found+1:]}
+	u, ok := h.unfresh.named(rev, boot, writeID{epoch: epoch, inc: inc, seq: seq})
+	if !ok {
+		return t.out
 	}
 	h.unfresh = nil
 	if !t.vouchableAt(h, &u.rec, u.deleted) {
