@@ -210,13 +210,25 @@ func (t *Tracker) pinnable(h *hostState) bool {
 	case fencing.LeaseActive:
 		return !h.beaconWithdrawn()
 	case fencing.LeaseWithdrawn, fencing.LeaseExpired:
-		// No beacon named a revision after it, either: a host back with
-		// its durable state lost names a write whose identity is not
-		// newer (reviewer X76).
-		return !withdrawnPinMutation && !h.beacons.wrote.newer(idOf(h.rec)) && !h.beaconWithdrawn() &&
-			(h.beacons.maxRev <= h.trustedRev || quietPinBeaconMutation)
+		return quietPinnable(&h.beacons, h.rec, h.trustedRev)
 	}
 	return false
+}
+
+// quietPinnable reports whether a withdrawn or declared record rec,
+// trusted at revision trustedRev, stands as far as the host's beacons b
+// say — pinned (pinnable) or restored from a pin (RestoreMemory): no
+// beacon named a newer write or a withdrawal after it, nor any revision
+// after it (a host back with its durable state lost names a write whose
+// identity is not newer, reviewer X76). Restoring, it is asked too: a
+// controller handles beacons while it waits to act, before its first
+// acting tick restores the memory, and took a withdrawn pin of a host
+// whose comeback beacon it had already handled — kept in the memory, a
+// later restart restored the Held host withdrawn (reviewer X79,
+// TestX79BeaconBeforeRestoreKeepsWithdrawnPin).
+func quietPinnable(b *beaconState, rec fencing.LeaseRecord, trustedRev uint64) bool {
+	return !withdrawnPinMutation && !b.wrote.newer(idOf(rec)) && b.withdrawnRev <= trustedRev &&
+		(b.maxRev <= trustedRev || quietPinBeaconMutation)
 }
 
 // quietPinBeaconMutation: a beacon naming a write after a pinned
@@ -224,6 +236,11 @@ func (t *Tracker) pinnable(h *hostState) bool {
 // trusted create over a marker drops the pin without rewriting the
 // memory, as before. Tests only.
 var quietPinBeaconMutation, recreatedPinMutation bool
+
+// restoreQuietMutation: RestoreMemory takes a withdrawn or declared pin
+// whatever the beacons handled before it said, as before reviewer X79.
+// Tests only.
+var restoreQuietMutation bool
 
 // storedMutation (reviewer X20's TestX20PinTakenAfterStreamRollback): a
 // pin is taken without comparing the stored time, as before. Tests only.
@@ -761,8 +778,14 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 		p.Record.Host != host || p.Record.Signer == "" || p.TrustedRev == 0 || p.TrustedRev >= p.KeyRev {
 		return t.out // the key changed since (or nothing to take)
 	}
-	quiet := p.Record.State == fencing.LeaseWithdrawn || p.Record.State == fencing.LeaseExpired
-	if quiet && withdrawnPinMutation || !quiet && p.Record.State != fencing.LeaseActive {
+	switch p.Record.State {
+	case fencing.LeaseActive:
+	case fencing.LeaseWithdrawn, fencing.LeaseExpired:
+		if withdrawnPinMutation || !quietPinnable(&h.beacons, p.Record, p.TrustedRev) && !restoreQuietMutation {
+			t.rememberHost(host) // written out of the memory
+			return t.out
+		}
+	default:
 		return t.out
 	}
 	// Nothing was written to the key since the pin's writer saw it: take
