@@ -191,6 +191,9 @@ func (t *Tracker) noteHidden(host string, h *hostState, rev uint64, after, befor
 			return
 		}
 	}
+	if t.shedCovers(h, host) {
+		h.lostBeacon = hw.rev
+	}
 }
 
 // covers reports whether a beacon lost in w may have named host's write
@@ -341,6 +344,11 @@ func (t *Tracker) RefuseCovered() []string {
 	var refused []string
 	for name, h := range t.hosts {
 		if h.hidden.rev == 0 || h.lostBeacon != 0 {
+			continue
+		}
+		if t.shedCovers(h, name) {
+			h.lostBeacon = h.hidden.rev
+			refused = append(refused, name)
 			continue
 		}
 		for _, w := range t.lossWindows {
@@ -554,6 +562,9 @@ func (t *Tracker) BeaconsMissing(now time.Time) (missing, refused []string) {
 				continue // its beacon came
 			}
 			h.beacons.expect = slices.Delete(h.beacons.expect, i, i+1)
+			if shedExplains(h, e.seen) {
+				continue // the runner shed it, perhaps: the host's own (BeaconsShed)
+			}
 			w = t.serverWindow(e.seen, e.seen)
 			if e.stored != 0 {
 				at := time.Unix(0, e.stored)
@@ -612,9 +623,20 @@ var beaconChainMutation bool
 // the hosts per gap cost 8 ms at 10 000 hosts: reviewer X29,
 // TestX29ChainGapCost).
 func (t *Tracker) BeaconChain(now time.Time, host string, rev, prev uint64) bool {
+	return t.BeaconChainShed(now, host, rev, prev, false)
+}
+
+// BeaconChainShed is BeaconChain for a beacon after which the runner shed
+// beacons of its host since the one before it (shed: beaconBudget). A gap
+// then is the runner's own doing, its host's alone: no loss window
+// (BeaconsShed's covers the host's own hidden writes), and the chain
+// restarts at the beacon's Prev — chainHolds no longer vouches for the
+// span before it (a hidden write of the host's there expects its beacon
+// and, not met, makes the host's window for the others: the safe side).
+func (t *Tracker) BeaconChainShed(now time.Time, host string, rev, prev uint64, shed bool) bool {
 	h := t.hosts[host]
 	if h == nil {
-		t.keepEarly(earlyBeacon{kind: earlyChain, now: now, host: host, rev: rev, prev: prev})
+		t.keepEarly(earlyBeacon{kind: earlyChain, now: now, host: host, rev: rev, prev: prev, shed: shed})
 		return false
 	}
 	b := &h.beacons
@@ -634,8 +656,79 @@ func (t *Tracker) BeaconChain(now time.Time, host string, rev, prev uint64) bool
 		// tracker's first of the host), or it holds.
 		return false
 	}
+	if shed && !shedFleetMutation {
+		b.chainFrom = prev
+		return false
+	}
 	t.addWindow(t.serverWindow(lastAt, now))
 	return true
+}
+
+// Beacons the runner shed (run.go, beaconBudget). A shed beacon came on
+// its host's own subject — with the shipped permissions only that host
+// publishes there — and was dropped unverified by the runner itself: not
+// lost on the way, and no other host's beacon was lost with it. Counted
+// against that host alone: every write of its own the watch may hide
+// from its first shed on is refused (its shed window, open: a flood may
+// have hidden its withdrawal's beacon), a gap in its chain is no loss
+// window (BeaconChainShed), nor is its missing beacon for a renewal
+// delivered about when it shed (BeaconsMissing). A fleet-wide window for
+// each shed — the runner's first try (reviewer X75) — let the flooding
+// host refuse every other host whose write may be hidden: the dead
+// victim among them. The price, the shedding host's own (c): its hidden
+// writes refused for good (until a trusted record or a beacon of it names
+// a later write, clearHidden). Honest agents never reach the budget
+// (BeaconVerifyRate); a host whose beacon subject others may publish on
+// (permissions not the shipped ones) can be shed by them.
+
+// shedFleetMutation: a shed gap makes a fleet-wide loss window (the first
+// try, reviewer X75's runner); shedMissMutation: so does a missing beacon
+// while shedding; shedOwnMutation: the shedding host's own hidden writes
+// are not covered by its shedding. Tests only.
+var shedFleetMutation, shedMissMutation, shedOwnMutation bool
+
+// shedNote: the runner shed beacons of the host (out of line: rare).
+type shedNote struct {
+	// win: from the first shed on, open (every later write of the host's
+	// is covered: serverWindow, never closed).
+	win lossWindow
+	// at: the last BeaconsShed (the runner's clock).
+	at time.Time
+}
+
+// BeaconsShed tells the tracker that the runner shed beacons of host from
+// from until now (beaconBudget).
+func (t *Tracker) BeaconsShed(now time.Time, host string, from time.Time) {
+	h := t.hosts[host]
+	if h == nil {
+		t.keepEarly(earlyBeacon{kind: earlyShed, now: from, host: host})
+		return
+	}
+	s := h.beacons.shed
+	if s == nil {
+		s = &shedNote{win: t.serverWindow(from, now)}
+		s.win.open = true
+		h.beacons.shed = s
+	} else if w := t.serverWindow(from, now); w.from.Before(s.win.from) {
+		s.win.from = w.from
+	}
+	s.at = now
+	if hw := h.hidden; hw.rev != 0 && h.lostBeacon == 0 && t.shedCovers(h, host) {
+		h.lostBeacon = hw.rev
+	}
+}
+
+// shedCovers reports whether h's own shed window covers its hidden write.
+func (t *Tracker) shedCovers(h *hostState, host string) bool {
+	return h.beacons.shed != nil && !shedOwnMutation && covers(h.beacons.shed.win, h.hidden, host)
+}
+
+// shedExplains reports whether h's beacon for a record delivered at seen
+// may be one the runner shed: it shed beacons of h since
+// BeaconExpectWindow before it.
+func shedExplains(h *hostState, seen time.Time) bool {
+	s := h.beacons.shed
+	return s != nil && !shedMissMutation && !s.at.Before(seen.Add(-BeaconExpectWindow))
 }
 
 // chainWhy says whose beacons the chain found lost (BeaconChain).
@@ -1315,6 +1408,7 @@ type earlyBeacon struct {
 	now       time.Time
 	host      string
 	rev, prev uint64
+	shed      bool // earlyChain: BeaconChainShed's shed
 }
 
 type earlyKind uint8
@@ -1322,6 +1416,7 @@ type earlyKind uint8
 const (
 	earlyChain earlyKind = iota
 	earlyObserve
+	earlyShed // BeaconsShed (now: the first shed)
 	earlyWithdrawal
 )
 
@@ -1504,9 +1599,12 @@ func (t *Tracker) replayHost(now time.Time, host string) {
 		if now.Sub(e.now) > earlyKeep {
 			continue
 		}
-		if e.kind == earlyChain {
-			gap = t.BeaconChain(e.now, host, e.rev, e.prev) || gap
-		} else {
+		switch e.kind {
+		case earlyChain:
+			gap = t.BeaconChainShed(e.now, host, e.rev, e.prev, e.shed) || gap
+		case earlyShed:
+			t.BeaconsShed(e.now, host, e.now)
+		default:
 			t.ObserveBeacon(e.now, host, e.rev)
 		}
 	}

@@ -245,3 +245,13 @@ func SetReusedRevMutation(on bool) func() {
 	reusedRevMutation = on
 	return func() { reusedRevMutation = false }
 }
+
+// SetBeaconBudgetMutation sets beaconBudgetMutation (run.go) and returns
+// its reset.
+func SetBeaconBudgetMutation(on bool) func() {
+	beaconBudgetMutation = on
+	return func() { beaconBudgetMutation = false }
+}
+
+// MaxLaterValues is maxLaterValues (vouch.go).
+const MaxLaterValues = maxLaterValues

@@ -147,9 +147,13 @@ func loopRenew(ctx context.Context, s *natsSim, f fleet, rec fencing.LeaseRecord
 		return res, false, nil
 	}
 	created, s.rev = s.rev == 0, res.Revision
-	if m, err := natslease.BeaconMsg(f.signers[rec.Host], rec, res.Revision, 0, time.Now()); err == nil {
+	// Chained as an agent's (Beacon.Prev: the last one this process
+	// published): without it every watch skip's hidden-write check found
+	// no chain and opened a loss window by each host (beaconloss.go).
+	if m, err := natslease.BeaconMsg(f.signers[rec.Host], rec, res.Revision, s.prev, time.Now()); err == nil {
 		_ = s.nc.PublishMsg(m)
 		beacon = m
+		s.prev = res.Revision
 	}
 	return res, created, beacon
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -47,6 +48,70 @@ const (
 	// bounds the memory a flood of made-up host names can take.
 	MaxBeaconHosts = 65536
 )
+
+// The beacon verification budget (reviewer X75's open (c)). The runner
+// verifies each beacon (an ed25519 signature, ~100 µs) on NATS's
+// goroutine for the subscription, in arrival order, and a compromised
+// node may publish its own beacon subject as fast as it likes: a paced
+// flood of its validly signed beacons (nothing dropped) delayed every
+// other host's beacons by 1.2–4 s, and more than maxLaterValues values
+// of a victim's key landed between its create and the beacon that
+// vouches for it — the dead victim never declared. So each enrolled host
+// has a budget: BeaconVerifyBurst beacons verified at once, refilled at
+// BeaconVerifyRate a second; a beacon beyond it is shed — counted and
+// dropped before it is decoded (a subject parse, ~1 µs), never verified.
+// A shed beacon is its own host's (with the shipped permissions only
+// that host publishes on its subject), so what its loss hides is that
+// host's alone: the tracker counts the shedding against the shedding
+// host only (Tracker.BeaconsShed: its own hidden writes are covered, its
+// chain restarts, its missing beacons make no fleet-wide loss window) —
+// a runner's own drops opening fleet-wide windows refused the dead
+// victim in the reverted first try.
+const (
+	// BeaconVerifyRate: an agent publishes one beacon per write it made
+	// (its beacon queue holds one; a newer write supersedes it), so at
+	// most 1/renew_interval a second plus a retry's (renew_interval/2):
+	// 4 a second at 500 ms, the shortest interval a deployment would
+	// use. 50: over ten times that; a flooding host then costs the runner
+	// ~5 ms of verification a second.
+	BeaconVerifyRate = 50
+	// BeaconVerifyBurst: what a host may send at once before its rate
+	// applies — a reconnect flushing what was published meanwhile, a
+	// relayed renewal's beacon beside its own. 200: 4 s at the rate.
+	BeaconVerifyBurst = 200
+)
+
+// ErrBeaconShed: a beacon beyond its host's verification budget
+// (BeaconVerifyRate), dropped unverified (Runner.OnBeacon).
+var ErrBeaconShed = errors.New("beacon shed: its host publishes beacons beyond the verification budget (" + fmt.Sprint(BeaconVerifyRate) + "/s, burst " + fmt.Sprint(BeaconVerifyBurst) + "); not verified, counted against that host only")
+
+// beaconBudgetMutation: no budget, every beacon verified in arrival order
+// (reviewer X75's open (c)). Tests only.
+var beaconBudgetMutation bool
+
+// beaconBudget is one host's verification budget (a token bucket), kept
+// by NATS's goroutine for the subscription alone.
+type beaconBudget struct {
+	tokens float64
+	at     time.Time
+	// shed: beacons of the host were shed since its last verified one.
+	shed bool
+}
+
+// take spends one token at now, reporting false when none is left.
+func (b *beaconBudget) take(now time.Time) bool {
+	if b.at.IsZero() {
+		b.tokens = BeaconVerifyBurst
+	} else if d := now.Sub(b.at); d > 0 {
+		b.tokens = min(BeaconVerifyBurst, b.tokens+d.Seconds()*BeaconVerifyRate)
+	}
+	b.at = now
+	if b.tokens < 1 {
+		return false
+	}
+	b.tokens--
+	return true
+}
 
 // Runner is the controller's I/O shell: it watches the lease bucket into
 // the Tracker, ticks it, performs its declarations by CAS, publishes the
@@ -103,6 +168,11 @@ type Runner struct {
 	// have been lost (beaconloss.go): why, and the hosts not declared
 	// from then on.
 	OnBeaconsLost func(why string, notDeclared []string)
+
+	// shedSaid, shedHosts: when beaconsShed last said so, and the hosts
+	// shed since (Run's goroutine).
+	shedSaid  time.Time
+	shedHosts map[string]struct{}
 
 	viewOnce sync.Once
 	views    chan chan TrackerView
@@ -176,6 +246,7 @@ func (r *Runner) Run(ctx context.Context) error {
 	restored := false
 	views := r.viewReqs()
 	beacons := newBeaconBox()
+	r.shedHosts = map[string]struct{}{}
 	var losses beaconLosses // beaconloss.go
 	if r.Beacons != nil {
 		sub, err := r.Beacons.Subscribe(proto.BeaconWildcard, func(m *nats.Msg) { r.beacon(m, beacons) })
@@ -225,7 +296,8 @@ func (r *Runner) Run(ctx context.Context) error {
 				reply <- r.Tracker.View(r.now())
 			case <-beacons.ready:
 				now := r.now()
-				revs, withdrawn := beacons.take()
+				revs, withdrawn, shed := beacons.takeAll()
+				r.beaconsShed(now, log, shed)
 				gaps, vouched := r.observeBeacons(now, revs)
 				for _, d := range vouched {
 					r.perform(ctx, log, d)
@@ -469,11 +541,42 @@ type beaconBox struct {
 	// withdrawn: per host, the highest revision a beacon named as its
 	// withdrawal (fencing.Beacon.State).
 	withdrawn map[string]uint64
-	ready     chan struct{}
+	// shed: per host, when the first of its beacons shed since the last
+	// take was (beaconBudget).
+	shed  map[string]time.Time
+	ready chan struct{}
+	// budgets: NATS's goroutine's alone (put, shedOver).
+	budgets map[string]*beaconBudget
 }
 
 func newBeaconBox() *beaconBox {
-	return &beaconBox{hosts: map[string][]beaconRef{}, withdrawn: map[string]uint64{}, ready: make(chan struct{}, 1)}
+	return &beaconBox{hosts: map[string][]beaconRef{}, withdrawn: map[string]uint64{}, shed: map[string]time.Time{}, budgets: map[string]*beaconBudget{}, ready: make(chan struct{}, 1)}
+}
+
+// shedOver reports whether host's beacon, arriving at now, is beyond its
+// verification budget, and if so notes it shed. Called on NATS's
+// goroutine before the beacon is decoded; only for enrolled hosts (the
+// map is bounded by the keyring).
+func (b *beaconBox) shedOver(host string, now time.Time) bool {
+	bb := b.budgets[host]
+	if bb == nil {
+		bb = &beaconBudget{}
+		b.budgets[host] = bb
+	}
+	if bb.take(now) {
+		return false
+	}
+	bb.shed = true
+	b.mu.Lock()
+	if _, ok := b.shed[host]; !ok {
+		b.shed[host] = now
+	}
+	b.mu.Unlock()
+	select {
+	case b.ready <- struct{}{}:
+	default:
+	}
+	return true
 }
 
 // beaconRef: what a beacon named: its revision and Prev
@@ -482,6 +585,9 @@ func newBeaconBox() *beaconBox {
 type beaconRef struct {
 	rev, prev, epoch, inc, seq uint64
 	boot                       string
+	// afterShed: beacons of its host were shed between the one before it
+	// and it (beaconBudget): a gap in its chain is the runner's doing.
+	afterShed bool
 }
 
 // put adds host's beacon b (withdrawn: its withdrawal).
@@ -500,7 +606,11 @@ func (b *beaconBox) put(host string, bc fencing.Beacon, withdrawn bool) error {
 	if len(q) == beaconMemory {
 		q = q[1:]
 	}
-	b.hosts[host] = append(q, beaconRef{rev: rev, prev: bc.Prev, epoch: bc.Epoch, inc: bc.Incarnation, seq: bc.Seq, boot: bc.BootID})
+	afterShed := false
+	if bb := b.budgets[host]; bb != nil {
+		afterShed, bb.shed = bb.shed, false
+	}
+	b.hosts[host] = append(q, beaconRef{rev: rev, prev: bc.Prev, epoch: bc.Epoch, inc: bc.Incarnation, seq: bc.Seq, boot: bc.BootID, afterShed: afterShed})
 	b.mu.Unlock()
 	select {
 	case b.ready <- struct{}{}:
@@ -511,11 +621,21 @@ func (b *beaconBox) put(host string, bc fencing.Beacon, withdrawn bool) error {
 
 // take returns the waiting beacons and withdrawals and empties the box.
 func (b *beaconBox) take() (map[string][]beaconRef, map[string]uint64) {
+	m, w, _ := b.takeAll()
+	return m, w
+}
+
+// takeAll is take, and the hosts whose beacons were shed meanwhile (from
+// when).
+func (b *beaconBox) takeAll() (map[string][]beaconRef, map[string]uint64, map[string]time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	m, w := b.hosts, b.withdrawn
+	m, w, s := b.hosts, b.withdrawn, b.shed
 	b.hosts, b.withdrawn = map[string][]beaconRef{}, map[string]uint64{}
-	return m, w
+	if len(s) > 0 {
+		b.shed = map[string]time.Time{}
+	}
+	return m, w, s
 }
 
 // observeBeacons hands the beacons taken from the box to the tracker: the
@@ -526,7 +646,7 @@ func (b *beaconBox) take() (map[string][]beaconRef, map[string]uint64) {
 func (r *Runner) observeBeacons(now time.Time, revs map[string][]beaconRef) (gaps []string, ds []Decision) {
 	for host, revs := range revs {
 		for _, b := range revs {
-			if r.Tracker.BeaconChain(now, host, b.rev, b.prev) {
+			if r.Tracker.BeaconChainShed(now, host, b.rev, b.prev, b.afterShed) {
 				gaps = append(gaps, host)
 			}
 			r.Tracker.ObserveBeacon(now, host, b.rev)
@@ -535,6 +655,31 @@ func (r *Runner) observeBeacons(now time.Time, revs map[string][]beaconRef) (gap
 		}
 	}
 	return gaps, ds
+}
+
+// shedLogEvery spaces the WARNs of shed beacons (each is counted:
+// Runner.OnBeacon with ErrBeaconShed).
+const shedLogEvery = 10 * time.Second
+
+// beaconsShed tells the tracker of the hosts whose beacons were shed
+// (beaconBudget) since the last take, each from when, and says so.
+func (r *Runner) beaconsShed(now time.Time, log *slog.Logger, shed map[string]time.Time) {
+	if len(shed) == 0 {
+		return
+	}
+	hosts := slices.Sorted(maps.Keys(shed))
+	for _, host := range hosts {
+		r.Tracker.BeaconsShed(now, host, shed[host])
+		r.shedHosts[host] = struct{}{}
+	}
+	if now.Sub(r.shedSaid) < shedLogEvery {
+		return // a flood takes the box at every turn: said once a while, naming every host since
+	}
+	hosts = slices.Sorted(maps.Keys(r.shedHosts))
+	clear(r.shedHosts)
+	r.shedSaid = now
+	log.Warn("agent beacons shed: their hosts publish beacons beyond the verification budget (a compromised node flooding its own beacon subject?); counted against those hosts only (their own writes the watch may hide are not trusted to be theirs, they are not declared on such a write)",
+		"hosts", namedHosts(hosts), "rate_per_s", BeaconVerifyRate, "burst", BeaconVerifyBurst)
 }
 
 // beaconsLost says that beacons may have been lost (why) and the hosts
@@ -551,6 +696,12 @@ func (r *Runner) beaconsLost(log *slog.Logger, why string, refused []string, att
 // box: only a beacon whose host is its subject's host (with the shipped
 // permissions, the only host that may publish there) is passed on.
 func (r *Runner) beacon(m *nats.Msg, box *beaconBox) {
+	if host, ok := r.overBudget(m.Subject, box); ok {
+		if r.OnBeacon != nil {
+			r.OnBeacon(host, fencing.Beacon{Host: host}, ErrBeaconShed)
+		}
+		return
+	}
 	host, b, err := decodeBeaconMsg(m)
 	if err == nil && r.Store != nil {
 		err = r.Store.Keys.VerifyBeacon(b) // signed by its host's key (NATS permissions alone do not authenticate it)
@@ -563,16 +714,39 @@ func (r *Runner) beacon(m *nats.Msg, box *beaconBox) {
 	}
 }
 
-// decodeBeaconMsg returns the host of m's subject and m's beacon, which
-// must be that host's.
-func decodeBeaconMsg(m *nats.Msg) (string, fencing.Beacon, error) {
-	toks := strings.Split(m.Subject, ".")
+// overBudget reports whether a beacon on subject is beyond its host's
+// verification budget (beaconBudget), naming the host: only an enrolled
+// host's with signing on (without a key nothing costs a verification).
+func (r *Runner) overBudget(subject string, box *beaconBox) (string, bool) {
+	if beaconBudgetMutation || r.Store == nil || !r.Store.Keys.Enabled() {
+		return "", false
+	}
+	host, err := beaconSubjectHost(subject)
+	if err != nil || len(r.Store.Keys.Hosts[host]) == 0 {
+		return "", false
+	}
+	return host, box.shedOver(host, r.now())
+}
+
+// beaconSubjectHost returns the host of a beacon subject.
+func beaconSubjectHost(subject string) (string, error) {
+	toks := strings.Split(subject, ".")
 	if len(toks) != 4 || toks[3] != proto.KindBeacon {
-		return "", fencing.Beacon{}, fmt.Errorf("beacon on subject %q", m.Subject)
+		return "", fmt.Errorf("beacon on subject %q", subject)
 	}
 	host, err := proto.TokenToHost(toks[2])
 	if err != nil {
-		return "", fencing.Beacon{}, fmt.Errorf("beacon on subject %q: %w", m.Subject, err)
+		return "", fmt.Errorf("beacon on subject %q: %w", subject, err)
+	}
+	return host, nil
+}
+
+// decodeBeaconMsg returns the host of m's subject and m's beacon, which
+// must be that host's.
+func decodeBeaconMsg(m *nats.Msg) (string, fencing.Beacon, error) {
+	host, err := beaconSubjectHost(m.Subject)
+	if err != nil {
+		return "", fencing.Beacon{}, err
 	}
 	b, err := fencing.DecodeBeacon(m.Data)
 	if err == nil && b.Host != host {

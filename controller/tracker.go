@@ -319,6 +319,9 @@ type beaconState struct {
 	writes *namedRing
 	// proc: the newest record its current agent process named (vouch.go).
 	proc beaconProc
+	// shed: the runner shed beacons of the host (beaconloss.go,
+	// BeaconsShed); nil: never.
+	shed *shedNote
 }
 
 // writeID identifies a record of a host, ordered as notNewer orders

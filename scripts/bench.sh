@@ -113,6 +113,9 @@ bench storm.txt -bench '^BenchmarkRebootStorm' -benchtime 1x -count 3 ./lifecycl
 
 # ---- issue 11: a controller's cost per beacon (rec_sig against sig+prev_sig) --
 bench beacon.txt -bench '^BenchmarkVerifyBeacon$' -count "$COUNT" ./fencing/
+# the runner's cost per beacon: verified (the baseline: every beacon before the
+# budget) against shed (beyond its host's verification budget, reviewer X75)
+bench beacon.txt -bench '^BenchmarkRunnerBeacon$' -benchmem -count "$COUNT" ./controller/
 
 # ---- issue 11: a withdrawal receipts stream per host (baseline: one shared) --
 bench receipts.txt -bench '^BenchmarkReceiptStreams$' -benchtime 2000x -count 3 -timeout 20m ./fencing/natslease/
@@ -133,7 +136,7 @@ bench failover.txt -tags bench -bench '^BenchmarkLeaderFailover$' -benchtime 1x 
 echo "load:     $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15 min, at end)" >>"$OUT/machine.txt"
 
 # ---- report --------------------------------------------------------------------
-for f in debounce storm stoplatency e2e rss fleet failover receipts; do
+for f in debounce storm beacon stoplatency e2e rss fleet failover receipts; do
 	[[ -s "$OUT/$f.txt" && -x "$BENCHSTAT" ]] || continue
 	echo
 	echo "======== $f ($OUT/$f.txt) ========"

@@ -121,6 +121,10 @@ func (d *Daemon) beacon(host string, b fencing.Beacon, err error) {
 		d.m.beacons.Add(1)
 		return
 	}
+	if errors.Is(err, controller.ErrBeaconShed) {
+		d.m.beaconsShed.Add(1) // the runner says so itself, once a while
+		return
+	}
 	d.m.beaconsBad.Add(1)
 	now := d.now().UnixNano()
 	if last := d.beaconSaid.Load(); now-last >= int64(beaconLogEvery) && d.beaconSaid.CompareAndSwap(last, now) {

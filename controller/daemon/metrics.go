@@ -36,6 +36,7 @@ type counters struct {
 	regressed      atomic.Int64 // keys whose revisions went down (revision-regressed)
 	beacons        atomic.Int64 // agents' beacons passed to the tracker
 	beaconsBad     atomic.Int64 // beacons refused (undecodable, wrong host, queue full)
+	beaconsShed    atomic.Int64 // beacons shed unverified, beyond their host's budget (controller.ErrBeaconShed)
 	beaconLosses   atomic.Int64 // windows in which beacons may have been lost (controller/beaconloss.go)
 	// decisionsDropped: decision events not published (queue full, NATS
 	// refused the publish).
@@ -106,7 +107,7 @@ var (
 	descRegressed        = prometheus.NewDesc("hvguard_controller_lease_revision_regressions_total", "Lease keys whose revisions went down (the lease stream re-created or rolled back): each such host is not declared until its revisions pass the last one seen; restart the controllers.", nil, nil)
 	descInvalidRecords   = prometheus.NewDesc("hvguard_controller_invalid_lease_records_total", "Values of lease keys ignored as untrusted (signing: forged, replayed, unsigned, unknown signer, bad signature, undecodable).", nil, nil)
 	descBeaconLosses     = prometheus.NewDesc("hvguard_controller_beacon_loss_windows_total", "Ticks at which the controller found agents' beacons may have been lost (its beacon subscription dropped messages, its connection was down or reconnected, the beacon queue was full, or no beacon came within 10 s for a renewal the watch delivered); a host whose write the lease watch may have hidden meanwhile is not declared (docs/security.md).", nil, nil)
-	descBeacons          = prometheus.NewDesc("hvguard_controller_beacons_total", "Agents' beacons received (fencing.Beacon: with signatures required, a lease value the controller cannot verify counts only when its host's beacon names its revision), by result: accepted, refused (undecodable, another host's, queue full).", []string{"result"}, nil)
+	descBeacons          = prometheus.NewDesc("hvguard_controller_beacons_total", "Agents' beacons received (fencing.Beacon: with signatures required, a lease value the controller cannot verify counts only when its host's beacon names its revision), by result: accepted, refused (undecodable, another host's, queue full), shed (beyond the host's verification budget: 50/s, burst 200; counted against that host only).", []string{"result"}, nil)
 	descKeysDeleted      = prometheus.NewDesc("hvguard_controller_lease_keys_deleted_total", "Lease keys deleted or purged (the host is unprotected until its agent re-creates the key).", nil, nil)
 	descHostsDeleted     = prometheus.NewDesc("hvguard_controller_hosts_key_deleted", "Hosts whose lease key is deleted now (never declared; still counted by the guard).", nil, nil)
 	descThreshold        = prometheus.NewDesc("hvguard_controller_guard_threshold", "The mass-failure guard's threshold now: the smallest over the membership and every guard version an agent may still act on.", nil, nil)
@@ -161,6 +162,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ctr(descRegressed, d.m.regressed.Load())
 	ctr(descBeacons, d.m.beacons.Load(), "accepted")
 	ctr(descBeacons, d.m.beaconsBad.Load(), "refused")
+	ctr(descBeacons, d.m.beaconsShed.Load(), "shed")
 	ctr(descBeaconLosses, d.m.beaconLosses.Load())
 	if !d.started.Load() {
 		return
