@@ -568,13 +568,18 @@ func (b *beaconBox) shedOver(host string, now time.Time) bool {
 	}
 	bb.shed = true
 	b.mu.Lock()
-	if _, ok := b.shed[host]; !ok {
+	_, noted := b.shed[host]
+	if !noted {
 		b.shed[host] = now
 	}
 	b.mu.Unlock()
-	select {
-	case b.ready <- struct{}{}:
-	default:
+	if !noted {
+		// Once per host per take: a flood wakes the tracker's loop no
+		// more often than one verified beacon would.
+		select {
+		case b.ready <- struct{}{}:
+		default:
+		}
 	}
 	return true
 }
