@@ -665,8 +665,10 @@ func (t *Tracker) BeaconChainShed(now time.Time, host string, rev, prev uint64, 
 }
 
 // Beacons the runner shed (run.go, beaconBudget). A shed beacon came on
-// its host's own subject — with the shipped permissions only that host
-// publishes there — and was dropped unverified by the runner itself: not
+// its host's own subject, decoded as that host's beacon — with the
+// shipped permissions only that host publishes such a message there
+// (reflected API answers never decode as one, reviewer X80) — and was
+// dropped unverified by the runner itself: not
 // lost on the way, and no other host's beacon was lost with it. Counted
 // against that host alone: every write of its own the watch may hide
 // from its first shed on is refused (its shed window, open: a flood may

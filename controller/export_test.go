@@ -255,3 +255,10 @@ func SetBeaconBudgetMutation(on bool) func() {
 
 // MaxLaterValues is maxLaterValues (vouch.go).
 const MaxLaterValues = maxLaterValues
+
+// SetChargeFirstMutation sets chargeFirstMutation (run.go) and returns
+// its reset.
+func SetChargeFirstMutation(on bool) func() {
+	chargeFirstMutation = on
+	return func() { chargeFirstMutation = false }
+}
