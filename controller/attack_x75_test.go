@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -262,4 +263,45 @@ func TestX75OrderlyRestartCopiesKeepDeadUndeclared(t *testing.T) {
 		t.Errorf("the restarted compute-3, dead, not declared within 3 minutes: its trusted record stays the old process's withdrawal (%s, incarnation %d; vouched %d)", h.rec.State, h.rec.Incarnation, x.vouched())
 	}
 	x75Mutated(t, func() bool { ok, _ := x75RestartInOrder(t, 10, true); return ok })
+}
+
+// TestX81CopiesAndGarbageBeforeBeacon (reviewer X81, tracker side): under
+// the loop across a start, compute-1 answers each of compute-3's creates
+// with 100 pairs of (a copy of the create put back, garbage) and its
+// delete marker before the create's beacon is taken — values a burst
+// lands in milliseconds, a beacon delayed by a flood comes after. A copy
+// of a record kept already is no candidate (holds) and folds with the
+// garbage (compactLater): the create is vouched, and compute-3, dead,
+// declared. With laterCompactMutation the 65th value dropped the kept
+// create every round: never vouched, never declared.
+func TestX81CopiesAndGarbageBeforeBeacon(t *testing.T) {
+	for _, mut := range []bool{false, true} {
+		t.Run(fmt.Sprintf("laterCompactMutation=%t", mut), func(t *testing.T) {
+			if mut {
+				x32Mutate(t, &laterCompactMutation)
+			}
+			x := newX71Rig(t)
+			for range 5 {
+				R, c := x.create()
+				g := R
+				for range 100 {
+					g++
+					x.value(g, c, fencing.Written{Known: true, HasExpected: true, Expected: g - 1}) // the copy
+					g++
+					x.tr.Stored(x71Host, g, x.now)
+					x.keep(x.tr.ObserveInvalid(x.now, x71Host, g, "garbage", true))
+				}
+				x.marker = g + 1
+				x.del(x.marker)
+				x.beacon(R, c)
+				x.rev = x.marker
+				x.keep(x.tr.Tick(x.now))
+			}
+			_, after, ok := x.tick(3 * time.Minute)
+			t.Logf("vouched %d, declared %t %s after death", x.vouched(), ok, after)
+			if ok == mut {
+				t.Errorf("compute-3 dead: declared %t, want %t (vouched %d)", ok, !mut, x.vouched())
+			}
+		})
+	}
 }

@@ -262,3 +262,10 @@ func SetChargeFirstMutation(on bool) func() {
 	chargeFirstMutation = on
 	return func() { chargeFirstMutation = false }
 }
+
+// SetLaterCompactMutation sets laterCompactMutation (vouch.go) and
+// returns its reset.
+func SetLaterCompactMutation(on bool) func() {
+	laterCompactMutation = on
+	return func() { laterCompactMutation = false }
+}

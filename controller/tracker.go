@@ -322,6 +322,9 @@ type beaconState struct {
 	// shed: the runner shed beacons of the host (beaconloss.go,
 	// BeaconsShed); nil: never.
 	shed *shedNote
+	// vouchedAt: when a beacon last vouched for a value of the host kept
+	// unfresh (vouch.go, BeaconVouches).
+	vouchedAt time.Time
 }
 
 // writeID identifies a record of a host, ordered as notNewer orders
@@ -1410,6 +1413,9 @@ func (t *Tracker) Tick(now time.Time) []Decision {
 		ttl := h.rec.Timing.LeaseTTL
 		if now.Sub(h.declClock()) < ttl+h.grace {
 			continue
+		}
+		if now.Sub(h.beacons.vouchedAt) < BeaconExpectWindow && !vouchWaitMutation {
+			continue // vouched late, as observed long ago: its next beacons may be on the way (vouch.go)
 		}
 		switch {
 		case h.lostBeacon != 0:

@@ -15,6 +15,16 @@ const (
 	// 5 000 CAS updates/s, measured without failures on a 3-node cluster.
 	DefaultRenewInterval = 2 * time.Second
 
+	// MinRenewInterval is the shortest renew_interval accepted. Each
+	// renewal the agent writes is followed by a beacon, and the controller
+	// verifies at most 50 beacons a second of a host (after a burst of
+	// 200; controller.BeaconVerifyRate): beyond it they are shed and
+	// counted against the host as a flooding one's (its missing beacons no
+	// loss window — reviewer X81 found an honest agent renewing every 20 ms
+	// would be shed). 100 ms: at most 10 renewals a second plus retries, a
+	// fifth of the budget; no deployment renews faster.
+	MinRenewInterval = 100 * time.Millisecond
+
 	// DefaultRenewTimeout bounds one renewal (KV update) before its outcome
 	// becomes UNKNOWN. 30 % packet loss made renewals take up to 1.8 s, so
 	// less would turn loss into false suspicion; more would delay it.
@@ -184,6 +194,9 @@ func (t Timing) Validate() error {
 		}
 	}
 	pos("renew_interval", t.RenewInterval)
+	if t.RenewInterval > 0 && t.RenewInterval < MinRenewInterval {
+		errs = append(errs, fmt.Errorf("%w: renew_interval must be at least %s (the controller verifies at most 50 beacons a second of a host), got %s", ErrInvalidConfig, MinRenewInterval, t.RenewInterval))
+	}
 	pos("renew_timeout", t.RenewTimeout)
 	pos("lease_ttl", t.LeaseTTL)
 	pos("fence_deadline", t.FenceDeadline)

@@ -507,4 +507,15 @@ func TestConfigValidate(t *testing.T) {
 	if err := testConfig().Validate(); err != nil {
 		t.Fatal(err)
 	}
+	// renew_interval below MinRenewInterval: each renewal's beacon would
+	// pass the controller's per-host verification budget (reviewer X81).
+	c = testConfig()
+	c.Timing.RenewInterval = 20 * time.Millisecond
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "renew_interval must be at least 100ms") || !strings.Contains(err.Error(), "20ms") {
+		t.Fatalf("renew_interval 20ms: err %v, want it named with the minimum", err)
+	}
+	c.Timing.RenewInterval = MinRenewInterval
+	if err := c.Validate(); err != nil && strings.Contains(err.Error(), "at least") {
+		t.Fatalf("renew_interval %s refused: %v", MinRenewInterval, err)
+	}
 }
