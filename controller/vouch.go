@@ -222,6 +222,9 @@ func (t *Tracker) keepUnfresh(host string, rev uint64, rec *fencing.LeaseRecord,
 			// node's copies would count toward maxLaterValues.
 			return
 		}
+		if !candidateProcMutation && !u.newestOfProc(rec) {
+			return // an older write of a process kept already: a copy (reviewer X82)
+		}
 		r := *rec
 		u.later[len(u.later)-1].rec, u.later[len(u.later)-1].mark = &r, m
 		return
@@ -243,6 +246,42 @@ func (u *unfreshValue) holds(rec *fencing.LeaseRecord) bool {
 	}
 	return false
 }
+
+// newestOfProc reports whether rec is newer than every record of its
+// agent process (boot, incarnation) u keeps, and if so demotes the
+// candidates of that process it supersedes (never the kept value). A
+// process's beacons name its newest write, so one candidate per process
+// is enough; without this a compromised node that had saved 64 of the
+// host's records of an earlier boot or incarnation — each of its own
+// identity, each vouchable while no trusted record is held, or another
+// process's create after a delete — put them back between the host's
+// create and its beacon, and the 65th dropped the kept create every round:
+// never vouched, the dead host never declared (reviewer X82,
+// TestX82OldProcessCopiesBeforeBeacon, TestX82OldProcessCreatesAfterRestart;
+// candidateProcMutation). What is left counting toward maxLaterValues is
+// one record per agent process of the host: 64 reboots or agent restarts
+// saved by the attacker.
+func (u *unfreshValue) newestOfProc(rec *fencing.LeaseRecord) bool {
+	id := idOf(*rec)
+	if sameProcess(u.rec, *rec) && !id.newer(idOf(u.rec)) {
+		return false
+	}
+	for _, l := range u.later {
+		if l.rec != nil && sameProcess(*l.rec, *rec) && !id.newer(idOf(*l.rec)) {
+			return false
+		}
+	}
+	for i := range u.later {
+		if l := &u.later[i]; l.rec != nil && sameProcess(*l.rec, *rec) {
+			l.rec = nil // superseded: folds like garbage (compactLater)
+		}
+	}
+	return true
+}
+
+// candidateProcMutation: every vouchable record is a candidate, as before
+// reviewer X82. Tests only.
+var candidateProcMutation bool
 
 // vouchableAt is vouchable judged with h's key deleted or not as it was
 // before rec (otherBootCreate needs the delete rec came after).
