@@ -108,6 +108,9 @@ type laterValue struct {
 	// too (a candidate: keepUnfresh), with what was known before it.
 	rec  *fencing.LeaseRecord
 	mark unfreshMark
+	// superseded: rec is not its process's newest kept (newestOfProc):
+	// still vouchable, but compactLater may fold it (reviewer X83).
+	superseded bool
 }
 
 // namedWrite is a revision a beacon of the host named and the record it
@@ -222,11 +225,11 @@ func (t *Tracker) keepUnfresh(host string, rev uint64, rec *fencing.LeaseRecord,
 			// node's copies would count toward maxLaterValues.
 			return
 		}
-		if !candidateProcMutation && !u.newestOfProc(rec) {
-			return // an older write of a process kept already: a copy (reviewer X82)
-		}
 		r := *rec
 		u.later[len(u.later)-1].rec, u.later[len(u.later)-1].mark = &r, m
+		if !candidateProcMutation {
+			u.rankProc(rec)
+		}
 		return
 	}
 	h.unfresh = &unfreshValue{rev: rev, rec: *rec, at: now, unfreshMark: m}
@@ -247,36 +250,41 @@ func (u *unfreshValue) holds(rec *fencing.LeaseRecord) bool {
 	return false
 }
 
-// newestOfProc reports whether rec is newer than every record of its
-// agent process (boot, incarnation) u keeps, and if so demotes the
-// candidates of that process it supersedes (never the kept value). A
-// process's beacons name its newest write, so one candidate per process
-// is enough; without this a compromised node that had saved 64 of the
-// host's records of an earlier boot or incarnation — each of its own
-// identity, each vouchable while no trusted record is held, or another
-// process's create after a delete — put them back between the host's
-// create and its beacon, and the 65th dropped the kept create every round:
-// never vouched, the dead host never declared (reviewer X82,
+// rankProc marks the candidates of rec's process (the last one of u.later
+// is rec) superseded but for the two newest, the kept value counted: a
+// superseded candidate stays vouchable but compactLater may fold it.
+// Without it a compromised node that had saved 64 of the host's records of
+// an earlier boot or incarnation — each of its own identity, each
+// vouchable while no trusted record is held, or another process's create
+// after a delete — put them back between the host's create and its
+// beacon, and the 65th dropped the kept create every round: never
+// vouched, the dead host never declared (reviewer X82,
 // TestX82OldProcessCopiesBeforeBeacon, TestX82OldProcessCreatesAfterRestart;
-// candidateProcMutation). What is left counting toward maxLaterValues is
-// one record per agent process of the host: 64 reboots or agent restarts
-// saved by the attacker.
-func (u *unfreshValue) newestOfProc(rec *fencing.LeaseRecord) bool {
-	id := idOf(*rec)
-	if sameProcess(u.rec, *rec) && !id.newer(idOf(u.rec)) {
-		return false
-	}
-	for _, l := range u.later {
-		if l.rec != nil && sameProcess(*l.rec, *rec) && !id.newer(idOf(*l.rec)) {
-			return false
-		}
-	}
+// candidateProcMutation). Two, not one: the write the host's beacon names
+// may be second to a newer record of its process whose beacon never comes
+// — a sealed renewal a compromised peer was asked to relay and put back
+// later, a write whose beacon was lost, writes landing out of seq order —
+// and demoting it (reviewer X83, attack_x83_test.go) kept the dead host
+// undeclared. What is left counting toward maxLaterValues is two records
+// per agent process of the host: an attacker holding records of 32 of its
+// reboots or agent restarts (docs/security.md).
+func (u *unfreshValue) rankProc(rec *fencing.LeaseRecord) {
 	for i := range u.later {
-		if l := &u.later[i]; l.rec != nil && sameProcess(*l.rec, *rec) {
-			l.rec = nil // superseded: folds like garbage (compactLater)
+		l := &u.later[i]
+		if l.rec == nil || !sameProcess(*l.rec, *rec) {
+			continue
 		}
+		newer := 0
+		if sameProcess(u.rec, *l.rec) && idOf(u.rec).newer(idOf(*l.rec)) {
+			newer++
+		}
+		for _, o := range u.later {
+			if o.rec != nil && sameProcess(*o.rec, *rec) && idOf(*o.rec).newer(idOf(*l.rec)) {
+				newer++
+			}
+		}
+		l.superseded = newer >= 2
 	}
-	return true
 }
 
 // candidateProcMutation: every vouchable record is a candidate, as before
@@ -360,7 +368,7 @@ func (u *unfreshValue) compactLater() {
 	n := len(u.later)
 	inner := make([]bool, n)
 	for i := 1; i < n-1; i++ {
-		inner[i] = u.later[i-1].rec == nil && u.later[i].rec == nil && u.later[i+1].rec == nil
+		inner[i] = u.later[i-1].foldable() && u.later[i].foldable() && u.later[i+1].foldable()
 	}
 	keep := u.later[:0]
 	for i, l := range u.later {
@@ -371,6 +379,10 @@ func (u *unfreshValue) compactLater() {
 	clear(u.later[len(keep):n])
 	u.later = keep
 }
+
+// foldable: no candidate, or one superseded by a newer record of its
+// process (reviewer X83).
+func (l laterValue) foldable() bool { return l.rec == nil || l.superseded }
 
 // laterCompactMutation: later values are not compacted, as before
 // (reviewer X75's residual race). Tests only.
