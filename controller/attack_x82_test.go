@@ -18,8 +18,10 @@ import (
 // an earlier process (any renewal it ever read from the key: thousands a
 // day) and puts them back, one after another, between compute-3's create
 // and its beacon: the 65th drops the kept create (c): compute-3, dead,
-// is never declared. Fixed: one candidate per agent process, its newest
-// (newestOfProc); with candidateProcMutation the 70 copies drop the create.
+// is never declared. Fixed: only the two newest records of each agent
+// process stay unfoldable candidates (rankProc; one per process, the
+// first fix, reviewer X83 broke); with candidateProcMutation the 70 copies
+// drop the create.
 func TestX82OldProcessCopiesBeforeBeacon(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
@@ -145,7 +147,7 @@ func TestX82OldProcessCreatesAfterRestart(t *testing.T) {
 // create: the first is kept, 25 more are candidates, and compute-3's
 // genuine create comes after them — demoted, its beacon vouches nothing.
 // Passed at 4410584 (26 < 64); failed with the naive cap; passes with
-// newestOfProc (another process's records never demote the create).
+// rankProc (another process's records never supersede the create).
 func TestX82PrefilledCandidatesBeforeCreate(t *testing.T) {
 	x := newX71Rig(t)
 	old := *x.r

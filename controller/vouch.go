@@ -108,8 +108,9 @@ type laterValue struct {
 	// too (a candidate: keepUnfresh), with what was known before it.
 	rec  *fencing.LeaseRecord
 	mark unfreshMark
-	// superseded: rec is not its process's newest kept (newestOfProc):
-	// still vouchable, but compactLater may fold it (reviewer X83).
+	// superseded: rec is older than two records of its process u keeps
+	// (rankProc): still vouchable, but compactLater may fold it
+	// (reviewers X82, X83).
 	superseded bool
 }
 
