@@ -97,6 +97,7 @@ func TestX65DeleteLoopForcesCreatesKeepsDeadHostUndeclared(t *testing.T) {
 func TestX65DeleteLoopKeepsDeadHostUndeclaredNATS(t *testing.T) {
 	for _, c := range []struct{ loop, mut bool }{{false, false}, {true, false}, {true, true}} {
 		t.Run(fmt.Sprintf("delete-loop=%t/createChainMutation=%t", c.loop, c.mut), func(t *testing.T) {
+			legacyCreates(t) // the create chain matters for creates sealed for 0
 			if c.mut {
 				defer controller.SetCreateChainMutation(true)()
 			}
@@ -262,14 +263,29 @@ func TestX65DeleteLoopAcrossStartNATS(t *testing.T) {
 	for _, c := range []struct {
 		name       string
 		mut, cover bool
-	}{{"vouched", false, false}, {"vouchMutation", true, false}, {"vouchCoverMutation", true, true}} {
+		anchored   bool
+	}{{"vouched", false, false, false}, {"vouchMutation", true, false, false}, {"vouchCoverMutation", true, true, false},
+		// Anchored creates (the agents' default): verified fresh, no
+		// beacon needs to vouch — declared even with vouchMutation.
+		{"anchored/vouchMutation", true, false, true}} {
 		t.Run(c.name, func(t *testing.T) {
+			if !c.anchored {
+				legacyCreates(t)
+			}
 			if c.mut {
 				defer controller.SetVouchMutation(c.cover)()
 			}
-			x65DeleteLoopStartNATS(t, true, true, false, !c.mut)
+			x65DeleteLoopStartNATS(t, true, true, false, !c.mut || c.anchored)
 		})
 	}
+}
+
+// legacyCreates: the simulated agents seal a create over a delete marker
+// for revision 0, as agents before anchored creates did (and as a relay's
+// create still is): the creates the vouching (vouch.go) is for.
+func legacyCreates(t *testing.T) {
+	natslease.AnchorMutation = true
+	t.Cleanup(func() { natslease.AnchorMutation = false })
 }
 
 // TestX65GarbageAfterHiddenWithdrawalThenPutBack (held; the tracker

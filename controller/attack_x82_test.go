@@ -65,8 +65,13 @@ func TestX82OldProcessCopiesBeforeBeacon(t *testing.T) {
 					}
 					g++
 					o := old
-					o.Seq = uint64(1000 + i) // a saved renewal of the earlier process
-					o.PrevRev = uint64(7 + i)
+					// A saved create of the earlier process (under a delete
+					// loop each of its writes was one): a saved renewal,
+					// sealed for a revision long before the key's last, is
+					// no candidate since landable
+					// (TestAnchoredOldRenewalsAreNoCandidates).
+					o.Seq = uint64(1000 + i)
+					o.PrevRev = 0
 					x.value(g, o, fencing.Written{Known: true, HasExpected: true, Expected: g - 1}) // put back: not on its sealed revision
 				}
 				x.marker = g + 1
@@ -156,9 +161,14 @@ func TestX82PrefilledCandidatesBeforeCreate(t *testing.T) {
 		x.now = x.now.Add(time.Second)
 		g := x.rev
 		for i := range 26 {
+			// Saved creates, each over a marker of compute-1's own (a
+			// saved renewal, sealed for a revision long before, is no
+			// candidate since landable).
+			g++
+			x.del(g)
 			g++
 			o := old
-			o.Seq, o.PrevRev = uint64(1000+i), 7
+			o.Seq, o.PrevRev = uint64(1000+i), 0
 			x.value(g, o, fencing.Written{Known: true, HasExpected: true, Expected: g - 1})
 		}
 		g++

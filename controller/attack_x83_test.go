@@ -34,7 +34,10 @@ import (
 // creates are candidates behind it (X82's setting).
 func x83OldKept(x *x71Rig) {
 	old := *x.r
-	old.BootID, old.Incarnation, old.Seq, old.PrevRev = "boot-0", 2, 900, 7
+	// A create (prev_rev 0) of that boot: a record sealed for an earlier
+	// revision of the key is no candidate since landable (it cannot have
+	// landed here), and would leave compute-3's create the kept value.
+	old.BootID, old.Incarnation, old.Seq, old.PrevRev = "boot-0", 2, 900, 0
 	g := x.rev + 1
 	x.value(g, old, fencing.Written{Known: true, HasExpected: true, Expected: g - 1})
 	x.marker = g + 1

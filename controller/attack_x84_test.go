@@ -11,7 +11,10 @@ import (
 // Rev84: two newer records of compute-3's process whose beacons never come
 // (a relay-held sealed renewal + a newer write whose beacon was lost, or two
 // relay-held ones) supersede the create its last beacon names; a garbage
-// flood then folds it (compactLater): the beacon vouches nothing.
+// flood then folds it (compactLater): the beacon vouches nothing. Open
+// for creates (prev_rev 0: relayed, or legacy) as here; records sealed
+// after the named write landed no longer count against it
+// (TestX84AnchoredNewerDoNotSupersede).
 func TestX84TwoNewerSupersedeThenFoldNamed(t *testing.T) {
 	for _, flood := range []int{0, 70} {
 		if flood > 0 && !x84Open {

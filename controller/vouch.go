@@ -212,7 +212,7 @@ func (t *Tracker) keepUnfresh(host string, rev uint64, rec *fencing.LeaseRecord,
 	if h == nil || h.rev != rev {
 		return
 	}
-	if !t.vouchableAt(h, rec, m.deleted) {
+	if !t.vouchableAt(h, rec, m.deleted) || !landable(rec, m) {
 		return
 	}
 	if u := h.unfresh; u != nil && len(u.later) > 0 && u.later[len(u.later)-1].rev == rev && !vouchCandidateMutation {
@@ -235,6 +235,30 @@ func (t *Tracker) keepUnfresh(host string, rev uint64, rec *fencing.LeaseRecord,
 	}
 	h.unfresh = &unfreshValue{rev: rev, rec: *rec, at: now, unfreshMark: m}
 }
+
+// landable reports whether rec, a signed record of the host observed
+// after m (what was known of the key before it), could have been written
+// where it was observed: a compare-and-set record (prev_rev set: a
+// renewal, or an anchored create over a delete marker — natslease.Store.
+// marker) lands only on the key's last revision, and the watch delivered
+// m.before before it, so its prev_rev is m.before or later (later: values
+// the watch skipped). One sealed for an earlier revision is a copy put
+// back (fencing.StaleRecord): no beacon names it — the host's beacon names
+// the revision its own write landed at, once. Kept as a candidate, every
+// saved renewal of the host's earlier boots or agent restarts counted
+// toward maxLaterValues: two per agent process (rankProc), so an
+// attacker holding renewals of 32 of them put back between a create and
+// its beacon dropped the create (the open item after reviewer X83). A
+// create (prev_rev 0: a relay's, an agent's before anchoring) names no
+// revision and is judged by rankProc alone. m.before 0: nothing known of
+// the key (a start's first value): nothing to compare with.
+func landable(rec *fencing.LeaseRecord, m unfreshMark) bool {
+	return rec.PrevRev == 0 || m.before == 0 || rec.PrevRev >= m.before || landableMutation
+}
+
+// landableMutation: a record sealed for a revision before the key's last
+// one may be kept and be a candidate, as before. Tests only.
+var landableMutation bool
 
 // holds reports whether u keeps rec's record (boot and identity) already:
 // as the kept value or a candidate.
@@ -267,8 +291,10 @@ func (u *unfreshValue) holds(rec *fencing.LeaseRecord) bool {
 // later, a write whose beacon was lost, writes landing out of seq order —
 // and demoting it (reviewer X83, attack_x83_test.go) kept the dead host
 // undeclared. What is left counting toward maxLaterValues is two records
-// per agent process of the host: an attacker holding records of 32 of its
-// reboots or agent restarts (docs/security.md).
+// per agent process of the host — records that could have landed where
+// they are (landable): an attacker holding creates of 32 of its reboots or
+// agent restarts (docs/security.md). A newer record counts against l only
+// if sealed before l landed (supersedes, reviewer X84).
 func (u *unfreshValue) rankProc(rec *fencing.LeaseRecord) {
 	for i := range u.later {
 		l := &u.later[i]
@@ -276,17 +302,43 @@ func (u *unfreshValue) rankProc(rec *fencing.LeaseRecord) {
 			continue
 		}
 		newer := 0
-		if sameProcess(u.rec, *l.rec) && idOf(u.rec).newer(idOf(*l.rec)) {
+		if sameProcess(u.rec, *l.rec) && supersedes(&u.rec, l) {
 			newer++
 		}
 		for _, o := range u.later {
-			if o.rec != nil && sameProcess(*o.rec, *rec) && idOf(*o.rec).newer(idOf(*l.rec)) {
+			if o.rec != nil && sameProcess(*o.rec, *rec) && supersedes(o.rec, l) {
 				newer++
 			}
 		}
 		l.superseded = newer >= 2
 	}
 }
+
+// supersedes reports whether o, a record of l's agent process, counts
+// against candidate l in rankProc: newer, and sealed for a revision before
+// l's (a create: prev_rev 0), so sealed without knowing l had landed — the
+// write a beacon named may be older than such records whose beacons never
+// come (reviewer X83's relay-held renewal). One sealed for l's revision or
+// later (prev_rev ≥ l's: a renewal over it, or over a value after it, an
+// anchored create over a marker after it) was sealed after l landed: the
+// host's own next writes, at its own rate (only the host seals; a
+// compromised node holds such a record only if the host gave it one to
+// relay, and then over l's revision as l's successor). Counting those,
+// two newer writes whose beacons never came — two relay-held renewals, or
+// writes whose beacons were lost — superseded the write the host's last
+// beacon named, and a flood folded it: the dead host never declared
+// (reviewer X84, TestX84TwoNewerSupersedeThenFoldNamed, anchored cases;
+// supersedeMutation).
+func supersedes(o *fencing.LeaseRecord, l *laterValue) bool {
+	if !idOf(*o).newer(idOf(*l.rec)) {
+		return false
+	}
+	return o.PrevRev < l.rev || supersedeMutation
+}
+
+// supersedeMutation: every newer record of its process counts against a
+// candidate, as before. Tests only.
+var supersedeMutation bool
 
 // candidateProcMutation: every vouchable record is a candidate, as before
 // reviewer X82. Tests only.

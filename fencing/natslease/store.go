@@ -244,8 +244,51 @@ func hostOf(k string) string {
 // once on a conflict with the asker's own active record of the same epoch
 // — is Relay).
 func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest, timeout time.Duration) fencing.RenewResult {
+	if req.Revision == 0 {
+		if m, ok := s.marker(ctx, req.Record.Host); ok {
+			// An anchored create: a compare-and-set on the marker's
+			// revision, sealed for it (see marker).
+			return s.cas(ctx, req.Record.Host, m, s.Signer.Seal(req.Record, m), timeout)
+		}
+	}
 	return s.cas(ctx, req.Record.Host, req.Revision, s.Signer.Seal(req.Record, req.Revision), timeout)
 }
+
+// marker returns the revision of the delete marker host's key ends with,
+// read from the lease stream's leader (the stream API's message get, as
+// Read): ok false when the key holds a value or nothing, or the read
+// fails (then the write is a plain create, as before anchoring).
+//
+// Anchored creates. nats.go's Create writes a create over a delete marker
+// by a compare-and-set on the marker's revision, but the record inside
+// was sealed for revision 0 (prev_rev 0): its stored header (the marker's
+// revision) cannot match its prev_rev, so a controller can never verify
+// it written fresh (fencing.Written.Fresh), and a copy of it put back over
+// a later marker looks the same. A compromised node deleting a host's key
+// after each of its writes made every write such a create — unverifiable
+// until the host's own beacon vouched for it, and reviewers X65 to X84
+// broke that vouching again and again (controller/vouch.go). An agent's
+// own create is sealed for the marker's revision instead and written by a
+// compare-and-set on it: the stored header equals prev_rev, so it is
+// verified fresh like any renewal, and a copy of it cannot land on that
+// marker again (stream sequences are never reused) — a replay by
+// revision (prev_rev below the key's last revision). A relay's create
+// stays a plain create: the asker sealed it, for revision 0, with no
+// marker it could read (docs/security.md, "Anchored creates").
+func (s *Store) marker(ctx context.Context, host string) (uint64, bool) {
+	if s.NC == nil || AnchorMutation {
+		return 0, false
+	}
+	m, deleted, hdrErr, err := lastMsg(ctx, s.NC, subject(host))
+	if err != nil || hdrErr != nil || !deleted || m.Seq == 0 {
+		return 0, false
+	}
+	return m.Seq, true
+}
+
+// AnchorMutation: an agent's create over a delete marker is sealed for
+// revision 0 (a plain create), as before anchoring. Tests only.
+var AnchorMutation bool
 
 // Relay performs req for another host: a CAS of the asker's record as the
 // asker sealed it, only when fencing.Keyring.CheckRelay accepts it (an
