@@ -267,9 +267,9 @@ func TestX24ReusedRevisionReplayAfterRollbackNotCarried(t *testing.T) {
 	}{
 		{"control-no-rollback", false, nil, false},
 		{"attack", true, nil, false},
-		{"attack/rollbackBar+prevRevMutation", true, []*bool{&rollbackBarMutation, &prevRevMutation, &unseenPrevMutation}, false},
+		{"attack/rollbackBar+prevRevMutation", true, []*bool{&rollbackBarMutation, &prevRevMutation, &unseenPrevMutation, &heldBackMutation}, false},
 		{"attack/aligned", true, nil, true},
-		{"attack/aligned/rollbackBarMutation", true, []*bool{&rollbackBarMutation}, true},
+		{"attack/aligned/rollbackBarMutation", true, []*bool{&rollbackBarMutation, &heldBackMutation}, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x36Mutate(t, c.muts...)

@@ -67,6 +67,7 @@ func TestX43HiddenRenewalCopyEndsPendingCarry(t *testing.T) {
 			x32Mutate(t, c.mut)
 			if c.mut == &prevRevMutation {
 				x32Mutate(t, &carryWrittenMutation) // the two defences overlap
+				x32Mutate(t, &heldBackMutation)     // and a third (reviewer X85)
 				x32Mutate(t, &unseenPrevMutation)   // and a third (reviewer X69)
 			}
 			b, hosts := x11Fleet(t, 60, 5)

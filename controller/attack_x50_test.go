@@ -88,7 +88,7 @@ func x50Unseen(t *testing.T) (b *x11Bucket, others []string, old fencing.LeaseRe
 func TestX50CopyOlderThanBeaconPassesGate(t *testing.T) {
 	for _, c := range []x50Copy{
 		{name: "withdrawn/copy", copyLands: true, withdraw: true},
-		{name: "withdrawn/copy/rollbackExactMutation", copyLands: true, withdraw: true, muts: []*bool{&rollbackExactMutation, &rollbackLandedMutation, &unseenPrevMutation, &reusedRevMutation}},
+		{name: "withdrawn/copy/rollbackExactMutation", copyLands: true, withdraw: true, muts: []*bool{&rollbackExactMutation, &rollbackLandedMutation, &unseenPrevMutation, &reusedRevMutation, &heldBackMutation}},
 		{name: "control/withdrawn-no-copy", withdraw: true},
 		{name: "control/dead-no-copy", declared: true},
 	} {
@@ -204,7 +204,7 @@ func TestX50CopyWithOldConstantsPassesGate(t *testing.T) {
 		muts      []*bool
 	}{
 		{"cut-off/copy", true, nil},
-		{"cut-off/copy/rollbackExactMutation", true, []*bool{&rollbackExactMutation, &rollbackLandedMutation, &unseenPrevMutation, &reusedRevMutation}},
+		{"cut-off/copy/rollbackExactMutation", true, []*bool{&rollbackExactMutation, &rollbackLandedMutation, &unseenPrevMutation, &reusedRevMutation, &heldBackMutation}},
 		{"control/cut-off-no-copy", false, nil},
 	} {
 		copyLands := c.copyLands

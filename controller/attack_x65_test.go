@@ -265,9 +265,12 @@ func TestX65DeleteLoopAcrossStartNATS(t *testing.T) {
 		mut, cover bool
 		anchored   bool
 	}{{"vouched", false, false, false}, {"vouchMutation", true, false, false}, {"vouchCoverMutation", true, true, false},
-		// Anchored creates (the agents' default): verified fresh, no
-		// beacon needs to vouch — declared even with vouchMutation.
-		{"anchored/vouchMutation", true, false, true}} {
+		// Anchored creates (the agents' default): verified fresh when the
+		// controller reads the stored message before the loop's next
+		// delete, vouched otherwise. (With vouchMutation the anchored case
+		// passed alone and failed under CI load: the loop's delete
+		// superseded the create before the read — reviewer X85's race.)
+		{"anchored", false, false, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			if !c.anchored {
 				legacyCreates(t)
@@ -275,7 +278,7 @@ func TestX65DeleteLoopAcrossStartNATS(t *testing.T) {
 			if c.mut {
 				defer controller.SetVouchMutation(c.cover)()
 			}
-			x65DeleteLoopStartNATS(t, true, true, false, !c.mut || c.anchored)
+			x65DeleteLoopStartNATS(t, true, true, false, !c.mut)
 		})
 	}
 }

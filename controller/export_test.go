@@ -269,3 +269,10 @@ func SetLaterCompactMutation(on bool) func() {
 	laterCompactMutation = on
 	return func() { laterCompactMutation = false }
 }
+
+// SetHeldBackMutation turns heldBackMutation on until the returned func is
+// called (reviewer X85's held-back records of a process not refused).
+func SetHeldBackMutation(on bool) func() {
+	heldBackMutation = on
+	return func() { heldBackMutation = false }
+}

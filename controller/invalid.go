@@ -482,6 +482,33 @@ func replay(h *hostState, rev uint64, rec *fencing.LeaseRecord) bool {
 	return replayedAfterDelete(h, rec) && !replayMutation
 }
 
+// heldBack reports whether rec, a signed record its host writes, is not
+// newer than h's trusted record of the same agent process (boot and
+// incarnation): one process seals its records in seq order, and a record
+// lands only by a compare-and-set on the key's last revision, so a genuine
+// record of the process never lands after a newer one of it — this one was
+// held back and put back. Revisions alone did not tell: a compromised
+// peer that chose the revision a cut-off host sealed its relayed renewal
+// for (far ahead: a lying "invalid record at R" answer) held a genuine
+// renewal it could write fresh at R once the stream got there, and landed
+// it after the host's orderly withdrawal — the withdrawn host, guests
+// running, declared 31 s later (reviewer X85,
+// TestX85FutureSealedRenewalEndsWithdrawal; the agent no longer takes one
+// peer's revision: fencing.Agent.PeerAnswered). Another process's record
+// is not ordered by this (sameProcess), nor a record without an identity
+// (seq 0: an agent from before beacons).
+func heldBack(h *hostState, rec *fencing.LeaseRecord) bool {
+	if h == nil || h.trustedRev == 0 || heldBackMutation {
+		return false
+	}
+	last := h.rec
+	return rec.Sig != "" && last.Sig != "" && rec.Seq != 0 && last.Seq != 0 && hostWritten(rec.State) && hostWritten(last.State) &&
+		last.Host == rec.Host && sameProcess(*rec, last) && !idOf(*rec).newer(idOf(last))
+}
+
+// heldBackMutation: heldBack refuses nothing, as before. Tests only.
+var heldBackMutation bool
+
 // hostWritten reports whether a record in state st is one its host
 // writes (active, withdrawn) rather than the controller (expired,
 // released).

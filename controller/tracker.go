@@ -1011,6 +1011,10 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		t.observeInvalid(now, host, rev, fmt.Sprintf("replay of a %s record written on revision %d, after revision %d", rec.State, rec.PrevRev, h.rev), true)
 		t.ownRefused(now, host, rev, rec) // rollbackgate.go
 		return t.out
+	case heldBack(h, rec) && !invalidMutation:
+		t.observeInvalid(now, host, rev, fmt.Sprintf("a %s record of boot %s incarnation %d seq %d, not newer than the trusted %s record (seq %d) the same agent process wrote before it: sealed before that one, landed after — a record held back and put back", rec.State, rec.BootID, rec.Incarnation, rec.Seq, h.rec.State, h.rec.Seq), true)
+		t.ownRefused(now, host, rev, rec) // rollbackgate.go
+		return t.out
 	case h != nil && unseenPrevRev(h, rec, t.skippedRev) && !invalidMutation:
 		t.observeInvalid(now, host, rev, fmt.Sprintf("a %s record sealed for revision %d, a value of the key the watch never had (its last was revision %d, nothing skipped since): a record of an earlier life of the bucket, or of a rollback — trusted with the host's next renewal", rec.State, rec.PrevRev, h.rev), false)
 		t.ownRefused(now, host, rev, rec) // rollbackgate.go

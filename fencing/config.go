@@ -351,6 +351,9 @@ var Mutations struct {
 	// epoch's withdrawal — and an invalid one fails the renewal without
 	// its revision being learned (before signed records).
 	UntrustedRecordsTrusted bool
+	// PeerRevisionTrusted: a revision one peer reports is sealed into
+	// the next renewal at once, as before reviewer X85.
+	PeerRevisionTrusted bool
 	// RelayShownDeclarationIgnored (issue 11, reviewer X4): a signed
 	// declaration of a later epoch that a peer's relay shows is ignored
 	// (the agent fences only when its lease lapses, never while Held).

@@ -245,7 +245,12 @@ func hostOf(k string) string {
 // — is Relay).
 func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest, timeout time.Duration) fencing.RenewResult {
 	if req.Revision == 0 {
-		if m, ok := s.marker(ctx, req.Record.Host); ok {
+		// The read takes at most half the write's timeout: a create is
+		// one renewal's work (a plain create's conflict reads too).
+		rctx, cancel := context.WithTimeout(ctx, timeout/2)
+		m, ok := s.marker(rctx, req.Record.Host)
+		cancel()
+		if ok {
 			// An anchored create: a compare-and-set on the marker's
 			// revision, sealed for it (see marker).
 			return s.cas(ctx, req.Record.Host, m, s.Signer.Seal(req.Record, m), timeout)
@@ -270,7 +275,10 @@ func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest, timeout tim
 // broke that vouching again and again (controller/vouch.go). An agent's
 // own create is sealed for the marker's revision instead and written by a
 // compare-and-set on it: the stored header equals prev_rev, so it is
-// verified fresh like any renewal, and a copy of it cannot land on that
+// verified fresh like any renewal (when the controller reads the stored
+// message before a later delete supersedes it: a delete loop faster than
+// that read still leaves it to the beacons, reviewer X85), and a copy of
+// it cannot land on that
 // marker again (stream sequences are never reused) — a replay by
 // revision (prev_rev below the key's last revision). A relay's create
 // stays a plain create: the asker sealed it, for revision 0, with no
@@ -280,7 +288,25 @@ func (s *Store) marker(ctx context.Context, host string) (uint64, bool) {
 		return 0, false
 	}
 	m, deleted, hdrErr, err := lastMsg(ctx, s.NC, subject(host))
-	if err != nil || hdrErr != nil || !deleted || m.Seq == 0 {
+	if err != nil || m.Seq == 0 {
+		return 0, false
+	}
+	if hdrErr != nil && !StrictMarkerMutation {
+		// A header block strictHeaders refuses: read it as nats.go's
+		// Create does (it writes over what it takes for a marker, by a
+		// CAS on its revision, whatever else the block holds) — or a
+		// compromised node's delete with one odd header line made every
+		// create of the host a plain one again (reviewer X85).
+		h, derr := nats.DecodeHeadersMsg(m.Hdrs)
+		if derr != nil {
+			return 0, false
+		}
+		op := h.Get("KV-Operation")
+		deleted = op == "DEL" || op == "PURGE"
+	} else if hdrErr != nil {
+		return 0, false
+	}
+	if !deleted {
 		return 0, false
 	}
 	return m.Seq, true
@@ -289,6 +315,10 @@ func (s *Store) marker(ctx context.Context, host string) (uint64, bool) {
 // AnchorMutation: an agent's create over a delete marker is sealed for
 // revision 0 (a plain create), as before anchoring. Tests only.
 var AnchorMutation bool
+
+// StrictMarkerMutation: a marker whose header block strictHeaders
+// refuses is no marker to anchor on, as before reviewer X85. Tests only.
+var StrictMarkerMutation bool
 
 // Relay performs req for another host: a CAS of the asker's record as the
 // asker sealed it, only when fencing.Keyring.CheckRelay accepts it (an
