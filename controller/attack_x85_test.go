@@ -167,3 +167,50 @@ func x85Renewing(t *testing.T) *x71Rig {
 	}
 	return x
 }
+
+// TestX85StateLostSameIncarnationWithdraws: heldBack refuses a record of
+// a process not newer than its trusted record only over a withdrawal.
+// compute-3's agent restarts within its boot with its durable state lost
+// while compute-1 had just deleted its key (nothing of its own to raise
+// the incarnation from: reviewer X68's case): it reuses incarnation 2 and
+// restarts its seqs at 1. It renews (anchored create, renewals, written
+// fresh), then stops in order (an upgrade: its withdrawal, guests
+// running); its beacons do not reach the controller (lost; with them the
+// withdrawal's beacon alone keeps it undeclared). Trusted, the withdrawal
+// stands: never declared. With
+// heldBackActiveMutation (heldBack over an active record, its first
+// version) every record of the restarted process, the withdrawal too, was
+// refused as held back, and the withdrawn host, guests running, was
+// declared once silent (S).
+func TestX85StateLostSameIncarnationWithdraws(t *testing.T) {
+	for _, mut := range []bool{false, true} {
+		t.Run(fmt.Sprintf("heldBackActiveMutation=%t", mut), func(t *testing.T) {
+			if mut {
+				x32Mutate(t, &heldBackActiveMutation)
+			}
+			x := x85Renewing(t) // incarnation 2, seqs 1..11 trusted
+			x.marker = x.rev + 1
+			x.del(x.marker)
+			x.rev = x.marker
+			x.r.Seq = 0 // the state-lost process: same boot, same incarnation
+			for i := range 6 {
+				x.now = x.now.Add(time.Second)
+				prev := x.rev
+				x.rev += 3
+				x.r.Seq++
+				x.r.PrevRev = prev // the first one anchored on the marker
+				c := *x.r
+				if i == 5 {
+					c.State, c.Reason = fencing.LeaseWithdrawn, "agent upgrade"
+				}
+				x.value(x.rev, c, fencing.Written{Known: true, HasExpected: true, Expected: prev})
+				x.keep(x.tr.Tick(x.now))
+			}
+			d, after, declared := x.tick(3 * time.Minute)
+			t.Logf("withdrawn compute-3 (reused incarnation, seqs from 1) declared %t %s %s", declared, after, d.Reason)
+			if declared != mut {
+				t.Errorf("withdrawn compute-3, guests running: declared %t, want %t", declared, mut)
+			}
+		})
+	}
+}

@@ -496,18 +496,27 @@ func replay(h *hostState, rev uint64, rec *fencing.LeaseRecord) bool {
 // TestX85FutureSealedRenewalEndsWithdrawal; the agent no longer takes one
 // peer's revision: fencing.Agent.PeerAnswered). Another process's record
 // is not ordered by this (sameProcess), nor a record without an identity
-// (seq 0: an agent from before beacons).
+// (seq 0: an agent from before beacons). Only over a withdrawal: refused,
+// the withdrawal stands and the host is not declared (the safe side) —
+// over an active record a refusal makes the host look silent, and an
+// agent restarted within a boot with its durable state lost while its key
+// showed none of its records reuses an incarnation and restarts its seqs
+// (reviewer X68): its genuine renewals would be refused and the live host
+// declared. An older active record trusted after a newer one only delays
+// a dead host's declaration by a lease (the c side).
 func heldBack(h *hostState, rec *fencing.LeaseRecord) bool {
 	if h == nil || h.trustedRev == 0 || heldBackMutation {
 		return false
 	}
 	last := h.rec
-	return rec.Sig != "" && last.Sig != "" && rec.Seq != 0 && last.Seq != 0 && hostWritten(rec.State) && hostWritten(last.State) &&
+	return rec.Sig != "" && last.Sig != "" && rec.Seq != 0 && last.Seq != 0 && hostWritten(rec.State) && (last.State == fencing.LeaseWithdrawn || heldBackActiveMutation) &&
 		last.Host == rec.Host && sameProcess(*rec, last) && !idOf(*rec).newer(idOf(last))
 }
 
-// heldBackMutation: heldBack refuses nothing, as before. Tests only.
-var heldBackMutation bool
+// heldBackMutation: heldBack refuses nothing, as before;
+// heldBackActiveMutation: over an active record too (the first version).
+// Tests only.
+var heldBackMutation, heldBackActiveMutation bool
 
 // hostWritten reports whether a record in state st is one its host
 // writes (active, withdrawn) rather than the controller (expired,
