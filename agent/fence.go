@@ -398,7 +398,11 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 	cancel()
 	// 2. The Agent.
 	now := f.now()
-	a, rd, err := fencing.NewAgent(f.core, d, cur, rev, now)
+	core := f.core
+	// The fencing clock only rises within a boot: no incarnation of this
+	// boot is taken twice, durable state or not (Config.IncarnationFloor).
+	core.IncarnationFloor = uint64(max(now.UnixMilli(), 0))
+	a, rd, err := fencing.NewAgent(core, d, cur, rev, now)
 	if err != nil {
 		return nil, fmt.Errorf("fence: %w", err)
 	}

@@ -98,15 +98,7 @@ func TestX85FutureSealedRenewalEndsWithdrawal(t *testing.T) {
 			h := *x.r
 			h.Seq -= 3
 			h.PrevRev = 5000
-			// The orderly stop.
-			x.now = x.now.Add(time.Second)
-			prev := x.rev
-			x.rev += 3
-			x.r.Seq++
-			w := *x.r
-			w.State, w.Reason, w.PrevRev = fencing.LeaseWithdrawn, "agent upgrade", prev
-			x.value(x.rev, w, fencing.Written{Known: true, HasExpected: true, Expected: prev})
-			x.beacon(x.rev, w)
+			w := x85Withdraw(x)
 			wrev := x.rev
 			if d, _, ok := x.tick(time.Minute); ok {
 				t.Fatalf("withdrawn compute-3 declared: %+v", d)
@@ -213,4 +205,18 @@ func TestX85StateLostSameIncarnationWithdraws(t *testing.T) {
 			}
 		})
 	}
+}
+
+// x85Withdraw: compute-3's process stops in order (an upgrade): its
+// withdrawal, by CAS on its last renewal, trusted and beaconed.
+func x85Withdraw(x *x71Rig) fencing.LeaseRecord {
+	x.now = x.now.Add(time.Second)
+	prev := x.rev
+	x.rev += 3
+	x.r.Seq++
+	w := *x.r
+	w.State, w.Reason, w.PrevRev = fencing.LeaseWithdrawn, "agent upgrade", prev
+	x.value(x.rev, w, fencing.Written{Known: true, HasExpected: true, Expected: prev})
+	x.beacon(x.rev, w)
+	return w
 }

@@ -85,7 +85,7 @@ type Agent struct {
 	invalidRev uint64 // revision of the last untrusted record alerted
 	// relayReports: the peers that reported a landing of (seq, revision)
 	// (corroborated; only with LyingPeers > 0).
-	relayReports map[[2]uint64]map[string]bool
+	relayReports map[[3]uint64]map[string]bool
 	selfDeclSeqs map[uint64]bool
 
 	// Orderly stop (Stop): no renewal or peer round starts any more; the
@@ -240,6 +240,9 @@ func NewAgent(cfg Config, d *Durable, cur *LeaseRecord, rev uint64, now time.Tim
 		a.lease, a.lastAck = true, now.Add(-cfg.Timing.RenewInterval)
 	}
 	a.incarnation++
+	if !Mutations.IncarnationFloorIgnored {
+		a.incarnation = max(a.incarnation, cfg.IncarnationFloor)
+	}
 	a.nextRenew = now
 	a.transition(now, StateStarting, a.state, reason, "")
 	if a.state == StateHeld {
@@ -498,7 +501,7 @@ func (a *Agent) Renewed(now time.Time, seq uint64, res RenewResult) Ready {
 func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnswer) Ready {
 	rd := a.round
 	if rd == nil || rd.id != id || !rd.asked[peer] {
-		if ans.Kind == PeerRelayed && a.corroborated(a.roundSeq(id), ans.Revision, peer) {
+		if ans.Kind == PeerRelayed && a.corroborated(reportLanding, a.roundSeq(id), ans.Revision, peer) {
 			// A late relay is still a landed renewal of ours.
 			a.renewResult(now, a.roundSeq(id), RenewResult{Outcome: RenewAcked, Revision: ans.Revision})
 		}
@@ -514,12 +517,12 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 	}
 	switch ans.Kind {
 	case PeerRelayed:
-		if a.corroborated(rd.renewal.Seq, ans.Revision, peer) {
+		if a.corroborated(reportLanding, rd.renewal.Seq, ans.Revision, peer) {
 			a.renewResult(now, rd.renewal.Seq, RenewResult{Outcome: RenewAcked, Revision: ans.Revision})
 		}
 	case PeerRelayFailed:
 		switch c := ans.Current; {
-		case c != nil && a.ownRecord(*c) && !a.corroborated(c.Seq, ans.Revision, peer):
+		case c != nil && a.ownRecord(*c) && !a.corroborated(reportLanding, c.Seq, ans.Revision, peer):
 			// A landing of ours that only this peer reports so far: not
 			// counted yet (LyingPeers).
 		case c != nil && c.State == LeaseExpired && c.Epoch > a.epoch && c.Sig != "" && !Mutations.RelayShownDeclarationIgnored:
@@ -544,7 +547,7 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 			// outage turned into fencing; reviewers X2 and X4,
 			// TestX4LyingReplayFencesHeldHost). Only our own read acts on
 			// it then (docs/fencing.md, "Key deleted").
-		case (ans.Invalid != "" || c != nil && c.State == LeaseActive) && !Mutations.PeerRevisionTrusted && !a.corroborated(rd.renewal.Seq, ans.Revision, peer):
+		case (ans.Invalid != "" || c != nil && c.State == LeaseActive && !a.ownRecord(*c)) && !Mutations.PeerRevisionTrusted && !a.corroborated(reportRevision, rd.renewal.Seq, ans.Revision, peer):
 			// A revision only this peer reports so far: the next
 			// renewal would be sealed for it, and a liar's revision far
 			// ahead got it a genuine renewal it could write fresh once
@@ -580,25 +583,44 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 // would count a lease the controller never saw (docs/security.md). A
 // peer that relays and another whose relay of the same question then
 // conflicts with it report the same (seq, rev).
-func (a *Agent) corroborated(seq, rev uint64, peer string) bool {
+//
+// kind keeps two tallies apart: reportLanding (our renewal seq landed at
+// rev: relayed, or shown) and reportRevision (the key holds at rev a
+// record we would not trust, or an active one not ours: the next renewal
+// would be sealed for rev). In one tally an honest peer's "invalid record
+// at R" (its relay conflicted with the compromised node's put at R)
+// counted toward the liar's "relayed at R": a cut-off host counted a
+// landing that never happened, skipped fencing and kept its guests
+// running while the controller declared it (reviewer X86,
+// TestX86LiarRelayedCorroboratedByHonestConflict; sharedTallyMutation).
+func (a *Agent) corroborated(kind, seq, rev uint64, peer string) bool {
+	if Mutations.SharedTally {
+		kind = reportLanding
+	}
 	if a.cfg.LyingPeers == 0 {
 		return true
 	}
 	if a.relayReports == nil {
-		a.relayReports = map[[2]uint64]map[string]bool{}
+		a.relayReports = map[[3]uint64]map[string]bool{}
 	}
 	for k := range a.relayReports {
-		if k[0] <= a.landedSeq || len(a.relayReports) > maxSent {
+		if k[1] <= a.landedSeq || len(a.relayReports) > maxSent {
 			delete(a.relayReports, k) // counted already, or too many
 		}
 	}
-	k := [2]uint64{seq, rev}
+	k := [3]uint64{kind, seq, rev}
 	if a.relayReports[k] == nil {
 		a.relayReports[k] = map[string]bool{}
 	}
 	a.relayReports[k][peer] = true
 	return len(a.relayReports[k]) > a.cfg.LyingPeers
 }
+
+// The tallies of corroborated (LyingPeers).
+const (
+	reportLanding uint64 = iota
+	reportRevision
+)
 
 // ownRecord: r is an active record of this very process that it sent.
 func (a *Agent) ownRecord(r LeaseRecord) bool {

@@ -354,6 +354,12 @@ var Mutations struct {
 	// PeerRevisionTrusted: a revision one peer reports is sealed into
 	// the next renewal at once, as before reviewer X85.
 	PeerRevisionTrusted bool
+	// IncarnationFloorIgnored: Config.IncarnationFloor is ignored, as
+	// before reviewer X86.
+	IncarnationFloorIgnored bool
+	// SharedTally: peers' landing reports and revision claims are counted
+	// in one tally, as before reviewer X86.
+	SharedTally bool
 	// RelayShownDeclarationIgnored (issue 11, reviewer X4): a signed
 	// declaration of a later epoch that a peer's relay shows is ignored
 	// (the agent fences only when its lease lapses, never while Held).
@@ -411,6 +417,17 @@ type Config struct {
 	LyingPeers int
 	// Seed seeds the random choice of peers.
 	Seed uint64
+	// IncarnationFloor is the lowest incarnation this agent process takes
+	// (0: none). The shell passes the fencing clock (CLOCK_BOOTTIME) in
+	// milliseconds at start: it only rises within a boot, so a process
+	// never reuses an incarnation of an earlier process of its boot, even
+	// with its durable state lost while its key showed none of its
+	// records (reviewer X68's case). A reused incarnation restarted its
+	// seqs: its records were not newer than the earlier process's, and the
+	// controller refused them as held back after that process's withdrawal
+	// — the restarted host, once dead, never declared (reviewer X86,
+	// TestX86StateLostAfterWithdrawalNeverDeclared).
+	IncarnationFloor uint64
 	// AgentVersion is advertised in the lease record (agent_version), for
 	// the controller's fleet view; informational only.
 	AgentVersion string
