@@ -399,9 +399,10 @@ func newFencer(ctx context.Context, cfg Config, log *slog.Logger, hv FenceHyperv
 	// 2. The Agent.
 	now := f.now()
 	core := f.core
-	// The fencing clock only rises within a boot: no incarnation of this
-	// boot is taken twice, durable state or not (Config.IncarnationFloor).
-	core.IncarnationFloor = uint64(max(now.UnixMilli(), 0))
+	// The wall clock in ms (the fencing clock if later: a host whose clock
+	// is unset): no process takes an earlier process's incarnation, durable
+	// state or not (Config.IncarnationFloor).
+	core.IncarnationFloor = uint64(max(time.Now().UnixMilli(), now.UnixMilli(), 0))
 	a, rd, err := fencing.NewAgent(core, d, cur, rev, now)
 	if err != nil {
 		return nil, fmt.Errorf("fence: %w", err)

@@ -51,26 +51,7 @@ func TestX86StateLostAfterWithdrawalNeverDeclared(t *testing.T) {
 			x.del(x.marker)
 			x.rev = x.marker
 			x.r.Seq, x.r.Epoch = 0, tc.epoch
-			for range 6 {
-				x.now = x.now.Add(time.Second)
-				prev := x.rev
-				x.rev += 3
-				x.r.Seq++
-				x.r.PrevRev = prev // the first one anchored on the marker
-				c := *x.r
-				x.value(x.rev, c, fencing.Written{Known: true, HasExpected: true, Expected: prev})
-				x.beacon(x.rev, c)
-				x.keep(x.tr.Tick(x.now))
-			}
-			died := x.now
-			d, after, declared := x.tick(5 * time.Minute)
-			t.Logf("dead compute-3 declared %t %s after death %s", declared, after, d.Reason)
-			for _, s := range x.said {
-				if s.Op == OpInvalid {
-					t.Logf("said: %s", s.Reason)
-					break
-				}
-			}
+			died, declared := x86RenewThenDie(t, x, 6) // the first one anchored on the marker
 			if !declared {
 				t.Errorf("compute-3, restarted (state lost) after an orderly stop and renewing 6 times, died at %s: never declared in 5 min — heldBack refused all its records of the reused incarnation", died.Sub(t0))
 			}
@@ -105,4 +86,32 @@ func TestX86ForgedPutsDoNotKeepCutOffHost(t *testing.T) {
 		}
 	}
 	t.Errorf("not declared in %s", x.now.Sub(cut))
+}
+
+// x86RenewThenDie: compute-3's restarted process renews n times (each a
+// CAS on the key's last revision, written fresh, beaconed), then dies. It
+// returns when it died and whether it was declared within 5 minutes.
+func x86RenewThenDie(t *testing.T, x *x71Rig, n int) (time.Time, bool) {
+	for range n {
+		x.now = x.now.Add(time.Second)
+		prev := x.rev
+		x.rev += 3
+		x.r.Seq++
+		x.r.PrevRev = prev
+		x.r.State, x.r.Reason = fencing.LeaseActive, ""
+		c := *x.r
+		x.value(x.rev, c, fencing.Written{Known: true, HasExpected: true, Expected: prev})
+		x.beacon(x.rev, c)
+		x.keep(x.tr.Tick(x.now))
+	}
+	died := x.now
+	d, after, declared := x.tick(5 * time.Minute)
+	t.Logf("dead compute-3 declared %t %s after death %s", declared, after, d.Reason)
+	for _, s := range x.said {
+		if s.Op == OpInvalid {
+			t.Logf("said: %s", s.Reason)
+			break
+		}
+	}
+	return died, declared
 }

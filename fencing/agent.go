@@ -547,12 +547,15 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 			// outage turned into fencing; reviewers X2 and X4,
 			// TestX4LyingReplayFencesHeldHost). Only our own read acts on
 			// it then (docs/fencing.md, "Key deleted").
-		case (ans.Invalid != "" || c != nil && c.State == LeaseActive && !a.ownRecord(*c)) && !Mutations.PeerRevisionTrusted && !a.corroborated(reportRevision, rd.renewal.Seq, ans.Revision, peer):
+		case (ans.Invalid != "" || ans.KeyAbsent || c != nil && c.State == LeaseActive && !a.ownRecord(*c)) && !Mutations.PeerRevisionTrusted && !a.corroborated(reportRevision, rd.renewal.Seq, ans.Revision, peer):
 			// A revision only this peer reports so far: the next
 			// renewal would be sealed for it, and a liar's revision far
 			// ahead got it a genuine renewal it could write fresh once
 			// the stream got there (reviewer X85). Counted like a
-			// landing: LyingPeers + 1 peers must report it.
+			// landing: LyingPeers + 1 peers must report it. "Key
+			// absent" too (reviewer X87): one liar reset the revision to
+			// 0, and the next relayed renewal was a create sealed for
+			// 0 — verifiable only through beacons — it could hold.
 		case ans.Invalid != "":
 			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Invalid: ans.Invalid, peer: true})
 		case c != nil && c.State == LeaseActive:

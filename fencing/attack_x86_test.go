@@ -86,9 +86,9 @@ func TestX86LiarRelayedCorroboratedByHonestConflict(t *testing.T) {
 // incarnation 1 again — the earlier process's, its seqs restarting, so
 // its records are not newer than that process's and a controller refuses
 // them after its withdrawal (controller
-// TestX86StateLostAfterWithdrawalNeverDeclared). With the boot clock as
-// the floor (the shell's Config.IncarnationFloor) the restarted process
-// takes a higher one. Mutations.IncarnationFloorIgnored: reused.
+// TestX86StateLostAfterWithdrawalNeverDeclared). With a floor (the
+// shell's Config.IncarnationFloor: the clock at start, in ms) the
+// restarted process takes a higher one. Mutations.IncarnationFloorIgnored: reused.
 func TestX86IncarnationFloorAfterStateLoss(t *testing.T) {
 	for _, mut := range []bool{false, true} {
 		t.Run(fmt.Sprintf("IncarnationFloorIgnored=%t", mut), func(t *testing.T) {

@@ -418,15 +418,20 @@ type Config struct {
 	// Seed seeds the random choice of peers.
 	Seed uint64
 	// IncarnationFloor is the lowest incarnation this agent process takes
-	// (0: none). The shell passes the fencing clock (CLOCK_BOOTTIME) in
-	// milliseconds at start: it only rises within a boot, so a process
-	// never reuses an incarnation of an earlier process of its boot, even
-	// with its durable state lost while its key showed none of its
-	// records (reviewer X68's case). A reused incarnation restarted its
-	// seqs: its records were not newer than the earlier process's, and the
+	// (0: none). The shell passes the wall clock in milliseconds at start
+	// (or the fencing clock, CLOCK_BOOTTIME, if later): a later process
+	// never takes an earlier one's incarnation, even with its durable
+	// state lost while its key showed none of its records (reviewer X68's
+	// case) or an old record of its own put back (the start takes the
+	// key's incarnation + 1). A reused incarnation restarted its seqs: its
+	// records were not newer than the earlier process's, and the
 	// controller refused them as held back after that process's withdrawal
 	// — the restarted host, once dead, never declared (reviewer X86,
-	// TestX86StateLostAfterWithdrawalNeverDeclared).
+	// TestX86StateLostAfterWithdrawalNeverDeclared). The boot clock alone
+	// (X86's fix) did not do: durable state carries the previous boot's
+	// incarnations (a month of uptime: ~2.6e9 ms) far above a new boot's
+	// clock (reviewer X87, TestX87PutBackRecordReusesIncarnation). Left: a
+	// wall clock stepped back across a state-lost restart.
 	IncarnationFloor uint64
 	// AgentVersion is advertised in the lease record (agent_version), for
 	// the controller's fleet view; informational only.
