@@ -547,7 +547,7 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 			// outage turned into fencing; reviewers X2 and X4,
 			// TestX4LyingReplayFencesHeldHost). Only our own read acts on
 			// it then (docs/fencing.md, "Key deleted").
-		case (ans.Invalid != "" || ans.KeyAbsent || c != nil && c.State == LeaseActive && !a.ownRecord(*c)) && !Mutations.PeerRevisionTrusted && !a.corroborated(reportRevision, rd.renewal.Seq, ans.Revision, peer):
+		case revisionClaim(a, ans) != 0 && !Mutations.PeerRevisionTrusted && !a.corroborated(revisionClaim(a, ans), rd.renewal.Seq, ans.Revision, peer):
 			// A revision only this peer reports so far: the next
 			// renewal would be sealed for it, and a liar's revision far
 			// ahead got it a genuine renewal it could write fresh once
@@ -587,10 +587,10 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 // peer that relays and another whose relay of the same question then
 // conflicts with it report the same (seq, rev).
 //
-// kind keeps two tallies apart: reportLanding (our renewal seq landed at
-// rev: relayed, or shown) and reportRevision (the key holds at rev a
-// record we would not trust, or an active one not ours: the next renewal
-// would be sealed for rev). In one tally an honest peer's "invalid record
+// kind keeps the tallies apart: reportLanding (our renewal seq landed at
+// rev: relayed, or shown) and the revision claims (revisionClaim: the key
+// holds at rev a record we would not trust, none, or an active one not
+// ours: the next renewal would be sealed for rev, or be a create). In one tally an honest peer's "invalid record
 // at R" (its relay conflicted with the compromised node's put at R)
 // counted toward the liar's "relayed at R": a cut-off host counted a
 // landing that never happened, skipped fencing and kept its guests
@@ -619,11 +619,42 @@ func (a *Agent) corroborated(kind, seq, rev uint64, peer string) bool {
 	return len(a.relayReports[k]) > a.cfg.LyingPeers
 }
 
-// The tallies of corroborated (LyingPeers).
+// The tallies of corroborated (LyingPeers): landings, and each kind of
+// revision claim apart — the answer that crosses LyingPeers decides what
+// is done, so in one tally of claims an honest peer's "invalid record at
+// R" (its relay conflicted with the compromised node's put at R) and the
+// liar's "key absent" naming R made the asker take its key for deleted
+// and seal its next relayed renewal as a create for 0, which the liar
+// could hold (reviewer X88, TestX88LiarKeyAbsentCorroboratedByHonestInvalid;
+// Mutations.SharedClaimTally).
 const (
 	reportLanding uint64 = iota
-	reportRevision
+	reportInvalid
+	reportAbsent
+	reportActive
 )
+
+// revisionClaim returns the tally of ans's revision claim: a record we
+// would not trust at its revision, no record, or an active record not ours
+// (0: none of these).
+func revisionClaim(a *Agent, ans PeerAnswer) uint64 {
+	c := ans.Current
+	var k uint64
+	switch {
+	case ans.Invalid != "":
+		k = reportInvalid
+	case ans.KeyAbsent:
+		k = reportAbsent
+	case c != nil && c.State == LeaseActive && !a.ownRecord(*c):
+		k = reportActive
+	default:
+		return 0
+	}
+	if Mutations.SharedClaimTally {
+		return reportInvalid
+	}
+	return k
+}
 
 // ownRecord: r is an active record of this very process that it sent.
 func (a *Agent) ownRecord(r LeaseRecord) bool {

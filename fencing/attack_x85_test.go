@@ -37,13 +37,20 @@ func TestX85LiarChoosesPrevRevOfRelayedRenewal(t *testing.T) {
 	}
 }
 
-func x85Liar(t *testing.T, mut bool) {
+// x85CutOff: h0 (lying_peers at its default for required signing)
+// healthy, then cut off from NATS: asking peers, its lease held.
+func x85CutOff(t *testing.T) *harness {
 	cfg := testConfig()
 	cfg.LyingPeers = DefaultLyingPeers(SigningRequired)
 	h := newHarness(t, cfg, 50, "d1")
 	h.healthyFor(3 * time.Second)
 	h.renew = nil
-	h.advance(4 * time.Second) // cut off: asking peers, lease held
+	h.advance(4 * time.Second)
+	return h
+}
+
+func x85Liar(t *testing.T, mut bool) {
+	h := x85CutOff(t)
 	if !h.a.LeaseHeld(h.now) || h.round == nil {
 		t.Fatalf("want a cut-off h0 asking peers with its lease held: %s", strings.Join(h.log, "; "))
 	}

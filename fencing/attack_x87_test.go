@@ -97,12 +97,7 @@ func TestX87LiarKeyAbsentNeedsCorroboration(t *testing.T) {
 				Mutations.PeerRevisionTrusted = true
 				t.Cleanup(func() { Mutations.PeerRevisionTrusted = false })
 			}
-			cfg := testConfig()
-			cfg.LyingPeers = DefaultLyingPeers(SigningRequired)
-			h := newHarness(t, cfg, 50, "d1")
-			h.healthyFor(3 * time.Second)
-			h.renew = nil
-			h.advance(4 * time.Second) // cut off: asking peers, lease held
+			h := x85CutOff(t)
 			rd := h.round
 			if rd == nil || len(rd.Peers) < tc.reports {
 				t.Fatalf("want a round asking %d peers: %+v", tc.reports, rd)

@@ -360,6 +360,10 @@ var Mutations struct {
 	// SharedTally: peers' landing reports and revision claims are counted
 	// in one tally, as before reviewer X86.
 	SharedTally bool
+	// SharedClaimTally: the kinds of peers' revision claims (invalid
+	// record, key absent, another active record) are counted in one
+	// tally, as before reviewer X88.
+	SharedClaimTally bool
 	// RelayShownDeclarationIgnored (issue 11, reviewer X4): a signed
 	// declaration of a later epoch that a peer's relay shows is ignored
 	// (the agent fences only when its lease lapses, never while Held).
