@@ -285,6 +285,8 @@ func TestX69EarlierBucketLifeRecordOverWithdrawal(t *testing.T) {
 					// heldBack refuses the same-process older record too
 					// (reviewer X85): off, to show unseenPrevRev's hole.
 					defer controller.SetHeldBackMutation(true)()
+					// and the same-process receipt rule (reviewer X89).
+					defer controller.SetSealedProcMutation(true)()
 				}
 				tr := guardlessTracker(t, true)
 				now := time.Now()

@@ -276,3 +276,10 @@ func SetHeldBackMutation(on bool) func() {
 	heldBackMutation = on
 	return func() { heldBackMutation = false }
 }
+
+// SetSealedProcMutation turns sealedProcMutation on until the returned
+// func is called (reviewer X89's same-process receipt rule off).
+func SetSealedProcMutation(on bool) func() {
+	sealedProcMutation = on
+	return func() { sealedProcMutation = false }
+}

@@ -103,10 +103,11 @@ func TestSealedBeforeCreate(t *testing.T) {
 		unsigned, mut bool
 		noIdentity    bool
 		reusedMut     bool
+		procMut       bool
 		want          bool
 	}{
 		{name: "create put back over the withdrawal", inc: 3, seq: 10, receiptRev: 100, want: true},
-		{name: "create put back/createSealedMutation", inc: 3, seq: 10, receiptRev: 100, mut: true},
+		{name: "create put back/createSealedMutation", inc: 3, seq: 10, receiptRev: 100, mut: true, procMut: true},
 		{name: "create of the same process newer than the withdrawal", inc: 3, seq: 60, receiptRev: 100},
 		// Another process (incarnation 4): identities not ordered, it
 		// waits until the host writes again (reviewer X69).
@@ -120,7 +121,12 @@ func TestSealedBeforeCreate(t *testing.T) {
 		{name: "unsigned create", inc: 3, seq: 10, receiptRev: 100, unsigned: true},
 		{name: "receipt without identity", inc: 3, seq: 10, receiptRev: 100, noIdentity: true},
 		{name: "update sealed before the receipt (X58)", prevRev: 90, inc: 4, seq: 1, receiptRev: 100, want: true},
-		{name: "update sealed after the receipt", prevRev: 110, inc: 3, seq: 10, receiptRev: 100},
+		// Sealed for a revision after the receipt's but older in its
+		// process than the withdrawal: sealed before it (reviewer X89: a
+		// revision chosen far ahead by liars).
+		{name: "update sealed for a later revision, older than the withdrawal", prevRev: 110, inc: 3, seq: 10, receiptRev: 100, want: true},
+		{name: "update sealed for a later revision/sealedProcMutation", prevRev: 110, inc: 3, seq: 10, receiptRev: 100, procMut: true},
+		{name: "update sealed after the receipt, newer than the withdrawal", prevRev: 110, inc: 3, seq: 60, receiptRev: 100},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if c.mut {
@@ -130,6 +136,10 @@ func TestSealedBeforeCreate(t *testing.T) {
 			if c.reusedMut {
 				reusedRevMutation = true
 				defer func() { reusedRevMutation = false }()
+			}
+			if c.procMut {
+				sealedProcMutation = true
+				defer func() { sealedProcMutation = false }()
 			}
 			tr := x10Tracker(t)
 			r := rec(host, fencing.BackstopReset)
