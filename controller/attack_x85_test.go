@@ -110,21 +110,7 @@ func TestX85FutureSealedRenewalEndsWithdrawal(t *testing.T) {
 			sealed := x.tr.SealedBefore(x71Host, fencing.Beacon{Host: x71Host, BootID: w.BootID, Incarnation: w.Incarnation, Revision: wrev, State: fencing.LeaseWithdrawn, Epoch: w.Epoch, Seq: w.Seq})
 			// The runner checks for missing beacons (the landed renewal
 			// has none) as it ticks.
-			var d Decision
-			var after time.Duration
-			ok := false
-			for from := x.now; !ok && x.now.Sub(from) < 3*time.Minute; {
-				x.now = x.now.Add(500 * time.Millisecond)
-				missing, _ := x.tr.BeaconsMissing(x.now)
-				if len(missing) > 0 {
-					t.Logf("beacons missing at +%s: %v", x.now.Sub(from), missing)
-				}
-				for _, dd := range x.tr.Tick(x.now) {
-					if dd.Op == OpDeclare && !ok {
-						d, after, ok = dd, x.now.Sub(from), true
-					}
-				}
-			}
+			d, after, ok := x85TickBeacons(t, x)
 			t.Logf("declared %t %s after the landing (%s); the withdrawal receipt stops it: %t", ok, after, d.Reason, sealed)
 			if tc.mut {
 				if !ok {
@@ -219,4 +205,22 @@ func x85Withdraw(x *x71Rig) fencing.LeaseRecord {
 	x.value(x.rev, w, fencing.Written{Known: true, HasExpected: true, Expected: prev})
 	x.beacon(x.rev, w)
 	return w
+}
+
+// x85TickBeacons runs the tracker for 3 minutes as the runner does —
+// checking for missing beacons at each tick — and returns the first
+// declaration.
+func x85TickBeacons(t *testing.T, x *x71Rig) (Decision, time.Duration, bool) {
+	for from := x.now; x.now.Sub(from) < 3*time.Minute; {
+		x.now = x.now.Add(500 * time.Millisecond)
+		if missing, _ := x.tr.BeaconsMissing(x.now); len(missing) > 0 {
+			t.Logf("beacons missing at +%s: %v", x.now.Sub(from), missing)
+		}
+		for _, d := range x.tr.Tick(x.now) {
+			if d.Op == OpDeclare {
+				return d, x.now.Sub(from), true
+			}
+		}
+	}
+	return Decision{}, 0, false
 }

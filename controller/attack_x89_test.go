@@ -58,18 +58,7 @@ func TestX89HiddenWithdrawalHeldBackRenewal(t *testing.T) {
 			x.del(5000)
 			x.value(5001, h, fencing.Written{Known: true, HasExpected: true, Expected: 5000})
 			sealed := x.tr.SealedBefore(x71Host, fencing.Beacon{Host: x71Host, BootID: w.BootID, Incarnation: w.Incarnation, Revision: wrev, State: fencing.LeaseWithdrawn, Epoch: w.Epoch, Seq: w.Seq})
-			var d Decision
-			var after time.Duration
-			ok := false
-			for from := x.now; !ok && x.now.Sub(from) < 3*time.Minute; {
-				x.now = x.now.Add(500 * time.Millisecond)
-				x.tr.BeaconsMissing(x.now)
-				for _, dd := range x.tr.Tick(x.now) {
-					if dd.Op == OpDeclare && !ok {
-						d, after, ok = dd, x.now.Sub(from), true
-					}
-				}
-			}
+			d, after, ok := x85TickBeacons(t, x)
 			t.Logf("declared %t %s after the landing (%s); receipt stops it: %t", ok, after, d.Reason, sealed)
 			if tc.mut {
 				if !ok || sealed {
