@@ -590,12 +590,13 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 // kind keeps the tallies apart: reportLanding (our renewal seq landed at
 // rev: relayed, or shown) and the revision claims (revisionClaim: the key
 // holds at rev a record we would not trust, none, or an active one not
-// ours: the next renewal would be sealed for rev, or be a create). In one tally an honest peer's "invalid record
-// at R" (its relay conflicted with the compromised node's put at R)
-// counted toward the liar's "relayed at R": a cut-off host counted a
-// landing that never happened, skipped fencing and kept its guests
-// running while the controller declared it (reviewer X86,
-// TestX86LiarRelayedCorroboratedByHonestConflict; sharedTallyMutation).
+// ours: the next renewal would be sealed for rev, or be a create). In one
+// tally an honest peer's "invalid record at R" (its relay conflicted with
+// the compromised node's put at R) counted toward the liar's "relayed at
+// R": a cut-off host counted a landing that never happened, skipped
+// fencing and kept its guests running while the controller declared it
+// (reviewer X86, TestX86LiarRelayedCorroboratedByHonestConflict;
+// Mutations.SharedTally).
 func (a *Agent) corroborated(kind, seq, rev uint64, peer string) bool {
 	if Mutations.SharedTally {
 		kind = reportLanding
