@@ -521,6 +521,7 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 			a.renewResult(now, rd.renewal.Seq, RenewResult{Outcome: RenewAcked, Revision: ans.Revision})
 		}
 	case PeerRelayFailed:
+		claim := revisionClaim(a, ans)
 		switch c := ans.Current; {
 		case c != nil && a.ownRecord(*c) && !a.corroborated(reportLanding, c.Seq, ans.Revision, peer):
 			// A landing of ours that only this peer reports so far: not
@@ -547,7 +548,7 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 			// outage turned into fencing; reviewers X2 and X4,
 			// TestX4LyingReplayFencesHeldHost). Only our own read acts on
 			// it then (docs/fencing.md, "Key deleted").
-		case revisionClaim(a, ans) != 0 && !Mutations.PeerRevisionTrusted && !a.corroborated(revisionClaim(a, ans), rd.renewal.Seq, ans.Revision, peer):
+		case claim != 0 && !Mutations.PeerRevisionTrusted && !a.corroborated(claim, rd.renewal.Seq, ans.Revision, peer):
 			// A revision only this peer reports so far: the next
 			// renewal would be sealed for it, and a liar's revision far
 			// ahead got it a genuine renewal it could write fresh once

@@ -291,25 +291,20 @@ func (s *Store) marker(ctx context.Context, host string) (uint64, bool) {
 	if err != nil || m.Seq == 0 {
 		return 0, false
 	}
-	if hdrErr != nil && !StrictMarkerMutation {
+	if hdrErr != nil {
 		// A header block strictHeaders refuses: read it as nats.go's
 		// Create does (it writes over what it takes for a marker, by a
 		// CAS on its revision, whatever else the block holds) — or a
 		// compromised node's delete with one odd header line made every
 		// create of the host a plain one again (reviewer X85).
 		h, derr := nats.DecodeHeadersMsg(m.Hdrs)
-		if derr != nil {
+		if derr != nil || StrictMarkerMutation {
 			return 0, false
 		}
 		op := h.Get("KV-Operation")
 		deleted = op == "DEL" || op == "PURGE"
-	} else if hdrErr != nil {
-		return 0, false
 	}
-	if !deleted {
-		return 0, false
-	}
-	return m.Seq, true
+	return m.Seq, deleted
 }
 
 // AnchorMutation: an agent's create over a delete marker is sealed for
