@@ -1,8 +1,11 @@
 package natslease_test
 
 import (
+	"context"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"hvguard/agent/delivery/deliverytest"
 	"hvguard/fencing"
@@ -31,13 +34,8 @@ func TestAnchoredCreate(t *testing.T) {
 				natslease.AnchorMutation = true
 				t.Cleanup(func() { natslease.AnchorMutation = false })
 			}
-			nc, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
-			kv, err := natslease.EnsureBucket(ctx, js, true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			keys, ring := fleetKeys(t, "h0")
-			st := &natslease.Store{KV: kv, NC: nc, Signer: keys["h0"], Keys: ring}
+			st, _, ring, ctx := signedStore(t)
+			kv := st.KV
 			const to = 2 * time.Second
 			fresh := func(what string, rev uint64) (fencing.LeaseRecord, bool) {
 				t.Helper()
@@ -115,4 +113,17 @@ func TestAnchoredCreate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// signedStore returns h0's Store (signing required, reads on the stream
+// API) on a fresh embedded JetStream, its JetStream and keyring.
+func signedStore(t *testing.T) (*natslease.Store, jetstream.JetStream, *fencing.Keyring, context.Context) {
+	t.Helper()
+	nc, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
+	kv, err := natslease.EnsureBucket(ctx, js, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, ring := fleetKeys(t, "h0")
+	return &natslease.Store{KV: kv, NC: nc, Signer: keys["h0"], Keys: ring}, js, ring, ctx
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"hvguard/agent/delivery/deliverytest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 )
@@ -44,13 +43,8 @@ func TestX85UnreadableMarkerUnanchorsCreate(t *testing.T) {
 				natslease.StrictMarkerMutation = true
 				t.Cleanup(func() { natslease.StrictMarkerMutation = false })
 			}
-			nc, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
-			kv, err := natslease.EnsureBucket(ctx, js, true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			keys, ring := fleetKeys(t, "h0")
-			st := &natslease.Store{KV: kv, NC: nc, Signer: keys["h0"], Keys: ring}
+			st, js, _, ctx := signedStore(t)
+			kv := st.KV
 			const to = 2 * time.Second
 			res := st.Renew(ctx, fencing.RenewRequest{Seq: 1, Record: activeRecord("h0", 1)}, to)
 			if res.Outcome != fencing.RenewAcked {
