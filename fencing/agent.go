@@ -562,7 +562,9 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 		case c != nil && c.State == LeaseActive:
 			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, Current: c, peer: true})
 		case ans.KeyAbsent:
-			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, peer: true})
+			// Revision: the marker the key ends with (0: none read), so
+			// that the next relayed renewal is an anchored create.
+			a.conflict(now, rd.renewal.Seq, RenewResult{Outcome: RenewConflict, Revision: ans.Revision, peer: true})
 		}
 	case PeerCannotRenew:
 		a.confirmed[peer] = now
@@ -1206,9 +1208,15 @@ func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 		return
 	}
 	if cur == nil {
-		// The key holds no record: deleted or purged (keydelete.go).
+		// The key holds no record: deleted or purged (keydelete.go). The
+		// next write is a compare-and-set on the marker the conflict
+		// named (an anchored create), or a create (0: none named).
+		m := res.Revision
+		if Mutations.KeyAbsentRevisionIgnored {
+			m = 0
+		}
 		a.renewFailed(now, ReasonRenewFailed)
-		a.keyDeleted(now, 0)
+		a.keyDeleted(now, m)
 		return
 	}
 	switch cur.State {

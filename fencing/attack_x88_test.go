@@ -22,17 +22,26 @@ import (
 // X87's test sends it) is not corroborated.
 //
 // Fixed: each kind of claim has a tally of its own (revisionClaim). With
-// Mutations.SharedClaimTally the liar's "key absent" is acted on.
+// Mutations.SharedClaimTally the liar's "key absent" is acted on — and
+// since relayed creates are anchored, a "key absent" naming R seals the
+// next renewal for R (a compare-and-set on R, as the honest "invalid at
+// R" does), no create: the reset needs Mutations.KeyAbsentRevisionIgnored
+// as well.
 func TestX88LiarKeyAbsentCorroboratedByHonestInvalid(t *testing.T) {
 	for _, tc := range []struct {
 		liarNamesR bool
-		mut        bool
+		mut        bool // SharedClaimTally
+		unanchored bool // KeyAbsentRevisionIgnored
 		reset      bool // want
-	}{{false, false, false}, {true, false, false}, {true, true, true}} {
-		t.Run(fmt.Sprintf("liarNamesR=%t/SharedClaimTally=%t", tc.liarNamesR, tc.mut), func(t *testing.T) {
+	}{{false, false, false, false}, {true, false, false, false}, {true, true, false, false}, {true, true, true, true}} {
+		t.Run(fmt.Sprintf("liarNamesR=%t/SharedClaimTally=%t/KeyAbsentRevisionIgnored=%t", tc.liarNamesR, tc.mut, tc.unanchored), func(t *testing.T) {
 			if tc.mut {
 				Mutations.SharedClaimTally = true
 				t.Cleanup(func() { Mutations.SharedClaimTally = false })
+			}
+			if tc.unanchored {
+				Mutations.KeyAbsentRevisionIgnored = true
+				t.Cleanup(func() { Mutations.KeyAbsentRevisionIgnored = false })
 			}
 			h := x85CutOff(t)
 			rd := h.round

@@ -222,6 +222,11 @@ type RenewResult struct {
 	// bad signature): why. The agent treats it like a deleted key whose
 	// marker is at Revision (keydelete.go).
 	Invalid string
+	// A conflict with Current nil and no Invalid is a key that holds no
+	// record (deleted or purged): Revision is then its delete marker's
+	// revision, which the next write is a compare-and-set on (an anchored
+	// create, docs/security.md), or 0 when no marker was read.
+	//
 	// peer: the conflict is a peer's report (PeerAnswered), not our own
 	// store's answer: its revision is a claim nothing verifies, so it
 	// never lowers the revision our store reports (reviewer X4).
@@ -262,7 +267,9 @@ type PeerAnswer struct {
 	Current  *LeaseRecord
 	// KeyAbsent (PeerRelayFailed): the relay's CAS was rejected because
 	// the key holds no record at all (deleted or purged by an operator),
-	// exactly as a RenewConflict with Current nil.
+	// exactly as a RenewConflict with Current nil: Revision is the delete
+	// marker's (0: none read), or that of a record the relayer did not
+	// trust.
 	KeyAbsent bool
 	// Invalid (PeerRelayFailed): the relay's conflict showed a record the
 	// asker does not trust at Revision (RenewResult.Invalid).

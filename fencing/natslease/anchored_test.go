@@ -127,3 +127,75 @@ func signedStore(t *testing.T) (*natslease.Store, jetstream.JetStream, *fencing.
 	keys, ring := fleetKeys(t, "h0")
 	return &natslease.Store{KV: kv, NC: nc, Signer: keys["h0"], Keys: ring}, js, ring, ctx
 }
+
+// TestRelayedCreateAnchoredNATS: on nats-server, h0's key deleted while h0
+// is cut off. A peer's relay of h0's renewal conflicts with no record, and
+// the conflict names the delete marker (Store.absentAt): the answer h0
+// gets says "key absent at m". h0 seals its next renewal for m, and the
+// relay writes it by a compare-and-set on m: an anchored create whose
+// stored header equals its prev_rev, verified fresh (fencing.Written.Fresh)
+// with no beacon. With AbsentMarkerMutation the conflict names 0, h0
+// seals a create for 0, and the relayed create is not verifiable — the
+// open item relayed creates left (docs/security.md, "Anchored creates").
+func TestRelayedCreateAnchoredNATS(t *testing.T) {
+	for _, mut := range []bool{false, true} {
+		name := "anchored"
+		if mut {
+			name = "AbsentMarkerMutation"
+		}
+		t.Run(name, func(t *testing.T) {
+			if mut {
+				natslease.AbsentMarkerMutation = true
+				t.Cleanup(func() { natslease.AbsentMarkerMutation = false })
+			}
+			nc, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
+			kv, err := natslease.EnsureBucket(ctx, js, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			keys, ring := fleetKeys(t, "h0", "h1")
+			own := &natslease.Store{KV: kv, NC: nc, Signer: keys["h0"], Keys: ring}
+			relayer := &natslease.Store{KV: kv, NC: nc, Signer: keys["h1"], Keys: ring}
+			const to = 2 * time.Second
+
+			res := own.Renew(ctx, fencing.RenewRequest{Seq: 1, Record: activeRecord("h0", 1)}, to)
+			if res.Outcome != fencing.RenewAcked {
+				t.Fatalf("create: %+v", res)
+			}
+			last := res.Revision
+			if err := kv.Delete(ctx, "h0"); err != nil {
+				t.Fatal(err)
+			}
+			marker := last + 1
+			relay := func(seq, rev uint64) fencing.RenewResult {
+				rec := keys["h0"].Seal(activeRecord("h0", seq), rev)
+				return relayer.Relay(ctx, fencing.RenewRequest{Seq: seq, Revision: rev, Record: rec}, to)
+			}
+			res = relay(2, last)
+			t.Logf("relay on %d after the delete: %+v", last, res)
+			if res.Outcome != fencing.RenewConflict || res.Current != nil || res.Invalid != "" {
+				t.Fatalf("relay after the delete: %+v, want a conflict with no record", res)
+			}
+			if named := res.Revision == marker; named == mut {
+				t.Fatalf("the conflict names revision %d, the marker is at %d: named %t, want %t", res.Revision, marker, named, !mut)
+			}
+			res = relay(3, res.Revision)
+			if res.Outcome != fencing.RenewAcked {
+				t.Fatalf("relayed create: %+v", res)
+			}
+			rec, crev, err := own.Read(ctx, "h0")
+			if err != nil || crev != res.Revision || rec.Seq != 3 {
+				t.Fatalf("read: %+v at %d: %v", rec, crev, err)
+			}
+			w, err := own.WrittenOn(ctx, "h0", crev, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ok, why := w.Fresh(*rec)
+			t.Logf("relayed create at %d: prev_rev %d, %+v: fresh %t %s", crev, rec.PrevRev, w, ok, why)
+			if ok == mut {
+				t.Errorf("relayed create over the marker: prev_rev %d, fresh %t, want fresh %t", rec.PrevRev, ok, !mut)
+			}
+		})
+	}
+}

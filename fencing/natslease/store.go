@@ -280,9 +280,11 @@ func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest, timeout tim
 // that read still leaves it to the beacons, reviewer X85), and a copy of
 // it cannot land on that
 // marker again (stream sequences are never reused) — a replay by
-// revision (prev_rev below the key's last revision). A relay's create
-// stays a plain create: the asker sealed it, for revision 0, with no
-// marker it could read (docs/security.md, "Anchored creates").
+// revision (prev_rev below the key's last revision). A relayed create is
+// anchored too: the relayer's conflict names the marker (absentAt), the
+// asker's next renewal is sealed for it and relayed as a compare-and-set
+// on it. It stays a plain create, sealed for 0, when no marker was read
+// (docs/security.md, "Anchored creates").
 func (s *Store) marker(ctx context.Context, host string) (uint64, bool) {
 	if s.NC == nil || AnchorMutation {
 		return 0, false
@@ -306,6 +308,30 @@ func (s *Store) marker(ctx context.Context, host string) (uint64, bool) {
 	}
 	return m.Seq, deleted
 }
+
+// absentAt returns the revision of the delete marker host's key ends
+// with, for a conflict that found no record (0: none read, or the key
+// holds a value again). The agent seals its next record for it
+// (fencing.RenewResult): its own next write and, through a peer's "key
+// absent" answer, its next relayed one are anchored creates — before, a
+// relayed create was sealed for 0, verifiable only through the host's
+// beacons (docs/security.md, "Anchored creates").
+func (s *Store) absentAt(ctx context.Context, host string) uint64 {
+	if AbsentMarkerMutation {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+	defer cancel()
+	m, ok := s.marker(ctx, host)
+	if !ok {
+		return 0
+	}
+	return m
+}
+
+// AbsentMarkerMutation: a conflict that found no record names no marker
+// (revision 0), as before relayed creates were anchored. Tests only.
+var AbsentMarkerMutation bool
 
 // AnchorMutation: an agent's create over a delete marker is sealed for
 // revision 0 (a plain create), as before anchoring. Tests only.
@@ -385,6 +411,11 @@ func (s *Store) cas(ctx context.Context, host string, rev uint64, rec fencing.Le
 			// The conflict is certain, the current value unknown: the
 			// write was not applied.
 			return fencing.RenewResult{Outcome: fencing.RenewFailed}
+		}
+		if cur == nil {
+			// No record: name the delete marker, so that the next write
+			// (a relayed one too: the asker seals it) is anchored on it.
+			crev = s.absentAt(ctx, host)
 		}
 		return fencing.RenewResult{Outcome: fencing.RenewConflict, Revision: crev, Current: cur}
 	case definitelyNotSent(err):
