@@ -249,9 +249,17 @@ func (t *Tracker) keepUnfresh(host string, rev uint64, rec *fencing.LeaseRecord,
 // toward maxLaterValues: two per agent process (rankProc), so an
 // attacker holding renewals of 32 of them put back between a create and
 // its beacon dropped the create (the open item after reviewer X83). A
-// create (prev_rev 0: a relay's, an agent's before anchoring) names no
-// revision and is judged by rankProc alone. m.before 0: nothing known of
-// the key (a start's first value): nothing to compare with.
+// create (prev_rev 0: an agent's before anchoring, or over a marker
+// nobody could read) names no revision and is judged by rankProc alone.
+// m.before 0: nothing known of the key (a start's first value): nothing
+// to compare with.
+//
+// A bookkeeping filter, never a decision of trust: a record it refuses
+// would be refused as a replay anyway (fencing.StaleRecord in replay, the
+// same condition) when its beacon named it and BeaconVouches observed it
+// — a genuine withdrawal sealed below the controller's view after an
+// unseen rollback included (reviewer X91, attack_x91_test.go: its beacon,
+// its receipt and the rollback check keep the host undeclared).
 func landable(rec *fencing.LeaseRecord, m unfreshMark) bool {
 	return rec.PrevRev == 0 || m.before == 0 || rec.PrevRev >= m.before || landableMutation
 }
