@@ -34,8 +34,11 @@ type Agent struct {
 	cfg   Config
 	state State
 
-	epoch    uint64
-	rev      uint64    // revision of the latest record of ours we know landed
+	epoch uint64
+	rev   uint64 // revision of the latest record of ours we know landed
+	// absentAt: the delete marker the last conflict with no record named
+	// (0: none); a relayed create is sealed for it while rev is 0.
+	absentAt uint64
 	lease    bool      // lastAck is valid
 	lastAck  time.Time // send time of the last acknowledged renewal
 	declared bool
@@ -1028,7 +1031,7 @@ func (a *Agent) withdrawResult(now time.Time, res RenewResult) {
 			// over the marker (CAS on the untrusted record).
 			a.rev = res.Revision
 			if cur == nil && res.Invalid == "" {
-				a.rev = 0
+				a.rev, a.absentAt = 0, res.Revision
 			}
 			a.sendWithdrawal(now)
 			return
@@ -1079,7 +1082,7 @@ func (a *Agent) renewResult(now time.Time, seq uint64, res RenewResult) {
 // landed: the record with seq landed at revision rev.
 func (a *Agent) landed(now time.Time, seq uint64, rev uint64, reason Reason) {
 	if rev > a.rev {
-		a.rev = rev
+		a.rev, a.absentAt = rev, 0
 	}
 	sentAt, ok := a.sent[seq]
 	if !ok {
@@ -1208,15 +1211,16 @@ func (a *Agent) conflict(now time.Time, seq uint64, res RenewResult) {
 		return
 	}
 	if cur == nil {
-		// The key holds no record: deleted or purged (keydelete.go). The
-		// next write is a compare-and-set on the marker the conflict
-		// named (an anchored create), or a create (0: none named).
-		m := res.Revision
-		if Mutations.KeyAbsentRevisionIgnored {
-			m = 0
-		}
+		// The key holds no record: deleted or purged (keydelete.go). Our
+		// own next write is on revision 0: the store reads the marker as
+		// it writes and anchors the create on it (a delete loop's newest
+		// marker, not one a renewal interval old). A relayed one is
+		// sealed here, for the marker the conflict named (absentAt).
 		a.renewFailed(now, ReasonRenewFailed)
-		a.keyDeleted(now, m)
+		a.keyDeleted(now, 0)
+		if !Mutations.KeyAbsentRevisionIgnored {
+			a.absentAt = res.Revision
+		}
 		return
 	}
 	switch cur.State {
@@ -1318,6 +1322,11 @@ func (a *Agent) startRound(now time.Time) {
 	n = min(len(a.members), n)
 	a.roundID++
 	req := a.newRenewal(now)
+	if req.Revision == 0 {
+		// The key was found deleted: seal the relayed create for the
+		// marker it named, an anchored create (0: none named).
+		req.Revision = a.absentAt
+	}
 	if a.roundSeqs == nil {
 		a.roundSeqs = map[uint64]uint64{}
 	}

@@ -364,10 +364,10 @@ var Mutations struct {
 	// record, key absent, another active record) are counted in one
 	// tally, as before reviewer X88.
 	SharedClaimTally bool
-	// KeyAbsentRevisionIgnored: a conflict showing no record (own, or a
-	// peer's "key absent") resets the revision to 0, and the next write is
-	// a create sealed for 0, whatever marker revision it named: relayed
-	// creates unanchored, as before.
+	// KeyAbsentRevisionIgnored: the marker revision a conflict showing no
+	// record names (own, or a peer's "key absent") is ignored, and the
+	// next relayed write is a create sealed for 0: relayed creates
+	// unanchored, as before.
 	KeyAbsentRevisionIgnored bool
 	// RelayShownDeclarationIgnored (issue 11, reviewer X4): a signed
 	// declaration of a later epoch that a peer's relay shows is ignored

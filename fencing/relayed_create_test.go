@@ -13,7 +13,9 @@ import (
 // sealed for m — an anchored create, verifiable as written fresh like a
 // renewal — and not for 0, the unanchored create only beacons could vouch
 // for (docs/security.md, "Anchored creates"). Its own store's conflict
-// naming m does the same. With Mutations.KeyAbsentRevisionIgnored both are
+// naming m does the same for its relayed renewals; its own next write
+// stays on revision 0, which the store anchors on the marker it reads as
+// it writes. With Mutations.KeyAbsentRevisionIgnored the relayed ones are
 // creates sealed for 0, as before.
 func TestRelayedCreateAnchored(t *testing.T) {
 	for _, mut := range []bool{false, true} {
@@ -47,7 +49,10 @@ func TestRelayedCreateAnchored(t *testing.T) {
 			}
 			want("next relayed renewal", m, h.round.Renewal.Revision)
 
-			// Its own store: a conflict with no record, naming the marker.
+			// Its own store's conflict with no record, naming the marker:
+			// its own next write stays on revision 0 (the store reads the
+			// marker as it writes: a delete loop's newest), and once it is
+			// cut off its relayed renewal is sealed for the marker.
 			o := newHarness(t, testConfig(), 50, "d1")
 			o.healthyFor(3 * time.Second)
 			if o.renew == nil {
@@ -58,10 +63,15 @@ func TestRelayedCreateAnchored(t *testing.T) {
 			m = o.rev + 1
 			o.take(o.a.Renewed(o.now, r.Seq, RenewResult{Outcome: RenewConflict, Revision: m}))
 			o.advance(100 * time.Millisecond)
-			if o.renew == nil || o.renew.Record.State != LeaseActive {
-				t.Fatalf("after the delete: want an active record, got %+v", o.renew)
+			if o.renew == nil || o.renew.Record.State != LeaseActive || o.renew.Revision != 0 {
+				t.Fatalf("after the delete: want an active record on revision 0 (the store anchors it), got %+v", o.renew)
 			}
-			want("own write after the conflict", m, o.renew.Revision)
+			o.renew = nil
+			o.advance(4 * time.Second)
+			if o.round == nil {
+				t.Fatalf("no peer round after 4 s cut off (state %s)", o.a.state)
+			}
+			want("relayed renewal after its own conflict", m, o.round.Renewal.Revision)
 		})
 	}
 }

@@ -224,7 +224,7 @@ type RenewResult struct {
 	Invalid string
 	// A conflict with Current nil and no Invalid is a key that holds no
 	// record (deleted or purged): Revision is then its delete marker's
-	// revision, which the next write is a compare-and-set on (an anchored
+	// revision, which the next relayed write is sealed for (an anchored
 	// create, docs/security.md), or 0 when no marker was read.
 	//
 	// peer: the conflict is a peer's report (PeerAnswered), not our own

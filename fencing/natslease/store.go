@@ -311,11 +311,12 @@ func (s *Store) marker(ctx context.Context, host string) (uint64, bool) {
 
 // absentAt returns the revision of the delete marker host's key ends
 // with, for a conflict that found no record (0: none read, or the key
-// holds a value again). The agent seals its next record for it
-// (fencing.RenewResult): its own next write and, through a peer's "key
-// absent" answer, its next relayed one are anchored creates — before, a
-// relayed create was sealed for 0, verifiable only through the host's
-// beacons (docs/security.md, "Anchored creates").
+// holds a value again). The agent seals its next relayed record for it
+// (fencing.RenewResult), learnt from its own conflict or a peer's "key
+// absent" answer: an anchored create — before, a relayed create was sealed
+// for 0, verifiable only through the host's beacons (docs/security.md,
+// "Anchored creates"). Its own next write stays on revision 0: Renew
+// anchors it on the marker it reads as it writes.
 func (s *Store) absentAt(ctx context.Context, host string) uint64 {
 	if AbsentMarkerMutation {
 		return 0
