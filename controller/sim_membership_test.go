@@ -298,8 +298,13 @@ func TestSimMembershipMutations(t *testing.T) {
 			func(s *sim, on bool) { s.shellMut.hideDelete = on }, violated},
 		{"self-declaration before the fence completed", deletedLapsedSim,
 			func(_ *sim, on bool) { fencing.Mutations.SelfDeclareBeforeFence = on }, violated},
+		// A relayed create anchored on the marker (a CAS on it) lands even
+		// where a create is rejected: the lock-out needs relayed creates
+		// unanchored too.
 		{"create rejected by the delete marker (lock-out)", deletedHealthySim,
-			func(s *sim, on bool) { s.shellMut.oldCreate = on }, fencedAny},
+			func(s *sim, on bool) {
+				s.shellMut.oldCreate, fencing.Mutations.KeyAbsentRevisionIgnored = on, on
+			}, fencedAny},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
