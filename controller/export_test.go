@@ -283,3 +283,10 @@ func SetSealedProcMutation(on bool) func() {
 	sealedProcMutation = on
 	return func() { sealedProcMutation = false }
 }
+
+// SetAdjacentMutation sets adjacentMutation (the watch's adjacency
+// ignored); the returned func clears it.
+func SetAdjacentMutation() func() {
+	adjacentMutation = true
+	return func() { adjacentMutation = false }
+}

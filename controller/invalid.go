@@ -403,6 +403,9 @@ var carryWrittenMutation bool
 // meanwhile. Once a trusted record is held, replay compares with it.
 func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord, w fencing.Written) []Decision {
 	if rec != nil && t.NeedsWritten(host) && !writtenMutation {
+		if !t.adjacent(t.hosts[host], rev, w) {
+			w.After = 0
+		}
 		if ok, why := w.Fresh(*rec); !ok {
 			h := t.hosts[host]
 			if t.vouchable(h, rec) && h.beacons.named(rev, rec) {
@@ -419,6 +422,30 @@ func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fe
 	}
 	return t.Observe(now, host, rev, rec)
 }
+
+// adjacent reports whether w.After — the watch's word that the key's
+// previous message was at After and nothing of the bucket was missed
+// since (natslease.Update.After) — may stand in for the stored message's
+// header (fencing.Written.After): the tracker saw the same, its h.rev
+// being After and rev after it, with no regression and no rollback
+// carried or gated. It closes reviewer X85's race: a delete loop faster
+// than the runner's read of the stored message left an anchored create
+// unverifiable (its beacon had to vouch for it). After a rollback under a
+// running controller the watch re-creates its consumer at its last
+// revision + 1 and sees no skip (reviewer X21): a copy sealed for a
+// revision reused since could look adjacent — as a compare-and-set on the
+// reused revision passes the header check — until the rollback check
+// finds it (rollback.go); from then on, and for a host whose revisions
+// regressed, the header alone counts.
+func (t *Tracker) adjacent(h *hostState, rev uint64, w fencing.Written) bool {
+	return w.After != 0 && h != nil && h.rev == w.After && rev > w.After && !h.regressed &&
+		h.carried == nil && h.countedCarry == nil && !t.RollbackGateOn() && !adjacentMutation
+}
+
+// adjacentMutation: the watch's adjacency is ignored, as before: a value
+// whose stored message was superseded before it was read is not verified.
+// Tests only.
+var adjacentMutation bool
 
 // replay reports whether rec, observed at rev, is a replay of an earlier
 // record of h (fencing.StaleRecord against the last revision observed).

@@ -355,6 +355,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					if err != nil {
 						log.Warn("reading how a lease value was written failed: not trusted as the host's first record", "host", u.Host, "revision", u.Revision, "err", err)
 					}
+					w.After = u.After // the watch's adjacency (natslease.Update.After)
 					ds = r.Tracker.ObserveWritten(r.now(), u.Host, u.Revision, u.Record, w)
 				default:
 					ds = r.Tracker.Observe(r.now(), u.Host, u.Revision, u.Record)

@@ -22,6 +22,15 @@ type Written struct {
 	// publisher check another subject's sequence with it): its
 	// Expected then says nothing about this key.
 	OtherSubject bool
+	// After: the revision of the key's previous message, when the watch
+	// delivered it live and every message of the bucket since
+	// (natslease.Update.After; 0: not known so). The value was then
+	// written while the key ended at After: a record sealed for After
+	// (prev_rev) landed where only a compare-and-set on it lands — the
+	// header's proof, without the header. Used only when the stored
+	// message is not Known: a delete loop supersedes it before the
+	// controller reads it (reviewer X85's race).
+	After uint64
 }
 
 // Headers of a stored message Written is read from (nats.go's
@@ -45,6 +54,11 @@ const (
 // renewal, a compare-and-set on that revision, is).
 func (w Written) Fresh(r LeaseRecord) (bool, string) {
 	switch {
+	case !w.Known && w.After != 0 && r.PrevRev == w.After:
+		// Delivered directly after the revision it was sealed for: the
+		// key ended there when it was written. A copy of it can land
+		// there only in its stead (the original lands only there too).
+		return true, ""
 	case !w.Known:
 		return false, fmt.Sprintf("its stored message could not be read (superseded, or the read failed): its %s header is unknown (prev_rev %d)", ExpectedLastSubjectSeqHeader, r.PrevRev)
 	case w.OtherSubject:

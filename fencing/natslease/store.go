@@ -610,6 +610,14 @@ type Update struct {
 	// controller's tracker needs it to trust an untrusted value's
 	// revision (controller.Tracker.Skipped).
 	Skipped bool
+	// After: the revision of this key's previous message, when the watch
+	// delivered it live and every message of the bucket since (0: not
+	// known so — none delivered live, or a skip since). A value sealed for
+	// it (prev_rev = After) was written while the key ended there: what a
+	// compare-and-set on prev_rev proves, known at delivery
+	// (fencing.Written.After; the stored message may be gone by the time
+	// the controller reads it — reviewer X85's race).
+	After uint64
 	// Stored: when the server stored the value (the stream's stamp, in
 	// nanoseconds; no publisher sets it): a revision handed out again
 	// after the stream lost messages is stored at another time
@@ -636,6 +644,7 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 	// unless one was superseded before it was delivered.
 	var last uint64
 	live, skipped := false, false
+	var adj adjacency
 	for {
 		select {
 		case <-ctx.Done():
@@ -662,10 +671,11 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 			}
 			last = e.Revision()
 			h := hostOf(e.Key())
+			after := adj.see(h, last, skipped, live)
 			if h == "" {
 				continue // the guard, or not a host
 			}
-			u := Update{Host: h, Revision: e.Revision(), Skipped: skipped, Stored: e.Created()}
+			u := Update{Host: h, Revision: e.Revision(), Skipped: skipped, Stored: e.Created(), After: after}
 			skipped = false
 			if e.Operation() == jetstream.KeyValuePut {
 				r, err := s.decode(h, e.Revision(), e.Value())
@@ -683,6 +693,44 @@ func (s *Store) Watch(ctx context.Context, out chan<- Update, synced chan<- stru
 		}
 	}
 }
+
+// adjacency is Watch's memory for Update.After: the newest revision
+// delivered after a skip (the first listing's count as such) and each
+// host key's last revision delivered live.
+type adjacency struct {
+	lastSkip uint64
+	prev     map[string]uint64
+}
+
+// see notes the delivery of host's key ("": another key of the bucket) at
+// rev, skipped (some revision before it was never delivered) and live
+// (after the first listing); it returns the key's After: its previous
+// live revision if nothing was skipped since, else 0.
+func (a *adjacency) see(host string, rev uint64, skipped, live bool) uint64 {
+	if skipped {
+		a.lastSkip = rev
+	}
+	if host == "" {
+		return 0
+	}
+	var after uint64
+	if p := a.prev[host]; p != 0 && a.lastSkip <= p {
+		after = p
+	}
+	if live {
+		if a.prev == nil || len(a.prev) >= maxWatchAfter {
+			a.prev = map[string]uint64{} // made-up keys: forget, never guess
+		}
+		a.prev[host] = rev
+	}
+	return after
+}
+
+// maxWatchAfter bounds Watch's memory of each key's last live revision
+// (Update.After): any agent can write keys under made-up names (reviewer
+// X17); past it the memory is dropped, and a value has no After until its
+// key is delivered live again (it is then judged by its stored message).
+const maxWatchAfter = 1 << 16
 
 // WarnStream is what both daemons do once the lease bucket is open: when
 // StreamInsecure finds something it logs it and StreamWarning at ERROR
