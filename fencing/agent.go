@@ -551,6 +551,17 @@ func (a *Agent) PeerAnswered(now time.Time, id uint64, peer string, ans PeerAnsw
 			// outage turned into fencing; reviewers X2 and X4,
 			// TestX4LyingReplayFencesHeldHost). Only our own read acts on
 			// it then (docs/fencing.md, "Key deleted").
+		case ans.KeyAbsent && ans.Current == nil && ans.Revision == 0 && a.cfg.LyingPeers > 0 && !Mutations.KeyAbsentZeroActed:
+			// "Key absent" naming no marker (revision 0: a peer of an
+			// earlier release, a relayer whose marker read failed or lost
+			// a race with a put, or a liar) names nothing to seal for:
+			// acted on, the next relayed renewal was a create sealed for
+			// 0 — unverifiable, of this very process, held by the liar
+			// asked to relay it: one liar beside one such honest peer got
+			// X84's creates from an upgraded agent (reviewer X92,
+			// TestX92ZeroMarkerClaimUnanchorsRelayedCreate). Not acted
+			// on: the next round asks again, and upgraded relayers name
+			// the marker.
 		case claim != 0 && !Mutations.PeerRevisionTrusted && !a.corroborated(claim, rd.renewal.Seq, ans.Revision, peer):
 			// A revision only this peer reports so far: the next
 			// renewal would be sealed for it, and a liar's revision far

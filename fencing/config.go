@@ -369,6 +369,14 @@ var Mutations struct {
 	// next relayed write is a create sealed for 0: relayed creates
 	// unanchored, as before.
 	KeyAbsentRevisionIgnored bool
+	// KeyAbsentZeroActed (reviewer X92): with lying_peers ≥ 1, a peer's
+	// "key absent" naming no marker (revision 0) is acted on as before:
+	// the next relayed renewal is a create sealed for 0 the liar holds.
+	KeyAbsentZeroActed bool
+	// SelfDeclOnNamedMarker (reviewer X92): a self-declaration whose write
+	// conflicted with no record is retried by a CAS on the marker the
+	// conflict named (not on revision 0, anchored as it is written).
+	SelfDeclOnNamedMarker bool
 	// RelayShownDeclarationIgnored (issue 11, reviewer X4): a signed
 	// declaration of a later epoch that a peer's relay shows is ignored
 	// (the agent fences only when its lease lapses, never while Held).

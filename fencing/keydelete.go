@@ -108,6 +108,16 @@ func (a *Agent) selfDeclResult(now time.Time, seq uint64, res RenewResult) {
 		a.persist()
 	case RenewConflict:
 		switch cur := res.Current; {
+		case cur == nil && res.Invalid == "" && !Mutations.SelfDeclOnNamedMarker:
+			// The key holds no record: the next self-declaration is on
+			// revision 0, which the store anchors on the marker it reads
+			// as it writes (own writes stay on 0). A conflict names the
+			// marker now (natslease.Store, for relayed creates): a CAS on
+			// it at the next retry lost to any delete in between, so a
+			// delete loop slower than the store's read-then-write kept the
+			// self-declaration from ever landing (reviewer X92,
+			// TestX92SelfDeclarationStaysOnZero).
+			a.declRev = 0
 		case cur == nil || a.untrusted(res) != "":
 			a.declRev = res.Revision
 		case cur.State == LeaseActive:

@@ -330,6 +330,17 @@ func (s *Store) absentAt(ctx context.Context, host string) uint64 {
 	return m
 }
 
+// markerAt is the revision of the delete marker a read found (Store.get's
+// not-found error wraps it).
+type markerAt uint64
+
+func (m markerAt) Error() string { return fmt.Sprintf("deleted at revision %d", uint64(m)) }
+
+// RereadMarkerMutation: a conflict that found no record names the marker
+// a second read finds (Store.absentAt), as before reviewer X92: a put
+// between the reads names 0. Tests only.
+var RereadMarkerMutation bool
+
 // AbsentMarkerMutation: a conflict that found no record names no marker
 // (revision 0), as before relayed creates were anchored. Tests only.
 var AbsentMarkerMutation bool
@@ -415,8 +426,20 @@ func (s *Store) cas(ctx context.Context, host string, rev uint64, rec fencing.Le
 		}
 		if cur == nil {
 			// No record: name the delete marker, so that the next write
-			// (a relayed one too: the asker seals it) is anchored on it.
-			crev = s.absentAt(ctx, host)
+			// (a relayed one too: the asker seals it) is anchored on it —
+			// the marker the read above found (markerAt), not a second
+			// read: a compromised node's put between the two made the
+			// second find a value and name 0, "no marker", and the
+			// asker's next relayed renewal a create sealed for 0
+			// (reviewer X92, TestX92RacingPutNamesNoMarkerNATS).
+			var ma markerAt
+			switch {
+			case AbsentMarkerMutation:
+			case RereadMarkerMutation:
+				crev = s.absentAt(ctx, host)
+			case errors.As(gerr, &ma):
+				crev = uint64(ma)
+			}
 		}
 		return fencing.RenewResult{Outcome: fencing.RenewConflict, Revision: crev, Current: cur}
 	case definitelyNotSent(err):
@@ -826,7 +849,7 @@ func (s *Store) get(ctx context.Context, k string) (kvEntry, error) {
 	case err != nil:
 		return nil, err
 	case deleted:
-		return nil, fmt.Errorf("%w (deleted at revision %d)", jetstream.ErrKeyNotFound, m.Seq)
+		return nil, fmt.Errorf("%w (%w)", jetstream.ErrKeyNotFound, markerAt(m.Seq))
 	}
 	// A header block strictHeaders refuses is not a delete here: the
 	// value is judged by its reader (undecodable, untrusted).
