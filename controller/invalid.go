@@ -432,11 +432,14 @@ func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fe
 // than the runner's read of the stored message left an anchored create
 // unverifiable (its beacon had to vouch for it). After a rollback under a
 // running controller the watch re-creates its consumer at its last
-// revision + 1 and sees no skip (reviewer X21): a copy sealed for a
-// revision reused since could look adjacent — as a compare-and-set on the
-// reused revision passes the header check — until the rollback check
-// finds it (rollback.go); from then on, and for a host whose revisions
-// regressed, the header alone counts.
+// revision + 1 and sees no skip (reviewer X21): until the rollback check
+// finds it (rollback.go), a copy of the host's first new-life record,
+// sealed for A and landed at a reused revision the watch never
+// delivered, looks adjacent above the old last revision where the
+// header check would refuse it (reviewer X93: a genuine record of the
+// host's current life, no declaration found; docs/security.md). From
+// then on, and for a host whose revisions regressed, the header alone
+// counts.
 func (t *Tracker) adjacent(h *hostState, rev uint64, w fencing.Written) bool {
 	return w.After != 0 && h != nil && h.rev == w.After && rev > w.After && !h.regressed &&
 		h.carried == nil && h.countedCarry == nil && !t.RollbackGateOn() && !adjacentMutation
