@@ -57,11 +57,12 @@ import (
 //   - beacons/undetected: as none/undetected, but V's beacons of R1 and
 //     W reach C1 (X91's order: ObserveBeacon, BeaconWrote,
 //     BeaconVouches, ObserveWithdrawal). C1 takes W's beacon (withdrawn,
-//     trustedRev 0 then), yet the copy of R1 trusted at L+1 — above the
-//     beacon's revision w, though the beacon's (1, 1, 2) of the same
-//     process is newer than R1's seq 1 — ends it: declared (wantHole).
-//     The withdrawal beacon is no layer here; only the receipt and the
-//     rollback check are (as the docs say: they name no beacon).
+//     trustedRev 0 then). The copy of R1 is older than the write the
+//     beacons named (1, 1, 2): not adjacent (Tracker.adjacent), not
+//     trusted, V not declared. With adjacentBeaconMutation (found by
+//     this test: the first version of adjacency) the copy trusted at L+1
+//     — above the beacon's revision w — ended the withdrawn state:
+//     declared (wantHole).
 //   - none/undetected/adjacentMutation: adjacency ignored — the copy is
 //     not trusted (not written fresh), V is never declared.
 //   - none/gate-on: the rollback gate on in C1 (SetRollbackGate) — the
@@ -89,7 +90,8 @@ func x93Cases() []x93Case {
 		{name: "receipt/undetected/sealedProcMutation", receipt: true, mut: &sealedProcMutation, trusted: true},
 		{name: "receipt/undetected/receiptSealedMutation", receipt: true, mut: &receiptSealedMutation, trusted: true, wantHole: true},
 		{name: "none/undetected", trusted: true, wantHole: true},
-		{name: "beacons/undetected", beacons: true, trusted: true, wantHole: true},
+		{name: "beacons/undetected", beacons: true},
+		{name: "beacons/undetected/adjacentBeaconMutation", beacons: true, mut: &adjacentBeaconMutation, trusted: true, wantHole: true},
 		{name: "none/undetected/adjacentMutation", mut: &adjacentMutation},
 		{name: "none/gate-on", gate: true},
 		{name: "none/detected-after-copy", detect: "after", trusted: true},

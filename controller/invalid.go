@@ -403,7 +403,7 @@ var carryWrittenMutation bool
 // meanwhile. Once a trusted record is held, replay compares with it.
 func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fencing.LeaseRecord, w fencing.Written) []Decision {
 	if rec != nil && t.NeedsWritten(host) && !writtenMutation {
-		if !t.adjacent(t.hosts[host], rev, w) {
+		if !t.adjacent(t.hosts[host], rev, rec, w) {
 			w.After = 0
 		}
 		if ok, why := w.Fresh(*rec); !ok {
@@ -439,16 +439,26 @@ func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fe
 // header check would refuse it (reviewer X93: a genuine record of the
 // host's current life, no declaration found; docs/security.md). From
 // then on, and for a host whose revisions regressed, the header alone
-// counts.
-func (t *Tracker) adjacent(h *hostState, rev uint64, w fencing.Written) bool {
+// counts. Nor is a record adjacent that is older than a write the host's
+// own beacons named (h.beacons.wrote): adjacent, a genuine record is the
+// host's newest write; in that rollback window the copy was older than the
+// withdrawal the host beaconed after it, and trusted it ended the
+// withdrawn state (TestX93AdjacentCopyAfterUndetectedRollback,
+// beacons/undetected; adjacentBeaconMutation).
+func (t *Tracker) adjacent(h *hostState, rev uint64, rec *fencing.LeaseRecord, w fencing.Written) bool {
 	return w.After != 0 && h != nil && h.rev == w.After && rev > w.After && !h.regressed &&
-		h.carried == nil && h.countedCarry == nil && !t.RollbackGateOn() && !adjacentMutation
+		h.carried == nil && h.countedCarry == nil && !t.RollbackGateOn() && !adjacentMutation &&
+		(!h.beacons.wrote.newer(idOf(*rec)) || adjacentBeaconMutation)
 }
 
 // adjacentMutation: the watch's adjacency is ignored, as before: a value
 // whose stored message was superseded before it was read is not verified.
 // Tests only.
 var adjacentMutation bool
+
+// adjacentBeaconMutation: a record older than a write the host's beacons
+// named may be adjacent. Tests only.
+var adjacentBeaconMutation bool
 
 // replay reports whether rec, observed at rev, is a replay of an earlier
 // record of h (fencing.StaleRecord against the last revision observed).
