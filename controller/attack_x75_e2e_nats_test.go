@@ -95,6 +95,12 @@ type x75Loop struct {
 }
 
 func x75CopyLoopNATS(t *testing.T, o x75Loop) {
+	// Legacy creates (sealed for 0, as before anchoring and as the
+	// vouching still serves): an anchored create lands right after the
+	// loop's marker and is verified by the watch's adjacency
+	// (Tracker.adjacent) with no beacon, so these loops would no longer
+	// reach the vouching they test (the mutation case declared).
+	legacyCreates(t)
 	copy, restart := o.copy, o.restart
 	const attacker, companion, victim = loopAttacker, loopCompanion, loopVictim
 	ctx, srvURL, hosts, f, sims, vkey := newLoopRig(t)
