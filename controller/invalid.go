@@ -444,12 +444,32 @@ func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fe
 // host's newest write; in that rollback window the copy was older than the
 // withdrawal the host beaconed after it, and trusted it ended the
 // withdrawn state (TestX93AdjacentCopyAfterUndetectedRollback,
-// beacons/undetected; adjacentBeaconMutation).
+// beacons/undetected; adjacentBeaconMutation) — unless the record was
+// sealed for a revision at or above every revision the host's beacons
+// named (b.maxRev): writeID orders no boots, and an earlier boot's
+// beacon otherwise blocked a new boot's records for ever (reviewer X94,
+// adjacentBootMutation).
 func (t *Tracker) adjacent(h *hostState, rev uint64, rec *fencing.LeaseRecord, w fencing.Written) bool {
 	return w.After != 0 && h != nil && h.rev == w.After && rev > w.After && !h.regressed &&
 		h.carried == nil && h.countedCarry == nil && !t.RollbackGateOn() && !adjacentMutation &&
-		(!h.beacons.wrote.newer(idOf(*rec)) || adjacentBeaconMutation)
+		(!h.beacons.wrote.newer(idOf(*rec)) || adjacentBeaconMutation ||
+			h.beacons.maxRev <= rec.PrevRev && !adjacentBootMutation)
 }
+
+// adjacentBootMutation (reviewer X94): a record the host's beacons named
+// a newer-looking write than is never adjacent, even when it was sealed
+// for a revision at or above every revision those beacons named. writeID
+// has no boot: an agent booted with its durable state lost over a deleted
+// key starts at a lower epoch than its earlier boot (declared and
+// released since), and one beacon of that boot made every record of the
+// new one "older" — never adjacent, and with its beacons lost the dead
+// host was never declared (TestX94EarlierBootBeaconBlocksAdjacency). A
+// record sealed for a revision no named write is above was sealed after
+// every write the beacons named (revisions only grow while no rollback
+// is carried, gated or regressed: the conditions above); reviewer X93's
+// copy was sealed for the old life's last revision A, below the
+// withdrawal its beacon named. Tests only.
+var adjacentBootMutation bool
 
 // adjacentMutation: the watch's adjacency is ignored, as before: a value
 // whose stored message was superseded before it was read is not verified.
