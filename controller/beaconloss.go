@@ -1594,6 +1594,12 @@ func (t *Tracker) replayHost(now time.Time, host string) {
 			h.beacons.wrote = wrote
 		}
 	}
+	if m, ok := t.earlyWroteMax[host]; ok {
+		delete(t.earlyWroteMax, host)
+		if h := t.hosts[host]; h != nil {
+			h.beacons.wroteMax = max(h.beacons.wroteMax, m) // with wrote (reviewer X95)
+		}
+	}
 	saved := t.out
 	t.out = nil
 	gap := false

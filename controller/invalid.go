@@ -183,11 +183,16 @@ func (t *Tracker) BeaconWrote(host string, rev, epoch, inc, seq uint64) {
 			}
 			t.earlyWrote[host] = w
 		}
+		if t.earlyWroteMax == nil {
+			t.earlyWroteMax = map[string]uint64{}
+		}
+		t.earlyWroteMax[host] = max(t.earlyWroteMax[host], rev)
 		return
 	}
 	if w.newer(h.beacons.wrote) {
 		h.beacons.wrote = w
 	}
+	h.beacons.wroteMax = max(h.beacons.wroteMax, rev)
 }
 
 // earlyWroteMutation: BeaconWrote ignores a host not tracked, as before
@@ -453,7 +458,22 @@ func (t *Tracker) adjacent(h *hostState, rev uint64, rec *fencing.LeaseRecord, w
 	return w.After != 0 && h != nil && h.rev == w.After && rev > w.After && !h.regressed &&
 		h.carried == nil && h.countedCarry == nil && !t.RollbackGateOn() && !adjacentMutation &&
 		(!h.beacons.wrote.newer(idOf(*rec)) || adjacentBeaconMutation ||
-			h.beacons.maxRev <= rec.PrevRev && !adjacentBootMutation)
+			h.beacons.adjacentBar() <= rec.PrevRev && !adjacentBootMutation)
+}
+
+// adjacentBar: the highest revision h's beacons named, for adjacency's
+// escape — maxRev, and the revisions of the writes that set wrote: a
+// host's beacons kept before it was tracked raise maxRev only while
+// within earlyKeep, but wrote (and its early withdrawal) for ever, and
+// with maxRev alone every adjacent record escaped the wrote bar: a copy
+// of the host's create ended the withdrawal its kept beacon named and it
+// was declared while its guests ran (reviewer X95,
+// TestX95EarlyWroteEscapesAdjacencyBar; adjacentWroteMaxMutation).
+func (b *beaconState) adjacentBar() uint64 {
+	if adjacentWroteMaxMutation {
+		return b.maxRev
+	}
+	return max(b.maxRev, b.wroteMax)
 }
 
 // adjacentBootMutation (reviewer X94): a record the host's beacons named
@@ -797,3 +817,7 @@ var withdrawalPinMutation bool
 func (h *hostState) beaconWithdrawn() bool {
 	return h.beacons.withdrawnRev > h.trustedRev
 }
+
+// adjacentWroteMaxMutation (reviewer X95): adjacency's escape compares
+// with maxRev only, as before (adjacentBar). Tests only.
+var adjacentWroteMaxMutation bool

@@ -312,6 +312,12 @@ type beaconState struct {
 	// (fencing.Beacon's Epoch, Incarnation and Seq: BeaconWrote); zero
 	// when none said (an agent from before them).
 	wrote writeID
+	// wroteMax: the highest revision a beacon that set or could have set
+	// wrote named (BeaconWrote, early ones included): moved with wrote,
+	// where maxRev is not — a host's beacons kept before it was tracked
+	// raise maxRev only while within earlyKeep, wrote for ever (reviewer
+	// X95; Tracker.adjacent).
+	wroteMax uint64
 	// writes: the last revisions its beacons named with the record
 	// written there (vouch.go; allocated at the first, out of line: a
 	// ring inline made every host's state ~1 KB larger and the fleet's
@@ -510,6 +516,9 @@ type Tracker struct {
 	// (replayHost) and carried with its early withdrawal (Withdrawals;
 	// reviewer X45). Bounded by maxEarlyBeacons.
 	earlyWrote map[string]writeID
+	// earlyWroteMax: the highest revision those beacons named, taken
+	// with earlyWrote (beaconState.wroteMax; reviewer X95).
+	earlyWroteMax map[string]uint64
 	// barEarly: rollback bars (KeepBar) of hosts not tracked yet — the
 	// rollback emptied their keys —, taken when they are (replayHost).
 	barEarly map[string]writeID
