@@ -44,17 +44,22 @@ func TestX95EarlyWroteEscapesAdjacencyBar(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		mut   *bool
+		mut2  *bool         // a second mutation on (X96's layer off too)
 		early time.Duration // beacons before V is tracked
 		want  bool          // declared
 	}{
 		{name: "kept-beacons", early: time.Minute, want: false},
 		{name: "expired-beacons", early: earlyKeep + time.Minute, want: false},
-		{name: "expired-beacons/adjacentWroteMaxMutation", mut: &adjacentWroteMaxMutation, early: earlyKeep + time.Minute, want: true},
+		// V is withdrawn by its beacon: reviewer X96's rule (no escape
+		// while withdrawn) stops it too — off, to show this layer.
+		{name: "expired-beacons/adjacentWroteMaxMutation", mut: &adjacentWroteMaxMutation, early: earlyKeep + time.Minute, want: false},
+		{name: "expired-beacons/adjacentWroteMaxMutation+adjacentWithdrawnMutation", mut: &adjacentWroteMaxMutation, mut2: &adjacentWithdrawnMutation, early: earlyKeep + time.Minute, want: true},
 		{name: "expired-beacons/adjacentMutation", mut: &adjacentMutation, early: earlyKeep + time.Minute, want: false},
 		{name: "expired-beacons/adjacentBootMutation", mut: &adjacentBootMutation, early: earlyKeep + time.Minute, want: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x32Mutate(t, tc.mut)
+			x32Mutate(t, tc.mut2)
 			cfg := DefaultConfig()
 			cfg.GuardCount, cfg.GuardShare = 100, 1
 			tr, err := NewTracker(cfg)

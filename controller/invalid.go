@@ -97,6 +97,9 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 	if rev > b.withdrawnRev {
 		b.withdrawnRev = 0 // a later write of its own: back from the withdrawal
 	}
+	if rev > b.withdrew {
+		b.withdrew = 0
+	}
 	if rev > b.maxRev {
 		b.maxRev, b.maxAt = rev, now
 	}
@@ -458,7 +461,8 @@ func (t *Tracker) adjacent(h *hostState, rev uint64, rec *fencing.LeaseRecord, w
 	return w.After != 0 && h != nil && h.rev == w.After && rev > w.After && !h.regressed &&
 		h.carried == nil && h.countedCarry == nil && !t.RollbackGateOn() && !adjacentMutation &&
 		(!h.beacons.wrote.newer(idOf(*rec)) || adjacentBeaconMutation ||
-			h.beacons.adjacentBar() <= rec.PrevRev && !adjacentBootMutation)
+			h.beacons.adjacentBar() <= rec.PrevRev && !adjacentBootMutation &&
+				(!h.beaconWithdrawn() && h.beacons.withdrew == 0 || adjacentWithdrawnMutation))
 }
 
 // adjacentBar: the highest revision h's beacons named, for adjacency's
@@ -476,6 +480,21 @@ func (b *beaconState) adjacentBar() uint64 {
 	return max(b.maxRev, b.wroteMax)
 }
 
+// The escape never applies while the host's beacon says withdrawn
+// (beaconWithdrawn): "sealed above every named revision, so sealed after
+// those writes" holds only while revisions grow, and a rollback that
+// moves them down (a restore from a backup older than the key's last
+// delivered message) put the host's withdrawal, newer than the record,
+// at a reused revision below the record's PrevRev: its beacon named only
+// that low revision, the older record's copy escaped the bar, ended the
+// withdrawal and the host was declared while its guests ran (reviewer
+// X96, TestX96DownwardRollbackEscapesAdjacencyBar;
+// adjacentWithdrawnMutation). A withdrawal beacon ObserveWithdrawal
+// ignored (its revision below maxRev: a late beacon of an earlier,
+// skipped write named a higher one) counts as well (beaconState.withdrew;
+// lateBeacon). X94's new boot is not withdrawn by its old boot's active
+// beacon; a beacon naming a later revision ends both.
+//
 // adjacentBootMutation (reviewer X94): a record the host's beacons named
 // a newer-looking write than is never adjacent, even when it was sealed
 // for a revision at or above every revision those beacons named. writeID
@@ -790,6 +809,9 @@ func (t *Tracker) ObserveWithdrawal(now time.Time, host string, rev uint64) []De
 		t.keepEarly(earlyBeacon{kind: earlyWithdrawal, now: now, host: host, rev: rev}) // beaconloss.go
 		return t.out
 	}
+	if !withdrawalMutation {
+		h.beacons.withdrew = rev // whatever its revision (reviewer X96; adjacent)
+	}
 	if withdrawalMutation || rev <= h.trustedRev || rev < h.beacons.maxRev || h.beacons.withdrawnRev >= rev {
 		return t.out
 	}
@@ -821,3 +843,8 @@ func (h *hostState) beaconWithdrawn() bool {
 // adjacentWroteMaxMutation (reviewer X95): adjacency's escape compares
 // with maxRev only, as before (adjacentBar). Tests only.
 var adjacentWroteMaxMutation bool
+
+// adjacentWithdrawnMutation (reviewer X96): adjacency's escape from the
+// wrote bar applies while the host's beacon says withdrawn, as before.
+// Tests only.
+var adjacentWithdrawnMutation bool

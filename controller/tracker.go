@@ -289,6 +289,13 @@ type beaconState struct {
 	// named (ObserveWithdrawal); it stands while no trusted record or
 	// beacon names a later write.
 	withdrawnRev uint64
+	// withdrew: the revision the host's last withdrawal beacon (or
+	// receipt) named, kept even when ObserveWithdrawal ignored it as
+	// older than maxRev — after a rollback that moved revisions down it
+	// is the newest write at a lower revision — until a beacon names a
+	// later revision (Tracker.adjacent: no escape meanwhile; reviewer
+	// X96).
+	withdrew uint64
 	// maxRev: the highest revision its beacons named; maxAt: when that
 	// beacon came (the host was last known alive).
 	maxRev uint64
