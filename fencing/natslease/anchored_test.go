@@ -148,14 +148,8 @@ func TestRelayedCreateAnchoredNATS(t *testing.T) {
 				natslease.AbsentMarkerMutation = true
 				t.Cleanup(func() { natslease.AbsentMarkerMutation = false })
 			}
-			nc, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
-			kv, err := natslease.EnsureBucket(ctx, js, true)
-			if err != nil {
-				t.Fatal(err)
-			}
-			keys, ring := fleetKeys(t, "h0", "h1")
-			own := &natslease.Store{KV: kv, NC: nc, Signer: keys["h0"], Keys: ring}
-			relayer := &natslease.Store{KV: kv, NC: nc, Signer: keys["h1"], Keys: ring}
+			own, relayer, keys, ctx := relayStores(t)
+			kv := own.KV
 			const to = 2 * time.Second
 
 			res := own.Renew(ctx, fencing.RenewRequest{Seq: 1, Record: activeRecord("h0", 1)}, to)
@@ -198,4 +192,19 @@ func TestRelayedCreateAnchoredNATS(t *testing.T) {
 			}
 		})
 	}
+}
+
+// relayStores returns h0's Store and its peer h1's (the relayer), signing
+// required, on a fresh embedded JetStream, with the fleet's signers.
+func relayStores(t *testing.T) (own, relayer *natslease.Store, keys map[string]fencing.Signer, ctx context.Context) {
+	t.Helper()
+	nc, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
+	kv, err := natslease.EnsureBucket(ctx, js, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, ring := fleetKeys(t, "h0", "h1")
+	own = &natslease.Store{KV: kv, NC: nc, Signer: keys["h0"], Keys: ring}
+	relayer = &natslease.Store{KV: kv, NC: nc, Signer: keys["h1"], Keys: ring}
+	return own, relayer, keys, ctx
 }

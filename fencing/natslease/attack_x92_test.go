@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"hvguard/agent/delivery/deliverytest"
 	"hvguard/fencing"
 	"hvguard/fencing/natslease"
 )
@@ -36,14 +35,8 @@ func TestX92RacingPutNamesNoMarkerNATS(t *testing.T) {
 }
 
 func x92Race(t *testing.T, mut bool) {
-	nc, js, ctx := deliverytest.JetStream(t, deliverytest.StartJetStream(t, t.TempDir(), -1))
-	kv, err := natslease.EnsureBucket(ctx, js, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, ring := fleetKeys(t, "h0", "h1")
-	own := &natslease.Store{KV: kv, NC: nc, Signer: keys["h0"], Keys: ring}
-	relayer := &natslease.Store{KV: kv, NC: nc, Signer: keys["h1"], Keys: ring}
+	own, relayer, keys, ctx := relayStores(t)
+	kv := own.KV
 	const to = 2 * time.Second
 	res := own.Renew(ctx, fencing.RenewRequest{Seq: 1, Record: activeRecord("h0", 1)}, to)
 	if res.Outcome != fencing.RenewAcked {
