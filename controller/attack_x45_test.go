@@ -104,7 +104,7 @@ func TestX45WithdrawnCarryNotRaised(t *testing.T) {
 		{"control/renewals-seen", true, 20, nil},
 		{"attack/one-copy", false, 1, nil},
 		{"attack/copies-over-withdrawn-bar", false, 20, nil},
-		{"attack/copies-over-withdrawn-bar/rollbackBarMutation", false, 20, []*bool{&rollbackBarMutation}},
+		{"attack/copies-over-withdrawn-bar/rollbackBarMutation+withdrawnFreshMutation", false, 20, []*bool{&rollbackBarMutation, &withdrawnFreshMutation}}, // X97's layer off too
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x36Mutate(t, c.muts...)
@@ -498,7 +498,7 @@ func TestX45ListedWithdrawalDropsBar(t *testing.T) {
 		{"control/no-copies", 2, false, nil},
 		{"control/rollback-before-W_L", -1, true, nil},
 		{"attack/listed-W_L-newer-than-carried", 2, true, nil},
-		{"attack/listed-W_L-newer-than-carried/rollbackBarMutation", 2, true, []*bool{&rollbackBarMutation}},
+		{"attack/listed-W_L-newer-than-carried/rollbackBarMutation+withdrawnFreshMutation", 2, true, []*bool{&rollbackBarMutation, &withdrawnFreshMutation}}, // X97's layer off too
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x36Mutate(t, c.muts...)

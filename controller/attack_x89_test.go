@@ -90,6 +90,7 @@ func TestX89RestartAfterHeldBackRenewal(t *testing.T) {
 		t.Run(fmt.Sprintf("beaconFirst=%t/sealedProcMutation=%t", beaconFirst, tc.mut), func(t *testing.T) {
 			if tc.mut {
 				x32Mutate(t, &sealedProcMutation)
+				x32Mutate(t, &withdrawnFreshMutation) // X97's layer off too (its withdrawal beacon stands)
 			}
 			x := x85Renewing(t)
 			h := *x.r

@@ -122,6 +122,9 @@ func TestX93AdjacentCopyAfterUndetectedRollback(t *testing.T) {
 	for _, c := range x93Cases() {
 		t.Run(c.name, func(t *testing.T) {
 			x32Mutate(t, c.mut)
+			if c.mut == &adjacentBeaconMutation {
+				x32Mutate(t, &withdrawnFreshMutation) // X97's layer off too
+			}
 			b := newX11Bucket(t)
 			hosts := x10Names(0, 10)
 			live := x11Without(hosts, "h3")

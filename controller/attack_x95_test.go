@@ -60,6 +60,9 @@ func TestX95EarlyWroteEscapesAdjacencyBar(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			x32Mutate(t, tc.mut)
 			x32Mutate(t, tc.mut2)
+			if tc.mut2 != nil {
+				x32Mutate(t, &withdrawnFreshMutation) // X97's layer off too
+			}
 			cfg := DefaultConfig()
 			cfg.GuardCount, cfg.GuardShare = 100, 1
 			tr, err := NewTracker(cfg)

@@ -88,6 +88,9 @@ func TestX96DownwardRollbackEscapesAdjacencyBar(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			x32Mutate(t, c.mut)
+			if c.mut != nil {
+				x32Mutate(t, &withdrawnFreshMutation) // X97's layer off too
+			}
 			b := newX11Bucket(t)
 			hosts := x10Names(0, 10)
 			live := x11Without(hosts, "h3")

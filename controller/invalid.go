@@ -98,6 +98,9 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 		b.withdrawnRev = 0 // a later write of its own: back from the withdrawal
 	}
 	if rev > b.withdrew {
+		if b.withdrew != 0 {
+			t.rememberHost(host) // its memory's Withdrew ends (reviewer X97)
+		}
 		b.withdrew = 0
 	}
 	if rev > b.maxRev {
@@ -414,7 +417,11 @@ func (t *Tracker) ObserveWritten(now time.Time, host string, rev uint64, rec *fe
 		if !t.adjacent(t.hosts[host], rev, rec, w) {
 			w.After = 0
 		}
-		if ok, why := w.Fresh(*rec); !ok {
+		ok, why := w.Fresh(*rec)
+		if ok && t.withdrawnBar(t.hosts[host], rec) {
+			ok, why = false, "older than the write its own beacons named before the withdrawal they named"
+		}
+		if !ok {
 			h := t.hosts[host]
 			if t.vouchable(h, rec) && h.beacons.named(rev, rec) {
 				return t.observeVouched(now, host, rev, rec) // its beacon came first (vouch.go)
@@ -809,8 +816,9 @@ func (t *Tracker) ObserveWithdrawal(now time.Time, host string, rev uint64) []De
 		t.keepEarly(earlyBeacon{kind: earlyWithdrawal, now: now, host: host, rev: rev}) // beaconloss.go
 		return t.out
 	}
-	if !withdrawalMutation {
+	if !withdrawalMutation && h.beacons.withdrew != rev {
 		h.beacons.withdrew = rev // whatever its revision (reviewer X96; adjacent)
+		t.rememberHost(host)     // kept across a restart (Memory.Withdrew, reviewer X97)
 	}
 	if withdrawalMutation || rev <= h.trustedRev || rev < h.beacons.maxRev || h.beacons.withdrawnRev >= rev {
 		return t.out
@@ -848,3 +856,34 @@ var adjacentWroteMaxMutation bool
 // wrote bar applies while the host's beacon says withdrawn, as before.
 // Tests only.
 var adjacentWithdrawnMutation bool
+
+// withdrawnBar reports whether rec, a first record of h (NeedsWritten),
+// may not be trusted however it was written: h's own beacon named a
+// withdrawal that no beacon naming a later revision followed
+// (beaconWithdrawn, beaconState.withdrew) and rec is older than the
+// newest write its beacons named (wrote). X93's bar held for adjacency
+// only, and its header is no better after a rollback that moved the
+// stream's revisions down: the revision the copy was sealed for is
+// handed out again, a compromised node lines its garbage up at exactly
+// that revision (filler writes, reviewer X44's lever) and writes the
+// copy by a compare-and-set on it — written fresh by its header — and
+// the withdrawn host, its beacons arrived, was declared while its
+// guests ran (reviewer X97, TestX97RestartForgetsWithdrawalBeforeAdjacentCopy/cas;
+// withdrawnFreshMutation). The price is X94's: an agent that withdrew
+// and came back with its durable state lost writes older-looking
+// records, not trusted until a beacon of the new boot names a later
+// revision.
+func (t *Tracker) withdrawnBar(h *hostState, rec *fencing.LeaseRecord) bool {
+	return h != nil && !withdrawnFreshMutation && (h.beaconWithdrawn() || h.beacons.withdrew != 0) &&
+		h.beacons.wrote.newer(idOf(*rec))
+}
+
+// withdrawnFreshMutation: a first record written fresh is trusted whatever
+// withdrawal the host's beacons named, as before (reviewer X97). Tests
+// only.
+var withdrawnFreshMutation bool
+
+// memoryWithdrewMutation (reviewer X97): the controllers' memory carries
+// nothing of a host's withdrawal beacon, as before (Memory.Withdrew).
+// Tests only.
+var memoryWithdrewMutation bool

@@ -70,6 +70,28 @@ type Memory struct {
 	// Pin, if set: the state of the host's key the writer would declare
 	// it on, or keep it withdrawn or declared on (see above).
 	Pin *MemoryPin `json:"pin,omitempty"`
+	// Withdrew, if set: the host's own withdrawal beacon the writer
+	// handled that no beacon naming a later revision followed
+	// (beaconState.withdrew), with the newest write its beacons named —
+	// what adjacency and the trust of a first record compare with
+	// (Tracker.adjacent, withdrawnBar). Kept in memory only, a
+	// controller restarted between the withdrawal beacon and a copy of
+	// an older record of the host's (aligned after a rollback that moved
+	// revisions down) trusted the copy and declared the withdrawn host
+	// (reviewer X97, TestX97RestartForgetsWithdrawalBeforeAdjacentCopy;
+	// memoryWithdrewMutation).
+	Withdrew *MemoryWithdrew `json:"withdrew,omitempty"`
+}
+
+// MemoryWithdrew: a host's withdrawal beacon's revision (Rev) and the
+// newest write its beacons named then (Epoch, Incarnation, Seq: wrote;
+// WroteMax: the highest revision of such writes).
+type MemoryWithdrew struct {
+	Rev         uint64 `json:"rev"`
+	Epoch       uint64 `json:"epoch,omitempty"`
+	Incarnation uint64 `json:"incarnation,omitempty"`
+	Seq         uint64 `json:"seq,omitempty"`
+	WroteMax    uint64 `json:"wrote_max,omitempty"`
 }
 
 // MemoryPin is a host's last trusted record (active or withdrawn, signed
@@ -729,7 +751,11 @@ func (t *Tracker) Memories(max int) (out []string, ms []Memory) {
 	for _, host := range out {
 		delete(t.dirtyMemory, host)
 		h := t.hosts[host]
-		ms = append(ms, Memory{Beacons: !h.beacons.at.IsZero() || h.beacons.remembered, Pin: h.pin})
+		m := Memory{Beacons: !h.beacons.at.IsZero() || h.beacons.remembered, Pin: h.pin}
+		if b := &h.beacons; b.withdrew != 0 && !memoryWithdrewMutation {
+			m.Withdrew = &MemoryWithdrew{Rev: b.withdrew, Epoch: b.wrote.epoch, Incarnation: b.wrote.inc, Seq: b.wrote.seq, WroteMax: b.wroteMax}
+		}
+		ms = append(ms, m)
 	}
 	return out, ms
 }
@@ -757,6 +783,17 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 	if m.Beacons {
 		h.beacons.remembered = true
 		defer t.bindLate(now, host, h) // beaconloss.go
+	}
+	if mw := m.Withdrew; mw != nil && mw.Rev != 0 && !memoryWithdrewMutation && h.beacons.maxRev <= mw.Rev {
+		// The writer's withdrawal beacon, no beacon handled here naming a
+		// later revision (which ends it: ObserveBeacon): this tracker
+		// holds it as the writer did (reviewer X97; Memory.Withdrew).
+		b := &h.beacons
+		b.withdrew = max(b.withdrew, mw.Rev)
+		if w := (writeID{epoch: mw.Epoch, inc: mw.Incarnation, seq: mw.Seq}); w.newer(b.wrote) {
+			b.wrote = w
+		}
+		b.wroteMax = max(b.wroteMax, mw.WroteMax, mw.Rev)
 	}
 	p := m.Pin
 	if p != nil && p.TrustedRev <= t.rolledBackRev {
