@@ -56,8 +56,7 @@ func setupNetns(t *testing.T) (ns, rootLink string) {
 	id := os.Getpid() % 100000
 	ns = fmt.Sprintf("hvgfence%d", id)
 	rootLink, nsLink := fmt.Sprintf("hvgr%d", id), fmt.Sprintf("hvgn%d", id)
-	_ = exec.Command("ip", "netns", "del", ns).Run()
-	_ = exec.Command("ip", "link", "del", rootLink).Run()
+	removeStaleNetns(t)
 	sh(t, "ip", "netns", "add", ns)
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", ns).Run() })
 	sh(t, "ip", "link", "add", rootLink, "type", "veth", "peer", "name", nsLink)
@@ -69,6 +68,39 @@ func setupNetns(t *testing.T) (ns, rootLink string) {
 	sh(t, "ip", "netns", "exec", ns, "ip", "link", "set", nsLink, "up")
 	sh(t, "ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
 	return ns, rootLink
+}
+
+// staleName: this file's namespaces and root-side links (hvgfence<pid>,
+// hvgr<pid>), not the controller HA test's (hvgca, hvgrhvgca…).
+var staleName = regexp.MustCompile(`^hvg(fence|r)[0-9]+$`)
+
+// removeStaleNetns deletes the namespaces and root-side links an earlier
+// run left behind (a test process killed before its cleanup): they hold
+// rootAddr, which every run uses, and a stale one made the next run's
+// agent unable to reach NATS (seen after a CI run was killed mid-test).
+func removeStaleNetns(t *testing.T) {
+	t.Helper()
+	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) > 0 && staleName.MatchString(f[0]) {
+				t.Logf("removing namespace %s left by an earlier run", f[0])
+				_ = exec.Command("ip", "netns", "del", f[0]).Run()
+			}
+		}
+	}
+	if out, err := exec.Command("ip", "-o", "link", "show").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 2 {
+				continue
+			}
+			name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+			if staleName.MatchString(name) {
+				t.Logf("removing link %s left by an earlier run", name)
+				_ = exec.Command("ip", "link", "del", name).Run()
+			}
+		}
+	}
 }
 
 // agentRun is the agent process with its transitions parsed from its log.
