@@ -281,7 +281,7 @@ func (s *Store) Renew(ctx context.Context, req fencing.RenewRequest, timeout tim
 // it cannot land on that
 // marker again (stream sequences are never reused) — a replay by
 // revision (prev_rev below the key's last revision). A relayed create is
-// anchored too: the relayer's conflict names the marker (absentAt), the
+// anchored too: the relayer's conflict names the marker (markerAt), the
 // asker's next renewal is sealed for it and relayed as a compare-and-set
 // on it. It stays a plain create, sealed for 0, when no marker was read
 // (docs/security.md, "Anchored creates").
@@ -309,35 +309,19 @@ func (s *Store) marker(ctx context.Context, host string) (uint64, bool) {
 	return m.Seq, deleted
 }
 
-// absentAt returns the revision of the delete marker host's key ends
-// with, for a conflict that found no record (0: none read, or the key
-// holds a value again). The agent seals its next relayed record for it
-// (fencing.RenewResult), learnt from its own conflict or a peer's "key
-// absent" answer: an anchored create — before, a relayed create was sealed
-// for 0, verifiable only through the host's beacons (docs/security.md,
-// "Anchored creates"). Its own next write stays on revision 0: Renew
-// anchors it on the marker it reads as it writes.
-func (s *Store) absentAt(ctx context.Context, host string) uint64 {
-	if AbsentMarkerMutation {
-		return 0
-	}
-	ctx, cancel := context.WithTimeout(ctx, ReadTimeout)
-	defer cancel()
-	m, ok := s.marker(ctx, host)
-	if !ok {
-		return 0
-	}
-	return m
-}
-
 // markerAt is the revision of the delete marker a read found (Store.get's
-// not-found error wraps it).
+// not-found error wraps it). A conflict that found no record names it
+// (Store.cas), and the agent seals its next relayed record for it: an
+// anchored create — before, a relayed create was sealed for 0, verifiable
+// only through the host's beacons (docs/security.md, "Anchored creates").
+// Its own next write stays on revision 0: Renew anchors it on the marker
+// it reads as it writes.
 type markerAt uint64
 
 func (m markerAt) Error() string { return fmt.Sprintf("deleted at revision %d", uint64(m)) }
 
 // RereadMarkerMutation: a conflict that found no record names the marker
-// a second read finds (Store.absentAt), as before reviewer X92: a put
+// a second read finds (Store.marker), as before reviewer X92: a put
 // between the reads names 0. Tests only.
 var RereadMarkerMutation bool
 
@@ -436,7 +420,11 @@ func (s *Store) cas(ctx context.Context, host string, rev uint64, rec fencing.Le
 			switch {
 			case AbsentMarkerMutation:
 			case RereadMarkerMutation:
-				crev = s.absentAt(ctx, host)
+				rctx, cancel := context.WithTimeout(ctx, ReadTimeout)
+				if m, ok := s.marker(rctx, host); ok {
+					crev = m
+				}
+				cancel()
 			case errors.As(gerr, &ma):
 				crev = uint64(ma)
 			}
