@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"maps"
 	"testing"
 	"time"
 
@@ -76,7 +77,7 @@ func TestX99StaleWithdrewNewBoot(t *testing.T) {
 				seq++
 				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
 			}
-			backup, backupRev := cloneKeys(b.keys), b.rev
+			backup, backupRev := maps.Clone(b.keys), b.rev
 			for i := 0; i < 5; i++ {
 				b.run(at, 1, live, nil)
 				at = at.Add(time.Second)
@@ -133,12 +134,4 @@ func TestX99StaleWithdrewNewBoot(t *testing.T) {
 			}
 		})
 	}
-}
-
-func cloneKeys(m map[string]x11Entry) map[string]x11Entry {
-	out := make(map[string]x11Entry, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }
