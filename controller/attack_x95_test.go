@@ -44,7 +44,7 @@ func TestX95EarlyWroteEscapesAdjacencyBar(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		mut   *bool
-		mut2  *bool         // a second mutation on (X96's layer off too)
+		mut2  *bool         // a second mutation on (the withdrawnBar layer off too)
 		early time.Duration // beacons before V is tracked
 		want  bool          // declared
 	}{
@@ -53,16 +53,13 @@ func TestX95EarlyWroteEscapesAdjacencyBar(t *testing.T) {
 		// V is withdrawn by its beacon: reviewer X96's rule (no escape
 		// while withdrawn) stops it too — off, to show this layer.
 		{name: "expired-beacons/adjacentWroteMaxMutation", mut: &adjacentWroteMaxMutation, early: earlyKeep + time.Minute, want: false},
-		{name: "expired-beacons/adjacentWroteMaxMutation+adjacentWithdrawnMutation", mut: &adjacentWroteMaxMutation, mut2: &adjacentWithdrawnMutation, early: earlyKeep + time.Minute, want: true},
+		{name: "expired-beacons/adjacentWroteMaxMutation+withdrawnFreshMutation", mut: &adjacentWroteMaxMutation, mut2: &withdrawnFreshMutation, early: earlyKeep + time.Minute, want: true},
 		{name: "expired-beacons/adjacentMutation", mut: &adjacentMutation, early: earlyKeep + time.Minute, want: false},
 		{name: "expired-beacons/adjacentBootMutation", mut: &adjacentBootMutation, early: earlyKeep + time.Minute, want: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x32Mutate(t, tc.mut)
 			x32Mutate(t, tc.mut2)
-			if tc.mut2 != nil {
-				x32Mutate(t, &withdrawnFreshMutation) // X97's layer off too
-			}
 			cfg := DefaultConfig()
 			cfg.GuardCount, cfg.GuardShare = 100, 1
 			tr, err := NewTracker(cfg)

@@ -61,7 +61,8 @@ import (
 // superseded by a trusted record or a later beacon-named write) or a
 // withdrawal beacon came that no beacon naming a later revision followed
 // (beaconState.withdrew, set even when ObserveWithdrawal ignores it).
-// With adjacentWithdrawnMutation the cases marked hole are declared.
+// With withdrawnFreshMutation (X96's rule, now Tracker.withdrawnBar) the
+// cases marked hole are declared.
 func TestX96DownwardRollbackEscapesAdjacencyBar(t *testing.T) {
 	for _, c := range []struct {
 		otherProc bool
@@ -77,20 +78,17 @@ func TestX96DownwardRollbackEscapesAdjacencyBar(t *testing.T) {
 		{receipt: true},
 		{otherProc: true},
 		{otherProc: true, receipt: true},
-		{mut: &adjacentWithdrawnMutation, wantHole: true},
-		{otherProc: true, receipt: true, mut: &adjacentWithdrawnMutation, wantHole: true},
+		{mut: &withdrawnFreshMutation, wantHole: true},
+		{otherProc: true, receipt: true, mut: &withdrawnFreshMutation, wantHole: true},
 		{otherProc: true, receipt: true, lateBeacon: true},
-		{otherProc: true, receipt: true, lateBeacon: true, mut: &adjacentWithdrawnMutation, wantHole: true},
+		{otherProc: true, receipt: true, lateBeacon: true, mut: &withdrawnFreshMutation, wantHole: true},
 	} {
 		name := fmt.Sprintf("otherProc=%t/receipt=%t/lateBeacon=%t", c.otherProc, c.receipt, c.lateBeacon)
 		if c.mut != nil {
-			name += "/adjacentWithdrawnMutation"
+			name += "/withdrawnFreshMutation"
 		}
 		t.Run(name, func(t *testing.T) {
 			x32Mutate(t, c.mut)
-			if c.mut != nil {
-				x32Mutate(t, &withdrawnFreshMutation) // X97's layer off too
-			}
 			b := newX11Bucket(t)
 			hosts := x10Names(0, 10)
 			live := x11Without(hosts, "h3")

@@ -78,7 +78,9 @@ func TestX97RestartForgetsWithdrawalBeforeAdjacentCopy(t *testing.T) {
 		{cas: true, receipt: true},
 		{cas: true, otherProc: true, receipt: true, mut: &withdrawnFreshMutation, wantHole: true},
 		{restart: true, cas: true, otherProc: true, receipt: true, mut: &withdrawnFreshMutation, wantHole: true},
-		{otherProc: true, receipt: true, mut: &withdrawnFreshMutation}, // X96's: adjacency refuses
+		// The adjacent copy (no cas): withdrawnBar is the one layer (X96's
+		// rule, first a clause of adjacent, is now this bar).
+		{otherProc: true, receipt: true, mut: &withdrawnFreshMutation, wantHole: true},
 	} {
 		name := fmt.Sprintf("restart=%t/cas=%t/otherProc=%t/receipt=%t", c.restart, c.cas, c.otherProc, c.receipt)
 		switch c.mut {

@@ -468,8 +468,7 @@ func (t *Tracker) adjacent(h *hostState, rev uint64, rec *fencing.LeaseRecord, w
 	return w.After != 0 && h != nil && h.rev == w.After && rev > w.After && !h.regressed &&
 		h.carried == nil && h.countedCarry == nil && !t.RollbackGateOn() && !adjacentMutation &&
 		(!h.beacons.wrote.newer(idOf(*rec)) || adjacentBeaconMutation ||
-			h.beacons.adjacentBar() <= rec.PrevRev && !adjacentBootMutation &&
-				(!h.beaconWithdrawn() && h.beacons.withdrew == 0 || adjacentWithdrawnMutation))
+			h.beacons.adjacentBar() <= rec.PrevRev && !adjacentBootMutation)
 }
 
 // adjacentBar: the highest revision h's beacons named, for adjacency's
@@ -487,21 +486,6 @@ func (b *beaconState) adjacentBar() uint64 {
 	return max(b.maxRev, b.wroteMax)
 }
 
-// The escape never applies while the host's beacon says withdrawn
-// (beaconWithdrawn): "sealed above every named revision, so sealed after
-// those writes" holds only while revisions grow, and a rollback that
-// moves them down (a restore from a backup older than the key's last
-// delivered message) put the host's withdrawal, newer than the record,
-// at a reused revision below the record's PrevRev: its beacon named only
-// that low revision, the older record's copy escaped the bar, ended the
-// withdrawal and the host was declared while its guests ran (reviewer
-// X96, TestX96DownwardRollbackEscapesAdjacencyBar;
-// adjacentWithdrawnMutation). A withdrawal beacon ObserveWithdrawal
-// ignored (its revision below maxRev: a late beacon of an earlier,
-// skipped write named a higher one) counts as well (beaconState.withdrew;
-// lateBeacon). X94's new boot is not withdrawn by its old boot's active
-// beacon; a beacon naming a later revision ends both.
-//
 // adjacentBootMutation (reviewer X94): a record the host's beacons named
 // a newer-looking write than is never adjacent, even when it was sealed
 // for a revision at or above every revision those beacons named. writeID
@@ -852,11 +836,6 @@ func (h *hostState) beaconWithdrawn() bool {
 // with maxRev only, as before (adjacentBar). Tests only.
 var adjacentWroteMaxMutation bool
 
-// adjacentWithdrawnMutation (reviewer X96): adjacency's escape from the
-// wrote bar applies while the host's beacon says withdrawn, as before.
-// Tests only.
-var adjacentWithdrawnMutation bool
-
 // withdrawnBar reports whether rec, a first record of h (NeedsWritten),
 // may not be trusted however it was written: h's own beacon named a
 // withdrawal that no beacon naming a later revision followed
@@ -873,9 +852,22 @@ var adjacentWithdrawnMutation bool
 // and came back with its durable state lost writes older-looking
 // records, not trusted until a beacon of the new boot names a later
 // revision.
+//
+// It holds reviewer X96's case too: a rollback that moves revisions down
+// (a restore from a backup older than the key's last delivered message)
+// put the host's withdrawal, newer than the record, at a reused revision
+// below the record's PrevRev; its beacon named only that low revision, so
+// adjacency's escape (adjacentBar) applied, the copy ended the withdrawal
+// and the host was declared while its guests ran
+// (TestX96DownwardRollbackEscapesAdjacencyBar). A withdrawal beacon
+// ObserveWithdrawal ignored (below maxRev: a late beacon of an earlier,
+// skipped write named a higher one) counts as well (beaconState.withdrew;
+// lateBeacon). X96's fix was first a clause of adjacent; this bar, for
+// every first record however written, subsumes it.
 func (t *Tracker) withdrawnBar(h *hostState, rec *fencing.LeaseRecord) bool {
 	return h != nil && !withdrawnFreshMutation && (h.beaconWithdrawn() || h.beacons.withdrew != 0) &&
 		h.beacons.wrote.newer(idOf(*rec))
+
 }
 
 // withdrawnFreshMutation: a first record written fresh is trusted whatever
