@@ -24,12 +24,17 @@ import (
 // Preconditions are X97's (a downward rollback, not attacker-caused) plus
 // X94's (a boot with its durable state lost before the orderly stop).
 func TestX100OldBootCopyEscapesWithdrawnBar(t *testing.T) {
-	for _, c := range []struct{ restart, cas bool }{
+	for _, c := range []struct{ restart, cas, control bool }{
 		{restart: false, cas: true},
 		{restart: true, cas: true},
 		{restart: true, cas: false},
+		// control: W of the same boot, newer by writeID (X97's case):
+		// refused — only the boot order lets the copy through.
+		{restart: false, cas: true, control: true},
+		{restart: true, cas: true, control: true},
+		{restart: true, cas: false, control: true},
 	} {
-		t.Run(fmt.Sprintf("restart=%t/cas=%t", c.restart, c.cas), func(t *testing.T) {
+		t.Run(fmt.Sprintf("restart=%t/cas=%t/control=%t", c.restart, c.cas, c.control), func(t *testing.T) {
 			b := newX11Bucket(t)
 			hosts := x10Names(0, 10)
 			live := x11Without(hosts, "h3")
@@ -62,6 +67,9 @@ func TestX100OldBootCopyEscapesWithdrawnBar(t *testing.T) {
 			// W: a NEW boot (durable state lost: epoch 1) withdraws.
 			wr := old
 			wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq = "h3-boot-2", 1, 1, 1
+			if c.control {
+				wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq = "h3-boot-1", 5, 3, 41
+			}
 			wr.State, wr.Reason, wr.PrevRev = fencing.LeaseWithdrawn, "orderly-stop", 0
 			b.land(now.Add(100*time.Millisecond), "h3", x11Entry{rec: &wr, w: fencing.Written{Known: true}})
 			w := b.keys["h3"]
@@ -128,6 +136,9 @@ func TestX100OldBootCopyEscapesWithdrawnBar(t *testing.T) {
 					}
 					declared = tnow.Sub(start).String()
 				}
+			}
+			if c.control && declared != "" {
+				t.Fatalf("control: same-boot newer W, h3 declared %s (the rig, not the boot order)", declared)
 			}
 			if declared != "" {
 				t.Errorf("(S) h3, withdrawn by its new boot at %d (its beacon came), declared %s after the copy of its OLD boot's create (sealed for %d, epoch 5 > W's 1)", w.rev, declared, P)
