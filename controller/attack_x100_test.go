@@ -3,14 +3,13 @@ package controller
 import (
 	"fmt"
 	"maps"
-	"os"
 	"testing"
 	"time"
 
 	"hvguard/fencing"
 )
 
-// Reviewer X100 (attack, (S)): X97's bar (withdrawnBar) and X93's
+// Reviewer X100 (attack, (S), fixed): X97's bar (withdrawnBar) and X93's
 // adjacency bar both compare the copy with h.beacons.wrote by writeID
 // (epoch, incarnation, seq) — which orders no boots (X94's own finding).
 // X97's scenario with one change: the withdrawal W is written by a NEW
@@ -24,21 +23,48 @@ import (
 //
 // Preconditions are X97's (a downward rollback, not attacker-caused) plus
 // X94's (a boot with its durable state lost before the orderly stop).
-func TestX100OldBootCopyEscapesWithdrawnBar(t *testing.T) {
-	if os.Getenv("HVG_X100") == "" {
-		t.Skip("open (S), conditional on a downward rollback and an agent restarted with its state lost at a lower epoch (docs/security.md, reviewer X100); HVG_X100=1 runs it (it fails)")
+//
+// Fixed: while the withdrawal stands, a first record of another boot than
+// the withdrawal's is not trusted (withdrawnBar, withdrawnBootMutation;
+// the boot kept across a restart, memoryWithdrewBootMutation), and
+// beacons received before the withdrawal vouch for nothing (the named
+// cases: R's own beacon came before the rollback, the copy lands at R's
+// revision; namedFloorMutation).
+func TestX100OldBootCopyRefusedWhileWithdrawn(t *testing.T) {
+	type x100Case struct {
+		restart, cas, control, named bool
+		mut                          *bool
+		mutName                      string
 	}
-	for _, c := range []struct{ restart, cas, control bool }{
+	cases := []x100Case{
 		{restart: false, cas: true},
 		{restart: true, cas: true},
 		{restart: true, cas: false},
 		// control: W of the same boot, newer by writeID (X97's case):
-		// refused — only the boot order lets the copy through.
+		// refused by writeID alone.
 		{restart: false, cas: true, control: true},
 		{restart: true, cas: true, control: true},
 		{restart: true, cas: false, control: true},
-	} {
-		t.Run(fmt.Sprintf("restart=%t/cas=%t/control=%t", c.restart, c.cas, c.control), func(t *testing.T) {
+		// named: R's own beacon reached the running controller before the
+		// rollback (the agent beacons every write; the watch, stopped,
+		// did not deliver R), and the copy lands at R's revision with no
+		// provable header: the vouch path.
+		{restart: false, named: true},
+		{restart: false, named: true, control: true},
+		// The holes, each layer off.
+		{restart: false, cas: true, mut: &withdrawnBootMutation, mutName: "withdrawnBootMutation"},
+		{restart: true, cas: true, mut: &withdrawnBootMutation, mutName: "withdrawnBootMutation"},
+		{restart: true, cas: false, mut: &withdrawnBootMutation, mutName: "withdrawnBootMutation"},
+		{restart: true, cas: true, mut: &memoryWithdrewBootMutation, mutName: "memoryWithdrewBootMutation"},
+		{restart: false, named: true, mut: &namedFloorMutation, mutName: "namedFloorMutation"},
+	}
+	for _, c := range cases {
+		name := fmt.Sprintf("restart=%t/cas=%t/control=%t/named=%t", c.restart, c.cas, c.control, c.named)
+		if c.mut != nil {
+			name += "/" + c.mutName
+		}
+		t.Run(name, func(t *testing.T) {
+			x32Mutate(t, c.mut)
 			b := newX11Bucket(t)
 			hosts := x10Names(0, 10)
 			live := x11Without(hosts, "h3")
@@ -66,6 +92,12 @@ func TestX100OldBootCopyEscapesWithdrawnBar(t *testing.T) {
 			r1 := b.x93Write(now, "h3", fencing.LeaseActive, 40, P)
 			old := *r1.rec
 			old.BootID, old.Epoch, old.Incarnation, old.Seq = "h3-boot-1", 5, 3, 40
+			R := r1.rev
+			if c.named {
+				c1.ObserveBeacon(now, "h3", R)
+				c1.BeaconWrote("h3", R, old.Epoch, old.Incarnation, old.Seq)
+				c1.BeaconVouches(now, "h3", R, old.BootID, old.Epoch, old.Incarnation, old.Seq)
+			}
 			b.rollBack(backup, backupRev)
 			b.write(now, live[0], fencing.LeaseActive, b.guard.Ref())
 			// W: a NEW boot (durable state lost: epoch 1) withdraws.
@@ -84,7 +116,7 @@ func TestX100OldBootCopyEscapesWithdrawnBar(t *testing.T) {
 			c1.ObserveBeacon(now, "h3", w.rev)
 			c1.BeaconWrote("h3", w.rev, wr.Epoch, wr.Incarnation, wr.Seq)
 			c1.BeaconVouches(now, "h3", w.rev, wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq)
-			c1.ObserveWithdrawal(now, "h3", w.rev)
+			c1.ObserveWithdrawalOf(now, "h3", w.rev, wr.BootID)
 			if !c1.hosts["h3"].beaconWithdrawn() && c1.hosts["h3"].beacons.withdrew == 0 {
 				t.Fatalf("rig: W's beacon did not make h3 withdrawn")
 			}
@@ -102,6 +134,11 @@ func TestX100OldBootCopyEscapesWithdrawnBar(t *testing.T) {
 			if b.keys["h3"].rev != P {
 				t.Fatalf("rig: garbage at %d, want P = %d", b.keys["h3"].rev, P)
 			}
+			if c.named {
+				for i := 0; b.rev < R-1; i++ {
+					b.write(now.Add(500*time.Millisecond), live[i%len(live)], fencing.LeaseActive, b.guard.Ref())
+				}
+			}
 			if !c.restart {
 				for i := 0; b.rev < L; i++ {
 					b.write(now.Add(500*time.Millisecond), live[i%len(live)], fencing.LeaseActive, b.guard.Ref())
@@ -112,6 +149,12 @@ func TestX100OldBootCopyEscapesWithdrawnBar(t *testing.T) {
 			cw := fencing.Written{After: P}
 			if c.cas {
 				cw = fencing.Written{Known: true, HasExpected: true, Expected: P}
+			}
+			if c.named {
+				cw = fencing.Written{} // no stored message read, not adjacent
+				if b.rev != R-1 {
+					t.Fatalf("rig: the copy lands at %d, want R = %d", b.rev+1, R)
+				}
 			}
 			b.land(now.Add(600*time.Millisecond), "h3", x11Entry{rec: &cp, w: cw})
 			h := c2.hosts["h3"]
@@ -135,7 +178,7 @@ func TestX100OldBootCopyEscapesWithdrawnBar(t *testing.T) {
 					if c2.SealedBefore("h3", rc) {
 						continue
 					}
-					if !c2.ReceiptStale("h3", rc, w.stored) && len(c2.ObserveWithdrawal(tnow, "h3", w.rev)) > 0 {
+					if !c2.ReceiptStale("h3", rc, w.stored) && len(c2.ObserveWithdrawalOf(tnow, "h3", w.rev, rc.BootID)) > 0 {
 						continue
 					}
 					declared = tnow.Sub(start).String()
@@ -144,9 +187,113 @@ func TestX100OldBootCopyEscapesWithdrawnBar(t *testing.T) {
 			if c.control && declared != "" {
 				t.Fatalf("control: same-boot newer W, h3 declared %s (the rig, not the boot order)", declared)
 			}
+			if c.mut != nil {
+				if declared == "" {
+					t.Fatalf("mutation: h3 not declared — the layer it switches off is not what refuses the copy")
+				}
+				return
+			}
 			if declared != "" {
 				t.Errorf("(S) h3, withdrawn by its new boot at %d (its beacon came), declared %s after the copy of its OLD boot's create (sealed for %d, epoch 5 > W's 1)", w.rev, declared, P)
 			}
 		})
+	}
+}
+
+// TestX100NewBootAfterWithdrawalPrice: the price of X100's boot rule,
+// shown with no rollback at all. h3 (boot-1) withdrew, its beacon and
+// record handled; a controller restart found garbage on its key (nothing
+// trusted, Memory.Withdrew restored with boot-1); h3 came back on a new
+// boot, its records newer by write identity and by revision. With its
+// beacons, the first one (naming a revision above the withdrawal's) ends
+// the withdrawal and h3 is trusted — and declared once it dies. With every
+// one of them lost, its records are another boot's while the withdrawal
+// stands: never trusted, and dead, never declared ((c), documented in
+// docs/security.md) — where before the rule they were trusted
+// (withdrawnBootMutation).
+func TestX100NewBootAfterWithdrawalPrice(t *testing.T) {
+	for _, c := range []struct {
+		beacons bool
+		mut     *bool
+		want    bool // declared once dead
+	}{
+		{beacons: true, want: true},
+		{beacons: false, want: false},
+		{beacons: false, mut: &withdrawnBootMutation, want: true},
+	} {
+		t.Run(fmt.Sprintf("beacons=%t/mut=%t", c.beacons, c.mut != nil), func(t *testing.T) {
+			x32Mutate(t, c.mut)
+			b := newX11Bucket(t)
+			live := x11Without(x10Names(0, 10), "h3")
+			b.tr = x10Tracker(t)
+			for _, h := range live {
+				b.write(t0, h, fencing.LeaseActive, nil)
+			}
+			b.publish()
+			at := t0
+			for seq := uint64(1); seq <= 3; seq++ {
+				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+				b.run(at, 1, live, nil)
+				at = at.Add(time.Second)
+			}
+			w := b.x99Write(at, "h3", fencing.LeaseWithdrawn, "boot-1", 2, 100, 4, true)
+			if m := b.mem["h3"].Withdrew; m == nil || m.Boot != "boot-1" {
+				t.Fatalf("rig: memory %+v, want the withdrawal of boot-1", m)
+			}
+			b.stop()
+			b.garbage(at, "h3")
+			c2 := b.start(at.Add(100 * time.Millisecond))
+			if h := c2.hosts["h3"]; h.trustedRev != 0 || h.beacons.withdrewBoot != "boot-1" {
+				t.Fatalf("rig: restarted controller trusts %d, withdrawal of %q", h.trustedRev, h.beacons.withdrewBoot)
+			}
+			for s := uint64(1); s <= 3; s++ {
+				b.run(at, 1, live, nil)
+				at = at.Add(time.Second)
+				if e := b.x99Write(at, "h3", fencing.LeaseActive, "boot-2", 3, 1, s, c.beacons); e.rev <= w.rev {
+					t.Fatalf("rig: new boot's write at %d, want above W %d", e.rev, w.rev)
+				}
+			}
+			h := c2.hosts["h3"]
+			t.Logf("new boot: trusted %d, withdrew %d (%q)", h.trustedRev, h.beacons.withdrew, h.beacons.withdrewBoot)
+			declared := false
+			for i := 1; i <= 120 && !declared; i++ {
+				now := at.Add(time.Duration(i) * time.Second)
+				for _, hh := range live {
+					b.write(now, hh, fencing.LeaseActive, b.guard.Ref())
+				}
+				b.publish()
+				for _, d := range c2.Tick(now) {
+					declared = declared || d.Op == OpDeclare && d.Host == "h3"
+				}
+			}
+			if declared != c.want {
+				t.Errorf("dead h3 declared %t, want %t", declared, c.want)
+			}
+		})
+	}
+}
+
+// TestBeaconBoxKeepsWithdrawalBoot: the runner's box hands the tracker the
+// newest withdrawal beacon of a host with the boot that wrote it
+// (ObserveWithdrawalOf; reviewer X100's rule needs it).
+func TestBeaconBoxKeepsWithdrawalBoot(t *testing.T) {
+	box := newBeaconBox()
+	for _, b := range []fencing.Beacon{
+		{Host: "h3", BootID: "boot-1", Revision: 5, State: fencing.LeaseWithdrawn},
+		{Host: "h3", BootID: "boot-0", Revision: 3, State: fencing.LeaseWithdrawn}, // late: older
+	} {
+		if err := box.put("h3", b, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, w := box.take()
+	if got := w["h3"]; got != (withdrawalRef{rev: 5, boot: "boot-1"}) {
+		t.Fatalf("withdrawal %+v, want revision 5 of boot-1", got)
+	}
+	if err := box.put("h3", fencing.Beacon{Host: "h3", BootID: "boot-2", Revision: 9}, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, w = box.take(); w["h3"] != (withdrawalRef{rev: 9, boot: "boot-2"}) {
+		t.Fatalf("withdrawal %+v, want revision 9 of boot-2", w["h3"])
 	}
 }

@@ -1410,7 +1410,8 @@ type earlyBeacon struct {
 	now       time.Time
 	host      string
 	rev, prev uint64
-	shed      bool // earlyChain: BeaconChainShed's shed
+	shed      bool   // earlyChain: BeaconChainShed's shed
+	boot      string // earlyWithdrawal: the withdrawal's boot
 }
 
 type earlyKind uint8
@@ -1623,7 +1624,7 @@ func (t *Tracker) replayHost(now time.Time, host string) {
 		// beacons verify), and one dropped unseen was the withdrawal of a
 		// host a watch lagging 10 minutes delivered late (reviewer X36).
 		// A stale one is ignored (older than the host's trusted record).
-		t.deferred = append(t.deferred, t.ObserveWithdrawal(w.now, host, w.rev)...)
+		t.deferred = append(t.deferred, t.ObserveWithdrawalOf(w.now, host, w.rev, w.boot)...)
 	}
 	delete(t.earlyWithdrawn, host)
 	if carried {

@@ -101,7 +101,7 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 		if b.withdrew != 0 {
 			t.rememberHost(host) // its memory's Withdrew ends (reviewer X97)
 		}
-		b.withdrew = 0
+		b.withdrew, b.withdrewBoot = 0, ""
 	}
 	if rev > b.maxRev {
 		b.maxRev, b.maxAt = rev, now
@@ -794,15 +794,23 @@ var withdrawalMutation bool
 // host's write, taken as "not silent", ended a hold its peers relied on
 // (reviewers X12, X13).
 func (t *Tracker) ObserveWithdrawal(now time.Time, host string, rev uint64) []Decision {
+	return t.ObserveWithdrawalOf(now, host, rev, "")
+}
+
+// ObserveWithdrawalOf is ObserveWithdrawal for a withdrawal written by
+// boot (fencing.Beacon.BootID; "" unknown): while it stands, a first
+// record of another boot is not trusted (withdrawnBar).
+func (t *Tracker) ObserveWithdrawalOf(now time.Time, host string, rev uint64, boot string) []Decision {
 	t.out = t.out[:0]
 	h := t.hosts[host]
 	if h == nil {
-		t.keepEarly(earlyBeacon{kind: earlyWithdrawal, now: now, host: host, rev: rev}) // beaconloss.go
+		t.keepEarly(earlyBeacon{kind: earlyWithdrawal, now: now, host: host, rev: rev, boot: boot}) // beaconloss.go
 		return t.out
 	}
-	if !withdrawalMutation && h.beacons.withdrew != rev {
-		h.beacons.withdrew = rev // whatever its revision (reviewer X96; adjacent)
-		t.rememberHost(host)     // kept across a restart (Memory.Withdrew, reviewer X97)
+	if b := &h.beacons; !withdrawalMutation && (b.withdrew != rev || b.withdrewBoot != boot) {
+		b.withdrew, b.withdrewBoot = rev, boot // whatever its revision (reviewer X96; adjacent)
+		b.floorAtWithdrawal(rev, boot)         // reviewer X100 (vouch.go)
+		t.rememberHost(host)                   // kept across a restart (Memory.Withdrew, reviewer X97)
 	}
 	if withdrawalMutation || rev <= h.trustedRev || rev < h.beacons.maxRev || h.beacons.withdrawnRev >= rev {
 		return t.out
@@ -865,10 +873,23 @@ var adjacentWroteMaxMutation bool
 // lateBeacon). X96's fix was first a clause of adjacent; this bar, for
 // every first record however written, subsumes it.
 func (t *Tracker) withdrawnBar(h *hostState, rec *fencing.LeaseRecord) bool {
-	return h != nil && !withdrawnFreshMutation && (h.beaconWithdrawn() || h.beacons.withdrew != 0) &&
-		h.beacons.wrote.newer(idOf(*rec))
-
+	if h == nil || withdrawnFreshMutation || !h.beaconWithdrawn() && h.beacons.withdrew == 0 {
+		return false
+	}
+	if h.beacons.wrote.newer(idOf(*rec)) {
+		return true
+	}
+	// Another boot's record (reviewer X100): write identities order no
+	// boots — an agent whose durable state was lost restarts at a lower
+	// epoch — so a copy of an earlier boot's record, higher by epoch, was
+	// not "older" than the new boot's withdrawal and was trusted.
+	b := h.beacons.withdrewBoot
+	return b != "" && rec.BootID != b && !withdrawnBootMutation
 }
+
+// withdrawnBootMutation: withdrawnBar compares write identities only, as
+// before (reviewer X100). Tests only.
+var withdrawnBootMutation bool
 
 // withdrawnFreshMutation: a first record written fresh is trusted whatever
 // withdrawal the host's beacons named, as before (reviewer X97). Tests

@@ -83,6 +83,10 @@ type Memory struct {
 	Withdrew *MemoryWithdrew `json:"withdrew,omitempty"`
 }
 
+// memoryWithdrewBootMutation: the memory carries no withdrawal's boot, as
+// before (reviewer X100's restart cases). Tests only.
+var memoryWithdrewBootMutation bool
+
 // MemoryWithdrew: a host's withdrawal beacon's revision (Rev) and the
 // newest write its beacons named then (Epoch, Incarnation, Seq: wrote;
 // WroteMax: the highest revision of such writes).
@@ -92,6 +96,8 @@ type MemoryWithdrew struct {
 	Incarnation uint64 `json:"incarnation,omitempty"`
 	Seq         uint64 `json:"seq,omitempty"`
 	WroteMax    uint64 `json:"wrote_max,omitempty"`
+	// Boot: the boot that wrote the withdrawal (reviewer X100).
+	Boot string `json:"boot,omitempty"`
 }
 
 // MemoryPin is a host's last trusted record (active or withdrawn, signed
@@ -753,7 +759,10 @@ func (t *Tracker) Memories(max int) (out []string, ms []Memory) {
 		h := t.hosts[host]
 		m := Memory{Beacons: !h.beacons.at.IsZero() || h.beacons.remembered, Pin: h.pin}
 		if b := &h.beacons; b.withdrew != 0 && !memoryWithdrewMutation {
-			m.Withdrew = &MemoryWithdrew{Rev: b.withdrew, Epoch: b.wrote.epoch, Incarnation: b.wrote.inc, Seq: b.wrote.seq, WroteMax: b.wroteMax}
+			m.Withdrew = &MemoryWithdrew{Rev: b.withdrew, Epoch: b.wrote.epoch, Incarnation: b.wrote.inc, Seq: b.wrote.seq, WroteMax: b.wroteMax, Boot: b.withdrewBoot}
+			if memoryWithdrewBootMutation {
+				m.Withdrew.Boot = ""
+			}
 		}
 		ms = append(ms, m)
 	}
@@ -789,7 +798,9 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 		// later revision (which ends it: ObserveBeacon): this tracker
 		// holds it as the writer did (reviewer X97; Memory.Withdrew).
 		b := &h.beacons
-		b.withdrew = max(b.withdrew, mw.Rev)
+		if mw.Rev >= b.withdrew {
+			b.withdrew, b.withdrewBoot = mw.Rev, mw.Boot
+		}
 		if w := (writeID{epoch: mw.Epoch, inc: mw.Incarnation, seq: mw.Seq}); w.newer(b.wrote) {
 			b.wrote = w
 		}

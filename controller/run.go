@@ -317,8 +317,8 @@ func (r *Runner) Run(ctx context.Context) error {
 					slices.Sort(gaps)
 					r.beaconsLost(log, chainWhy(slices.Compact(gaps)), r.Tracker.RefuseCovered())
 				}
-				for host, rev := range withdrawn {
-					for _, d := range r.Tracker.ObserveWithdrawal(now, host, rev) {
+				for host, w := range withdrawn {
+					for _, d := range r.Tracker.ObserveWithdrawalOf(now, host, w.rev, w.boot) {
 						r.perform(ctx, log, d)
 					}
 				}
@@ -550,7 +550,7 @@ type beaconBox struct {
 	hosts map[string][]beaconRef
 	// withdrawn: per host, the highest revision a beacon named as its
 	// withdrawal (fencing.Beacon.State).
-	withdrawn map[string]uint64
+	withdrawn map[string]withdrawalRef
 	// shed: per host, when the first of its beacons shed since the last
 	// take was (beaconBudget).
 	shed  map[string]time.Time
@@ -560,7 +560,7 @@ type beaconBox struct {
 }
 
 func newBeaconBox() *beaconBox {
-	return &beaconBox{hosts: map[string][]beaconRef{}, withdrawn: map[string]uint64{}, shed: map[string]time.Time{}, budgets: map[string]*beaconBudget{}, ready: make(chan struct{}, 1)}
+	return &beaconBox{hosts: map[string][]beaconRef{}, withdrawn: map[string]withdrawalRef{}, shed: map[string]time.Time{}, budgets: map[string]*beaconBudget{}, ready: make(chan struct{}, 1)}
 }
 
 // shedOver reports whether host's beacon, arriving at now, is beyond its
@@ -594,6 +594,13 @@ func (b *beaconBox) shedOver(host string, now time.Time) bool {
 	return true
 }
 
+// withdrawalRef: a host's withdrawal beacon: the revision it named and
+// the boot that wrote it (fencing.Beacon.BootID; Tracker.withdrawnBar).
+type withdrawalRef struct {
+	rev  uint64
+	boot string
+}
+
 // beaconRef: what a beacon named: its revision and Prev
 // (fencing.Beacon.Prev), and the written record's epoch, incarnation and
 // seq (zero from an agent from before them).
@@ -615,8 +622,8 @@ func (b *beaconBox) put(host string, bc fencing.Beacon, withdrawn bool) error {
 		b.mu.Unlock()
 		return fmt.Errorf("beacons of %d hosts already waiting: revision %d dropped", MaxBeaconHosts, rev)
 	}
-	if withdrawn {
-		b.withdrawn[host] = max(b.withdrawn[host], rev)
+	if w, ok := b.withdrawn[host]; withdrawn && (!ok || rev >= w.rev) {
+		b.withdrawn[host] = withdrawalRef{rev: rev, boot: bc.BootID}
 	}
 	if len(q) == beaconMemory {
 		q = q[1:]
@@ -635,18 +642,18 @@ func (b *beaconBox) put(host string, bc fencing.Beacon, withdrawn bool) error {
 }
 
 // take returns the waiting beacons and withdrawals and empties the box.
-func (b *beaconBox) take() (map[string][]beaconRef, map[string]uint64) {
+func (b *beaconBox) take() (map[string][]beaconRef, map[string]withdrawalRef) {
 	m, w, _ := b.takeAll()
 	return m, w
 }
 
 // takeAll is take, and the hosts whose beacons were shed meanwhile (from
 // when).
-func (b *beaconBox) takeAll() (map[string][]beaconRef, map[string]uint64, map[string]time.Time) {
+func (b *beaconBox) takeAll() (map[string][]beaconRef, map[string]withdrawalRef, map[string]time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	m, w, s := b.hosts, b.withdrawn, b.shed
-	b.hosts, b.withdrawn = map[string][]beaconRef{}, map[string]uint64{}
+	b.hosts, b.withdrawn = map[string][]beaconRef{}, map[string]withdrawalRef{}
 	if len(s) > 0 {
 		b.shed = map[string]time.Time{}
 	}

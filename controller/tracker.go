@@ -296,6 +296,10 @@ type beaconState struct {
 	// later revision (Tracker.adjacent: no escape meanwhile; reviewer
 	// X96).
 	withdrew uint64
+	// withdrewBoot: the boot that wrote that withdrawal (its beacon's or
+	// receipt's BootID; "" unknown): while it stands a first record of
+	// another boot is not trusted (withdrawnBar, reviewer X100).
+	withdrewBoot string
 	// maxRev: the highest revision its beacons named; maxAt: when that
 	// beacon came (the host was last known alive).
 	maxRev uint64
@@ -330,6 +334,10 @@ type beaconState struct {
 	// ring inline made every host's state ~1 KB larger and the fleet's
 	// ticks 20 % slower at 10 000 hosts, docs/BENCHMARKS.md).
 	writes *namedRing
+	// namedFloor: the first of writes received at or after the standing
+	// withdrawal's beacon (floorAtWithdrawal): earlier ones vouch for
+	// nothing while it stands (named; reviewer X100).
+	namedFloor int
 	// proc: the newest record its current agent process named (vouch.go).
 	proc beaconProc
 	// shed: the runner shed beacons of the host (beaconloss.go,
