@@ -1,0 +1,165 @@
+package controller
+
+import (
+	"fmt"
+	"maps"
+	"testing"
+	"time"
+
+	"hvguard/fencing"
+)
+
+// Reviewer X101 (attack, (S), open): X100's fix holds a standing
+// withdrawal only where it was handed to the tracker that judges the
+// copy. A standby controller's tracker (Runner.Run tracks and handles
+// beacons as a standby; restoreMemory runs at its first acting tick, on
+// the same tracker) takes the withdrawal from the leader's memory
+// (Memory.Withdrew, with X100's Boot) — but RestoreMemory takes it only
+// when no beacon it handled named a later revision
+// (h.beacons.maxRev <= mw.Rev). X100's setting is exactly one where the
+// host's last withdrawal sits BELOW a revision its beacons named: a
+// downward rollback (not attacker-caused) lost the old boot's anchored
+// create R (its beacon B_R reached both controllers), and the host's new
+// boot (durable state lost: epoch 1) withdrew at W < R. The standby lost
+// B_W (beacons lost: allowed) and its watch did not deliver W (as in
+// X100's rig); the leader handled B_W and wrote Memory.Withdrew{W,
+// boot-2}. The standby takes over: maxRev = R > W, the memory's
+// withdrawal is dropped, nothing stands — neither withdrawnBar nor
+// namedFloor applies; the compromised node lines filler up and writes a
+// copy of R at R (vouched by B_R: the named path) or CAS-aligned on P
+// (written fresh): trusted as h3's first record, and h3 — withdrawn, its
+// guests running — is declared once R's lease lapses (the receipt check
+// does not stop it: W is below the trusted record's revision and
+// PrevRev).
+//
+// control: the standby received B_W itself (X100's named case):
+// refused. before: the copy lands while the tracker is still a standby
+// (before its first acting tick): nothing of the withdrawal is known to
+// it at all; after takeover the memory cannot undo a trusted record.
+func TestX101StandbyTakeoverDropsWithdrawalBelowMaxRev(t *testing.T) {
+	for _, c := range []struct {
+		control, named, before bool
+	}{
+		{named: true},
+		{named: false},
+		{named: true, before: true},
+		{named: true, control: true},
+		{named: false, control: true},
+	} {
+		t.Run(fmt.Sprintf("named=%t/before=%t/control=%t", c.named, c.before, c.control), func(t *testing.T) {
+			b := newX11Bucket(t)
+			hosts := x10Names(0, 10)
+			live := x11Without(hosts, "h3")
+			b.tr = x10Tracker(t)
+			for _, h := range live {
+				b.write(t0, h, fencing.LeaseActive, nil)
+			}
+			b.publish()
+			b.run(t0, 2, live, nil)
+			at := t0.Add(2 * time.Second)
+			backup, backupRev := maps.Clone(b.keys), b.rev
+			b.run(at, 5, live, nil)
+			at = at.Add(5 * time.Second)
+			b.del(at, "h3")
+			P := b.keys["h3"].rev
+			b.run(at, 2, live, nil)
+			at = at.Add(2 * time.Second)
+			sb := b.tr // the standby's tracker (it tracks as the leader does)
+			L := b.rev // the last revision its watch was delivered
+			now := at.Add(500 * time.Millisecond)
+
+			// R: the OLD boot's anchored create on P (epoch 5); its beacon
+			// B_R reached the controllers; the watch did not deliver R;
+			// the rollback loses it.
+			b.tr = nil
+			r1 := b.x93Write(now, "h3", fencing.LeaseActive, 40, P)
+			old := *r1.rec
+			old.BootID, old.Epoch, old.Incarnation, old.Seq = "h3-boot-1", 5, 3, 40
+			R := r1.rev
+			sb.ObserveBeacon(now, "h3", R)
+			sb.BeaconWrote("h3", R, old.Epoch, old.Incarnation, old.Seq)
+			sb.BeaconVouches(now, "h3", R, old.BootID, old.Epoch, old.Incarnation, old.Seq)
+			b.rollBack(backup, backupRev)
+			b.write(now, live[0], fencing.LeaseActive, b.guard.Ref())
+			// W: the NEW boot (durable state lost: epoch 1) withdraws.
+			wr := old
+			wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq = "h3-boot-2", 1, 1, 1
+			wr.State, wr.Reason, wr.PrevRev = fencing.LeaseWithdrawn, "orderly-stop", 0
+			b.land(now.Add(100*time.Millisecond), "h3", x11Entry{rec: &wr, w: fencing.Written{Known: true}})
+			w := b.keys["h3"]
+			if w.rev+1 >= P {
+				t.Fatalf("rig: W at %d, want below P-1 = %d", w.rev, P-1)
+			}
+			// The leader handled B_W and wrote its memory (Memories'
+			// format: wrote is the newest id its beacons named, R's).
+			leaderMem := Memory{Beacons: true, Withdrew: &MemoryWithdrew{Rev: w.rev, Epoch: old.Epoch, Incarnation: old.Incarnation, Seq: old.Seq, WroteMax: R, Boot: wr.BootID}}
+			if c.control {
+				sb.ObserveBeacon(now, "h3", w.rev)
+				sb.BeaconWrote("h3", w.rev, wr.Epoch, wr.Incarnation, wr.Seq)
+				sb.BeaconVouches(now, "h3", w.rev, wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq)
+				sb.ObserveWithdrawalOf(now, "h3", w.rev, wr.BootID)
+			}
+			b.manual = true // the standby writes no memory
+			takeover := func() {
+				sb.RestoreMemory(now.Add(300*time.Millisecond), "h3", leaderMem)
+			}
+			if !c.before {
+				takeover()
+			}
+			// The compromised node lines revisions up: garbage on P, and
+			// the copy at R (named: R = L+1) or by a compare-and-set on P
+			// (the key's last revision), landing at L+1. The standby's
+			// watch, re-created at L+1 after the rollback (reviewer X21),
+			// is delivered nothing before L+1.
+			for i := 0; b.rev < P-1; i++ {
+				b.write(now.Add(400*time.Millisecond), live[i%len(live)], fencing.LeaseActive, b.guard.Ref())
+			}
+			b.garbage(now.Add(500*time.Millisecond), "h3")
+			for i := 0; b.rev < L; i++ {
+				b.write(now.Add(500*time.Millisecond), live[i%len(live)], fencing.LeaseActive, b.guard.Ref())
+			}
+			b.tr = sb
+			cw := fencing.Written{Known: true, HasExpected: true, Expected: P}
+			if c.named {
+				if b.rev != R-1 {
+					t.Fatalf("rig: the copy lands at %d, want R = %d", b.rev+1, R)
+				}
+				cw = fencing.Written{}
+			}
+			cp := old
+			b.land(now.Add(600*time.Millisecond), "h3", x11Entry{rec: &cp, w: cw})
+			if c.before {
+				takeover()
+			}
+			h := sb.hosts["h3"]
+			t.Logf("P %d, W %d, R %d, copy at %d: trusted %d, withdrew %d (%q), maxRev %d",
+				P, w.rev, R, b.keys["h3"].rev, h.trustedRev, h.beacons.withdrew, h.beacons.withdrewBoot, h.beacons.maxRev)
+
+			rc := fencing.Beacon{Host: "h3", BootID: wr.BootID, State: fencing.LeaseWithdrawn, Revision: w.rev, Epoch: wr.Epoch, Incarnation: wr.Incarnation, Seq: wr.Seq}
+			start := now.Add(time.Second)
+			declared := ""
+			for s := 1; s <= 120 && declared == ""; s++ {
+				tnow := start.Add(time.Duration(s) * time.Second)
+				for _, hh := range live {
+					b.write(tnow, hh, fencing.LeaseActive, b.guard.Ref())
+				}
+				b.publish()
+				for _, d := range sb.Tick(tnow) {
+					if d.Op != OpDeclare || d.Host != "h3" {
+						continue
+					}
+					if sb.SealedBefore("h3", rc) {
+						continue
+					}
+					if !sb.ReceiptStale("h3", rc, w.stored) && len(sb.ObserveWithdrawalOf(tnow, "h3", w.rev, rc.BootID)) > 0 {
+						continue
+					}
+					declared = tnow.Sub(start).String()
+				}
+			}
+			if declared != "" {
+				t.Errorf("(S) h3, withdrawn by its new boot at %d (the leader's memory holds it), declared %s by the standby that took over, after the copy of its OLD boot's create (R %d)", w.rev, declared, R)
+			}
+		})
+	}
+}
