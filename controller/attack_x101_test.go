@@ -33,20 +33,46 @@ import (
 // PrevRev).
 //
 // control: the standby received B_W itself (X100's named case):
-// refused. before: the copy lands while the tracker is still a standby
-// (before its first acting tick): nothing of the withdrawal is known to
-// it at all; after takeover the memory cannot undo a trusted record.
+// refused.
+//
+// Fixed: RestoreMemory takes the memory's withdrawal whatever revision
+// the tracker's beacons named, and beacons received before it vouch for
+// nothing while it stands (restoreBelowMaxRevMutation).
 func TestX101StandbyTakeoverDropsWithdrawalBelowMaxRev(t *testing.T) {
-	for _, c := range []struct {
-		control, named, before bool
-	}{
+	x101Takeover(t, []x101Case{
 		{named: true},
 		{named: false},
-		{named: true, before: true},
 		{named: true, control: true},
 		{named: false, control: true},
-	} {
-		t.Run(fmt.Sprintf("named=%t/before=%t/control=%t", c.named, c.before, c.control), func(t *testing.T) {
+		{named: true, mut: &restoreBelowMaxRevMutation},
+		{named: false, mut: &restoreBelowMaxRevMutation},
+	})
+}
+
+// TestX101StandbyCopyBeforeTakeover (attack, (S), open): X101's standby
+// with the copy delivered while it is still a standby, before its first
+// acting tick restores the memory: it knows nothing of the withdrawal
+// (B_W lost), trusts the copy of the old boot's create as h3's first
+// record; the memory restored at takeover cannot undo a trusted record,
+// and a copy of a later renewal of the old boot, chained on it, would end
+// any withdrawn mark. Open: a standby holds the leader's withdrawals only
+// from its takeover.
+func TestX101StandbyCopyBeforeTakeover(t *testing.T) {
+	x101Takeover(t, []x101Case{
+		{named: true, before: true},
+		{named: false, before: true},
+	})
+}
+
+type x101Case struct {
+	control, named, before bool
+	mut                    *bool
+}
+
+func x101Takeover(t *testing.T, cases []x101Case) {
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("named=%t/before=%t/control=%t/mut=%t", c.named, c.before, c.control, c.mut != nil), func(t *testing.T) {
+			x32Mutate(t, c.mut)
 			b := newX11Bucket(t)
 			hosts := x10Names(0, 10)
 			live := x11Without(hosts, "h3")
@@ -156,6 +182,12 @@ func TestX101StandbyTakeoverDropsWithdrawalBelowMaxRev(t *testing.T) {
 					}
 					declared = tnow.Sub(start).String()
 				}
+			}
+			if c.mut != nil {
+				if declared == "" {
+					t.Fatalf("mutation: h3 not declared — the layer it switches off is not what refuses the copy")
+				}
+				return
 			}
 			if declared != "" {
 				t.Errorf("(S) h3, withdrawn by its new boot at %d (the leader's memory holds it), declared %s by the standby that took over, after the copy of its OLD boot's create (R %d)", w.rev, declared, R)

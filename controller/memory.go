@@ -83,6 +83,11 @@ type Memory struct {
 	Withdrew *MemoryWithdrew `json:"withdrew,omitempty"`
 }
 
+// restoreBelowMaxRevMutation: RestoreMemory drops a memory's withdrawal
+// below a revision this tracker's beacons named, as before (reviewer
+// X101). Tests only.
+var restoreBelowMaxRevMutation bool
+
 // memoryWithdrewBootMutation: the memory carries no withdrawal's boot, as
 // before (reviewer X100's restart cases). Tests only.
 var memoryWithdrewBootMutation bool
@@ -793,12 +798,27 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 		h.beacons.remembered = true
 		defer t.bindLate(now, host, h) // beaconloss.go
 	}
-	if mw := m.Withdrew; mw != nil && mw.Rev != 0 && !memoryWithdrewMutation && h.beacons.maxRev <= mw.Rev {
-		// The writer's withdrawal beacon, no beacon handled here naming a
-		// later revision (which ends it: ObserveBeacon): this tracker
-		// holds it as the writer did (reviewer X97; Memory.Withdrew).
+	if mw := m.Withdrew; mw != nil && mw.Rev != 0 && !memoryWithdrewMutation && (h.beacons.maxRev <= mw.Rev || !restoreBelowMaxRevMutation) {
+		// The writer's withdrawal beacon: this tracker holds it as the
+		// writer did (reviewer X97; Memory.Withdrew) — whatever revision
+		// its own beacons named (reviewer X101): a beacon naming a later
+		// revision ends a withdrawal only when it came after it, and a
+		// standby's tracker cannot tell — after a downward rollback the
+		// old boot's beacon, received before the new boot's withdrawal
+		// (which this tracker lost), names a higher revision; the
+		// memory's withdrawal was dropped, an old boot's copy trusted
+		// and the withdrawn host declared by the standby that took over
+		// (TestX101StandbyTakeoverDropsWithdrawalBelowMaxRev). The price:
+		// a comeback beacon only this tracker received is not counted
+		// until the host's next beacon (a later revision) ends it again.
+		// Beacons received before this restore vouch for nothing while
+		// it stands (floorAtWithdrawal: its own beacon, if received,
+		// keeps its place).
 		b := &h.beacons
-		if mw.Rev >= b.withdrew {
+		if mw.Rev >= b.withdrew || b.maxRev > mw.Rev && !restoreBelowMaxRevMutation {
+			if b.withdrew != mw.Rev || b.withdrewBoot != mw.Boot {
+				b.floorAtWithdrawal(mw.Rev, mw.Boot)
+			}
 			b.withdrew, b.withdrewBoot = mw.Rev, mw.Boot
 		}
 		if w := (writeID{epoch: mw.Epoch, inc: mw.Incarnation, seq: mw.Seq}); w.newer(b.wrote) {
