@@ -195,3 +195,151 @@ func x101Takeover(t *testing.T, cases []x101Case) {
 		})
 	}
 }
+
+// TestX101SameBootLostStateCopy (attack, (S), open): X100's scenario with
+// the withdrawal written by a new agent process of the SAME boot whose
+// durable state was lost within the boot (both copies: state_dir and the
+// per-boot runtime copy — reviewer X68's "in a new boot or the same
+// one"): it restarts at a lower epoch (the key, rolled back, holds none
+// of the old process's records to take the epoch from), a higher
+// incarnation (fencing.Config.IncarnationFloor: the wall clock). The
+// copy R is the old process's anchored create (epoch 5), lost in the
+// downward rollback. withdrawnBar's boot rule compares boots only: R is
+// of the withdrawal's boot, and by write identity (epoch first) not older
+// than W — trusted as h3's first record, and h3, withdrawn, declared.
+// control: the old process is of another boot (X100's case): refused.
+func TestX101SameBootLostStateCopy(t *testing.T) {
+	for _, c := range []struct {
+		restart, cas, named, otherBoot bool
+	}{
+		{restart: false, cas: true},
+		{restart: true, cas: true},
+		{restart: true, cas: false},
+		{named: true},
+		{restart: true, cas: true, otherBoot: true},
+		{named: true, otherBoot: true},
+	} {
+		t.Run(fmt.Sprintf("restart=%t/cas=%t/named=%t/otherBoot=%t", c.restart, c.cas, c.named, c.otherBoot), func(t *testing.T) {
+			oldBoot := "h3-boot-1"
+			if c.otherBoot {
+				oldBoot = "h3-boot-0"
+			}
+			// W: boot-1, a new process: epoch 1, incarnation far above the
+			// old one's (the wall-clock floor), seq 1.
+			declared := x101OldProcessCopy(t, c.restart, c.cas, c.named, oldBoot, writeID{epoch: 5, inc: 3, seq: 40}, "h3-boot-1", writeID{epoch: 1, inc: 1_700_000_000_000, seq: 1})
+			if declared != "" {
+				t.Errorf("(S) h3, withdrawn by a state-lost process of its boot, declared %s after the copy of its old process's create (epoch 5 > W's 1)", declared)
+			}
+		})
+	}
+}
+
+// x101OldProcessCopy is X100's rig (TestX100OldBootCopyRefusedWhileWithdrawn)
+// with the old process's identity (oldBoot, oid) and the withdrawing
+// one's (newBoot, nid) as parameters; it returns when h3 was declared
+// ("" never).
+func x101OldProcessCopy(t *testing.T, restart, cas, named bool, oldBoot string, oid writeID, newBoot string, nid writeID) string {
+	b := newX11Bucket(t)
+	hosts := x10Names(0, 10)
+	live := x11Without(hosts, "h3")
+	b.tr = x10Tracker(t)
+	for _, h := range live {
+		b.write(t0, h, fencing.LeaseActive, nil)
+	}
+	b.publish()
+	b.run(t0, 2, live, nil)
+	at := t0.Add(2 * time.Second)
+	backup, backupRev := maps.Clone(b.keys), b.rev
+	b.run(at, 5, live, nil)
+	at = at.Add(5 * time.Second)
+	b.del(at, "h3")
+	P := b.keys["h3"].rev
+	b.run(at, 2, live, nil)
+	at = at.Add(2 * time.Second)
+	c1 := b.tr
+	L := b.rev
+	now := at.Add(500 * time.Millisecond)
+	b.tr = nil
+	r1 := b.x93Write(now, "h3", fencing.LeaseActive, 40, P)
+	old := *r1.rec
+	old.BootID, old.Epoch, old.Incarnation, old.Seq = oldBoot, oid.epoch, oid.inc, oid.seq
+	R := r1.rev
+	if named {
+		c1.ObserveBeacon(now, "h3", R)
+		c1.BeaconWrote("h3", R, old.Epoch, old.Incarnation, old.Seq)
+		c1.BeaconVouches(now, "h3", R, old.BootID, old.Epoch, old.Incarnation, old.Seq)
+	}
+	b.rollBack(backup, backupRev)
+	b.write(now, live[0], fencing.LeaseActive, b.guard.Ref())
+	wr := old
+	wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq = newBoot, nid.epoch, nid.inc, nid.seq
+	wr.State, wr.Reason, wr.PrevRev = fencing.LeaseWithdrawn, "orderly-stop", 0
+	b.land(now.Add(100*time.Millisecond), "h3", x11Entry{rec: &wr, w: fencing.Written{Known: true}})
+	w := b.keys["h3"]
+	if w.rev+1 >= P {
+		t.Fatalf("rig: W at %d, want below P-1 = %d", w.rev, P-1)
+	}
+	b.tr = c1
+	c1.ObserveBeacon(now, "h3", w.rev)
+	c1.BeaconWrote("h3", w.rev, wr.Epoch, wr.Incarnation, wr.Seq)
+	c1.BeaconVouches(now, "h3", w.rev, wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq)
+	c1.ObserveWithdrawalOf(now, "h3", w.rev, wr.BootID)
+	b.flush()
+	c2 := c1
+	b.stop()
+	if restart {
+		b.garbage(now.Add(200*time.Millisecond), "h3")
+		c2 = b.start(now.Add(300 * time.Millisecond))
+	}
+	for i := 0; b.rev < P-1; i++ {
+		b.write(now.Add(400*time.Millisecond), live[i%len(live)], fencing.LeaseActive, b.guard.Ref())
+	}
+	b.garbage(now.Add(500*time.Millisecond), "h3")
+	if named {
+		for i := 0; b.rev < R-1; i++ {
+			b.write(now.Add(500*time.Millisecond), live[i%len(live)], fencing.LeaseActive, b.guard.Ref())
+		}
+	}
+	if !restart {
+		for i := 0; b.rev < L; i++ {
+			b.write(now.Add(500*time.Millisecond), live[i%len(live)], fencing.LeaseActive, b.guard.Ref())
+		}
+		b.tr = c1
+	}
+	cp := old
+	cw := fencing.Written{After: P}
+	if cas {
+		cw = fencing.Written{Known: true, HasExpected: true, Expected: P}
+	}
+	if named {
+		cw = fencing.Written{}
+		if b.rev != R-1 {
+			t.Fatalf("rig: the copy lands at %d, want R = %d", b.rev+1, R)
+		}
+	}
+	b.land(now.Add(600*time.Millisecond), "h3", x11Entry{rec: &cp, w: cw})
+	h := c2.hosts["h3"]
+	t.Logf("P %d, L %d, W %d, copy at %d: h3 judged by %v at %d, withdrew %d (%q)", P, L, w.rev, b.keys["h3"].rev, h.rec.BootID, h.trustedRev, h.beacons.withdrew, h.beacons.withdrewBoot)
+	rc := fencing.Beacon{Host: "h3", BootID: wr.BootID, State: fencing.LeaseWithdrawn, Revision: w.rev, Epoch: wr.Epoch, Incarnation: wr.Incarnation, Seq: wr.Seq}
+	start := now.Add(time.Second)
+	for s := 1; s <= 120; s++ {
+		tnow := start.Add(time.Duration(s) * time.Second)
+		for _, hh := range live {
+			b.write(tnow, hh, fencing.LeaseActive, b.guard.Ref())
+		}
+		b.publish()
+		for _, d := range c2.Tick(tnow) {
+			if d.Op != OpDeclare || d.Host != "h3" {
+				continue
+			}
+			if c2.SealedBefore("h3", rc) {
+				continue
+			}
+			if !c2.ReceiptStale("h3", rc, w.stored) && len(c2.ObserveWithdrawalOf(tnow, "h3", w.rev, rc.BootID)) > 0 {
+				continue
+			}
+			return tnow.Sub(start).String()
+		}
+	}
+	return ""
+}
