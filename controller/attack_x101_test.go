@@ -208,9 +208,15 @@ func x101Takeover(t *testing.T, cases []x101Case) {
 // of the withdrawal's boot, and by write identity (epoch first) not older
 // than W — trusted as h3's first record, and h3, withdrawn, declared.
 // control: the old process is of another boot (X100's case): refused.
+//
+// Fixed: the withdrawal's process incarnation (fencing.Beacon.Incarnation)
+// is kept with its boot (ObserveWithdrawalBy, Memory.Withdrew.
+// BootIncarnation); while it stands, a first record of its boot and an
+// earlier incarnation is not trusted (withdrawnBar, withdrawnIncMutation).
 func TestX101SameBootLostStateCopy(t *testing.T) {
 	for _, c := range []struct {
 		restart, cas, named, otherBoot bool
+		mut                            *bool
 	}{
 		{restart: false, cas: true},
 		{restart: true, cas: true},
@@ -218,8 +224,12 @@ func TestX101SameBootLostStateCopy(t *testing.T) {
 		{named: true},
 		{restart: true, cas: true, otherBoot: true},
 		{named: true, otherBoot: true},
+		{restart: false, cas: true, mut: &withdrawnIncMutation},
+		{restart: true, cas: true, mut: &withdrawnIncMutation},
+		{restart: true, cas: false, mut: &withdrawnIncMutation},
 	} {
-		t.Run(fmt.Sprintf("restart=%t/cas=%t/named=%t/otherBoot=%t", c.restart, c.cas, c.named, c.otherBoot), func(t *testing.T) {
+		t.Run(fmt.Sprintf("restart=%t/cas=%t/named=%t/otherBoot=%t/mut=%t", c.restart, c.cas, c.named, c.otherBoot, c.mut != nil), func(t *testing.T) {
+			x32Mutate(t, c.mut)
 			oldBoot := "h3-boot-1"
 			if c.otherBoot {
 				oldBoot = "h3-boot-0"
@@ -227,6 +237,12 @@ func TestX101SameBootLostStateCopy(t *testing.T) {
 			// W: boot-1, a new process: epoch 1, incarnation far above the
 			// old one's (the wall-clock floor), seq 1.
 			declared := x101OldProcessCopy(t, c.restart, c.cas, c.named, oldBoot, writeID{epoch: 5, inc: 3, seq: 40}, "h3-boot-1", writeID{epoch: 1, inc: 1_700_000_000_000, seq: 1})
+			if c.mut != nil {
+				if declared == "" {
+					t.Fatalf("mutation: h3 not declared — the layer it switches off is not what refuses the copy")
+				}
+				return
+			}
 			if declared != "" {
 				t.Errorf("(S) h3, withdrawn by a state-lost process of its boot, declared %s after the copy of its old process's create (epoch 5 > W's 1)", declared)
 			}
@@ -283,7 +299,7 @@ func x101OldProcessCopy(t *testing.T, restart, cas, named bool, oldBoot string, 
 	c1.ObserveBeacon(now, "h3", w.rev)
 	c1.BeaconWrote("h3", w.rev, wr.Epoch, wr.Incarnation, wr.Seq)
 	c1.BeaconVouches(now, "h3", w.rev, wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq)
-	c1.ObserveWithdrawalOf(now, "h3", w.rev, wr.BootID)
+	c1.ObserveWithdrawalBy(now, "h3", w.rev, wr.BootID, wr.Incarnation)
 	b.flush()
 	c2 := c1
 	b.stop()
@@ -335,11 +351,30 @@ func x101OldProcessCopy(t *testing.T, restart, cas, named bool, oldBoot string, 
 			if c2.SealedBefore("h3", rc) {
 				continue
 			}
-			if !c2.ReceiptStale("h3", rc, w.stored) && len(c2.ObserveWithdrawalOf(tnow, "h3", w.rev, rc.BootID)) > 0 {
+			if !c2.ReceiptStale("h3", rc, w.stored) && len(c2.ObserveWithdrawalBy(tnow, "h3", w.rev, rc.BootID, rc.Incarnation)) > 0 {
 				continue
 			}
 			return tnow.Sub(start).String()
 		}
 	}
 	return ""
+}
+
+// TestX101BeaconBoxKeepsWithdrawalIncarnation: the runner's box hands the
+// tracker the withdrawal's process incarnation with its boot
+// (ObserveWithdrawalBy; reviewer X101's same-boot rule needs it), and an
+// early withdrawal beacon (host not tracked yet) keeps it for its replay.
+func TestX101BeaconBoxKeepsWithdrawalIncarnation(t *testing.T) {
+	box := newBeaconBox()
+	if err := box.put("h3", fencing.Beacon{Host: "h3", BootID: "boot-1", Incarnation: 7, Revision: 5, State: fencing.LeaseWithdrawn}, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, w := box.take(); w["h3"] != (withdrawalRef{rev: 5, boot: "boot-1", inc: 7}) {
+		t.Fatalf("withdrawal %+v, want revision 5 of boot-1 incarnation 7", w["h3"])
+	}
+	tr := x10Tracker(t)
+	tr.ObserveWithdrawalBy(t0, "h3", 5, "boot-1", 7)
+	if e := tr.earlyWithdrawn["h3"]; e.inc != 7 || e.boot != "boot-1" {
+		t.Fatalf("early withdrawal %+v, want boot-1 incarnation 7", e)
+	}
 }

@@ -1412,6 +1412,7 @@ type earlyBeacon struct {
 	rev, prev uint64
 	shed      bool   // earlyChain: BeaconChainShed's shed
 	boot      string // earlyWithdrawal: the withdrawal's boot
+	inc       uint64 // earlyWithdrawal: its process's incarnation
 }
 
 type earlyKind uint8
@@ -1624,7 +1625,7 @@ func (t *Tracker) replayHost(now time.Time, host string) {
 		// beacons verify), and one dropped unseen was the withdrawal of a
 		// host a watch lagging 10 minutes delivered late (reviewer X36).
 		// A stale one is ignored (older than the host's trusted record).
-		t.deferred = append(t.deferred, t.ObserveWithdrawalOf(w.now, host, w.rev, w.boot)...)
+		t.deferred = append(t.deferred, t.ObserveWithdrawalBy(w.now, host, w.rev, w.boot, w.inc)...)
 	}
 	delete(t.earlyWithdrawn, host)
 	if carried {

@@ -101,7 +101,7 @@ func (t *Tracker) ObserveBeacon(now time.Time, host string, rev uint64) {
 		if b.withdrew != 0 {
 			t.rememberHost(host) // its memory's Withdrew ends (reviewer X97)
 		}
-		b.withdrew, b.withdrewBoot = 0, ""
+		b.withdrew, b.withdrewBoot, b.withdrewInc = 0, "", 0
 	}
 	if rev > b.maxRev {
 		b.maxRev, b.maxAt = rev, now
@@ -801,16 +801,27 @@ func (t *Tracker) ObserveWithdrawal(now time.Time, host string, rev uint64) []De
 // boot (fencing.Beacon.BootID; "" unknown): while it stands, a first
 // record of another boot is not trusted (withdrawnBar).
 func (t *Tracker) ObserveWithdrawalOf(now time.Time, host string, rev uint64, boot string) []Decision {
+	return t.ObserveWithdrawalBy(now, host, rev, boot, 0)
+}
+
+// ObserveWithdrawalBy is ObserveWithdrawalOf for a withdrawal written by
+// the agent process (boot, inc) (fencing.Beacon.BootID, Incarnation; 0
+// unknown): while it stands, a first record of that boot and an earlier
+// incarnation is not trusted either (withdrawnBar, reviewer X101).
+func (t *Tracker) ObserveWithdrawalBy(now time.Time, host string, rev uint64, boot string, inc uint64) []Decision {
 	t.out = t.out[:0]
 	h := t.hosts[host]
 	if h == nil {
-		t.keepEarly(earlyBeacon{kind: earlyWithdrawal, now: now, host: host, rev: rev, boot: boot}) // beaconloss.go
+		t.keepEarly(earlyBeacon{kind: earlyWithdrawal, now: now, host: host, rev: rev, boot: boot, inc: inc}) // beaconloss.go
 		return t.out
 	}
-	if b := &h.beacons; !withdrawalMutation && (b.withdrew != rev || b.withdrewBoot != boot) {
-		b.withdrew, b.withdrewBoot = rev, boot // whatever its revision (reviewer X96; adjacent)
-		b.floorAtWithdrawal(rev, boot)         // reviewer X100 (vouch.go)
-		t.rememberHost(host)                   // kept across a restart (Memory.Withdrew, reviewer X97)
+	if boot == "" {
+		inc = 0 // a process of no known boot orders nothing
+	}
+	if b := &h.beacons; !withdrawalMutation && (b.withdrew != rev || b.withdrewBoot != boot || b.withdrewInc != inc) {
+		b.withdrew, b.withdrewBoot, b.withdrewInc = rev, boot, inc // whatever its revision (reviewer X96; adjacent)
+		b.floorAtWithdrawal(rev, boot)                             // reviewer X100 (vouch.go)
+		t.rememberHost(host)                                       // kept across a restart (Memory.Withdrew, reviewer X97)
 	}
 	if withdrawalMutation || rev <= h.trustedRev || rev < h.beacons.maxRev || h.beacons.withdrawnRev >= rev {
 		return t.out
@@ -884,8 +895,21 @@ func (t *Tracker) withdrawnBar(h *hostState, rec *fencing.LeaseRecord) bool {
 	// epoch — so a copy of an earlier boot's record, higher by epoch, was
 	// not "older" than the new boot's withdrawal and was trusted.
 	b := h.beacons.withdrewBoot
-	return b != "" && rec.BootID != b && !withdrawnBootMutation
+	if b != "" && rec.BootID != b && !withdrawnBootMutation {
+		return true
+	}
+	// An earlier agent process of the withdrawal's boot (reviewer X101):
+	// an agent whose durable state was lost within the boot (both copies)
+	// restarts at a lower epoch too, and its incarnation — never below the
+	// wall clock at its start (fencing.Config.IncarnationFloor) — is
+	// what orders the boot's processes: a copy of the earlier process's
+	// create, higher by epoch, was trusted after the later one withdrew.
+	return b != "" && rec.BootID == b && rec.Incarnation < h.beacons.withdrewInc && !withdrawnIncMutation
 }
+
+// withdrawnIncMutation: withdrawnBar does not order the processes of the
+// withdrawal's boot by incarnation, as before (reviewer X101). Tests only.
+var withdrawnIncMutation bool
 
 // withdrawnBootMutation: withdrawnBar compares write identities only, as
 // before (reviewer X100). Tests only.

@@ -103,6 +103,9 @@ type MemoryWithdrew struct {
 	WroteMax    uint64 `json:"wrote_max,omitempty"`
 	// Boot: the boot that wrote the withdrawal (reviewer X100).
 	Boot string `json:"boot,omitempty"`
+	// BootIncarnation: the incarnation of the process that wrote it
+	// (reviewer X101).
+	BootIncarnation uint64 `json:"boot_incarnation,omitempty"`
 }
 
 // MemoryPin is a host's last trusted record (active or withdrawn, signed
@@ -764,7 +767,7 @@ func (t *Tracker) Memories(max int) (out []string, ms []Memory) {
 		h := t.hosts[host]
 		m := Memory{Beacons: !h.beacons.at.IsZero() || h.beacons.remembered, Pin: h.pin}
 		if b := &h.beacons; b.withdrew != 0 && !memoryWithdrewMutation {
-			m.Withdrew = &MemoryWithdrew{Rev: b.withdrew, Epoch: b.wrote.epoch, Incarnation: b.wrote.inc, Seq: b.wrote.seq, WroteMax: b.wroteMax, Boot: b.withdrewBoot}
+			m.Withdrew = &MemoryWithdrew{Rev: b.withdrew, Epoch: b.wrote.epoch, Incarnation: b.wrote.inc, Seq: b.wrote.seq, WroteMax: b.wroteMax, Boot: b.withdrewBoot, BootIncarnation: b.withdrewInc}
 			if memoryWithdrewBootMutation {
 				m.Withdrew.Boot = ""
 			}
@@ -819,7 +822,7 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 			if b.withdrew != mw.Rev || b.withdrewBoot != mw.Boot {
 				b.floorAtWithdrawal(mw.Rev, mw.Boot)
 			}
-			b.withdrew, b.withdrewBoot = mw.Rev, mw.Boot
+			b.withdrew, b.withdrewBoot, b.withdrewInc = mw.Rev, mw.Boot, mw.BootIncarnation
 		}
 		if w := (writeID{epoch: mw.Epoch, inc: mw.Incarnation, seq: mw.Seq}); w.newer(b.wrote) {
 			b.wrote = w

@@ -172,7 +172,7 @@ func (r *Runner) checkReceipt(ctx context.Context, log *slog.Logger, d Decision)
 	news := false
 	// A copy: the tracker reuses its decisions' slice, which the caller
 	// may be ranging over (Tick's).
-	for _, w := range slices.Clone(r.Tracker.ObserveWithdrawalOf(r.now(), d.Host, b.Revision, b.BootID)) {
+	for _, w := range slices.Clone(r.Tracker.ObserveWithdrawalBy(r.now(), d.Host, b.Revision, b.BootID, b.Incarnation)) {
 		if w.Op == OpWithdrawn {
 			news = true
 			w.Reason = fmt.Sprintf("withdrawn: its withdrawal receipt (stored in the stream, signed by its key) names its withdrawal at revision %d, after its last trusted record — the withdrawn record and its beacon were not seen (overwritten? lost?): host unprotected, not declared, not recovered", b.Revision)

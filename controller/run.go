@@ -318,7 +318,7 @@ func (r *Runner) Run(ctx context.Context) error {
 					r.beaconsLost(log, chainWhy(slices.Compact(gaps)), r.Tracker.RefuseCovered())
 				}
 				for host, w := range withdrawn {
-					for _, d := range r.Tracker.ObserveWithdrawalOf(now, host, w.rev, w.boot) {
+					for _, d := range r.Tracker.ObserveWithdrawalBy(now, host, w.rev, w.boot, w.inc) {
 						r.perform(ctx, log, d)
 					}
 				}
@@ -599,6 +599,7 @@ func (b *beaconBox) shedOver(host string, now time.Time) bool {
 type withdrawalRef struct {
 	rev  uint64
 	boot string
+	inc  uint64 // its process's incarnation (reviewer X101)
 }
 
 // beaconRef: what a beacon named: its revision and Prev
@@ -623,7 +624,7 @@ func (b *beaconBox) put(host string, bc fencing.Beacon, withdrawn bool) error {
 		return fmt.Errorf("beacons of %d hosts already waiting: revision %d dropped", MaxBeaconHosts, rev)
 	}
 	if w, ok := b.withdrawn[host]; withdrawn && (!ok || rev >= w.rev) {
-		b.withdrawn[host] = withdrawalRef{rev: rev, boot: bc.BootID}
+		b.withdrawn[host] = withdrawalRef{rev: rev, boot: bc.BootID, inc: bc.Incarnation}
 	}
 	if len(q) == beaconMemory {
 		q = q[1:]

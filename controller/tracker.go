@@ -300,6 +300,10 @@ type beaconState struct {
 	// receipt's BootID; "" unknown): while it stands a first record of
 	// another boot is not trusted (withdrawnBar, reviewer X100).
 	withdrewBoot string
+	// withdrewInc: the incarnation of the agent process that wrote it (0
+	// unknown): a first record of its boot and an earlier incarnation is
+	// not trusted while it stands (withdrawnBar, reviewer X101).
+	withdrewInc uint64
 	// maxRev: the highest revision its beacons named; maxAt: when that
 	// beacon came (the host was last known alive).
 	maxRev uint64
