@@ -255,6 +255,13 @@ func TestX101SameBootLostStateCopy(t *testing.T) {
 // one's (newBoot, nid) as parameters; it returns when h3 was declared
 // ("" never).
 func x101OldProcessCopy(t *testing.T, restart, cas, named bool, oldBoot string, oid writeID, newBoot string, nid writeID) string {
+	return x101OldProcessCopyMem(t, restart, cas, named, oldBoot, oid, newBoot, nid, false)
+}
+
+// x101OldProcessCopyMem: oldMem, the memory was written by a controller
+// of a release before X100's fix (no Boot, no BootIncarnation) and the
+// restarted controller is of this release.
+func x101OldProcessCopyMem(t *testing.T, restart, cas, named bool, oldBoot string, oid writeID, newBoot string, nid writeID, oldMem bool) string {
 	b := newX11Bucket(t)
 	hosts := x10Names(0, 10)
 	live := x11Without(hosts, "h3")
@@ -305,6 +312,12 @@ func x101OldProcessCopy(t *testing.T, restart, cas, named bool, oldBoot string, 
 	b.stop()
 	if restart {
 		b.garbage(now.Add(200*time.Millisecond), "h3")
+		if m := b.mem["h3"]; oldMem && m.Withdrew != nil {
+			mw := *m.Withdrew
+			mw.Boot, mw.BootIncarnation = "", 0
+			m.Withdrew = &mw
+			b.mem["h3"] = m
+		}
 		c2 = b.start(now.Add(300 * time.Millisecond))
 	}
 	for i := 0; b.rev < P-1; i++ {
@@ -376,5 +389,24 @@ func TestX101BeaconBoxKeepsWithdrawalIncarnation(t *testing.T) {
 	tr.ObserveWithdrawalBy(t0, "h3", 5, "boot-1", 7)
 	if e := tr.earlyWithdrawn["h3"]; e.inc != 7 || e.boot != "boot-1" {
 		t.Fatalf("early withdrawal %+v, want boot-1 incarnation 7", e)
+	}
+}
+
+// TestX101OlderControllerMemoryNoBoot (attack, (S), upgrade window):
+// X100's restart case where the memory was written by a controller of
+// the release before X100's fix (Memory.Withdrew without Boot) and the
+// controller restarted is an upgraded one: withdrewBoot is "" — nothing
+// to compare the copy's boot with — and the old boot's copy (epoch 5 >
+// W's 1) passes withdrawnBar: the withdrawn host declared after the
+// upgrade. (The old release had the hole anyway; the upgrade does not
+// close it for withdrawals it remembered.)
+func TestX101OlderControllerMemoryNoBoot(t *testing.T) {
+	for _, cas := range []bool{true, false} {
+		t.Run(fmt.Sprintf("cas=%t", cas), func(t *testing.T) {
+			declared := x101OldProcessCopyMem(t, true, cas, false, "h3-boot-1", writeID{epoch: 5, inc: 3, seq: 40}, "h3-boot-2", writeID{epoch: 1, inc: 1, seq: 1}, true)
+			if declared != "" {
+				t.Errorf("(S) h3, withdrawn by its new boot (remembered by an older controller, no boot), declared %s after the upgrade, by the copy of its old boot's create", declared)
+			}
+		})
 	}
 }
