@@ -400,6 +400,15 @@ func TestX101BeaconBoxKeepsWithdrawalIncarnation(t *testing.T) {
 // W's 1) passes withdrawnBar: the withdrawn host declared after the
 // upgrade. (The old release had the hole anyway; the upgrade does not
 // close it for withdrawals it remembered.)
+//
+// Open. A fix tried and dropped: take every first record as another
+// boot's while a withdrawal restored from a boot-less memory stands. It
+// closes this, but fails TestX23RestartedHostStuckWithdrawnAfterBehindRollback/hole
+// (its rig's withdrawal names no boot, as an earlier release's memory):
+// after a behind rollback the restarted host's beacons name revisions
+// below the withdrawal and never end it, so the dead host is never
+// declared ((c)) — the same upgrade window, the other side. The
+// maintainers' call.
 func TestX101OlderControllerMemoryNoBoot(t *testing.T) {
 	for _, cas := range []bool{true, false} {
 		t.Run(fmt.Sprintf("cas=%t", cas), func(t *testing.T) {
