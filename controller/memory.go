@@ -818,7 +818,7 @@ func (t *Tracker) RestoreMemory(now time.Time, host string, m Memory) []Decision
 		// it stands (floorAtWithdrawal: its own beacon, if received,
 		// keeps its place).
 		b := &h.beacons
-		if mw.Rev >= b.withdrew || b.maxRev > mw.Rev && !restoreBelowMaxRevMutation {
+		if mw.Rev >= b.withdrew {
 			if b.withdrew != mw.Rev || b.withdrewBoot != mw.Boot {
 				b.floorAtWithdrawal(mw.Rev, mw.Boot)
 			}
