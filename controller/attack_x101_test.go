@@ -423,3 +423,126 @@ func TestX101OlderControllerMemoryNoBoot(t *testing.T) {
 		})
 	}
 }
+
+// TestX101EarlyWithdrawalReplayedAfterFirstValue (attack, (S), open): the
+// early-beacon path. A controller starting (a restart, a new leader's
+// fresh tracker) subscribes to beacons before its watch lists the
+// bucket: the new boot's withdrawal beacon B_W (X100's setting: a
+// downward rollback lost the old boot's create R; the new boot,
+// durable state lost, epoch 1, withdrew at W) comes while h3 is not
+// tracked yet and is kept (keepEarly, with its boot). The compromised
+// node has lined the revisions up and written the copy of R by a
+// compare-and-set on P before the listing. The listing delivers the
+// copy as h3's FIRST value: ObserveWritten judges it with no host state
+// at all (withdrawnBar(nil) is false: the kept withdrawal is replayed only
+// when the call that tracked the host returns — whenTracked, replayHost),
+// so the copy, written fresh by its header, is trusted; the replayed
+// withdrawal then names a revision below the trusted record's and is
+// ignored, as is the receipt (W below the copy's PrevRev): h3,
+// withdrawn, its guests running, declared. Memory plays no part: the
+// stopped controller never saw B_W (it was down), the new one had it in
+// hand.
+//
+// control: the copy is delivered after the listing (h3 listed as the
+// garbage on P): the replayed withdrawal stands and the copy is refused.
+func TestX101EarlyWithdrawalReplayedAfterFirstValue(t *testing.T) {
+	for _, listed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("copyListed=%t", listed), func(t *testing.T) {
+			b := newX11Bucket(t)
+			live := x11Without(x10Names(0, 10), "h3")
+			b.tr = x10Tracker(t)
+			for _, h := range live {
+				b.write(t0, h, fencing.LeaseActive, nil)
+			}
+			b.publish()
+			b.run(t0, 2, live, nil)
+			at := t0.Add(2 * time.Second)
+			backup, backupRev := maps.Clone(b.keys), b.rev
+			b.run(at, 5, live, nil)
+			at = at.Add(5 * time.Second)
+			b.del(at, "h3")
+			P := b.keys["h3"].rev
+			b.run(at, 2, live, nil)
+			at = at.Add(2 * time.Second)
+			now := at.Add(500 * time.Millisecond)
+			b.stop() // the controller goes down
+			r1 := b.x93Write(now, "h3", fencing.LeaseActive, 40, P)
+			old := *r1.rec
+			old.BootID, old.Epoch, old.Incarnation, old.Seq = "h3-boot-1", 5, 3, 40
+			b.rollBack(backup, backupRev)
+			b.write(now, live[0], fencing.LeaseActive, b.guard.Ref())
+			wr := old
+			wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq = "h3-boot-2", 1, 1, 1
+			wr.State, wr.Reason, wr.PrevRev = fencing.LeaseWithdrawn, "orderly-stop", 0
+			b.land(now.Add(100*time.Millisecond), "h3", x11Entry{rec: &wr, w: fencing.Written{Known: true}})
+			w := b.keys["h3"]
+			// The new controller is subscribed to beacons: B_W, h3 not
+			// tracked (runner order).
+			tr := x10Tracker(t)
+			tr.ObserveBeacon(now, "h3", w.rev)
+			tr.BeaconWrote("h3", w.rev, wr.Epoch, wr.Incarnation, wr.Seq)
+			tr.BeaconVouches(now, "h3", w.rev, wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq)
+			tr.ObserveWithdrawalBy(now, "h3", w.rev, wr.BootID, wr.Incarnation)
+			// The compromised node: filler, garbage on P, the copy by a
+			// compare-and-set on P.
+			for i := 0; b.rev < P-1; i++ {
+				b.write(now.Add(400*time.Millisecond), live[i%len(live)], fencing.LeaseActive, b.guard.Ref())
+			}
+			b.garbage(now.Add(500*time.Millisecond), "h3")
+			cp := old
+			copyEntry := x11Entry{rec: &cp, w: fencing.Written{Known: true, HasExpected: true, Expected: P}}
+			if listed {
+				b.land(now.Add(600*time.Millisecond), "h3", copyEntry)
+			}
+			// The listing, the first acting tick's restore (the stopped
+			// controller's memory), the guard.
+			names := make([]string, 0, len(b.keys))
+			for h := range b.keys {
+				names = append(names, h)
+			}
+			sortByRev(names, b)
+			for _, h := range names {
+				deliver(tr, now.Add(700*time.Millisecond), h, b.keys[h])
+			}
+			tr.WatchStarted(now.Add(700 * time.Millisecond))
+			for _, h := range tr.Hosts() {
+				if m, ok := b.mem[h]; ok {
+					tr.RestoreMemory(now.Add(700*time.Millisecond), h, m)
+				}
+			}
+			tr.RestoreGuard(b.guard)
+			b.tr = tr
+			b.flush()
+			if !listed {
+				b.land(now.Add(800*time.Millisecond), "h3", copyEntry)
+			}
+			h := tr.hosts["h3"]
+			t.Logf("P %d, W %d, copy at %d: trusted %d, withdrew %d (%q), withdrawn %t", P, w.rev, b.keys["h3"].rev, h.trustedRev, h.beacons.withdrew, h.beacons.withdrewBoot, h.beaconWithdrawn())
+			rc := fencing.Beacon{Host: "h3", BootID: wr.BootID, State: fencing.LeaseWithdrawn, Revision: w.rev, Epoch: wr.Epoch, Incarnation: wr.Incarnation, Seq: wr.Seq}
+			start := now.Add(time.Second)
+			declared := ""
+			for s := 1; s <= 120 && declared == ""; s++ {
+				tnow := start.Add(time.Duration(s) * time.Second)
+				for _, hh := range live {
+					b.write(tnow, hh, fencing.LeaseActive, b.guard.Ref())
+				}
+				b.publish()
+				for _, d := range tr.Tick(tnow) {
+					if d.Op != OpDeclare || d.Host != "h3" {
+						continue
+					}
+					if tr.SealedBefore("h3", rc) {
+						continue
+					}
+					if !tr.ReceiptStale("h3", rc, w.stored) && len(tr.ObserveWithdrawalBy(tnow, "h3", w.rev, rc.BootID, rc.Incarnation)) > 0 {
+						continue
+					}
+					declared = tnow.Sub(start).String()
+				}
+			}
+			if declared != "" {
+				t.Errorf("(S) h3, withdrawn by its new boot at %d (its beacon in the new controller's hands before the listing), declared %s after the listed copy of its old boot's create", w.rev, declared)
+			}
+		})
+	}
+}
