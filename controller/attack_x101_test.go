@@ -445,9 +445,18 @@ func TestX101OlderControllerMemoryNoBoot(t *testing.T) {
 //
 // control: the copy is delivered after the listing (h3 listed as the
 // garbage on P): the replayed withdrawal stands and the copy is refused.
+//
+// Fixed: withdrawnBar judges a host not tracked yet by its kept
+// withdrawal beacon (earlyWithdrawn, earlyWrote) as the replay will
+// leave it (earlyBarMutation).
 func TestX101EarlyWithdrawalReplayedAfterFirstValue(t *testing.T) {
-	for _, listed := range []bool{true, false} {
-		t.Run(fmt.Sprintf("copyListed=%t", listed), func(t *testing.T) {
+	for _, c := range []struct {
+		listed bool
+		mut    *bool
+	}{{listed: true}, {listed: false}, {listed: true, mut: &earlyBarMutation}} {
+		listed := c.listed
+		t.Run(fmt.Sprintf("copyListed=%t/mut=%t", listed, c.mut != nil), func(t *testing.T) {
+			x32Mutate(t, c.mut)
 			b := newX11Bucket(t)
 			live := x11Without(x10Names(0, 10), "h3")
 			b.tr = x10Tracker(t)
@@ -539,6 +548,12 @@ func TestX101EarlyWithdrawalReplayedAfterFirstValue(t *testing.T) {
 					}
 					declared = tnow.Sub(start).String()
 				}
+			}
+			if c.mut != nil {
+				if declared == "" {
+					t.Fatalf("mutation: h3 not declared — the layer it switches off is not what refuses the copy")
+				}
+				return
 			}
 			if declared != "" {
 				t.Errorf("(S) h3, withdrawn by its new boot at %d (its beacon in the new controller's hands before the listing), declared %s after the listed copy of its old boot's create", w.rev, declared)
