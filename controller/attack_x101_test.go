@@ -262,10 +262,20 @@ func x101OldProcessCopy(t *testing.T, restart, cas, named bool, oldBoot string, 
 	return x101OldProcessCopyMem(t, restart, cas, named, oldBoot, oid, newBoot, nid, false)
 }
 
+// x101Opts: more of x101OldProcessCopy's rig. lostW: W's beacon never
+// reaches the controller (beacons lost); only its receipt is read.
+type x101Opts struct {
+	lostW bool
+}
+
 // x101OldProcessCopyMem: oldMem, the memory was written by a controller
 // of a release before X100's fix (no Boot, no BootIncarnation) and the
 // restarted controller is of this release.
 func x101OldProcessCopyMem(t *testing.T, restart, cas, named bool, oldBoot string, oid writeID, newBoot string, nid writeID, oldMem bool) string {
+	return x101OldProcessCopyOpts(t, restart, cas, named, oldBoot, oid, newBoot, nid, oldMem, x101Opts{})
+}
+
+func x101OldProcessCopyOpts(t *testing.T, restart, cas, named bool, oldBoot string, oid writeID, newBoot string, nid writeID, oldMem bool, o x101Opts) string {
 	b := newX11Bucket(t)
 	hosts := x10Names(0, 10)
 	live := x11Without(hosts, "h3")
@@ -307,10 +317,12 @@ func x101OldProcessCopyMem(t *testing.T, restart, cas, named bool, oldBoot strin
 		t.Fatalf("rig: W at %d, want below P-1 = %d", w.rev, P-1)
 	}
 	b.tr = c1
-	c1.ObserveBeacon(now, "h3", w.rev)
-	c1.BeaconWrote("h3", w.rev, wr.Epoch, wr.Incarnation, wr.Seq)
-	c1.BeaconVouches(now, "h3", w.rev, wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq)
-	c1.ObserveWithdrawalBy(now, "h3", w.rev, wr.BootID, wr.Incarnation)
+	if !o.lostW {
+		c1.ObserveBeacon(now, "h3", w.rev)
+		c1.BeaconWrote("h3", w.rev, wr.Epoch, wr.Incarnation, wr.Seq)
+		c1.BeaconVouches(now, "h3", w.rev, wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq)
+		c1.ObserveWithdrawalBy(now, "h3", w.rev, wr.BootID, wr.Incarnation)
+	}
 	b.flush()
 	c2 := c1
 	b.stop()
@@ -557,6 +569,35 @@ func TestX101EarlyWithdrawalReplayedAfterFirstValue(t *testing.T) {
 			}
 			if declared != "" {
 				t.Errorf("(S) h3, withdrawn by its new boot at %d (its beacon in the new controller's hands before the listing), declared %s after the listed copy of its old boot's create", w.rev, declared)
+			}
+		})
+	}
+}
+
+// TestX101LostWithdrawalBeaconReceiptBelowCopy (attack, (S),
+// conditional, open): X100's setting with W's beacon lost (beacons lost:
+// allowed; the rollback undetected, as in every X93..X100 rig) — the
+// receipt, read before the declaration, is the only evidence of the
+// withdrawal, and it does not stop it: W's revision is below the copy's
+// (trusted) revision and PrevRev (SealedBefore: no; not the same agent
+// process), so ObserveWithdrawalBy ignores it (rev <= trustedRev); in the
+// named case the copy sits at the revision B_R named, newer by identity
+// and stored after the receipt: ReceiptStale. docs/security.md lists
+// this conjunction as needing the receipt UNREAD too ("With the receipt
+// unread, the check blinded and the beacons lost the host is declared");
+// read, it changes nothing. No bar applies: nothing of the withdrawal
+// reached the tracker before the copy. A direction, not built: a receipt
+// of another agent process than the trusted record, stored after the
+// beacon that named the trusted record was received (or with no such
+// beacon), is a withdrawal the tracker cannot order against it.
+func TestX101LostWithdrawalBeaconReceiptBelowCopy(t *testing.T) {
+	for _, c := range []struct{ restart, cas, named bool }{
+		{cas: true}, {restart: true, cas: true}, {restart: true}, {named: true},
+	} {
+		t.Run(fmt.Sprintf("restart=%t/cas=%t/named=%t", c.restart, c.cas, c.named), func(t *testing.T) {
+			declared := x101OldProcessCopyOpts(t, c.restart, c.cas, c.named, "h3-boot-1", writeID{epoch: 5, inc: 3, seq: 40}, "h3-boot-2", writeID{epoch: 1, inc: 1, seq: 1}, false, x101Opts{lostW: true})
+			if declared != "" {
+				t.Errorf("(S) h3, withdrawn by its new boot (beacon lost, receipt read), declared %s after the copy of its old boot's create", declared)
 			}
 		})
 	}
