@@ -602,3 +602,47 @@ func TestX101LostWithdrawalBeaconReceiptBelowCopy(t *testing.T) {
 		})
 	}
 }
+
+// TestX101NamedFloorWrap: namedRing.index and floorAtWithdrawal past the
+// ring's wrap-around (more than beaconMemory notes): only the
+// withdrawal's own beacon and later ones vouch while it stands; a
+// withdrawal whose beacon left the ring (or never came) leaves none of
+// the earlier ones; the newest note of the withdrawal's revision and boot
+// is the floor.
+func TestX101NamedFloorWrap(t *testing.T) {
+	rec := func(boot string, seq uint64) *fencing.LeaseRecord {
+		return &fencing.LeaseRecord{BootID: boot, Epoch: 1, Incarnation: 1, Seq: seq}
+	}
+	for _, n := range []int{3, beaconMemory - 1, beaconMemory, beaconMemory + 1, 2*beaconMemory + 5} {
+		b := &beaconState{}
+		for i := 1; i <= n; i++ {
+			b.noteNamed(namedWrite{rev: uint64(100 + i), boot: "b1", id: idOf(*rec("b1", uint64(i)))})
+		}
+		// The withdrawal: the note before the last two.
+		wi := n - 2
+		if wi < 1 {
+			wi = 1
+		}
+		b.withdrew = uint64(100 + wi)
+		b.floorAtWithdrawal(b.withdrew, "b1")
+		for i := 1; i <= n; i++ {
+			got := b.named(uint64(100+i), rec("b1", uint64(i)))
+			want := i >= wi && i > n-beaconMemory
+			if got != want {
+				t.Errorf("n=%d, withdrawal note %d: note %d vouches %t, want %t (floor %d, next %d)", n, wi, i, got, want, b.namedFloor, b.writes.next)
+			}
+		}
+		// A withdrawal whose beacon is not in the ring: none vouches.
+		b.floorAtWithdrawal(99, "b1")
+		for i := 1; i <= n; i++ {
+			if b.named(uint64(100+i), rec("b1", uint64(i))) {
+				t.Errorf("n=%d: note %d vouches with the withdrawal's beacon not in the ring", n, i)
+			}
+		}
+		// A note after it counts.
+		b.noteNamed(namedWrite{rev: 500, boot: "b2", id: idOf(*rec("b2", 1))})
+		if !b.named(500, rec("b2", 1)) {
+			t.Errorf("n=%d: a note after the withdrawal does not vouch", n)
+		}
+	}
+}
