@@ -266,6 +266,10 @@ func x101OldProcessCopy(t *testing.T, restart, cas, named bool, oldBoot string, 
 // reaches the controller (beacons lost); only its receipt is read.
 type x101Opts struct {
 	lostW bool
+	// listW: the restarted controller lists W (no garbage over it
+	// before the start) and trusts it; the compromised node then deletes
+	// the key with its marker lined up at P and writes the copy over it.
+	listW bool
 }
 
 // x101OldProcessCopyMem: oldMem, the memory was written by a controller
@@ -311,7 +315,11 @@ func x101OldProcessCopyOpts(t *testing.T, restart, cas, named bool, oldBoot stri
 	wr := old
 	wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq = newBoot, nid.epoch, nid.inc, nid.seq
 	wr.State, wr.Reason, wr.PrevRev = fencing.LeaseWithdrawn, "orderly-stop", 0
-	b.land(now.Add(100*time.Millisecond), "h3", x11Entry{rec: &wr, w: fencing.Written{Known: true}})
+	ww := fencing.Written{Known: true}
+	if o.listW {
+		ww.HasExpected = true // a create on the absent key: Expected 0
+	}
+	b.land(now.Add(100*time.Millisecond), "h3", x11Entry{rec: &wr, w: ww})
 	w := b.keys["h3"]
 	if w.rev+1 >= P {
 		t.Fatalf("rig: W at %d, want below P-1 = %d", w.rev, P-1)
@@ -327,7 +335,9 @@ func x101OldProcessCopyOpts(t *testing.T, restart, cas, named bool, oldBoot stri
 	c2 := c1
 	b.stop()
 	if restart {
-		b.garbage(now.Add(200*time.Millisecond), "h3")
+		if !o.listW {
+			b.garbage(now.Add(200*time.Millisecond), "h3")
+		}
 		if m := b.mem["h3"]; oldMem && m.Withdrew != nil {
 			mw := *m.Withdrew
 			mw.Boot, mw.BootIncarnation = "", 0
@@ -336,10 +346,21 @@ func x101OldProcessCopyOpts(t *testing.T, restart, cas, named bool, oldBoot stri
 		}
 		c2 = b.start(now.Add(300 * time.Millisecond))
 	}
+	if o.listW {
+		h := c2.hosts["h3"]
+		t.Logf("listed W: trusted %d (%s), withdrew %d", h.trustedRev, h.rec.State, h.beacons.withdrew)
+		if h.trustedRev != w.rev {
+			t.Fatalf("rig: W not trusted at the listing")
+		}
+	}
 	for i := 0; b.rev < P-1; i++ {
 		b.write(now.Add(400*time.Millisecond), live[i%len(live)], fencing.LeaseActive, b.guard.Ref())
 	}
-	b.garbage(now.Add(500*time.Millisecond), "h3")
+	if o.listW {
+		b.del(now.Add(500*time.Millisecond), "h3")
+	} else {
+		b.garbage(now.Add(500*time.Millisecond), "h3")
+	}
 	if named {
 		for i := 0; b.rev < R-1; i++ {
 			b.write(now.Add(500*time.Millisecond), live[i%len(live)], fencing.LeaseActive, b.guard.Ref())
@@ -644,5 +665,47 @@ func TestX101NamedFloorWrap(t *testing.T) {
 		if !b.named(500, rec("b2", 1)) {
 			t.Errorf("n=%d: a note after the withdrawal does not vouch", n)
 		}
+	}
+}
+
+// TestX101TrustedWithdrawalAnchoredCopyOverMarker (attack, (S), open):
+// X100's downward rollback, and this time the controller TRUSTS the
+// withdrawal: restarted, it lists W (a create on the absent key, written
+// fresh) — h3 withdrawn, W's beacon handled or not, withdrew standing.
+// withdrawnBar is for first records only. The compromised node lines the
+// revisions up, deletes h3's key with the marker at exactly P and writes
+// the copy of the old boot's anchored create — sealed for P — by a
+// compare-and-set on it. otherBootCreate covers creates with prev_rev 0
+// only; replayedAfterDelete compares the anchored create's prev_rev with
+// the marker's revision (equal: not a replay); heldBack orders one agent
+// process only. The copy of the OLD boot's create replaces the trusted
+// withdrawal and h3 — withdrawn, guests running — is declared 21 s later
+// (the receipt: below the copy's revision, another process). No durable
+// state loss is needed: an ordinary reboot (newBootNormal: the new boot's
+// identity newer by every measure) is declared the same way — nothing
+// compares identities here. Anchoring's premise ("a copy of an anchored
+// create lands only on the marker it was sealed for, which is past") does
+// not survive a rollback that hands P out again.
+func TestX101TrustedWithdrawalAnchoredCopyOverMarker(t *testing.T) {
+	for _, c := range []struct{ beacon, normal, control bool }{
+		{beacon: true}, {beacon: false}, {beacon: true, normal: true}, {beacon: false, normal: true},
+		// control: the copy is of the withdrawing process's own earlier
+		// create (same boot and incarnation): heldBack refuses it.
+		{beacon: false, control: true},
+	} {
+		t.Run(fmt.Sprintf("beacon=%t/newBootNormal=%t/control=%t", c.beacon, c.normal, c.control), func(t *testing.T) {
+			oldBoot, oid := "h3-boot-1", writeID{epoch: 5, inc: 3, seq: 40}
+			nid := writeID{epoch: 1, inc: 1, seq: 1}
+			if c.normal {
+				nid = writeID{epoch: 5, inc: 1_700_000_000_000, seq: 42}
+			}
+			if c.control {
+				oldBoot, oid, nid = "h3-boot-2", writeID{epoch: 5, inc: 9, seq: 40}, writeID{epoch: 5, inc: 9, seq: 42}
+			}
+			declared := x101OldProcessCopyOpts(t, true, true, false, oldBoot, oid, "h3-boot-2", nid, false, x101Opts{listW: true, lostW: !c.beacon})
+			if declared != "" {
+				t.Errorf("(S) h3, withdrawn by its new boot (W trusted), declared %s after the anchored copy of its old boot's create over a lined-up marker", declared)
+			}
+		})
 	}
 }
