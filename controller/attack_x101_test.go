@@ -270,6 +270,9 @@ type x101Opts struct {
 	// before the start) and trusts it; the compromised node then deletes
 	// the key with its marker lined up at P and writes the copy over it.
 	listW bool
+	// garbageNotDel: with listW, garbage lined up at P instead of the
+	// delete marker (the copy is then an update over an invalid value).
+	garbageNotDel bool
 }
 
 // x101OldProcessCopyMem: oldMem, the memory was written by a controller
@@ -356,7 +359,7 @@ func x101OldProcessCopyOpts(t *testing.T, restart, cas, named bool, oldBoot stri
 	for i := 0; b.rev < P-1; i++ {
 		b.write(now.Add(400*time.Millisecond), live[i%len(live)], fencing.LeaseActive, b.guard.Ref())
 	}
-	if o.listW {
+	if o.listW && !o.garbageNotDel {
 		b.del(now.Add(500*time.Millisecond), "h3")
 	} else {
 		b.garbage(now.Add(500*time.Millisecond), "h3")
@@ -685,15 +688,21 @@ func TestX101NamedFloorWrap(t *testing.T) {
 // identity newer by every measure) is declared the same way — nothing
 // compares identities here. Anchoring's premise ("a copy of an anchored
 // create lands only on the marker it was sealed for, which is past") does
-// not survive a rollback that hands P out again.
+// not survive a rollback that hands P out again — nor does any copy of
+// another process's update: with garbage lined up at P instead of a
+// marker the copy lands as an update and is trusted the same way
+// (garbage=true).
 func TestX101TrustedWithdrawalAnchoredCopyOverMarker(t *testing.T) {
-	for _, c := range []struct{ beacon, normal, control bool }{
+	for _, c := range []struct{ beacon, normal, control, garbage bool }{
 		{beacon: true}, {beacon: false}, {beacon: true, normal: true}, {beacon: false, normal: true},
+		// garbage: no delete at all — garbage lined up at P, the copy
+		// (sealed for P) an update over it.
+		{beacon: true, normal: true, garbage: true},
 		// control: the copy is of the withdrawing process's own earlier
 		// create (same boot and incarnation): heldBack refuses it.
 		{beacon: false, control: true},
 	} {
-		t.Run(fmt.Sprintf("beacon=%t/newBootNormal=%t/control=%t", c.beacon, c.normal, c.control), func(t *testing.T) {
+		t.Run(fmt.Sprintf("beacon=%t/newBootNormal=%t/control=%t/garbage=%t", c.beacon, c.normal, c.control, c.garbage), func(t *testing.T) {
 			oldBoot, oid := "h3-boot-1", writeID{epoch: 5, inc: 3, seq: 40}
 			nid := writeID{epoch: 1, inc: 1, seq: 1}
 			if c.normal {
@@ -702,7 +711,7 @@ func TestX101TrustedWithdrawalAnchoredCopyOverMarker(t *testing.T) {
 			if c.control {
 				oldBoot, oid, nid = "h3-boot-2", writeID{epoch: 5, inc: 9, seq: 40}, writeID{epoch: 5, inc: 9, seq: 42}
 			}
-			declared := x101OldProcessCopyOpts(t, true, true, false, oldBoot, oid, "h3-boot-2", nid, false, x101Opts{listW: true, lostW: !c.beacon})
+			declared := x101OldProcessCopyOpts(t, true, true, false, oldBoot, oid, "h3-boot-2", nid, false, x101Opts{listW: true, lostW: !c.beacon, garbageNotDel: c.garbage})
 			if declared != "" {
 				t.Errorf("(S) h3, withdrawn by its new boot (W trusted), declared %s after the anchored copy of its old boot's create over a lined-up marker", declared)
 			}
