@@ -692,8 +692,20 @@ func TestX101NamedFloorWrap(t *testing.T) {
 // another process's update: with garbage lined up at P instead of a
 // marker the copy lands as an update and is trusted the same way
 // (garbage=true).
+//
+// Fixed with W's beacon handled: while a withdrawal beacon stands, a
+// record of another agent process than the withdrawal's (another boot,
+// an earlier incarnation of its boot) is not trusted over a trusted
+// record either (otherProcessWhileWithdrawn, otherProcessMutation). Open
+// with W's beacon lost (beacon=false): the trusted withdrawn record alone
+// cannot tell the copy from a comeback whose beacons are lost.
 func TestX101TrustedWithdrawalAnchoredCopyOverMarker(t *testing.T) {
-	for _, c := range []struct{ beacon, normal, control, garbage bool }{
+	for _, c := range []struct {
+		beacon, normal, control, garbage bool
+		mut                              *bool
+	}{
+		{beacon: true, mut: &otherProcessMutation},
+		{beacon: true, normal: true, garbage: true, mut: &otherProcessMutation},
 		{beacon: true}, {beacon: false}, {beacon: true, normal: true}, {beacon: false, normal: true},
 		// garbage: no delete at all — garbage lined up at P, the copy
 		// (sealed for P) an update over it.
@@ -702,7 +714,8 @@ func TestX101TrustedWithdrawalAnchoredCopyOverMarker(t *testing.T) {
 		// create (same boot and incarnation): heldBack refuses it.
 		{beacon: false, control: true},
 	} {
-		t.Run(fmt.Sprintf("beacon=%t/newBootNormal=%t/control=%t/garbage=%t", c.beacon, c.normal, c.control, c.garbage), func(t *testing.T) {
+		t.Run(fmt.Sprintf("beacon=%t/newBootNormal=%t/control=%t/garbage=%t/mut=%t", c.beacon, c.normal, c.control, c.garbage, c.mut != nil), func(t *testing.T) {
+			x32Mutate(t, c.mut)
 			oldBoot, oid := "h3-boot-1", writeID{epoch: 5, inc: 3, seq: 40}
 			nid := writeID{epoch: 1, inc: 1, seq: 1}
 			if c.normal {
@@ -712,9 +725,66 @@ func TestX101TrustedWithdrawalAnchoredCopyOverMarker(t *testing.T) {
 				oldBoot, oid, nid = "h3-boot-2", writeID{epoch: 5, inc: 9, seq: 40}, writeID{epoch: 5, inc: 9, seq: 42}
 			}
 			declared := x101OldProcessCopyOpts(t, true, true, false, oldBoot, oid, "h3-boot-2", nid, false, x101Opts{listW: true, lostW: !c.beacon, garbageNotDel: c.garbage})
+			if c.mut != nil {
+				if declared == "" {
+					t.Fatalf("mutation: h3 not declared — the layer it switches off is not what refuses the copy")
+				}
+				return
+			}
 			if declared != "" {
 				t.Errorf("(S) h3, withdrawn by its new boot (W trusted), declared %s after the anchored copy of its old boot's create over a lined-up marker", declared)
 			}
+		})
+	}
+}
+
+// TestX101ComebackAfterTrustedWithdrawalPrice: the price of
+// otherProcessWhileWithdrawn, no rollback. h3 (boot-1) withdrew, its
+// record and beacon handled (trusted withdrawn, withdrew standing); it
+// comes back on boot-2, each write delivered by the watch before its
+// beacon (the worst order): the first record is refused (the withdrawal
+// still stands) and kept; its beacon ends the withdrawal and vouches for
+// it (unfreshMark.whileWithdrawn): trusted as of its beacon. Dead after
+// one write or five, declared.
+func TestX101ComebackAfterTrustedWithdrawalPrice(t *testing.T) {
+	for _, renew := range []int{1, 5} {
+		t.Run(fmt.Sprintf("renewals=%d", renew), func(t *testing.T) {
+			b := newX11Bucket(t)
+			live := x11Without(x10Names(0, 10), "h3")
+			b.tr = x10Tracker(t)
+			for _, h := range live {
+				b.write(t0, h, fencing.LeaseActive, nil)
+			}
+			b.publish()
+			at := t0
+			for seq := uint64(1); seq <= 3; seq++ {
+				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+				b.run(at, 1, live, nil)
+				at = at.Add(time.Second)
+			}
+			b.x99Write(at, "h3", fencing.LeaseWithdrawn, "boot-1", 2, 100, 4, true)
+			b.tr.ObserveWithdrawalBy(at, "h3", b.keys["h3"].rev, "boot-1", 100)
+			b.run(at, 3, live, nil)
+			at = at.Add(3 * time.Second)
+			tr := b.tr
+			var trustedAt []int
+			for s := 1; s <= renew; s++ {
+				b.x99Write(at, "h3", fencing.LeaseActive, "boot-2", 2, 200, uint64(s), true)
+				if tr.hosts["h3"].trustedRev == b.keys["h3"].rev {
+					trustedAt = append(trustedAt, s)
+				}
+				b.run(at, 1, live, nil)
+				at = at.Add(time.Second)
+			}
+			t.Logf("comeback renewals trusted: %v", trustedAt)
+			if len(trustedAt) != renew {
+				t.Errorf("comeback trusted at renewals %v, want each of the %d (each vouched or verified by its beacon's time)", trustedAt, renew)
+			}
+			host, after := b.run(at, 120, live, map[string]bool{"h3": true})
+			if host == "" {
+				t.Errorf("dead h3 (came back on boot-2, %d renewals) never declared", renew)
+			}
+			t.Logf("declared %s after it died", after)
 		})
 	}
 }

@@ -925,6 +925,40 @@ func (t *Tracker) withdrawnBar(host string, h *hostState, rec *fencing.LeaseReco
 	return b != "" && rec.BootID == b && rec.Incarnation < h.beacons.withdrewInc && !withdrawnIncMutation
 }
 
+// otherProcessWhileWithdrawn reports whether rec, a signed record of h's
+// host observed over a trusted record, is of another agent process than
+// the withdrawal its beacon named, while that withdrawal stands (no beacon
+// naming a later revision since): another boot, or an earlier
+// incarnation of its boot. withdrawnBar held this for first records
+// only; over a trusted record — the withdrawal itself, listed by a
+// restarted controller — nothing ordered two processes' records: after a
+// downward rollback handed the old boot's revision P out again, the
+// compromised node lined a delete marker (or garbage) up at P and wrote
+// the old boot's anchored create, sealed for P, by a compare-and-set on
+// it: not a replay (prev_rev = the marker's), not held back (another
+// process), trusted over the withdrawal, and the withdrawn host declared
+// (reviewer X101, TestX101TrustedWithdrawalAnchoredCopyOverMarker; no
+// durable state lost needed). The price: a comeback of a new boot whose
+// first record the watch delivers before its beacon is trusted from its
+// next renewal; one whose beacons name revisions below the withdrawal's
+// (a downward rollback after it) never ends it — withdrawn, not declared
+// (X99's (c), over a trusted record too).
+func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRecord) bool {
+	if h == nil || h.trustedRev == 0 || t.vouching || otherProcessMutation || rec.Sig == "" || !hostWritten(rec.State) {
+		return false
+	}
+	b := &h.beacons
+	if b.withdrew == 0 || b.withdrewBoot == "" {
+		return false
+	}
+	return rec.BootID != b.withdrewBoot || rec.Incarnation < b.withdrewInc
+}
+
+// otherProcessMutation: a record of another process than a standing
+// withdrawal's is judged over a trusted record as before (reviewer X101).
+// Tests only.
+var otherProcessMutation bool
+
 // earlyBarMutation: withdrawnBar ignores a kept withdrawal beacon of a
 // host not tracked yet, as before (reviewer X101). Tests only.
 var earlyBarMutation bool

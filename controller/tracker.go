@@ -1060,6 +1060,16 @@ func (t *Tracker) Observe(now time.Time, host string, rev uint64, rec *fencing.L
 		t.observeInvalid(now, host, rev, fmt.Sprintf("a %s record of boot %s incarnation %d seq %d, not newer than the trusted %s record (seq %d) the same agent process wrote before it: sealed before that one, landed after — a record held back and put back", rec.State, rec.BootID, rec.Incarnation, rec.Seq, h.rec.State, h.rec.Seq), true)
 		t.ownRefused(now, host, rev, rec) // rollbackgate.go
 		return t.out
+	case t.otherProcessWhileWithdrawn(h, rec) && !invalidMutation:
+		if t.vouchable(h, rec) && h.beacons.named(rev, rec) {
+			return t.observeVouched(now, host, rev, rec) // its beacon came first (vouch.go)
+		}
+		mark := t.unfreshMark(host, h, rev)
+		mark.whileWithdrawn = true
+		t.observeInvalid(now, host, rev, fmt.Sprintf("a %s record of boot %s incarnation %d while the host's withdrawal beacon (revision %d, boot %s incarnation %d) stands: an earlier agent process's record put back after a rollback, or a comeback whose beacon has not come — trusted when its beacon names it", rec.State, rec.BootID, rec.Incarnation, h.beacons.withdrew, h.beacons.withdrewBoot, h.beacons.withdrewInc), false)
+		t.ownRefused(now, host, rev, rec) // rollbackgate.go
+		t.keepUnfresh(host, rev, rec, now, mark)
+		return t.out
 	case h != nil && unseenPrevRev(h, rec, t.skippedRev) && !invalidMutation:
 		t.observeInvalid(now, host, rev, fmt.Sprintf("a %s record sealed for revision %d, a value of the key the watch never had (its last was revision %d, nothing skipped since): a record of an earlier life of the bucket, or of a rollback — trusted with the host's next renewal", rec.State, rec.PrevRev, h.rev), false)
 		t.ownRefused(now, host, rev, rec) // rollbackgate.go

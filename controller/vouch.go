@@ -94,6 +94,11 @@ type unfreshMark struct {
 	before             uint64
 	deleted            bool
 	stored, prevStored int64
+	// whileWithdrawn: refused over a trusted record as another process's
+	// while the host's withdrawal stood (otherProcessWhileWithdrawn): its
+	// own beacon, which ends that withdrawal, vouches for it (reviewer
+	// X101).
+	whileWithdrawn bool
 }
 
 // laterValue is a value of a key observed after a kept unfresh one: a
@@ -137,7 +142,8 @@ func (t *Tracker) vouchable(h *hostState, rec *fencing.LeaseRecord) bool {
 		// newest (reviewer X71's defence in depth).
 		return false
 	}
-	return h.trustedRev == 0 || otherBootCreate(h, rec) && h.rollbackBar == nil && !vouchOtherBootMutation
+	return h.trustedRev == 0 || otherBootCreate(h, rec) && h.rollbackBar == nil && !vouchOtherBootMutation ||
+		t.otherProcessWhileWithdrawn(h, rec) && h.rollbackBar == nil
 }
 
 // vouchedCreate reports whether Observe is taking a create its beacon
@@ -531,7 +537,7 @@ func (t *Tracker) BeaconVouches(now time.Time, host string, rev uint64, boot str
 		return t.out
 	}
 	h.unfresh = nil
-	if !t.vouchableAt(h, &u.rec, u.deleted) {
+	if !t.vouchableAt(h, &u.rec, u.deleted) && !(u.whileWithdrawn && h.trustedRev != 0 && h.rollbackBar == nil && !vouchMutation) {
 		return t.out
 	}
 	rev0, deleted0 := h.rev, h.deleted
