@@ -788,3 +788,68 @@ func TestX101ComebackAfterTrustedWithdrawalPrice(t *testing.T) {
 		})
 	}
 }
+
+// TestX101ListedComebackRenewalsWhileMemoryWithdrawn: the other side of
+// otherProcessWhileWithdrawn. h3 (boot-1) withdrew (record and beacon
+// handled: Memory.Withdrew), the controller went down, h3 came back on
+// boot-2 (every beacon of it lost — the fleet's arrive, so beacons bind)
+// and renews. The restarted controller lists boot-2's record and trusts
+// it (written fresh) before its first acting tick restores the memory's
+// withdrawal of boot-1, which then stands (no beacon of h3 ends it). The
+// live host's renewals — its trusted record's own process — must still
+// count: refused as another process's, they were unverifiable values
+// that bind, and the live host was declared (otherProcessActiveMutation).
+func TestX101ListedComebackRenewalsWhileMemoryWithdrawn(t *testing.T) {
+	for _, mut := range []*bool{nil, &otherProcessActiveMutation} {
+		t.Run(fmt.Sprintf("mut=%t", mut != nil), func(t *testing.T) {
+			x32Mutate(t, mut)
+			b := newX11Bucket(t)
+			live := x11Without(x10Names(0, 10), "h3")
+			b.tr = x10Tracker(t)
+			for _, h := range live {
+				b.write(t0, h, fencing.LeaseActive, nil)
+			}
+			b.publish()
+			at := t0
+			for seq := uint64(1); seq <= 3; seq++ {
+				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+				b.run(at, 1, live, nil)
+				at = at.Add(time.Second)
+			}
+			b.x99Write(at, "h3", fencing.LeaseWithdrawn, "boot-1", 2, 100, 4, true)
+			if m := b.mem["h3"].Withdrew; m == nil || m.Boot != "boot-1" {
+				t.Fatalf("rig: memory %+v", m)
+			}
+			b.stop()
+			at = at.Add(time.Second)
+			b.x99Write(at, "h3", fencing.LeaseActive, "boot-2", 2, 200, 1, false)
+			c2 := b.start(at.Add(100 * time.Millisecond))
+			if h := c2.hosts["h3"]; h.trustedRev == 0 || h.beacons.withdrewBoot != "boot-1" {
+				t.Fatalf("rig: listed comeback trusted %d, withdrawal of %q", h.trustedRev, h.beacons.withdrewBoot)
+			}
+			declared := ""
+			for s := 1; s <= 120 && declared == ""; s++ {
+				now := at.Add(time.Duration(s) * time.Second)
+				b.x99Write(now, "h3", fencing.LeaseActive, "boot-2", 2, 200, uint64(1+s), false)
+				for _, hh := range live {
+					b.write(now, hh, fencing.LeaseActive, b.guard.Ref())
+				}
+				b.publish()
+				for _, d := range c2.Tick(now) {
+					if d.Op == OpDeclare && d.Host == "h3" {
+						declared = fmt.Sprint(s, "s")
+					}
+				}
+			}
+			if mut != nil {
+				if declared == "" {
+					t.Fatalf("mutation: the live h3 not declared — the rig does not reach the hole")
+				}
+				return
+			}
+			if declared != "" {
+				t.Errorf("(S) the live h3 (renewing on boot-2, its beacons lost) declared at %s", declared)
+			}
+		})
+	}
+}

@@ -951,8 +951,20 @@ func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRec
 	if b.withdrew == 0 || b.withdrewBoot == "" {
 		return false
 	}
+	if h.rec.State == fencing.LeaseActive && h.rec.Sig != "" && sameProcess(*rec, h.rec) && !otherProcessActiveMutation {
+		// The process of the trusted active record (a comeback a
+		// restarted controller listed before its memory restored the
+		// withdrawal): its own renewals, ordered by heldBack and
+		// replay. Refused, they were unverifiable values, and with its
+		// beacons lost (binding) the live host was declared.
+		return false
+	}
 	return rec.BootID != b.withdrewBoot || rec.Incarnation < b.withdrewInc
 }
+
+// otherProcessActiveMutation: otherProcessWhileWithdrawn refuses the
+// trusted active record's own process too. Tests only.
+var otherProcessActiveMutation bool
 
 // otherProcessMutation: a record of another process than a standing
 // withdrawal's is judged over a trusted record as before (reviewer X101).
