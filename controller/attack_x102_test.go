@@ -28,18 +28,29 @@ import (
 // restart's renewals are ordered on the key's revision as any).
 //
 // control: no agent restart (X101's own case): not declared.
+//
+// Fixed: a later incarnation of the trusted active record's boot is
+// spared as that record's own process is (otherProcessLaterIncMutation
+// reopens it).
 func TestX102ListedComebackAgentRestartWhileMemoryWithdrawn(t *testing.T) {
 	for _, c := range []struct {
-		restart bool
-		mut     *bool
+		restart, hole bool
+		mut           *bool
 	}{
 		{restart: true},
 		{restart: false},
 		{restart: true, mut: &otherProcessMutation},
+		{restart: true, mut: &otherProcessLaterIncMutation, hole: true},
 	} {
 		t.Run(fmt.Sprintf("restart=%t/mut=%t", c.restart, c.mut != nil), func(t *testing.T) {
 			x32Mutate(t, c.mut)
 			declared := x102ListedComeback(t, c.restart)
+			if c.hole {
+				if declared == "" {
+					t.Fatalf("mutation: the live h3 not declared — the rig does not reach the hole")
+				}
+				return
+			}
 			if declared != "" {
 				t.Errorf("(S) the live h3 (renewing on boot-2, agent restarted=%t, its beacons lost) declared at %s", c.restart, declared)
 			}

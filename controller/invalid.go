@@ -959,8 +959,29 @@ func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRec
 		// beacons lost (binding) the live host was declared.
 		return false
 	}
+	if h.rec.State == fencing.LeaseActive && h.rec.Sig != "" && rec.BootID == h.rec.BootID && rec.BootID != "" &&
+		rec.BootID != b.withdrewBoot && rec.Incarnation > h.rec.Incarnation && !otherProcessLaterIncMutation {
+		// A later agent process of the trusted active record's boot
+		// (incarnations order a boot's processes:
+		// fencing.Config.IncarnationFloor): that comeback's agent
+		// restarted (a crash, systemd's restart). Refused, its renewals
+		// were unverifiable values, and with its beacons lost the live
+		// host was declared (reviewer X102,
+		// TestX102ListedComebackAgentRestartWhileMemoryWithdrawn). What
+		// the trusted active record's own process may write, a later
+		// process of its boot may: judged by replay as before. Not of
+		// the withdrawal's boot: there an earlier incarnation than the
+		// withdrawal's stays refused (X101's order of a boot's
+		// processes).
+		return false
+	}
 	return rec.BootID != b.withdrewBoot || rec.Incarnation < b.withdrewInc
 }
+
+// otherProcessLaterIncMutation: otherProcessWhileWithdrawn refuses a
+// later incarnation of the trusted active record's boot, as before
+// (reviewer X102). Tests only.
+var otherProcessLaterIncMutation bool
 
 // otherProcessActiveMutation: otherProcessWhileWithdrawn refuses the
 // trusted active record's own process too. Tests only.
