@@ -103,3 +103,80 @@ func x102ListedComeback(t *testing.T, restart bool) string {
 	}
 	return ""
 }
+
+// TestX102ListedComebackOrderlyRestartWhileMemoryWithdrawn (probe, (c);
+// faults needed: the host's beacons lost, a controller restart; no
+// attacker action): X102's first setting, but h3's boot-2 agent restarts
+// in order — it withdraws (W2, trusted: the trusted active record's own
+// process) and the next process of boot-2 takes the lease back. The
+// memory's withdrawal of boot-1 still stands (no beacon ends it), the
+// trusted record is W2 (withdrawn: not spared), and every record of the
+// new process is refused as another process's: never trusted, and once
+// h3 dies it is never declared. With otherProcessMutation (as before
+// X101) its records are trusted and the dead host declared.
+func TestX102ListedComebackOrderlyRestartWhileMemoryWithdrawn(t *testing.T) {
+	for _, mut := range []*bool{nil, &otherProcessMutation} {
+		t.Run(fmt.Sprintf("mut=%t", mut != nil), func(t *testing.T) {
+			x32Mutate(t, mut)
+			b := newX11Bucket(t)
+			live := x11Without(x10Names(0, 10), "h3")
+			b.tr = x10Tracker(t)
+			for _, h := range live {
+				b.write(t0, h, fencing.LeaseActive, nil)
+			}
+			b.publish()
+			at := t0
+			for seq := uint64(1); seq <= 3; seq++ {
+				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+				b.run(at, 1, live, nil)
+				at = at.Add(time.Second)
+			}
+			b.x99Write(at, "h3", fencing.LeaseWithdrawn, "boot-1", 2, 100, 4, true)
+			b.stop()
+			at = at.Add(time.Second)
+			b.x99Write(at, "h3", fencing.LeaseActive, "boot-2", 2, 200, 1, false)
+			c2 := b.start(at.Add(100 * time.Millisecond))
+			if h := c2.hosts["h3"]; h.trustedRev == 0 || h.beacons.withdrewBoot != "boot-1" {
+				t.Fatalf("rig: listed comeback trusted %d, withdrawal of %q", h.trustedRev, h.beacons.withdrewBoot)
+			}
+			inc, seq := uint64(200), uint64(1)
+			var trusted []int
+			declared := ""
+			for s := 1; s <= 150 && declared == ""; s++ {
+				now := at.Add(time.Duration(s) * time.Second)
+				switch {
+				case s == 5:
+					seq++
+					b.x99Write(now, "h3", fencing.LeaseWithdrawn, "boot-2", 2, inc, seq, false)
+					inc, seq = 300, 0
+				case s < 20:
+					seq++
+					b.x99Write(now, "h3", fencing.LeaseActive, "boot-2", 2, inc, seq, false)
+					if c2.hosts["h3"].trustedRev == b.keys["h3"].rev {
+						trusted = append(trusted, s)
+					}
+				}
+				// from 20 s on h3 is dead
+				for _, hh := range live {
+					b.write(now, hh, fencing.LeaseActive, b.guard.Ref())
+				}
+				b.publish()
+				for _, d := range c2.Tick(now) {
+					if d.Op == OpDeclare && d.Host == "h3" {
+						declared = fmt.Sprint(s, "s")
+					}
+				}
+			}
+			t.Logf("renewals trusted at %v; declared %q", trusted, declared)
+			if mut != nil {
+				if declared == "" {
+					t.Fatalf("mutation: dead h3 not declared — the rig does not reach the hole")
+				}
+				return
+			}
+			if declared == "" {
+				t.Errorf("(c) h3 (boot-2 agent restarted in order, its beacons lost) died and was never declared")
+			}
+		})
+	}
+}
