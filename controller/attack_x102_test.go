@@ -180,3 +180,93 @@ func TestX102ListedComebackOrderlyRestartWhileMemoryWithdrawn(t *testing.T) {
 		})
 	}
 }
+
+// TestX102EarlyWithdrawalBarIgnoresLaterEarlyBeacons (attack, (c);
+// faults needed: a controller (re)start whose watch is not up — a
+// JetStream outage while core NATS carries beacons, or a slow listing —
+// for as long as the host takes to withdraw, reboot, renew and die; no
+// attacker action). X101's (3) bars a first record of a host not tracked
+// yet by its kept early withdrawal (earlyWithdrawn) — whatever the kept
+// beacons of the host said AFTER that withdrawal: h3 (boot-1) withdrew,
+// rebooted, and boot-2 renewed five times, every beacon received by the
+// starting controller (h3 not tracked: kept, early), then died. The
+// listing's value — boot-2's last renewal, written fresh, named by its
+// own beacon — is refused (another boot than the kept withdrawal's), and
+// the replay then sets the withdrawal standing AFTER boot-2's later
+// beacons (replayHost replays the observations first; ObserveWithdrawalBy
+// takes a withdrawal whatever revision): no beacon of the dead host will
+// ever end it: never trusted, never declared. With earlyBarMutation (as
+// before X101) the record is trusted and the dead host declared.
+func TestX102EarlyWithdrawalBarIgnoresLaterEarlyBeacons(t *testing.T) {
+	for _, mut := range []*bool{nil, &earlyBarMutation} {
+		t.Run(fmt.Sprintf("mut=%t", mut != nil), func(t *testing.T) {
+			x32Mutate(t, mut)
+			b := newX11Bucket(t)
+			live := x11Without(x10Names(0, 10), "h3")
+			b.tr = x10Tracker(t)
+			for _, h := range live {
+				b.write(t0, h, fencing.LeaseActive, nil)
+			}
+			b.publish()
+			at := t0
+			for seq := uint64(1); seq <= 3; seq++ {
+				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+				b.run(at, 1, live, nil)
+				at = at.Add(time.Second)
+			}
+			b.stop() // the controller restarts; its watch is not up yet
+			tr := x10Tracker(t)
+			beacon := func(now time.Time, e x11Entry, boot string, inc, seq uint64, withdrawn bool) {
+				tr.ObserveBeacon(now, "h3", e.rev)
+				tr.BeaconWrote("h3", e.rev, 2, inc, seq)
+				tr.BeaconVouches(now, "h3", e.rev, boot, 2, inc, seq)
+				if withdrawn {
+					tr.ObserveWithdrawalBy(now, "h3", e.rev, boot, inc)
+				}
+			}
+			e := b.x99Write(at, "h3", fencing.LeaseWithdrawn, "boot-1", 2, 100, 4, false)
+			beacon(at, e, "boot-1", 100, 4, true)
+			for seq := uint64(1); seq <= 5; seq++ {
+				now := at.Add(time.Duration(60+seq) * time.Second)
+				e = b.x99Write(now, "h3", fencing.LeaseActive, "boot-2", 2, 200, seq, false)
+				beacon(now, e, "boot-2", 200, seq, false)
+				for _, hh := range live {
+					b.write(now, hh, fencing.LeaseActive, b.guard.Ref())
+				}
+			}
+			// h3 is dead from here; the watch comes up and lists.
+			now := at.Add(80 * time.Second)
+			names := make([]string, 0, len(b.keys))
+			for h := range b.keys {
+				names = append(names, h)
+			}
+			sortByRev(names, b)
+			for _, h := range names {
+				deliver(tr, now, h, b.keys[h])
+			}
+			tr.WatchStarted(now)
+			for _, h := range tr.Hosts() {
+				if m, ok := b.mem[h]; ok {
+					tr.RestoreMemory(now, h, m)
+				}
+			}
+			tr.RestoreGuard(b.guard)
+			b.tr = tr
+			b.flush()
+			hs := tr.hosts["h3"]
+			t.Logf("h3: trusted %d (key at %d), withdrew %d (%q), maxRev %d", hs.trustedRev, b.keys["h3"].rev, hs.beacons.withdrew, hs.beacons.withdrewBoot, hs.beacons.maxRev)
+			host, after := b.run(now, 150, live, map[string]bool{"h3": true})
+			if mut != nil {
+				if host == "" {
+					t.Fatalf("mutation: dead h3 not declared — the rig does not reach the hole")
+				}
+				return
+			}
+			if host == "" {
+				t.Errorf("(c) dead h3 (its boot-2 beacons, after its boot-1 withdrawal, all received) never declared")
+			} else {
+				t.Logf("declared %s after the listing", after)
+			}
+		})
+	}
+}
