@@ -197,8 +197,13 @@ func TestX102ListedComebackOrderlyRestartWhileMemoryWithdrawn(t *testing.T) {
 // takes a withdrawal whatever revision): no beacon of the dead host will
 // ever end it: never trusted, never declared. With earlyBarMutation (as
 // before X101) the record is trusted and the dead host declared.
+//
+// Fixed: a kept beacon naming a later revision than the kept early
+// withdrawal ends it, as ObserveBeacon ends a tracked host's
+// (earlyObserveEndsMutation reopens it: the mutation case below must
+// NOT declare).
 func TestX102EarlyWithdrawalBarIgnoresLaterEarlyBeacons(t *testing.T) {
-	for _, mut := range []*bool{nil, &earlyBarMutation} {
+	for _, mut := range []*bool{nil, &earlyBarMutation, &earlyObserveEndsMutation} {
 		t.Run(fmt.Sprintf("mut=%t", mut != nil), func(t *testing.T) {
 			x32Mutate(t, mut)
 			b := newX11Bucket(t)
@@ -256,6 +261,12 @@ func TestX102EarlyWithdrawalBarIgnoresLaterEarlyBeacons(t *testing.T) {
 			hs := tr.hosts["h3"]
 			t.Logf("h3: trusted %d (key at %d), withdrew %d (%q), maxRev %d", hs.trustedRev, b.keys["h3"].rev, hs.beacons.withdrew, hs.beacons.withdrewBoot, hs.beacons.maxRev)
 			host, after := b.run(now, 150, live, map[string]bool{"h3": true})
+			if mut == &earlyObserveEndsMutation {
+				if host != "" {
+					t.Fatalf("mutation: dead h3 declared — the fix is not what declares it")
+				}
+				return
+			}
 			if mut != nil {
 				if host == "" {
 					t.Fatalf("mutation: dead h3 not declared — the rig does not reach the hole")

@@ -1438,6 +1438,11 @@ const earlyKeep = 10 * time.Minute
 // (reviewers X33 and X35's holes). Tests only.
 var earlyMutation bool
 
+// earlyObserveEndsMutation: a kept beacon naming a later revision leaves
+// a host's kept early withdrawal standing, as before (reviewer X102).
+// Tests only.
+var earlyObserveEndsMutation bool
+
 // keepEarly keeps e for replayEarly.
 func (t *Tracker) keepEarly(e earlyBeacon) {
 	if earlyMutation {
@@ -1461,6 +1466,17 @@ func (t *Tracker) keepEarly(e earlyBeacon) {
 			t.earlyWithdrawn[e.host] = e
 		}
 		return
+	}
+	if w, ok := t.earlyWithdrawn[e.host]; ok && e.kind == earlyObserve && e.rev > w.rev && !earlyObserveEndsMutation {
+		// A later write of its own, beaconed after the kept withdrawal:
+		// back from it, as ObserveBeacon ends a tracked host's. Kept, it
+		// barred the host's first record (withdrawnBar) and, replayed
+		// after these observations, stood for good: a host that
+		// withdrew, came back on a new boot and died while this
+		// controller's watch was not up was never trusted, never
+		// declared (reviewer X102,
+		// TestX102EarlyWithdrawalBarIgnoresLaterEarlyBeacons).
+		delete(t.earlyWithdrawn, e.host)
 	}
 	if t.earlyCount >= maxEarlyBeacons {
 		if t.earlyLost.IsZero() {
