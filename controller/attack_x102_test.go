@@ -281,3 +281,47 @@ func TestX102EarlyWithdrawalBarIgnoresLaterEarlyBeacons(t *testing.T) {
 		})
 	}
 }
+
+// TestX102LaterIncSpareBounds: X102's spare of a later incarnation of the
+// trusted active record's boot, bounded: not an earlier incarnation, and
+// not the withdrawal's own boot (there X101's order of its processes
+// holds: an incarnation between the trusted record's and the
+// withdrawal's stays another process's).
+func TestX102LaterIncSpareBounds(t *testing.T) {
+	tr := x10Tracker(t)
+	mk := func(boot string, inc uint64) fencing.LeaseRecord {
+		r := rec("h3", fencing.BackstopReset)
+		r.State, r.Sig, r.Signer = fencing.LeaseActive, "h3-key genuine-signature", "h3-key"
+		r.BootID, r.Epoch, r.Incarnation, r.Seq = boot, 2, inc, 1
+		return *r
+	}
+	for _, c := range []struct {
+		trusted, rec      fencing.LeaseRecord
+		wBoot             string
+		wInc              uint64
+		other, otherNoFix bool
+	}{
+		// the comeback's agent restarted: spared (refused before the fix)
+		{trusted: mk("boot-2", 200), rec: mk("boot-2", 300), wBoot: "boot-1", wInc: 100, other: false, otherNoFix: true},
+		// an earlier process of the trusted record's boot: refused
+		{trusted: mk("boot-2", 200), rec: mk("boot-2", 150), wBoot: "boot-1", wInc: 100, other: true, otherNoFix: true},
+		// the withdrawal's boot: an incarnation between the trusted
+		// record's and the withdrawal's stays refused
+		{trusted: mk("boot-1", 100), rec: mk("boot-1", 200), wBoot: "boot-1", wInc: 300, other: true, otherNoFix: true},
+		// the trusted record's own process: spared (X101)
+		{trusted: mk("boot-2", 200), rec: mk("boot-2", 200), wBoot: "boot-1", wInc: 100, other: false, otherNoFix: false},
+	} {
+		h := &hostState{trustedRev: 5, rev: 5, rec: c.trusted}
+		h.beacons.withdrew, h.beacons.withdrewBoot, h.beacons.withdrewInc = 9, c.wBoot, c.wInc
+		r := c.rec
+		if got := tr.otherProcessWhileWithdrawn(h, &r); got != c.other {
+			t.Errorf("trusted %s/%d, withdrawal %s/%d, record %s/%d: another process %t, want %t", c.trusted.BootID, c.trusted.Incarnation, c.wBoot, c.wInc, r.BootID, r.Incarnation, got, c.other)
+		}
+		otherProcessLaterIncMutation = true
+		got := tr.otherProcessWhileWithdrawn(h, &r)
+		otherProcessLaterIncMutation = false
+		if got != c.otherNoFix {
+			t.Errorf("mutation: trusted %s/%d, record %s/%d: another process %t, want %t", c.trusted.BootID, c.trusted.Incarnation, r.BootID, r.Incarnation, got, c.otherNoFix)
+		}
+	}
+}
