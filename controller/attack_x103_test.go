@@ -1,0 +1,143 @@
+package controller
+
+import (
+	"testing"
+	"time"
+
+	"hvguard/fencing"
+)
+
+// x103Hide lands e on host's key without delivering it (the watch skips
+// it: superseded before the watch reached it — a burst, the compromised
+// node's lever) and returns it.
+func (b *x11Bucket) x103Hide(now time.Time, host string, e x11Entry) x11Entry {
+	b.rev++
+	b.landed++
+	e.rev = b.rev
+	e.stored = now.Add(time.Duration(b.landed))
+	b.keys[host] = e
+	if b.tr != nil {
+		b.tr.Skipped(b.rev + 1) // the next value it delivers follows a gap
+	}
+	return e
+}
+
+// x103HiddenWrite: host's agent writes (a compare-and-set on the key's
+// revision) but the watch skips the value; its beacon arrives.
+func (b *x11Bucket) x103HiddenWrite(now time.Time, host string, st fencing.LeaseState, boot string, inc, seq uint64) x11Entry {
+	r := rec(host, fencing.BackstopReset)
+	r.Signer, r.Guard, r.State = host+"-key", b.guard.Ref(), st
+	r.Sig = host + "-key genuine-signature"
+	r.BootID, r.Epoch, r.Incarnation, r.Seq = boot, 2, inc, seq
+	if st == fencing.LeaseWithdrawn {
+		r.Reason = "orderly-stop"
+	}
+	cur := b.keys[host]
+	r.PrevRev = cur.rev
+	e := b.x103Hide(now, host, x11Entry{rec: r, w: fencing.Written{Known: true, HasExpected: true, Expected: cur.rev}})
+	tr := b.tr
+	tr.ObserveBeacon(now, host, e.rev)
+	tr.BeaconWrote(host, e.rev, 2, inc, seq)
+	tr.BeaconVouches(now, host, e.rev, boot, 2, inc, seq)
+	if st == fencing.LeaseWithdrawn {
+		tr.ObserveWithdrawalBy(now, host, e.rev, boot, inc)
+	}
+	b.flush()
+	return e
+}
+
+// Reviewer X103 (attack, (S), withdrawn host declared; faults needed:
+// NONE — the compromised node's burst makes the watch skip h3's values,
+// X11's lever). h3 runs boot-1 (incarnation 100), trusted at revision
+// Q. Its agent then writes its next record N on Q — either the same
+// process's next renewal (next=same) or, the agent restarted (a crash,
+// systemd), a later incarnation's (next=laterInc, 150) — and from here
+// the node buries every value of h3's key under garbage before the
+// watch reaches it: N, h3's reboot into boot-2 and boot-2's renewals,
+// and boot-2's orderly withdrawal W (its beacons all arrive: the
+// withdrawal beacon names W, boot-2 — it stands, withdrawnRev above the
+// trusted revision). The trusted record is still boot-1's active record
+// at Q and h.rev is Q. The node now re-lands a copy of N (sealed for
+// Q): not a replay (PrevRev Q = h.rev, below the copy's revision), not
+// held back (the trusted record is active), not unseen (PrevRev = h.rev)
+// — and otherProcessWhileWithdrawn spares it: the trusted active
+// record's own process (X101's spare) or a later incarnation of its boot,
+// not the withdrawal's boot (X102's spare). Trusted above W's revision,
+// the withdrawal no longer counts (beaconWithdrawn: withdrawnRev ≤
+// trustedRev), and h3 — withdrawn, guests running — is declared
+// lease_ttl + grace later. With otherProcessActiveMutation (next=same) or
+// otherProcessLaterIncMutation (next=laterInc) the copy is refused:
+// the spares open the hole.
+func TestX103HiddenNextRecordCopySparedOverWithdrawal(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		inc  uint64
+		mut  *bool
+	}{
+		{name: "same", inc: 100},
+		{name: "laterInc", inc: 150},
+		{name: "same/mut", inc: 100, mut: &otherProcessActiveMutation},
+		{name: "laterInc/mut", inc: 150, mut: &otherProcessLaterIncMutation},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			x32Mutate(t, c.mut)
+			host, after, trusted := x103HiddenNext(t, c.inc)
+			t.Logf("copy trusted %t; declared %q after %s", trusted, host, after)
+			if c.mut != nil {
+				if host != "" {
+					t.Fatalf("mutation: withdrawn h3 declared — the spare is not what opens it")
+				}
+				return
+			}
+			if host != "" {
+				t.Errorf("(S) withdrawn h3 (boot-2 withdrew in order, its beacon handled) declared %s after a copy of its hidden boot-1 record N (incarnation %d)", after, c.inc)
+			}
+		})
+	}
+}
+
+func x103HiddenNext(t *testing.T, inc uint64) (string, time.Duration, bool) {
+	b := newX11Bucket(t)
+	live := x11Without(x10Names(0, 10), "h3")
+	b.tr = x10Tracker(t)
+	for _, h := range live {
+		b.write(t0, h, fencing.LeaseActive, nil)
+	}
+	b.publish()
+	at := t0
+	for seq := uint64(1); seq <= 3; seq++ {
+		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+		b.run(at, 1, live, nil)
+		at = at.Add(time.Second)
+	}
+	seq := uint64(4)
+	if inc != 100 {
+		seq = 1
+	}
+	n := b.x103HiddenWrite(at, "h3", fencing.LeaseActive, "boot-1", inc, seq)
+	b.x103Hide(at, "h3", x11Entry{garbage: true})
+	b.run(at, 30, live, nil) // h3 reboots
+	at = at.Add(30 * time.Second)
+	for s := uint64(1); s <= 3; s++ {
+		b.x103HiddenWrite(at, "h3", fencing.LeaseActive, "boot-2", 200, s)
+		b.x103Hide(at, "h3", x11Entry{garbage: true})
+		b.run(at, 1, live, nil)
+		at = at.Add(time.Second)
+	}
+	b.x103HiddenWrite(at, "h3", fencing.LeaseWithdrawn, "boot-2", 200, 4)
+	b.x103Hide(at, "h3", x11Entry{garbage: true})
+	b.run(at, 1, live, nil)
+	at = at.Add(time.Second)
+	hs := b.tr.hosts["h3"]
+	if hs.beacons.withdrewBoot != "boot-2" || !hs.beaconWithdrawn() || hs.rec.BootID != "boot-1" || hs.rec.State != fencing.LeaseActive {
+		t.Fatalf("rig: withdrawal %d %q, withdrawnRev %d, trusted %d %s/%s", hs.beacons.withdrew, hs.beacons.withdrewBoot, hs.beacons.withdrawnRev, hs.trustedRev, hs.rec.BootID, hs.rec.State)
+	}
+	// The copy of N, landed by a plain put (the watch skipped the
+	// garbage before it).
+	cp := *n.rec
+	b.tr.Skipped(b.rev + 1)
+	b.land(at, "h3", x11Entry{rec: &cp, w: fencing.Written{Known: true}})
+	trusted := b.tr.hosts["h3"].trustedRev == b.keys["h3"].rev
+	host, after := b.run(at, 150, live, map[string]bool{"h3": true})
+	return host, after, trusted
+}
