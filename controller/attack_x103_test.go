@@ -68,21 +68,35 @@ func (b *x11Bucket) x103HiddenWrite(now time.Time, host string, st fencing.Lease
 // lease_ttl + grace later. With otherProcessActiveMutation (next=same) or
 // otherProcessLaterIncMutation (next=laterInc) the copy is refused:
 // the spares open the hole.
+//
+// Fixed: the spares are for a comeback, trusted above the withdrawal's
+// revision; a trusted record at or below it is the host's record from
+// before it withdrew, and another process than the withdrawal's — its own
+// included — stays refused (otherProcessOlderActiveMutation reopens it).
 func TestX103HiddenNextRecordCopySparedOverWithdrawal(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		inc  uint64
 		mut  *bool
+		hole bool
 	}{
 		{name: "same", inc: 100},
 		{name: "laterInc", inc: 150},
 		{name: "same/mut", inc: 100, mut: &otherProcessActiveMutation},
 		{name: "laterInc/mut", inc: 150, mut: &otherProcessLaterIncMutation},
+		{name: "same/fixmut", inc: 100, mut: &otherProcessOlderActiveMutation, hole: true},
+		{name: "laterInc/fixmut", inc: 150, mut: &otherProcessOlderActiveMutation, hole: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x32Mutate(t, c.mut)
 			host, after, trusted := x103HiddenNext(t, c.inc)
 			t.Logf("copy trusted %t; declared %q after %s", trusted, host, after)
+			if c.hole {
+				if host == "" {
+					t.Fatalf("mutation: withdrawn h3 not declared — the rig does not reach the hole")
+				}
+				return
+			}
 			if c.mut != nil {
 				if host != "" {
 					t.Fatalf("mutation: withdrawn h3 declared — the spare is not what opens it")

@@ -951,6 +951,22 @@ func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRec
 	if b.withdrew == 0 || b.withdrewBoot == "" {
 		return false
 	}
+	if h.trustedRev <= b.withdrew && !otherProcessOlderActiveMutation {
+		// The trusted active record is no comeback: trusted at or below
+		// the withdrawal's revision, it is the record the host wrote
+		// BEFORE it withdrew (the watch skipped everything since: a
+		// burst over the key). The host's next record after it, written
+		// on its revision — the same process's next renewal or a later
+		// incarnation's — hidden then, its copy re-landed after the
+		// withdrawal is neither a replay (sealed for h.rev) nor held
+		// back (the trusted record is active): spared as "the trusted
+		// active record's process", it was trusted over the standing
+		// withdrawal and the withdrawn host declared (reviewer X103,
+		// TestX103HiddenNextRecordCopySparedOverWithdrawal; no fault
+		// needed). The spares below are for a comeback written after the
+		// withdrawal (a restarted controller's listing).
+		return rec.BootID != b.withdrewBoot || rec.Incarnation < b.withdrewInc
+	}
 	if h.rec.State == fencing.LeaseActive && h.rec.Sig != "" && sameProcess(*rec, h.rec) && !otherProcessActiveMutation {
 		// The process of the trusted active record (a comeback a
 		// restarted controller listed before its memory restored the
@@ -977,6 +993,12 @@ func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRec
 	}
 	return rec.BootID != b.withdrewBoot || rec.Incarnation < b.withdrewInc
 }
+
+// otherProcessOlderActiveMutation: otherProcessWhileWithdrawn spares
+// the trusted active record's process (and later incarnations of its
+// boot) even when that record is older than the withdrawal, as before
+// (reviewer X103). Tests only.
+var otherProcessOlderActiveMutation bool
 
 // otherProcessLaterIncMutation: otherProcessWhileWithdrawn refuses a
 // later incarnation of the trusted active record's boot, as before
