@@ -155,3 +155,54 @@ func x103HiddenNext(t *testing.T, inc uint64) (string, time.Duration, bool) {
 	host, after := b.run(at, 150, live, map[string]bool{"h3": true})
 	return host, after, trusted
 }
+
+// TestX103HiddenWithdrawalProcessFirstRecordCopy (probe): X103's first
+// setting, but the copy is of the WITHDRAWAL's own process: boot-2's
+// first record, written on Q (h3's last delivered value) and hidden, as
+// everything after it up to boot-2's withdrawal W. Neither another
+// process (otherProcessWhileWithdrawn) nor held back (the trusted record
+// is boot-1's): is the copy, older than W by the beacons' wrote, trusted
+// above W and h3 declared?
+func TestX103HiddenWithdrawalProcessFirstRecordCopy(t *testing.T) {
+	b := newX11Bucket(t)
+	live := x11Without(x10Names(0, 10), "h3")
+	b.tr = x10Tracker(t)
+	for _, h := range live {
+		b.write(t0, h, fencing.LeaseActive, nil)
+	}
+	b.publish()
+	at := t0
+	for seq := uint64(1); seq <= 3; seq++ {
+		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+		b.run(at, 1, live, nil)
+		at = at.Add(time.Second)
+	}
+	b.run(at, 30, live, nil) // h3 reboots (hard: boot-1 wrote nothing more)
+	at = at.Add(30 * time.Second)
+	var first x11Entry
+	for s := uint64(1); s <= 3; s++ {
+		e := b.x103HiddenWrite(at, "h3", fencing.LeaseActive, "boot-2", 200, s)
+		if s == 1 {
+			first = e
+		}
+		b.x103Hide(at, "h3", x11Entry{garbage: true})
+		b.run(at, 1, live, nil)
+		at = at.Add(time.Second)
+	}
+	b.x103HiddenWrite(at, "h3", fencing.LeaseWithdrawn, "boot-2", 200, 4)
+	b.x103Hide(at, "h3", x11Entry{garbage: true})
+	b.run(at, 1, live, nil)
+	at = at.Add(time.Second)
+	hs := b.tr.hosts["h3"]
+	if hs.beacons.withdrewBoot != "boot-2" || !hs.beaconWithdrawn() || hs.rec.BootID != "boot-1" {
+		t.Fatalf("rig: withdrawal %d %q, trusted %d %s", hs.beacons.withdrew, hs.beacons.withdrewBoot, hs.trustedRev, hs.rec.BootID)
+	}
+	cp := *first.rec
+	b.land(at, "h3", x11Entry{rec: &cp, w: fencing.Written{Known: true}})
+	trusted := b.tr.hosts["h3"].trustedRev == b.keys["h3"].rev
+	host, after := b.run(at, 150, live, map[string]bool{"h3": true})
+	t.Logf("copy trusted %t; declared %q after %s", trusted, host, after)
+	if host != "" {
+		t.Errorf("(S) withdrawn h3 declared %s after a copy of its withdrawal process's hidden first record", after)
+	}
+}
