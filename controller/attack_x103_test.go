@@ -69,10 +69,15 @@ func (b *x11Bucket) x103HiddenWrite(now time.Time, host string, st fencing.Lease
 // otherProcessLaterIncMutation (next=laterInc) the copy is refused:
 // the spares open the hole.
 //
-// Fixed: the spares are for a comeback, trusted above the withdrawal's
-// revision; a trusted record at or below it is the host's record from
-// before it withdrew, and another process than the withdrawal's — its own
-// included — stays refused (otherProcessOlderActiveMutation reopens it).
+// Fixed twice: (a) the spares are for a comeback, trusted above the
+// withdrawal's revision; a trusted record at or below it is the host's
+// record from before it withdrew, and another process than the
+// withdrawal's — its own included — stays refused
+// (otherProcessOlderActiveMutation); (b) a record sealed for a revision
+// below the standing withdrawal's was written before it, whatever its
+// process (sealedBeforeWithdrawalMutation; see
+// TestX103HiddenWithdrawalProcessFirstRecordCopy). Either closes this
+// case (sealedmut: (a) alone); both mutations reopen it (fixmut).
 func TestX103HiddenNextRecordCopySparedOverWithdrawal(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -86,9 +91,16 @@ func TestX103HiddenNextRecordCopySparedOverWithdrawal(t *testing.T) {
 		{name: "laterInc/mut", inc: 150, mut: &otherProcessLaterIncMutation},
 		{name: "same/fixmut", inc: 100, mut: &otherProcessOlderActiveMutation, hole: true},
 		{name: "laterInc/fixmut", inc: 150, mut: &otherProcessOlderActiveMutation, hole: true},
+		{name: "same/sealedmut", inc: 100, mut: &sealedBeforeWithdrawalMutation},
+		{name: "laterInc/sealedmut", inc: 150, mut: &sealedBeforeWithdrawalMutation},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x32Mutate(t, c.mut)
+			if c.hole {
+				// both fixes close it: the spares' bound and the
+				// record sealed below the withdrawal's revision
+				x32Mutate(t, &sealedBeforeWithdrawalMutation)
+			}
 			host, after, trusted := x103HiddenNext(t, c.inc)
 			t.Logf("copy trusted %t; declared %q after %s", trusted, host, after)
 			if c.hole {
@@ -161,9 +173,35 @@ func x103HiddenNext(t *testing.T, inc uint64) (string, time.Duration, bool) {
 // first record, written on Q (h3's last delivered value) and hidden, as
 // everything after it up to boot-2's withdrawal W. Neither another
 // process (otherProcessWhileWithdrawn) nor held back (the trusted record
-// is boot-1's): is the copy, older than W by the beacons' wrote, trusted
-// above W and h3 declared?
+// is boot-1's): the copy, older than W by the beacons' wrote, was
+// trusted above W and h3 — withdrawn, guests running — declared 22 s
+// later (attack, (S); faults needed: NONE, the node's burst; a hole of
+// X101's rule, not of X102's spare: the withdrawal's own process was
+// never "another").
+//
+// Fixed: a record sealed for a revision below the standing withdrawal's
+// is refused over a trusted record (sealedBeforeWithdrawalMutation
+// reopens it).
 func TestX103HiddenWithdrawalProcessFirstRecordCopy(t *testing.T) {
+	for _, mut := range []*bool{nil, &sealedBeforeWithdrawalMutation} {
+		t.Run(map[bool]string{true: "fix", false: "mut"}[mut == nil], func(t *testing.T) {
+			x32Mutate(t, mut)
+			host, after, trusted := x103WithdrawalProcessCopy(t)
+			t.Logf("copy trusted %t; declared %q after %s", trusted, host, after)
+			if mut != nil {
+				if host == "" {
+					t.Fatalf("mutation: withdrawn h3 not declared — the rig does not reach the hole")
+				}
+				return
+			}
+			if host != "" {
+				t.Errorf("(S) withdrawn h3 declared %s after a copy of its withdrawal process's hidden first record", after)
+			}
+		})
+	}
+}
+
+func x103WithdrawalProcessCopy(t *testing.T) (string, time.Duration, bool) {
 	b := newX11Bucket(t)
 	live := x11Without(x10Names(0, 10), "h3")
 	b.tr = x10Tracker(t)
@@ -201,8 +239,5 @@ func TestX103HiddenWithdrawalProcessFirstRecordCopy(t *testing.T) {
 	b.land(at, "h3", x11Entry{rec: &cp, w: fencing.Written{Known: true}})
 	trusted := b.tr.hosts["h3"].trustedRev == b.keys["h3"].rev
 	host, after := b.run(at, 150, live, map[string]bool{"h3": true})
-	t.Logf("copy trusted %t; declared %q after %s", trusted, host, after)
-	if host != "" {
-		t.Errorf("(S) withdrawn h3 declared %s after a copy of its withdrawal process's hidden first record", after)
-	}
+	return host, after, trusted
 }
