@@ -315,7 +315,7 @@ func TestX102LaterIncSpareBounds(t *testing.T) {
 		// the trusted record's own process: spared (X101)
 		{trusted: mk("boot-2", 200), rec: mk("boot-2", 200), wBoot: "boot-1", wInc: 100, other: false, otherNoFix: false},
 	} {
-		h := &hostState{trustedRev: 12, rev: 12, rec: c.trusted} // a comeback: trusted above the withdrawal (X103)
+		h := &hostState{trustedRev: 5, rev: 5, rec: c.trusted}
 		h.beacons.withdrew, h.beacons.withdrewBoot, h.beacons.withdrewInc = 9, c.wBoot, c.wInc
 		r := c.rec
 		if got := tr.otherProcessWhileWithdrawn(h, &r); got != c.other {

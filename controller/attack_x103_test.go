@@ -1,6 +1,7 @@
 package controller
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -69,9 +70,9 @@ func (b *x11Bucket) x103HiddenWrite(now time.Time, host string, st fencing.Lease
 // otherProcessLaterIncMutation (next=laterInc) the copy is refused:
 // the spares open the hole.
 //
-// Fixed twice: (a) the spares are for a comeback, trusted above the
-// withdrawal's revision; a trusted record at or below it is the host's
-// record from before it withdrew, and another process than the
+// Fixed twice: (a) the spares are for a comeback; a trusted record this
+// tracker's own withdrawal beacon named a later revision than
+// (beaconWithdrawn) is the host's record from before it withdrew, and another process than the
 // withdrawal's — its own included — stays refused
 // (otherProcessOlderActiveMutation); (b) a record sealed for a revision
 // below the standing withdrawal's was written before it, whatever its
@@ -240,4 +241,78 @@ func x103WithdrawalProcessCopy(t *testing.T) (string, time.Duration, bool) {
 	trusted := b.tr.hosts["h3"].trustedRev == b.keys["h3"].rev
 	host, after := b.run(at, 150, live, map[string]bool{"h3": true})
 	return host, after, trusted
+}
+
+// TestX103ListedComebackBelowWithdrawalAfterRollback (probe, price of
+// X103's fixes; faults needed: a downward rollback below the withdrawal,
+// a controller restart, the host's beacons lost — no attacker action):
+// X102's listed comeback, but the stream rolled back below W's revision
+// before h3 came back: the comeback's revisions, and its renewals'
+// PrevRevs, are below the memory's withdrawal. A first version of X103's
+// fixes (gated on revisions: trustedRev / PrevRev below the withdrawal's)
+// refused its renewals and the live host was declared at 23 s; they are
+// gated on the tracker's own withdrawal beacon naming a revision after
+// the trusted record (beaconWithdrawn), which a memory's withdrawal does
+// not set. Both cases must not declare.
+func TestX103ListedComebackBelowWithdrawalAfterRollback(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		muts []*bool
+	}{
+		{name: "fixed"},
+		{name: "beforeX103", muts: []*bool{&otherProcessOlderActiveMutation, &sealedBeforeWithdrawalMutation}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for _, m := range c.muts {
+				x32Mutate(t, m)
+			}
+			b := newX11Bucket(t)
+			live := x11Without(x10Names(0, 10), "h3")
+			b.tr = x10Tracker(t)
+			for _, h := range live {
+				b.write(t0, h, fencing.LeaseActive, nil)
+			}
+			b.publish()
+			at := t0
+			backup := map[string]x11Entry{}
+			var backupRev uint64
+			for seq := uint64(1); seq <= 3; seq++ {
+				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+				b.run(at, 1, live, nil)
+				at = at.Add(time.Second)
+				if seq == 1 {
+					for k, v := range b.keys {
+						backup[k] = v
+					}
+					backupRev = b.rev
+				}
+			}
+			b.x99Write(at, "h3", fencing.LeaseWithdrawn, "boot-1", 2, 100, 4, true)
+			w := b.mem["h3"].Withdrew
+			b.stop()
+			b.rollBack(backup, backupRev)
+			at = at.Add(time.Second)
+			b.x99Write(at, "h3", fencing.LeaseActive, "boot-2", 2, 200, 1, false)
+			c2 := b.start(at.Add(100 * time.Millisecond))
+			hs := c2.hosts["h3"]
+			t.Logf("withdrawal at %d; comeback trusted at %d, withdrawal standing %d/%q", w.Rev, hs.trustedRev, hs.beacons.withdrew, hs.beacons.withdrewBoot)
+			declared := ""
+			for s := 1; s <= 120 && declared == ""; s++ {
+				now := at.Add(time.Duration(s) * time.Second)
+				b.x99Write(now, "h3", fencing.LeaseActive, "boot-2", 2, 200, uint64(s+1), false)
+				for _, hh := range live {
+					b.write(now, hh, fencing.LeaseActive, b.guard.Ref())
+				}
+				b.publish()
+				for _, d := range c2.Tick(now) {
+					if d.Op == OpDeclare && d.Host == "h3" {
+						declared = fmt.Sprint(s, "s")
+					}
+				}
+			}
+			if declared != "" {
+				t.Errorf("(S) the live h3 (renewing on boot-2 after a rollback below its withdrawal, beacons lost) declared at %s", declared)
+			}
+		})
+	}
 }

@@ -951,7 +951,7 @@ func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRec
 	if b.withdrew == 0 || b.withdrewBoot == "" {
 		return false
 	}
-	if rec.PrevRev != 0 && rec.PrevRev < b.withdrew && !sealedBeforeWithdrawalMutation {
+	if h.beaconWithdrawn() && rec.PrevRev != 0 && rec.PrevRev < b.withdrew && !sealedBeforeWithdrawalMutation {
 		// Sealed for a revision below the withdrawal's: written before
 		// it (a compare-and-set lands above the revision it names, and
 		// the withdrawal landed at b.withdrew), of whatever process — the
@@ -962,14 +962,18 @@ func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRec
 		// above the withdrawal: the withdrawn host declared (reviewer
 		// X103, TestX103HiddenWithdrawalProcessFirstRecordCopy; no fault
 		// needed). A comeback writes on the withdrawal's revision or
-		// later; after a downward rollback it is trusted when its beacon
-		// names it (X99's price).
+		// later. Only while this tracker's own beacon put the withdrawal
+		// after the trusted record (beaconWithdrawn): a comeback a
+		// restarted controller listed under the memory's withdrawal,
+		// after a downward rollback below it, writes below it and was
+		// refused — with its beacons lost the live host was declared
+		// (TestX103ListedComebackBelowWithdrawalAfterRollback).
 		return true
 	}
-	if h.trustedRev <= b.withdrew && !otherProcessOlderActiveMutation {
-		// The trusted active record is no comeback: trusted at or below
-		// the withdrawal's revision, it is the record the host wrote
-		// BEFORE it withdrew (the watch skipped everything since: a
+	if h.beaconWithdrawn() && !otherProcessOlderActiveMutation {
+		// The trusted active record is no comeback: this tracker's own
+		// withdrawal beacon named a revision after it, it is the record
+		// the host wrote BEFORE it withdrew (the watch skipped everything since: a
 		// burst over the key). The host's next record after it, written
 		// on its revision — the same process's next renewal or a later
 		// incarnation's — hidden then, its copy re-landed after the
@@ -979,7 +983,9 @@ func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRec
 		// withdrawal and the withdrawn host declared (reviewer X103,
 		// TestX103HiddenNextRecordCopySparedOverWithdrawal; no fault
 		// needed). The spares below are for a comeback written after the
-		// withdrawal (a restarted controller's listing).
+		// withdrawal (a restarted controller's listing under its
+		// memory's withdrawal: no beacon of this tracker put that
+		// withdrawal after the trusted record).
 		return rec.BootID != b.withdrewBoot || rec.Incarnation < b.withdrewInc
 	}
 	if h.rec.State == fencing.LeaseActive && h.rec.Sig != "" && sameProcess(*rec, h.rec) && !otherProcessActiveMutation {
