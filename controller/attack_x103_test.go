@@ -25,6 +25,8 @@ func (b *x11Bucket) x103Hide(now time.Time, host string, e x11Entry) x11Entry {
 
 // x103HiddenWrite: host's agent writes (a compare-and-set on the key's
 // revision) but the watch skips the value; its beacon arrives.
+var x103ProbeHook func(*Tracker, uint64)
+
 func (b *x11Bucket) x103HiddenWrite(now time.Time, host string, st fencing.LeaseState, boot string, inc, seq uint64) x11Entry {
 	r := rec(host, fencing.BackstopReset)
 	r.Signer, r.Guard, r.State = host+"-key", b.guard.Ref(), st
@@ -42,6 +44,9 @@ func (b *x11Bucket) x103HiddenWrite(now time.Time, host string, st fencing.Lease
 	tr.BeaconVouches(now, host, e.rev, boot, 2, inc, seq)
 	if st == fencing.LeaseWithdrawn {
 		tr.ObserveWithdrawalBy(now, host, e.rev, boot, inc)
+		if x103ProbeHook != nil {
+			x103ProbeHook(tr, e.rev)
+		}
 	}
 	b.flush()
 	return e
