@@ -78,10 +78,17 @@ for name in "$@"; do
 		"$build/$name" >"$build/$name.8"
 	gzip -9nf "$build/$name.8"
 
-	# Debian changelog (native package): one entry for this build.
+	# Debian changelog (native package): one entry for this build. The
+	# commit's subject, shortened on a word boundary: cut mid-word it made
+	# lintian's spelling check fail the build ("skipped unles").
+	subject=$(git log -1 --format=%s)
+	if [ "${#subject}" -gt 50 ]; then
+		subject="${subject:0:47}"
+		subject="${subject% *}..."
+	fi
 	{
 		printf '%s (%s) unstable; urgency=medium\n\n' "$name" "$PKG_VERSION"
-		printf '  * Build of %s: %s\n\n' "$(git rev-parse --short=12 HEAD)" "$(git log -1 --format=%s | cut -c1-50)"
+		printf '  * Build of %s: %s\n\n' "$(git rev-parse --short=12 HEAD)" "$subject"
 		printf ' -- %s  %s\n' "$PKG_MAINTAINER" "$(date -u -R -d "@$SOURCE_DATE_EPOCH")"
 	} >"$build/changelog"
 	gzip -9nf "$build/changelog"
