@@ -91,11 +91,32 @@ func x104LateWithdrawalBeacon(t *testing.T, beaconFirst bool) (string, time.Dura
 // SealedBefore the trusted copy (sealed for Q < W < X):
 // ErrReceiptAfterSeal stops it in the daemon — so there it needs W's
 // receipt missing (its write failed) too.
+//
+// Fixed: ObserveWithdrawalBy takes a withdrawal between the trusted
+// record's PrevRev and its revision as standing (withdrawnRev =
+// trustedRev + 1, as a rollback's carry); lateWithdrawalMutation
+// reopens it.
 func TestX104LateWithdrawalBeaconAfterCopy(t *testing.T) {
-	for _, first := range []bool{true, false} {
-		t.Run(map[bool]string{true: "beaconFirst", false: "beaconLate"}[first], func(t *testing.T) {
-			host, after, tr, rc := x104LateWithdrawalBeacon(t, first)
-			t.Logf("declared %q after %s; receipt SealedBefore %t", host, after, tr.SealedBefore("h3", rc))
+	for _, c := range []struct {
+		name  string
+		first bool
+		mut   *bool
+	}{
+		{name: "beaconFirst", first: true},
+		{name: "beaconLate"},
+		{name: "beaconLate/mut", mut: &lateWithdrawalMutation},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			x32Mutate(t, c.mut)
+			host, after, tr, rc := x104LateWithdrawalBeacon(t, c.first)
+			sealed := tr.SealedBefore("h3", rc)
+			t.Logf("declared %q after %s; receipt SealedBefore %t", host, after, sealed)
+			if c.mut != nil {
+				if host == "" || !sealed {
+					t.Fatalf("mutation: withdrawn h3 not declared (or the receipt would not stop it) — the rig does not reach the hole")
+				}
+				return
+			}
 			if host != "" {
 				t.Errorf("(S) withdrawn h3 declared %s", after)
 			}

@@ -125,6 +125,12 @@ func TestX93AdjacentCopyAfterUndetectedRollback(t *testing.T) {
 			if c.mut == &adjacentBeaconMutation {
 				x32Mutate(t, &withdrawnFreshMutation) // X97's layer off too
 			}
+			if c.mut == &receiptSealedMutation {
+				// X104: the receipt's withdrawal, below the trusted copy's
+				// revision but above the revision it was sealed for,
+				// stands in the tracker too (ObserveWithdrawalBy)
+				x32Mutate(t, &lateWithdrawalMutation)
+			}
 			b := newX11Bucket(t)
 			hosts := x10Names(0, 10)
 			live := x11Without(hosts, "h3")

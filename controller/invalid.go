@@ -823,10 +823,26 @@ func (t *Tracker) ObserveWithdrawalBy(now time.Time, host string, rev uint64, bo
 		b.floorAtWithdrawal(rev, boot)                             // reviewer X100 (vouch.go)
 		t.rememberHost(host)                                       // kept across a restart (Memory.Withdrew, reviewer X97)
 	}
-	if withdrawalMutation || rev <= h.trustedRev || rev < h.beacons.maxRev || h.beacons.withdrawnRev >= rev {
+	// A withdrawal below the trusted record's revision but above the
+	// revision that record was sealed for: the record was not written on
+	// the key's state then (a genuine one is a compare-and-set on its
+	// PrevRev), it landed over the withdrawal — a copy or a withheld
+	// record (the receipt check's SealedBefore, from the beacon). Handled
+	// after the copy was trusted (the runner takes beacons and watch
+	// updates in no order; a flood makes beacons late), the withdrawal
+	// did not stand and the withdrawn host was declared (reviewer X104,
+	// TestX104LateWithdrawalBeaconAfterCopy): withdrawn, as a rollback's
+	// carry is (withdrawnRev above the trusted revision).
+	over := rev < h.trustedRev && h.rec.Sig != "" && hostWritten(h.rec.State) && h.rec.PrevRev != 0 &&
+		rev > h.rec.PrevRev && !lateWithdrawalMutation
+	at := rev
+	if over {
+		at = h.trustedRev + 1
+	}
+	if withdrawalMutation || rev <= h.trustedRev && !over || rev < h.beacons.maxRev || h.beacons.withdrawnRev >= at {
 		return t.out
 	}
-	h.beacons.withdrawnRev = rev
+	h.beacons.withdrawnRev = at
 	h.declaring, h.saidDue, h.heldBack = time.Time{}, false, false
 	if h.pin != nil && !withdrawalPinMutation {
 		// The host withdrew after the pinned record: a pin, written or
@@ -840,6 +856,11 @@ func (t *Tracker) ObserveWithdrawalBy(now time.Time, host string, rev uint64, bo
 		Reason: fmt.Sprintf("withdrawn: its own beacon names its withdrawal at revision %d, after its last trusted record (revision %d) — the withdrawn record was not seen (overwritten?): host unprotected, not declared, not recovered", rev, h.trustedRev)})
 	return t.out
 }
+
+// lateWithdrawalMutation: a withdrawal beacon below the trusted record's
+// revision is ignored even when that record was sealed before it, as
+// before (reviewer X104). Tests only.
+var lateWithdrawalMutation bool
 
 // withdrawalPinMutation: a withdrawal beacon leaves the host's pin, as
 // before (reviewer X21's late-beacon/restart). Tests only.
