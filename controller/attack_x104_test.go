@@ -142,3 +142,84 @@ func (b *x11Bucket) x104Run(from time.Time, secs int, live []string, protect str
 	}
 	return "", 0
 }
+
+// x104LateWithdrawalCreate: X104's late beacon, the hidden renewal a
+// create: the node deleted h3's key (the marker hidden too) so h3's R4 is
+// a create over it; W on R4; both hidden; the node deletes the key again
+// (delivered) and lands a copy of R4 (a create of the trusted record's
+// own process, newer: not a replay). Then W's beacon arrives.
+func x104LateWithdrawalCreate(t *testing.T, beaconFirst bool) (string, time.Duration, *Tracker, fencing.Beacon) {
+	b := newX11Bucket(t)
+	live := x11Without(x10Names(0, 10), "h3")
+	b.tr = x10Tracker(t)
+	for _, h := range live {
+		b.write(t0, h, fencing.LeaseActive, nil)
+	}
+	b.publish()
+	at := t0
+	for seq := uint64(1); seq <= 3; seq++ {
+		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+		b.run(at, 1, live, nil)
+		at = at.Add(time.Second)
+	}
+	m := b.x103Hide(at, "h3", x11Entry{}) // the node's delete, hidden
+	r4r := b.x104Seal("h3", fencing.LeaseActive, "boot-1", 100, 4, 0)
+	r4 := b.x103Hide(at, "h3", x11Entry{rec: r4r, w: fencing.Written{Known: true, HasExpected: true, Expected: m.rev}})
+	x104Beacon(b.tr, at, "h3", r4.rev, r4r)
+	b.run(at, 1, live, nil)
+	at = at.Add(time.Second)
+	wr := b.x104Seal("h3", fencing.LeaseWithdrawn, "boot-1", 100, 5, r4.rev)
+	w := b.x103Hide(at, "h3", x11Entry{rec: wr, w: fencing.Written{Known: true, HasExpected: true, Expected: r4.rev}})
+	if beaconFirst {
+		x104Beacon(b.tr, at, "h3", w.rev, wr)
+	}
+	b.x103Hide(at, "h3", x11Entry{garbage: true})
+	b.del(at, "h3")
+	cp := *r4r
+	b.land(at, "h3", x11Entry{rec: &cp, w: fencing.Written{Known: true}})
+	if !beaconFirst {
+		x104Beacon(b.tr, at.Add(200*time.Millisecond), "h3", w.rev, wr)
+	}
+	b.flush()
+	hs := b.tr.hosts["h3"]
+	t.Logf("after W's beacon: trusted %d (%s seq %d sealed for %d), withdrew %d, withdrawnRev %d", hs.trustedRev, hs.rec.State, hs.rec.Seq, hs.rec.PrevRev, hs.beacons.withdrew, hs.beacons.withdrawnRev)
+	host, after := b.x104Run(at, 150, live, "h3")
+	rc := fencing.Beacon{Host: "h3", BootID: "boot-1", State: fencing.LeaseWithdrawn, Revision: w.rev, Epoch: 2, Incarnation: 100, Seq: 5}
+	return host, after, b.tr, rc
+}
+
+// TestX104LateWithdrawalBeaconAfterCreateCopy (attack, (S): withdrawn
+// host declared). beaconFirst: faults needed NONE — X103's (a) exempts
+// creates (PrevRev 0) and (b) spares the withdrawal's own process, so
+// the copy of the process's hidden create R4 (made a create by the
+// node's delete before it) is trusted above W with W's beacon handled:
+// h3 declared 22 s later. beaconLate: the same with W's beacon handled
+// after the copy (X104's first case, for a create). Receipt check:
+// SealedBefore (same process, W newer than the record) stops both in
+// the daemon — there they need W's receipt missing too.
+func TestX104LateWithdrawalBeaconAfterCreateCopy(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		first bool
+		mut   *bool
+	}{
+		{name: "beaconFirst", first: true},
+		{name: "beaconLate"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			x32Mutate(t, c.mut)
+			host, after, tr, rc := x104LateWithdrawalCreate(t, c.first)
+			sealed := tr.SealedBefore("h3", rc)
+			t.Logf("declared %q after %s; receipt SealedBefore %t", host, after, sealed)
+			if c.mut != nil {
+				if host == "" || !sealed {
+					t.Fatalf("mutation: withdrawn h3 not declared (or the receipt would not stop it) — the rig does not reach the hole")
+				}
+				return
+			}
+			if host != "" {
+				t.Errorf("(S) withdrawn h3 declared %s", after)
+			}
+		})
+	}
+}
