@@ -23,7 +23,7 @@ func TestX103ReceiptStopsItToo(t *testing.T) {
 		muts []*bool
 		run  func(*testing.T) (string, time.Duration, bool)
 	}{
-		{"withdrawalProcessCopy", []*bool{&sealedBeforeWithdrawalMutation}, x103WithdrawalProcessCopy},
+		{"withdrawalProcessCopy", []*bool{&sealedBeforeWithdrawalMutation, &withdrawalProcessOlderMutation}, x103WithdrawalProcessCopy},
 		{"hiddenNextCopy", []*bool{&sealedBeforeWithdrawalMutation, &otherProcessOlderActiveMutation},
 			func(t *testing.T) (string, time.Duration, bool) { return x103HiddenNext(t, 100) }},
 	} {

@@ -192,6 +192,9 @@ func TestX103HiddenWithdrawalProcessFirstRecordCopy(t *testing.T) {
 	for _, mut := range []*bool{nil, &sealedBeforeWithdrawalMutation} {
 		t.Run(map[bool]string{true: "fix", false: "mut"}[mut == nil], func(t *testing.T) {
 			x32Mutate(t, mut)
+			if mut != nil {
+				x32Mutate(t, &withdrawalProcessOlderMutation) // X104's rule refuses it too
+			}
 			host, after, trusted := x103WithdrawalProcessCopy(t)
 			t.Logf("copy trusted %t; declared %q after %s", trusted, host, after)
 			if mut != nil {

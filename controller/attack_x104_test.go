@@ -197,6 +197,12 @@ func x104LateWithdrawalCreate(t *testing.T, beaconFirst bool) (string, time.Dura
 // after the copy (X104's first case, for a create). Receipt check:
 // SealedBefore (same process, W newer than the record) stops both in
 // the daemon — there they need W's receipt missing too.
+//
+// Fixed: while the withdrawal stands, a record of its own process older
+// than the newest write the beacons named is refused
+// (withdrawalProcessOlderMutation reopens beaconFirst); a late withdrawal
+// beacon of the trusted create's process, newer than it, stands
+// (lateWithdrawalMutation reopens beaconLate).
 func TestX104LateWithdrawalBeaconAfterCreateCopy(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -205,6 +211,8 @@ func TestX104LateWithdrawalBeaconAfterCreateCopy(t *testing.T) {
 	}{
 		{name: "beaconFirst", first: true},
 		{name: "beaconLate"},
+		{name: "beaconFirst/mut", first: true, mut: &withdrawalProcessOlderMutation},
+		{name: "beaconLate/mut", mut: &lateWithdrawalMutation},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			x32Mutate(t, c.mut)

@@ -833,8 +833,13 @@ func (t *Tracker) ObserveWithdrawalBy(now time.Time, host string, rev uint64, bo
 	// did not stand and the withdrawn host was declared (reviewer X104,
 	// TestX104LateWithdrawalBeaconAfterCopy): withdrawn, as a rollback's
 	// carry is (withdrawnRev above the trusted revision).
-	over := rev < h.trustedRev && h.rec.Sig != "" && hostWritten(h.rec.State) && h.rec.PrevRev != 0 &&
-		rev > h.rec.PrevRev && !lateWithdrawalMutation
+	// And for a create (PrevRev 0: no revision to compare) of the
+	// withdrawal's own agent process older than the newest write its
+	// beacons named (BeaconWrote, the withdrawal's, just before): sealed
+	// before the withdrawal, landed after it (SealedBefore's create gap).
+	over := rev < h.trustedRev && h.rec.Sig != "" && hostWritten(h.rec.State) && !lateWithdrawalMutation &&
+		(h.rec.PrevRev != 0 && rev > h.rec.PrevRev ||
+			h.rec.PrevRev == 0 && boot != "" && sameProc(boot, inc, h.rec.BootID, h.rec.Incarnation) && h.beacons.wrote.newer(idOf(h.rec)))
 	at := rev
 	if over {
 		at = h.trustedRev + 1
@@ -856,6 +861,12 @@ func (t *Tracker) ObserveWithdrawalBy(now time.Time, host string, rev uint64, bo
 		Reason: fmt.Sprintf("withdrawn: its own beacon names its withdrawal at revision %d, after its last trusted record (revision %d) — the withdrawn record was not seen (overwritten?): host unprotected, not declared, not recovered", rev, h.trustedRev)})
 	return t.out
 }
+
+// withdrawalProcessOlderMutation: otherProcessWhileWithdrawn takes a
+// record of the withdrawal's own process older than the newest write its
+// beacons named (a create: (a) exempts it), as before (reviewer X104).
+// Tests only.
+var withdrawalProcessOlderMutation bool
 
 // lateWithdrawalMutation: a withdrawal beacon below the trusted record's
 // revision is ignored even when that record was sealed before it, as
@@ -989,6 +1000,20 @@ func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRec
 		// after a downward rollback below it, writes below it and was
 		// refused — with its beacons lost the live host was declared
 		// (TestX103ListedComebackBelowWithdrawalAfterRollback).
+		return true
+	}
+	if h.beaconWithdrawn() && sameProc(rec.BootID, rec.Incarnation, b.withdrewBoot, b.withdrewInc) &&
+		b.wrote.newer(idOf(*rec)) && !withdrawalProcessOlderMutation {
+		// The withdrawal's own agent process, older than the newest write
+		// its beacons named (the withdrawal's): written before it. (a)
+		// exempts a create (PrevRev 0, a comeback over a deleted key): the
+		// node deleted the key before the process's renewal, which became
+		// a create, hid it and the withdrawal, deleted the key again and
+		// re-landed the create's copy — not a replay (newer than the
+		// trusted record), not held back, of the withdrawal's process:
+		// trusted above the withdrawal and the withdrawn host declared
+		// (reviewer X104, TestX104LateWithdrawalBeaconAfterCreateCopy/
+		// beaconFirst; no fault needed).
 		return true
 	}
 	if h.beaconWithdrawn() && !otherProcessOlderActiveMutation {
