@@ -143,6 +143,21 @@ func SetReceiptStaleMargin(d time.Duration) func() {
 // 10 ms for this package's tests (TestReceiptsCover restores it).
 func init() { receiptStreamClockMargin = 10 * time.Millisecond }
 
+// SetWithdrawalLayersMutation switches off, until the returned func is
+// called, the tracker's refusals of a record sealed before a standing
+// withdrawal (reviewers X103, X104: sealedBeforeWithdrawalMutation,
+// withdrawalProcessOlderMutation, lateWithdrawalMutation,
+// otherProcessOlderActiveMutation): the receipt tests' mutation cases
+// show the runner's receipt layer alone (sequential tests only).
+func SetWithdrawalLayersMutation(on bool) func() {
+	set := func(v bool) {
+		sealedBeforeWithdrawalMutation, withdrawalProcessOlderMutation = v, v
+		lateWithdrawalMutation, otherProcessOlderActiveMutation = v, v
+	}
+	set(on)
+	return func() { set(false) }
+}
+
 // SetSpanSkipMutation turns spanSkipMutation on until the returned func
 // is called (sequential tests only).
 func SetSpanSkipMutation(on bool) func() {
