@@ -1,0 +1,95 @@
+package controller
+
+import (
+	"testing"
+	"time"
+
+	"hvguard/fencing"
+)
+
+// x105LateWithdrawalOtherProcessCreate: X104's late withdrawal beacon
+// over a create copy, the create of ANOTHER agent process than the
+// withdrawal's. h3's agent process A (boot-1, incarnation 100) is trusted
+// at Q. The node deletes h3's key (the marker hidden), so A's renewal R4
+// is a create over it (prev_rev 0), hidden too (its beacon arrives). A
+// then restarts (a crash, systemd's restart, an upgrade: no withdrawal);
+// its successor B (boot-1, incarnation 200) stops at once (an orderly
+// stop: guests keep running) and writes its withdrawal W on R4, hidden
+// by the node's burst. The node deletes the key again (delivered) and
+// lands a copy of A's create R4 — newer than the trusted record Q, of the
+// trusted record's own process: trusted at X > W. B's withdrawal beacon
+// is handled after that copy (~200 ms late).
+func x105LateWithdrawalOtherProcessCreate(t *testing.T, beaconFirst bool) (string, time.Duration, *Tracker, fencing.Beacon) {
+	b := newX11Bucket(t)
+	live := x11Without(x10Names(0, 10), "h3")
+	b.tr = x10Tracker(t)
+	for _, h := range live {
+		b.write(t0, h, fencing.LeaseActive, nil)
+	}
+	b.publish()
+	at := t0
+	for seq := uint64(1); seq <= 3; seq++ {
+		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+		b.run(at, 1, live, nil)
+		at = at.Add(time.Second)
+	}
+	m := b.x103Hide(at, "h3", x11Entry{}) // the node's delete, hidden
+	r4r := b.x104Seal("h3", fencing.LeaseActive, "boot-1", 100, 4, 0)
+	r4 := b.x103Hide(at, "h3", x11Entry{rec: r4r, w: fencing.Written{Known: true, HasExpected: true, Expected: m.rev}})
+	x104Beacon(b.tr, at, "h3", r4.rev, r4r)
+	b.run(at, 1, live, nil)
+	at = at.Add(time.Second)
+	// A restarted; B (incarnation 200) withdraws on R4 as its first write.
+	wr := b.x104Seal("h3", fencing.LeaseWithdrawn, "boot-1", 200, 1, r4.rev)
+	w := b.x103Hide(at, "h3", x11Entry{rec: wr, w: fencing.Written{Known: true, HasExpected: true, Expected: r4.rev}})
+	if beaconFirst {
+		x104Beacon(b.tr, at, "h3", w.rev, wr)
+	}
+	b.x103Hide(at, "h3", x11Entry{garbage: true})
+	b.del(at, "h3")
+	cp := *r4r
+	b.land(at, "h3", x11Entry{rec: &cp, w: fencing.Written{Known: true}})
+	if !beaconFirst {
+		x104Beacon(b.tr, at.Add(200*time.Millisecond), "h3", w.rev, wr)
+	}
+	b.flush()
+	hs := b.tr.hosts["h3"]
+	t.Logf("after W's beacon: trusted %d (%s inc %d seq %d sealed for %d), withdrew %d (inc %d), withdrawnRev %d", hs.trustedRev, hs.rec.State, hs.rec.Incarnation, hs.rec.Seq, hs.rec.PrevRev, hs.beacons.withdrew, hs.beacons.withdrewInc, hs.beacons.withdrawnRev)
+	host, after := b.x104Run(at, 150, live, "h3")
+	rc := fencing.Beacon{Host: "h3", BootID: "boot-1", State: fencing.LeaseWithdrawn, Revision: w.rev, Epoch: 2, Incarnation: 200, Seq: 1}
+	return host, after, b.tr, rc
+}
+
+// TestX105LateWithdrawalBeaconOtherProcessCreateCopy (attack, (S):
+// withdrawn host declared, guests running; faults needed: NONE in the
+// tracker — W's beacon handled ~200 ms after the node's copy, as in
+// X104's TestX104LateWithdrawalBeaconAfterCopy — plus an ordinary agent
+// restart just before an orderly stop). X104's rule 1 makes a late
+// withdrawal stand over a trusted create (prev_rev 0) only when the
+// create is of the withdrawal's OWN process (sameProc) and older than
+// the newest write the beacons named. Here the copied create is A's
+// (incarnation 100) and the withdrawal B's (incarnation 200): over is
+// false, withdrawnRev stays 0, beaconWithdrawn() is false, and h3 is
+// judged by the copy of A's create — declared. beaconFirst (the
+// control): X103's "earlier incarnation than the withdrawal's" refuses
+// the copy. Receipt check: SealedBefore's other-process create case
+// (A's beacons named nothing above W) stops it in the daemon — there it
+// needs W's receipt missing as well (its write failed), as X104's did.
+func TestX105LateWithdrawalBeaconOtherProcessCreateCopy(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		first bool
+	}{
+		{name: "beaconFirst", first: true},
+		{name: "beaconLate"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			host, after, tr, rc := x105LateWithdrawalOtherProcessCreate(t, c.first)
+			sealed := tr.SealedBefore("h3", rc)
+			t.Logf("declared %q after %s; receipt SealedBefore %t", host, after, sealed)
+			if host != "" {
+				t.Errorf("(S) withdrawn h3 declared %s (receipt SealedBefore: %t)", after, sealed)
+			}
+		})
+	}
+}
