@@ -19,7 +19,7 @@ import (
 // lands a copy of A's create R4 — newer than the trusted record Q, of the
 // trusted record's own process: trusted at X > W. B's withdrawal beacon
 // is handled after that copy (~200 ms late).
-func x105LateWithdrawalOtherProcessCreate(t *testing.T, beaconFirst bool) (string, time.Duration, *Tracker, fencing.Beacon) {
+func x105LateWithdrawalOtherProcessCreate(t *testing.T, beaconFirst bool, wBoot string, wInc uint64) (string, time.Duration, *Tracker, fencing.Beacon) {
 	b := newX11Bucket(t)
 	live := x11Without(x10Names(0, 10), "h3")
 	b.tr = x10Tracker(t)
@@ -40,7 +40,7 @@ func x105LateWithdrawalOtherProcessCreate(t *testing.T, beaconFirst bool) (strin
 	b.run(at, 1, live, nil)
 	at = at.Add(time.Second)
 	// A restarted; B (incarnation 200) withdraws on R4 as its first write.
-	wr := b.x104Seal("h3", fencing.LeaseWithdrawn, "boot-1", 200, 1, r4.rev)
+	wr := b.x104Seal("h3", fencing.LeaseWithdrawn, wBoot, wInc, 1, r4.rev)
 	w := b.x103Hide(at, "h3", x11Entry{rec: wr, w: fencing.Written{Known: true, HasExpected: true, Expected: r4.rev}})
 	if beaconFirst {
 		x104Beacon(b.tr, at, "h3", w.rev, wr)
@@ -56,7 +56,7 @@ func x105LateWithdrawalOtherProcessCreate(t *testing.T, beaconFirst bool) (strin
 	hs := b.tr.hosts["h3"]
 	t.Logf("after W's beacon: trusted %d (%s inc %d seq %d sealed for %d), withdrew %d (inc %d), withdrawnRev %d", hs.trustedRev, hs.rec.State, hs.rec.Incarnation, hs.rec.Seq, hs.rec.PrevRev, hs.beacons.withdrew, hs.beacons.withdrewInc, hs.beacons.withdrawnRev)
 	host, after := b.x104Run(at, 150, live, "h3")
-	rc := fencing.Beacon{Host: "h3", BootID: "boot-1", State: fencing.LeaseWithdrawn, Revision: w.rev, Epoch: 2, Incarnation: 200, Seq: 1}
+	rc := fencing.Beacon{Host: "h3", BootID: wBoot, State: fencing.LeaseWithdrawn, Revision: w.rev, Epoch: 2, Incarnation: wInc, Seq: 1}
 	return host, after, b.tr, rc
 }
 
@@ -64,7 +64,8 @@ func x105LateWithdrawalOtherProcessCreate(t *testing.T, beaconFirst bool) (strin
 // withdrawn host declared, guests running; faults needed: NONE in the
 // tracker — W's beacon handled ~200 ms after the node's copy, as in
 // X104's TestX104LateWithdrawalBeaconAfterCopy — plus an ordinary agent
-// restart just before an orderly stop). X104's rule 1 makes a late
+// restart just before an orderly stop; reboot/: B is the next boot's
+// agent, stopped at once — a reboot then a maintenance stop). X104's rule 1 makes a late
 // withdrawal stand over a trusted create (prev_rev 0) only when the
 // create is of the withdrawal's OWN process (sameProc) and older than
 // the newest write the beacons named. Here the copied create is A's
@@ -79,12 +80,16 @@ func TestX105LateWithdrawalBeaconOtherProcessCreateCopy(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		first bool
+		boot  string
+		inc   uint64
 	}{
-		{name: "beaconFirst", first: true},
-		{name: "beaconLate"},
+		{name: "beaconFirst", first: true, boot: "boot-1", inc: 200},
+		{name: "beaconLate", boot: "boot-1", inc: 200},
+		{name: "reboot/beaconFirst", first: true, boot: "boot-2", inc: 50},
+		{name: "reboot/beaconLate", boot: "boot-2", inc: 50},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			host, after, tr, rc := x105LateWithdrawalOtherProcessCreate(t, c.first)
+			host, after, tr, rc := x105LateWithdrawalOtherProcessCreate(t, c.first, c.boot, c.inc)
 			sealed := tr.SealedBefore("h3", rc)
 			t.Logf("declared %q after %s; receipt SealedBefore %t", host, after, sealed)
 			if host != "" {
