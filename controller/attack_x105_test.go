@@ -76,22 +76,42 @@ func x105LateWithdrawalOtherProcessCreate(t *testing.T, beaconFirst bool, wBoot 
 // the copy. Receipt check: SealedBefore's other-process create case
 // (A's beacons named nothing above W) stops it in the daemon — there it
 // needs W's receipt missing as well (its write failed), as X104's did.
+//
+// Fixed: a late withdrawal beacon stands over a trusted create of another
+// agent process whose beacons named nothing above the withdrawal — the
+// receipt check's own rule (ObserveWithdrawalBy; lateOtherCreateMutation
+// reopens it).
 func TestX105LateWithdrawalBeaconOtherProcessCreateCopy(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		first bool
 		boot  string
 		inc   uint64
+		mut   bool
 	}{
 		{name: "beaconFirst", first: true, boot: "boot-1", inc: 200},
 		{name: "beaconLate", boot: "boot-1", inc: 200},
 		{name: "reboot/beaconFirst", first: true, boot: "boot-2", inc: 50},
 		{name: "reboot/beaconLate", boot: "boot-2", inc: 50},
+		// Fixed (lateOtherCreateMutation reopens it): the late beacon
+		// stands over another process's create its beacons named nothing
+		// above. The receipt check stops it either way.
+		{name: "beaconLate/lateOtherCreateMutation", boot: "boot-1", inc: 200, mut: true},
+		{name: "reboot/beaconLate/lateOtherCreateMutation", boot: "boot-2", inc: 50, mut: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if c.mut {
+				x32Mutate(t, &lateOtherCreateMutation)
+			}
 			host, after, tr, rc := x105LateWithdrawalOtherProcessCreate(t, c.first, c.boot, c.inc)
 			sealed := tr.SealedBefore("h3", rc)
 			t.Logf("declared %q after %s; receipt SealedBefore %t", host, after, sealed)
+			if c.mut {
+				if host == "" || !sealed {
+					t.Fatalf("mutation: declared %q, receipt SealedBefore %t — want the tracker's hole, stopped by the receipt", host, sealed)
+				}
+				return
+			}
 			if host != "" {
 				t.Errorf("(S) withdrawn h3 declared %s (receipt SealedBefore: %t)", after, sealed)
 			}

@@ -837,9 +837,23 @@ func (t *Tracker) ObserveWithdrawalBy(now time.Time, host string, rev uint64, bo
 	// withdrawal's own agent process older than the newest write its
 	// beacons named (BeaconWrote, the withdrawal's, just before): sealed
 	// before the withdrawal, landed after it (SealedBefore's create gap).
+	// And for a create of another agent process than the withdrawal's,
+	// unless that process's own beacons named a write above the
+	// withdrawal (it wrote after it: agent processes of a host follow one
+	// another): SealedBefore's other-process create case. A copy of an
+	// earlier process's hidden create, trusted before the later process's
+	// withdrawal beacon was handled, was not "over" it and the withdrawn
+	// host was declared (reviewer X105,
+	// TestX105LateWithdrawalBeaconOtherProcessCreateCopy;
+	// lateOtherCreateMutation). A genuine comeback's legacy create whose
+	// beacons were lost is marked withdrawn until its next trusted
+	// renewal ends it.
+	create := h.rec.PrevRev == 0 && boot != ""
 	over := rev < h.trustedRev && h.rec.Sig != "" && hostWritten(h.rec.State) && !lateWithdrawalMutation &&
 		(h.rec.PrevRev != 0 && rev > h.rec.PrevRev ||
-			h.rec.PrevRev == 0 && boot != "" && sameProc(boot, inc, h.rec.BootID, h.rec.Incarnation) && h.beacons.wrote.newer(idOf(h.rec)))
+			create && sameProc(boot, inc, h.rec.BootID, h.rec.Incarnation) && h.beacons.wrote.newer(idOf(h.rec)) ||
+			create && !sameProc(boot, inc, h.rec.BootID, h.rec.Incarnation) && !lateOtherCreateMutation &&
+				!h.beacons.namedAbove(rev, h.rec.BootID, h.rec.Incarnation))
 	at := rev
 	if over {
 		at = h.trustedRev + 1
@@ -867,6 +881,11 @@ func (t *Tracker) ObserveWithdrawalBy(now time.Time, host string, rev uint64, bo
 // beacons named (a create: (a) exempts it), as before (reviewer X104).
 // Tests only.
 var withdrawalProcessOlderMutation bool
+
+// lateOtherCreateMutation: a late withdrawal beacon does not stand over a
+// trusted create of another agent process, as before (reviewer X105).
+// Tests only.
+var lateOtherCreateMutation bool
 
 // lateWithdrawalMutation: a withdrawal beacon below the trusted record's
 // revision is ignored even when that record was sealed before it, as
