@@ -116,7 +116,7 @@ func TestX100OldBootCopyRefusedWhileWithdrawn(t *testing.T) {
 			c1.ObserveBeacon(now, "h3", w.rev)
 			c1.BeaconWrote("h3", w.rev, wr.Epoch, wr.Incarnation, wr.Seq)
 			c1.BeaconVouches(now, "h3", w.rev, wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq)
-			c1.ObserveWithdrawalOf(now, "h3", w.rev, wr.BootID)
+			c1.ObserveWithdrawalBy(now, "h3", w.rev, wr.BootID, 0)
 			if !c1.hosts["h3"].beaconWithdrawn() && c1.hosts["h3"].beacons.withdrew == 0 {
 				t.Fatalf("rig: W's beacon did not make h3 withdrawn")
 			}
@@ -178,7 +178,7 @@ func TestX100OldBootCopyRefusedWhileWithdrawn(t *testing.T) {
 					if c2.SealedBefore("h3", rc) {
 						continue
 					}
-					if !c2.ReceiptStale("h3", rc, w.stored) && len(c2.ObserveWithdrawalOf(tnow, "h3", w.rev, rc.BootID)) > 0 {
+					if !c2.ReceiptStale("h3", rc, w.stored) && len(c2.ObserveWithdrawalBy(tnow, "h3", w.rev, rc.BootID, 0)) > 0 {
 						continue
 					}
 					declared = tnow.Sub(start).String()
@@ -275,7 +275,7 @@ func TestX100NewBootAfterWithdrawalPrice(t *testing.T) {
 
 // TestBeaconBoxKeepsWithdrawalBoot: the runner's box hands the tracker the
 // newest withdrawal beacon of a host with the boot that wrote it
-// (ObserveWithdrawalOf; reviewer X100's rule needs it).
+// (ObserveWithdrawalBy; reviewer X100's rule needs it).
 func TestBeaconBoxKeepsWithdrawalBoot(t *testing.T) {
 	box := newBeaconBox()
 	for _, b := range []fencing.Beacon{

@@ -127,7 +127,7 @@ func x101Takeover(t *testing.T, cases []x101Case) {
 				sb.ObserveBeacon(now, "h3", w.rev)
 				sb.BeaconWrote("h3", w.rev, wr.Epoch, wr.Incarnation, wr.Seq)
 				sb.BeaconVouches(now, "h3", w.rev, wr.BootID, wr.Epoch, wr.Incarnation, wr.Seq)
-				sb.ObserveWithdrawalOf(now, "h3", w.rev, wr.BootID)
+				sb.ObserveWithdrawalBy(now, "h3", w.rev, wr.BootID, 0)
 			}
 			b.manual = true // the standby writes no memory
 			takeover := func() {
@@ -181,7 +181,7 @@ func x101Takeover(t *testing.T, cases []x101Case) {
 					if sb.SealedBefore("h3", rc) {
 						continue
 					}
-					if !sb.ReceiptStale("h3", rc, w.stored) && len(sb.ObserveWithdrawalOf(tnow, "h3", w.rev, rc.BootID)) > 0 {
+					if !sb.ReceiptStale("h3", rc, w.stored) && len(sb.ObserveWithdrawalBy(tnow, "h3", w.rev, rc.BootID, 0)) > 0 {
 						continue
 					}
 					declared = tnow.Sub(start).String()

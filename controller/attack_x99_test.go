@@ -33,7 +33,7 @@ func (b *x11Bucket) x99Write(now time.Time, host string, st fencing.LeaseState, 
 		b.tr.BeaconWrote(host, e.rev, epoch, inc, seq)
 		b.tr.BeaconVouches(now, host, e.rev, boot, epoch, inc, seq)
 		if st == fencing.LeaseWithdrawn {
-			b.tr.ObserveWithdrawalOf(now, host, e.rev, boot)
+			b.tr.ObserveWithdrawalBy(now, host, e.rev, boot, 0)
 		}
 		b.flush()
 	}

@@ -794,20 +794,14 @@ var withdrawalMutation bool
 // host's write, taken as "not silent", ended a hold its peers relied on
 // (reviewers X12, X13).
 func (t *Tracker) ObserveWithdrawal(now time.Time, host string, rev uint64) []Decision {
-	return t.ObserveWithdrawalOf(now, host, rev, "")
+	return t.ObserveWithdrawalBy(now, host, rev, "", 0)
 }
 
-// ObserveWithdrawalOf is ObserveWithdrawal for a withdrawal written by
-// boot (fencing.Beacon.BootID; "" unknown): while it stands, a first
-// record of another boot is not trusted (withdrawnBar).
-func (t *Tracker) ObserveWithdrawalOf(now time.Time, host string, rev uint64, boot string) []Decision {
-	return t.ObserveWithdrawalBy(now, host, rev, boot, 0)
-}
-
-// ObserveWithdrawalBy is ObserveWithdrawalOf for a withdrawal written by
-// the agent process (boot, inc) (fencing.Beacon.BootID, Incarnation; 0
-// unknown): while it stands, a first record of that boot and an earlier
-// incarnation is not trusted either (withdrawnBar, reviewer X101).
+// ObserveWithdrawalBy is ObserveWithdrawal for a withdrawal written by
+// the agent process (boot, inc) (fencing.Beacon.BootID, Incarnation; ""
+// and 0 unknown): while it stands, a first record of another boot, or of
+// that boot and an earlier incarnation, is not trusted (withdrawnBar,
+// reviewers X100, X101).
 func (t *Tracker) ObserveWithdrawalBy(now time.Time, host string, rev uint64, boot string, inc uint64) []Decision {
 	t.out = t.out[:0]
 	h := t.hosts[host]
@@ -951,7 +945,7 @@ func (t *Tracker) withdrawnBar(host string, h *hostState, rec *fencing.LeaseReco
 		if wrote, ok := t.earlyWrote[host]; ok && wrote.newer(idOf(*rec)) {
 			return true
 		}
-		return w.boot != "" && (rec.BootID != w.boot || rec.Incarnation < w.inc)
+		return w.boot != "" && beforeProcess(rec, w.boot, w.inc)
 	}
 	if h == nil || withdrawnFreshMutation || !h.beaconWithdrawn() && h.beacons.withdrew == 0 {
 		return false
@@ -1051,7 +1045,7 @@ func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRec
 		// withdrawal (a restarted controller's listing under its
 		// memory's withdrawal: no beacon of this tracker put that
 		// withdrawal after the trusted record).
-		return rec.BootID != b.withdrewBoot || rec.Incarnation < b.withdrewInc
+		return beforeProcess(rec, b.withdrewBoot, b.withdrewInc)
 	}
 	if h.rec.State == fencing.LeaseActive && h.rec.Sig != "" && sameProcess(*rec, h.rec) && !otherProcessActiveMutation {
 		// The process of the trusted active record (a comeback a
@@ -1077,7 +1071,16 @@ func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRec
 		// processes).
 		return false
 	}
-	return rec.BootID != b.withdrewBoot || rec.Incarnation < b.withdrewInc
+	return beforeProcess(rec, b.withdrewBoot, b.withdrewInc)
+}
+
+// beforeProcess reports whether rec is of another agent process than
+// (boot, inc), the writer of a standing withdrawal, in the sense the
+// withdrawal rules use: another boot (boots are not ordered, reviewer
+// X100), or an earlier incarnation of that boot (incarnations order a
+// boot's processes, fencing.Config.IncarnationFloor; reviewer X101).
+func beforeProcess(rec *fencing.LeaseRecord, boot string, inc uint64) bool {
+	return rec.BootID != boot || rec.Incarnation < inc
 }
 
 // sealedBeforeWithdrawalMutation: otherProcessWhileWithdrawn takes a

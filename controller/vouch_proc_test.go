@@ -48,7 +48,7 @@ func vouchProcRecreated(t *testing.T) (vouched, declared bool, x *x71Rig) {
 		x.tr.BeaconWrote(x71Host, rev, c.Epoch, c.Incarnation, c.Seq)
 		x.keep(x.tr.BeaconVouches(x.now, x71Host, rev, c.BootID, c.Epoch, c.Incarnation, c.Seq))
 		if c.State == fencing.LeaseWithdrawn {
-			x.keep(x.tr.ObserveWithdrawalOf(x.now, x71Host, rev, c.BootID))
+			x.keep(x.tr.ObserveWithdrawalBy(x.now, x71Host, rev, c.BootID, 0))
 		}
 	}
 	x.now = x.now.Add(time.Second)
