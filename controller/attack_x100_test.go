@@ -223,13 +223,7 @@ func TestX100NewBootAfterWithdrawalPrice(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("beacons=%t/mut=%t", c.beacons, c.mut != nil), func(t *testing.T) {
 			x32Mutate(t, c.mut)
-			b := newX11Bucket(t)
-			live := x11Without(x10Names(0, 10), "h3")
-			b.tr = x10Tracker(t)
-			for _, h := range live {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
+			b, live := x100Fleet(t)
 			at := t0
 			for seq := uint64(1); seq <= 3; seq++ {
 				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
@@ -271,6 +265,20 @@ func TestX100NewBootAfterWithdrawalPrice(t *testing.T) {
 			}
 		})
 	}
+}
+
+// x100Fleet: a running controller (signing required, memory on) over
+// h0..h9, every host but h3 renewed once at t0, the guard published — the
+// setting of reviewers X100 to X105's rigs, h3's records theirs to write.
+func x100Fleet(t *testing.T) (*x11Bucket, []string) {
+	b := newX11Bucket(t)
+	live := x11Without(x10Names(0, 10), "h3")
+	b.tr = x10Tracker(t)
+	for _, h := range live {
+		b.write(t0, h, fencing.LeaseActive, nil)
+	}
+	b.publish()
+	return b, live
 }
 
 // TestBeaconBoxKeepsWithdrawalBoot: the runner's box hands the tracker the

@@ -496,13 +496,7 @@ func TestX101EarlyWithdrawalReplayedAfterFirstValue(t *testing.T) {
 		listed := c.listed
 		t.Run(fmt.Sprintf("copyListed=%t/mut=%t", listed, c.mut != nil), func(t *testing.T) {
 			x32Mutate(t, c.mut)
-			b := newX11Bucket(t)
-			live := x11Without(x10Names(0, 10), "h3")
-			b.tr = x10Tracker(t)
-			for _, h := range live {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
+			b, live := x100Fleet(t)
 			b.run(t0, 2, live, nil)
 			at := t0.Add(2 * time.Second)
 			backup, backupRev := maps.Clone(b.keys), b.rev
@@ -758,13 +752,7 @@ func TestX101TrustedWithdrawalAnchoredCopyOverMarker(t *testing.T) {
 func TestX101ComebackAfterTrustedWithdrawalPrice(t *testing.T) {
 	for _, renew := range []int{1, 5} {
 		t.Run(fmt.Sprintf("renewals=%d", renew), func(t *testing.T) {
-			b := newX11Bucket(t)
-			live := x11Without(x10Names(0, 10), "h3")
-			b.tr = x10Tracker(t)
-			for _, h := range live {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
+			b, live := x100Fleet(t)
 			at := t0
 			for seq := uint64(1); seq <= 3; seq++ {
 				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
@@ -812,13 +800,7 @@ func TestX101ListedComebackRenewalsWhileMemoryWithdrawn(t *testing.T) {
 	for _, mut := range []*bool{nil, &otherProcessActiveMutation} {
 		t.Run(fmt.Sprintf("mut=%t", mut != nil), func(t *testing.T) {
 			x32Mutate(t, mut)
-			b := newX11Bucket(t)
-			live := x11Without(x10Names(0, 10), "h3")
-			b.tr = x10Tracker(t)
-			for _, h := range live {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
+			b, live := x100Fleet(t)
 			at := t0
 			for seq := uint64(1); seq <= 3; seq++ {
 				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)

@@ -60,13 +60,7 @@ func TestX102ListedComebackAgentRestartWhileMemoryWithdrawn(t *testing.T) {
 }
 
 func x102ListedComeback(t *testing.T, restart bool) string {
-	b := newX11Bucket(t)
-	live := x11Without(x10Names(0, 10), "h3")
-	b.tr = x10Tracker(t)
-	for _, h := range live {
-		b.write(t0, h, fencing.LeaseActive, nil)
-	}
-	b.publish()
+	b, live := x100Fleet(t)
 	at := t0
 	for seq := uint64(1); seq <= 3; seq++ {
 		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
@@ -122,13 +116,7 @@ func TestX102ListedComebackOrderlyRestartWhileMemoryWithdrawn(t *testing.T) {
 				t.Skip("open (c), conditional on a controller restart and the host's beacons lost (docs/security.md, reviewer X102); HVG_X102=1 runs it (it fails)")
 			}
 			x32Mutate(t, mut)
-			b := newX11Bucket(t)
-			live := x11Without(x10Names(0, 10), "h3")
-			b.tr = x10Tracker(t)
-			for _, h := range live {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
+			b, live := x100Fleet(t)
 			at := t0
 			for seq := uint64(1); seq <= 3; seq++ {
 				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
@@ -210,13 +198,7 @@ func TestX102EarlyWithdrawalBarIgnoresLaterEarlyBeacons(t *testing.T) {
 	for _, mut := range []*bool{nil, &earlyBarMutation, &earlyObserveEndsMutation} {
 		t.Run(fmt.Sprintf("mut=%t", mut != nil), func(t *testing.T) {
 			x32Mutate(t, mut)
-			b := newX11Bucket(t)
-			live := x11Without(x10Names(0, 10), "h3")
-			b.tr = x10Tracker(t)
-			for _, h := range live {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
+			b, live := x100Fleet(t)
 			at := t0
 			for seq := uint64(1); seq <= 3; seq++ {
 				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)

@@ -129,13 +129,7 @@ func TestX103HiddenNextRecordCopySparedOverWithdrawal(t *testing.T) {
 }
 
 func x103HiddenNext(t *testing.T, inc uint64) (string, time.Duration, bool) {
-	b := newX11Bucket(t)
-	live := x11Without(x10Names(0, 10), "h3")
-	b.tr = x10Tracker(t)
-	for _, h := range live {
-		b.write(t0, h, fencing.LeaseActive, nil)
-	}
-	b.publish()
+	b, live := x100Fleet(t)
 	at := t0
 	for seq := uint64(1); seq <= 3; seq++ {
 		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
@@ -211,13 +205,7 @@ func TestX103HiddenWithdrawalProcessFirstRecordCopy(t *testing.T) {
 }
 
 func x103WithdrawalProcessCopy(t *testing.T) (string, time.Duration, bool) {
-	b := newX11Bucket(t)
-	live := x11Without(x10Names(0, 10), "h3")
-	b.tr = x10Tracker(t)
-	for _, h := range live {
-		b.write(t0, h, fencing.LeaseActive, nil)
-	}
-	b.publish()
+	b, live := x100Fleet(t)
 	at := t0
 	for seq := uint64(1); seq <= 3; seq++ {
 		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
@@ -274,13 +262,7 @@ func TestX103ListedComebackBelowWithdrawalAfterRollback(t *testing.T) {
 			for _, m := range c.muts {
 				x32Mutate(t, m)
 			}
-			b := newX11Bucket(t)
-			live := x11Without(x10Names(0, 10), "h3")
-			b.tr = x10Tracker(t)
-			for _, h := range live {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
+			b, live := x100Fleet(t)
 			at := t0
 			backup := map[string]x11Entry{}
 			var backupRev uint64

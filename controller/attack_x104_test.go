@@ -38,13 +38,7 @@ func x104Beacon(tr *Tracker, now time.Time, host string, rev uint64, r *fencing.
 // is handled, the node lands a copy of R4 (sealed for Q = h.rev).
 // Then W's beacon arrives.
 func x104LateWithdrawalBeacon(t *testing.T, beaconFirst bool) (string, time.Duration, *Tracker, fencing.Beacon) {
-	b := newX11Bucket(t)
-	live := x11Without(x10Names(0, 10), "h3")
-	b.tr = x10Tracker(t)
-	for _, h := range live {
-		b.write(t0, h, fencing.LeaseActive, nil)
-	}
-	b.publish()
+	b, live := x100Fleet(t)
 	at := t0
 	for seq := uint64(1); seq <= 3; seq++ {
 		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
@@ -149,13 +143,7 @@ func (b *x11Bucket) x104Run(from time.Time, secs int, live []string, protect str
 // (delivered) and lands a copy of R4 (a create of the trusted record's
 // own process, newer: not a replay). Then W's beacon arrives.
 func x104LateWithdrawalCreate(t *testing.T, beaconFirst bool) (string, time.Duration, *Tracker, fencing.Beacon) {
-	b := newX11Bucket(t)
-	live := x11Without(x10Names(0, 10), "h3")
-	b.tr = x10Tracker(t)
-	for _, h := range live {
-		b.write(t0, h, fencing.LeaseActive, nil)
-	}
-	b.publish()
+	b, live := x100Fleet(t)
 	at := t0
 	for seq := uint64(1); seq <= 3; seq++ {
 		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)

@@ -20,13 +20,7 @@ import (
 // trusted record's own process: trusted at X > W. B's withdrawal beacon
 // is handled after that copy (~200 ms late).
 func x105LateWithdrawalOtherProcessCreate(t *testing.T, beaconFirst bool, wBoot string, wInc uint64) (string, time.Duration, *Tracker, fencing.Beacon) {
-	b := newX11Bucket(t)
-	live := x11Without(x10Names(0, 10), "h3")
-	b.tr = x10Tracker(t)
-	for _, h := range live {
-		b.write(t0, h, fencing.LeaseActive, nil)
-	}
-	b.publish()
+	b, live := x100Fleet(t)
 	at := t0
 	for seq := uint64(1); seq <= 3; seq++ {
 		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
