@@ -65,26 +65,9 @@ func TestX100OldBootCopyRefusedWhileWithdrawn(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			x32Mutate(t, c.mut)
-			b := newX11Bucket(t)
-			hosts := x10Names(0, 10)
-			live := x11Without(hosts, "h3")
-			b.tr = x10Tracker(t)
-			for _, h := range live {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
-			b.run(t0, 2, live, nil)
-			at := t0.Add(2 * time.Second)
-			backup, backupRev := maps.Clone(b.keys), b.rev
-			b.run(at, 5, live, nil)
-			at = at.Add(5 * time.Second)
-			b.del(at, "h3")
-			P := b.keys["h3"].rev
-			b.run(at, 2, live, nil)
-			at = at.Add(2 * time.Second)
-			c1 := b.tr
-			L := b.rev
-			now := at.Add(500 * time.Millisecond)
+			x := x100Rollback(t)
+			b, live, backup, backupRev, P := x.b, x.live, x.backup, x.backupRev, x.P
+			c1, L, now := x.c1, x.L, x.now
 
 			// R: the OLD boot's anchored create on P (epoch 5), never
 			// delivered; then the restore loses it.
@@ -279,6 +262,34 @@ func x100Fleet(t *testing.T) (*x11Bucket, []string) {
 	}
 	b.publish()
 	return b, live
+}
+
+// x100Setting: reviewer X100's setting (X97's, shared by X101's rigs):
+// x100Fleet renewed for 2 s, a backup of the bucket taken (backup,
+// backupRev), 5 s more, h3's key deleted at P, 2 s more; c1 is the
+// running controller's tracker, L the last revision its watch was
+// delivered, now half a second later.
+type x100Setting struct {
+	b               *x11Bucket
+	live            []string
+	backup          map[string]x11Entry
+	backupRev, P, L uint64
+	c1              *Tracker
+	now             time.Time
+}
+
+func x100Rollback(t *testing.T) x100Setting {
+	b, live := x100Fleet(t)
+	b.run(t0, 2, live, nil)
+	at := t0.Add(2 * time.Second)
+	backup, backupRev := maps.Clone(b.keys), b.rev
+	b.run(at, 5, live, nil)
+	at = at.Add(5 * time.Second)
+	b.del(at, "h3")
+	P := b.keys["h3"].rev
+	b.run(at, 2, live, nil)
+	at = at.Add(2 * time.Second)
+	return x100Setting{b: b, live: live, backup: backup, backupRev: backupRev, P: P, L: b.rev, c1: b.tr, now: at.Add(500 * time.Millisecond)}
 }
 
 // TestBeaconBoxKeepsWithdrawalBoot: the runner's box hands the tracker the

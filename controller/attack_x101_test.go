@@ -77,26 +77,11 @@ func x101Takeover(t *testing.T, cases []x101Case) {
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("named=%t/before=%t/control=%t/mut=%t", c.named, c.before, c.control, c.mut != nil), func(t *testing.T) {
 			x32Mutate(t, c.mut)
-			b := newX11Bucket(t)
-			hosts := x10Names(0, 10)
-			live := x11Without(hosts, "h3")
-			b.tr = x10Tracker(t)
-			for _, h := range live {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
-			b.run(t0, 2, live, nil)
-			at := t0.Add(2 * time.Second)
-			backup, backupRev := maps.Clone(b.keys), b.rev
-			b.run(at, 5, live, nil)
-			at = at.Add(5 * time.Second)
-			b.del(at, "h3")
-			P := b.keys["h3"].rev
-			b.run(at, 2, live, nil)
-			at = at.Add(2 * time.Second)
-			sb := b.tr // the standby's tracker (it tracks as the leader does)
-			L := b.rev // the last revision its watch was delivered
-			now := at.Add(500 * time.Millisecond)
+			x := x100Rollback(t)
+			b, live, backup, backupRev, P := x.b, x.live, x.backup, x.backupRev, x.P
+			// sb: the standby's tracker (it tracks as the leader does); L:
+			// the last revision its watch was delivered.
+			sb, L, now := x.c1, x.L, x.now
 
 			// R: the OLD boot's anchored create on P (epoch 5); its beacon
 			// B_R reached the controllers; the watch did not deliver R;
@@ -283,26 +268,9 @@ func x101OldProcessCopyMem(t *testing.T, restart, cas, named bool, oldBoot strin
 }
 
 func x101OldProcessCopyOpts(t *testing.T, restart, cas, named bool, oldBoot string, oid writeID, newBoot string, nid writeID, oldMem bool, o x101Opts) string {
-	b := newX11Bucket(t)
-	hosts := x10Names(0, 10)
-	live := x11Without(hosts, "h3")
-	b.tr = x10Tracker(t)
-	for _, h := range live {
-		b.write(t0, h, fencing.LeaseActive, nil)
-	}
-	b.publish()
-	b.run(t0, 2, live, nil)
-	at := t0.Add(2 * time.Second)
-	backup, backupRev := maps.Clone(b.keys), b.rev
-	b.run(at, 5, live, nil)
-	at = at.Add(5 * time.Second)
-	b.del(at, "h3")
-	P := b.keys["h3"].rev
-	b.run(at, 2, live, nil)
-	at = at.Add(2 * time.Second)
-	c1 := b.tr
-	L := b.rev
-	now := at.Add(500 * time.Millisecond)
+	x := x100Rollback(t)
+	b, live, backup, backupRev, P := x.b, x.live, x.backup, x.backupRev, x.P
+	c1, L, now := x.c1, x.L, x.now
 	b.tr = nil
 	r1 := b.x93Write(now, "h3", fencing.LeaseActive, 40, P)
 	old := *r1.rec
