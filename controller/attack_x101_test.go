@@ -2,7 +2,6 @@ package controller
 
 import (
 	"fmt"
-	"maps"
 	"os"
 	"testing"
 	"time"
@@ -464,17 +463,8 @@ func TestX101EarlyWithdrawalReplayedAfterFirstValue(t *testing.T) {
 		listed := c.listed
 		t.Run(fmt.Sprintf("copyListed=%t/mut=%t", listed, c.mut != nil), func(t *testing.T) {
 			x32Mutate(t, c.mut)
-			b, live := x100Fleet(t)
-			b.run(t0, 2, live, nil)
-			at := t0.Add(2 * time.Second)
-			backup, backupRev := maps.Clone(b.keys), b.rev
-			b.run(at, 5, live, nil)
-			at = at.Add(5 * time.Second)
-			b.del(at, "h3")
-			P := b.keys["h3"].rev
-			b.run(at, 2, live, nil)
-			at = at.Add(2 * time.Second)
-			now := at.Add(500 * time.Millisecond)
+			x := x100Rollback(t)
+			b, live, backup, backupRev, P, now := x.b, x.live, x.backup, x.backupRev, x.P, x.now
 			b.stop() // the controller goes down
 			r1 := b.x93Write(now, "h3", fencing.LeaseActive, 40, P)
 			old := *r1.rec
