@@ -1,0 +1,96 @@
+package controller
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"hvguard/fencing"
+)
+
+// TestX106ListedComebackRebootWhileMemoryWithdrawn (attack on liveness,
+// (S): a LIVE host declared; faults needed: the host's beacons lost (its
+// beacon subject down / beacons shed) and a controller restart; NO
+// attacker action). X102's setting: h3 (boot-1) withdrew in order, its
+// beacon handled (Memory.Withdrew: boot-1), the controller restarted and
+// listed h3's comeback on boot-2 (trusted: first record, the memory's
+// withdrawal restored after it). The memory's withdrawal stands (no
+// beacon ends it). X102 spared the trusted active record's own process
+// and later incarnations of ITS boot. But the host then REBOOTS again
+// (an ordinary reboot, or a kernel-panic reboot): its agent on boot-3
+// renews on the key's current state (PrevRev = the trusted record's
+// revision, no copy, nothing hidden). otherProcessWhileWithdrawn's last
+// line refuses it — rec.BootID (boot-3) != the withdrawal's (boot-1) —
+// and every later renewal of boot-3 the same: the trusted record (boot-2's
+// active) goes stale and the live, renewing host is declared.
+// Receipt check: does NOT stop it — boot-1's withdrawal receipt names the
+// revision the trusted boot-2 record was sealed for (PrevRev), not above
+// it: SealedBefore is false (logged). Control: reboot=false (boot-2
+// renews on) → not declared.
+func TestX106ListedComebackRebootWhileMemoryWithdrawn(t *testing.T) {
+	for _, reboot := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reboot=%t", reboot), func(t *testing.T) {
+			declared, rc, tr := x106ListedComebackReboot(t, reboot)
+			if declared != "" {
+				t.Errorf("(S) the live h3 (renewing on boot-3 after a reboot, its beacons lost) declared at %s (receipt SealedBefore %t)", declared, tr.SealedBefore("h3", rc))
+			}
+		})
+	}
+}
+
+func x106ListedComebackReboot(t *testing.T, reboot bool) (string, fencing.Beacon, *Tracker) {
+	b := newX11Bucket(t)
+	live := x11Without(x10Names(0, 10), "h3")
+	b.tr = x10Tracker(t)
+	for _, h := range live {
+		b.write(t0, h, fencing.LeaseActive, nil)
+	}
+	b.publish()
+	at := t0
+	for seq := uint64(1); seq <= 3; seq++ {
+		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+		b.run(at, 1, live, nil)
+		at = at.Add(time.Second)
+	}
+	w := b.x99Write(at, "h3", fencing.LeaseWithdrawn, "boot-1", 2, 100, 4, true)
+	if m := b.mem["h3"].Withdrew; m == nil || m.Boot != "boot-1" {
+		t.Fatalf("rig: memory %+v", m)
+	}
+	rc := fencing.Beacon{Host: "h3", BootID: "boot-1", State: fencing.LeaseWithdrawn, Revision: w.rev, Epoch: 2, Incarnation: 100, Seq: 4}
+	b.stop()
+	at = at.Add(time.Second)
+	b.x99Write(at, "h3", fencing.LeaseActive, "boot-2", 2, 200, 1, false)
+	c2 := b.start(at.Add(100 * time.Millisecond))
+	if h := c2.hosts["h3"]; h.trustedRev == 0 || h.beacons.withdrewBoot != "boot-1" {
+		t.Fatalf("rig: listed comeback trusted %d, withdrawal of %q", h.trustedRev, h.beacons.withdrewBoot)
+	}
+	boot, inc, seq := "boot-2", uint64(200), uint64(1)
+	for s := 1; s <= 120; s++ {
+		now := at.Add(time.Duration(s) * time.Second)
+		if reboot && s == 10 {
+			boot, inc, seq = "boot-3", 50, 0 // the host rebooted: its agent on the next boot
+		}
+		seq++
+		b.x99Write(now, "h3", fencing.LeaseActive, boot, 2, inc, seq, false)
+		for _, hh := range live {
+			b.write(now, hh, fencing.LeaseActive, b.guard.Ref())
+		}
+		b.publish()
+		for _, d := range c2.Tick(now) {
+			if d.Op == OpDeclare && d.Host == "h3" {
+				return fmt.Sprint(s, "s"), rc, c2
+			}
+		}
+	}
+	return "", rc, c2
+}
+
+// TestX106ListedComebackRebootWhileMemoryWithdrawn/otherProcessMutation:
+// the control showing the refusal is otherProcessWhileWithdrawn's (the
+// diff's): with it off, the rebooted host's renewals are trusted.
+func TestX106ListedComebackRebootControlOtherProcessMutation(t *testing.T) {
+	x32Mutate(t, &otherProcessMutation)
+	if declared, _, _ := x106ListedComebackReboot(t, true); declared != "" {
+		t.Fatalf("control: with otherProcessMutation the live h3 declared at %s too — not the diff's refusal", declared)
+	}
+}
