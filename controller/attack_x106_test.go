@@ -94,3 +94,83 @@ func TestX106ListedComebackRebootControlOtherProcessMutation(t *testing.T) {
 		t.Fatalf("control: with otherProcessMutation the live h3 declared at %s too — not the diff's refusal", declared)
 	}
 }
+
+// TestX106OneTakeWithdrawalThenReboots (attack on liveness, (S): a LIVE
+// host declared; faults needed: NO controller restart, NO attacker — h3's
+// withdrawal beacon and its comeback's first beacon land in ONE beacon
+// take (an orderly stop then a quick start/reboot within the runner's take
+// interval, or the withdrawal beacon ~a take late), then the host's
+// beacons lost (as X102's), then a further reboot). Runner.Run handles a
+// take's beacons first (observeBeacons: ObserveBeacon of the comeback's
+// revision) and its withdrawals after (ObserveWithdrawalBy): the
+// withdrawal, below maxRev, is ignored for withdrawnRev but its
+// withdrew/withdrewBoot (boot-1) are set and stand — no later beacon comes
+// to end them. The comeback (boot-2), trusted, renews on as the trusted
+// record's own process (spared). The host reboots again: boot-3's
+// renewals, written on the key's state, are refused by
+// otherProcessWhileWithdrawn's last line (boot-3 != boot-1) and the live
+// host is declared. Receipt check: does not stop it (boot-1's receipt
+// names the trusted record's PrevRev, not above: SealedBefore false,
+// logged). Control: reboot=false → not declared.
+func TestX106OneTakeWithdrawalThenReboots(t *testing.T) {
+	for _, reboot := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reboot=%t", reboot), func(t *testing.T) {
+			b := newX11Bucket(t)
+			live := x11Without(x10Names(0, 10), "h3")
+			b.tr = x10Tracker(t)
+			for _, h := range live {
+				b.write(t0, h, fencing.LeaseActive, nil)
+			}
+			b.publish()
+			at := t0
+			for seq := uint64(1); seq <= 3; seq++ {
+				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
+				b.run(at, 1, live, nil)
+				at = at.Add(time.Second)
+			}
+			w := b.x99Write(at, "h3", fencing.LeaseWithdrawn, "boot-1", 2, 100, 4, false)
+			c := b.x99Write(at.Add(500*time.Millisecond), "h3", fencing.LeaseActive, "boot-2", 2, 50, 1, false)
+			// One take (Runner.Run): its beacons first, its withdrawals after.
+			now := at.Add(600 * time.Millisecond)
+			for _, e := range []struct {
+				rev, inc, seq uint64
+				boot          string
+			}{{w.rev, 100, 4, "boot-1"}, {c.rev, 50, 1, "boot-2"}} {
+				b.tr.ObserveBeacon(now, "h3", e.rev)
+				b.tr.BeaconWrote("h3", e.rev, 2, e.inc, e.seq)
+				b.tr.BeaconVouches(now, "h3", e.rev, e.boot, 2, e.inc, e.seq)
+			}
+			b.tr.ObserveWithdrawalBy(now, "h3", w.rev, "boot-1", 100)
+			b.flush()
+			hs := b.tr.hosts["h3"]
+			t.Logf("after the take: trusted %d (%s %s), withdrew %d (%s), withdrawnRev %d", hs.trustedRev, hs.rec.State, hs.rec.BootID, hs.beacons.withdrew, hs.beacons.withdrewBoot, hs.beacons.withdrawnRev)
+			rc := fencing.Beacon{Host: "h3", BootID: "boot-1", State: fencing.LeaseWithdrawn, Revision: w.rev, Epoch: 2, Incarnation: 100, Seq: 4}
+			boot, inc, seq := "boot-2", uint64(50), uint64(1)
+			for s := 1; s <= 120; s++ {
+				now := at.Add(time.Duration(s) * time.Second)
+				if reboot && s == 10 {
+					boot, inc, seq = "boot-3", 70, 0 // the host rebooted again
+				}
+				seq++
+				b.x99Write(now, "h3", fencing.LeaseActive, boot, 2, inc, seq, false) // beacons lost
+				for _, hh := range live {
+					b.write(now, hh, fencing.LeaseActive, b.guard.Ref())
+				}
+				b.publish()
+				for _, d := range b.tr.Tick(now) {
+					if d.Op == OpDeclare && d.Host == "h3" {
+						t.Fatalf("(S) the live h3 (renewing on %s, beacons lost) declared at %ds (receipt SealedBefore %t)", boot, s, b.tr.SealedBefore("h3", rc))
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestX106OneTakeControlOtherProcessMutation: with otherProcessWhileWithdrawn
+// off, TestX106OneTakeWithdrawalThenReboots' live host is not declared
+// (the refusal is the diff's).
+func TestX106OneTakeControlOtherProcessMutation(t *testing.T) {
+	x32Mutate(t, &otherProcessMutation)
+	t.Run("", func(t *testing.T) { TestX106OneTakeWithdrawalThenReboots(t) })
+}
