@@ -112,9 +112,24 @@ func TestX106ListedComebackRebootControlOtherProcessMutation(t *testing.T) {
 // host is declared. Receipt check: does not stop it (boot-1's receipt
 // names the trusted record's PrevRev, not above: SealedBefore false,
 // logged). Control: reboot=false → not declared.
+//
+// comeback=boot-1: the comeback is the SAME boot's next agent process
+// (an orderly agent restart: package upgrade) — one reboot afterwards
+// suffices.
 func TestX106OneTakeWithdrawalThenReboots(t *testing.T) {
-	for _, reboot := range []bool{false, true} {
-		t.Run(fmt.Sprintf("reboot=%t", reboot), func(t *testing.T) {
+	for _, cb := range []struct {
+		boot string
+		inc  uint64
+	}{{"boot-2", 50}, {"boot-1", 200}} {
+		for _, reboot := range []bool{false, true} {
+			t.Run(fmt.Sprintf("comeback=%s/reboot=%t", cb.boot, reboot), func(t *testing.T) { x106OneTake(t, cb.boot, cb.inc, reboot) })
+		}
+	}
+}
+
+func x106OneTake(t *testing.T, cbBoot string, cbInc uint64, reboot bool) {
+	{
+		{
 			b := newX11Bucket(t)
 			live := x11Without(x10Names(0, 10), "h3")
 			b.tr = x10Tracker(t)
@@ -129,13 +144,13 @@ func TestX106OneTakeWithdrawalThenReboots(t *testing.T) {
 				at = at.Add(time.Second)
 			}
 			w := b.x99Write(at, "h3", fencing.LeaseWithdrawn, "boot-1", 2, 100, 4, false)
-			c := b.x99Write(at.Add(500*time.Millisecond), "h3", fencing.LeaseActive, "boot-2", 2, 50, 1, false)
+			c := b.x99Write(at.Add(500*time.Millisecond), "h3", fencing.LeaseActive, cbBoot, 2, cbInc, 1, false)
 			// One take (Runner.Run): its beacons first, its withdrawals after.
 			now := at.Add(600 * time.Millisecond)
 			for _, e := range []struct {
 				rev, inc, seq uint64
 				boot          string
-			}{{w.rev, 100, 4, "boot-1"}, {c.rev, 50, 1, "boot-2"}} {
+			}{{w.rev, 100, 4, "boot-1"}, {c.rev, cbInc, 1, cbBoot}} {
 				b.tr.ObserveBeacon(now, "h3", e.rev)
 				b.tr.BeaconWrote("h3", e.rev, 2, e.inc, e.seq)
 				b.tr.BeaconVouches(now, "h3", e.rev, e.boot, 2, e.inc, e.seq)
@@ -145,11 +160,11 @@ func TestX106OneTakeWithdrawalThenReboots(t *testing.T) {
 			hs := b.tr.hosts["h3"]
 			t.Logf("after the take: trusted %d (%s %s), withdrew %d (%s), withdrawnRev %d", hs.trustedRev, hs.rec.State, hs.rec.BootID, hs.beacons.withdrew, hs.beacons.withdrewBoot, hs.beacons.withdrawnRev)
 			rc := fencing.Beacon{Host: "h3", BootID: "boot-1", State: fencing.LeaseWithdrawn, Revision: w.rev, Epoch: 2, Incarnation: 100, Seq: 4}
-			boot, inc, seq := "boot-2", uint64(50), uint64(1)
+			boot, inc, seq := cbBoot, cbInc, uint64(1)
 			for s := 1; s <= 120; s++ {
 				now := at.Add(time.Duration(s) * time.Second)
 				if reboot && s == 10 {
-					boot, inc, seq = "boot-3", 70, 0 // the host rebooted again
+					boot, inc, seq = "boot-3", 70, 0 // the host rebooted
 				}
 				seq++
 				b.x99Write(now, "h3", fencing.LeaseActive, boot, 2, inc, seq, false) // beacons lost
@@ -163,7 +178,7 @@ func TestX106OneTakeWithdrawalThenReboots(t *testing.T) {
 					}
 				}
 			}
-		})
+		}
 	}
 }
 
