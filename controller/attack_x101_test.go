@@ -758,6 +758,9 @@ func TestX101ListedComebackRenewalsWhileMemoryWithdrawn(t *testing.T) {
 	for _, mut := range []*bool{nil, &otherProcessActiveMutation} {
 		t.Run(fmt.Sprintf("mut=%t", mut != nil), func(t *testing.T) {
 			x32Mutate(t, mut)
+			if mut != nil {
+				x32Mutate(t, &otherProcessSealedAfterMutation) // X106's layer spares these renewals too
+			}
 			b, live := x100Fleet(t)
 			at := t0
 			for seq := uint64(1); seq <= 3; seq++ {

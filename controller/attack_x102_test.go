@@ -45,6 +45,9 @@ func TestX102ListedComebackAgentRestartWhileMemoryWithdrawn(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("restart=%t/mut=%t", c.restart, c.mut != nil), func(t *testing.T) {
 			x32Mutate(t, c.mut)
+			if c.hole {
+				x32Mutate(t, &otherProcessSealedAfterMutation) // X106's layer spares these renewals too
+			}
 			declared := x102ListedComeback(t, c.restart)
 			if c.hole {
 				if declared == "" {

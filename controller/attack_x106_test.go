@@ -27,6 +27,10 @@ import (
 // revision the trusted boot-2 record was sealed for (PrevRev), not above
 // it: SealedBefore is false (logged). Control: reboot=false (boot-2
 // renews on) → not declared.
+//
+// Fixed: a record sealed at or after the trusted comeback's revision is
+// not "another process" (otherProcessWhileWithdrawn;
+// TestX106SealedAfterMutationReopens).
 func TestX106ListedComebackRebootWhileMemoryWithdrawn(t *testing.T) {
 	for _, reboot := range []bool{false, true} {
 		t.Run(fmt.Sprintf("reboot=%t", reboot), func(t *testing.T) {
@@ -39,13 +43,7 @@ func TestX106ListedComebackRebootWhileMemoryWithdrawn(t *testing.T) {
 }
 
 func x106ListedComebackReboot(t *testing.T, reboot bool) (string, fencing.Beacon, *Tracker) {
-	b := newX11Bucket(t)
-	live := x11Without(x10Names(0, 10), "h3")
-	b.tr = x10Tracker(t)
-	for _, h := range live {
-		b.write(t0, h, fencing.LeaseActive, nil)
-	}
-	b.publish()
+	b, live := x100Fleet(t)
 	at := t0
 	for seq := uint64(1); seq <= 3; seq++ {
 		b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
@@ -116,6 +114,8 @@ func TestX106ListedComebackRebootControlOtherProcessMutation(t *testing.T) {
 // comeback=boot-1: the comeback is the SAME boot's next agent process
 // (an orderly agent restart: package upgrade) — one reboot afterwards
 // suffices.
+//
+// Fixed as TestX106ListedComebackRebootWhileMemoryWithdrawn is.
 func TestX106OneTakeWithdrawalThenReboots(t *testing.T) {
 	for _, cb := range []struct {
 		boot string
@@ -130,13 +130,7 @@ func TestX106OneTakeWithdrawalThenReboots(t *testing.T) {
 func x106OneTake(t *testing.T, cbBoot string, cbInc uint64, reboot bool) {
 	{
 		{
-			b := newX11Bucket(t)
-			live := x11Without(x10Names(0, 10), "h3")
-			b.tr = x10Tracker(t)
-			for _, h := range live {
-				b.write(t0, h, fencing.LeaseActive, nil)
-			}
-			b.publish()
+			b, live := x100Fleet(t)
 			at := t0
 			for seq := uint64(1); seq <= 3; seq++ {
 				b.x99Write(at, "h3", fencing.LeaseActive, "boot-1", 2, 100, seq, true)
@@ -188,4 +182,16 @@ func x106OneTake(t *testing.T, cbBoot string, cbInc uint64, reboot bool) {
 func TestX106OneTakeControlOtherProcessMutation(t *testing.T) {
 	x32Mutate(t, &otherProcessMutation)
 	t.Run("", func(t *testing.T) { TestX106OneTakeWithdrawalThenReboots(t) })
+}
+
+// TestX106SealedAfterMutationReopens: the fix of reviewer X106's break —
+// a record sealed at or after the trusted comeback's revision is not
+// "another process" — is what keeps the rebooted live host trusted: with
+// otherProcessSealedAfterMutation its renewals are refused again and,
+// beacons lost, it is declared.
+func TestX106SealedAfterMutationReopens(t *testing.T) {
+	x32Mutate(t, &otherProcessSealedAfterMutation)
+	if declared, _, _ := x106ListedComebackReboot(t, true); declared == "" {
+		t.Fatalf("mutation: the rebooted live h3 not declared — the layer is not what keeps it trusted")
+	}
 }

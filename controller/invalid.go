@@ -1071,8 +1071,30 @@ func (t *Tracker) otherProcessWhileWithdrawn(h *hostState, rec *fencing.LeaseRec
 		// processes).
 		return false
 	}
+	if h.rec.State == fencing.LeaseActive && h.rec.Sig != "" && rec.PrevRev != 0 && rec.PrevRev >= h.trustedRev &&
+		!otherProcessSealedAfterMutation {
+		// Sealed for the trusted comeback's revision or a later one:
+		// written after that comeback (a compare-and-set lands above the
+		// revision it names), so after the withdrawal it was trusted
+		// above (the spares apply only then: beaconWithdrawn is false).
+		// The comeback rebooted (or restarted on another boot than the
+		// spares cover): its next process's renewals, written on the
+		// key's current state, were refused as another boot's while the
+		// stale withdrawal stood — a withdrawal restored from the memory
+		// under a listed comeback, or one handled in the same take as the
+		// comeback's first beacon (beacons before withdrawals) — and
+		// with its beacons lost the live host was declared (reviewer
+		// X106, TestX106ListedComebackRebootWhileMemoryWithdrawn,
+		// TestX106OneTakeWithdrawalThenReboots; no attacker).
+		return false
+	}
 	return beforeProcess(rec, b.withdrewBoot, b.withdrewInc)
 }
+
+// otherProcessSealedAfterMutation: otherProcessWhileWithdrawn refuses a
+// record sealed at or after the trusted comeback's revision when it is of
+// another boot, as before (reviewer X106). Tests only.
+var otherProcessSealedAfterMutation bool
 
 // beforeProcess reports whether rec is of another agent process than
 // (boot, inc), the writer of a standing withdrawal, in the sense the
